@@ -1,0 +1,1 @@
+"""Backends: the model-facing half of mindserve (no HTTP here)."""

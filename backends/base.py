@@ -1,0 +1,80 @@
+"""The backend protocol the service talks to, and the per-request handle that carries events back."""
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from typing import Callable, Protocol
+
+from backends.errors import BackendError, GenerationFailed
+from backends.types import GenerationResult, RequestParams, TokenEvent
+
+Event = TokenEvent | GenerationResult | BackendError
+Listener = Callable[[Event], None]
+
+
+class RequestHandle:
+    """Events of one request: TokenEvents, then exactly one GenerationResult or BackendError.
+
+    Consumers either iterate (``events()``/``result()``, blocking) or register a listener that the
+    engine thread calls for each event (the service bridges that to its event loop).
+    """
+
+    def __init__(self, request_id: str, listener: Listener | None = None) -> None:
+        self.request_id = request_id
+        self._listener = listener
+        self._queue: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self._cancelled = threading.Event()
+        self.done = threading.Event()
+
+    def cancel(self) -> None:
+        """Ask the engine to stop this request; it frees the slot at its next step."""
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def emit(self, event: Event) -> None:
+        if self.done.is_set():
+            return
+        if not isinstance(event, TokenEvent):
+            self.done.set()
+        if self._listener is not None:
+            self._listener(event)
+        else:
+            self._queue.put(event)
+
+    def events(self, timeout: float | None = None) -> Iterator[TokenEvent | GenerationResult]:
+        """Yield token events then the final result; raise the BackendError if the request failed."""
+        while True:
+            try:
+                event = self._queue.get(timeout=timeout)
+            except queue.Empty:
+                raise GenerationFailed(f"no event within {timeout}s") from None
+            if isinstance(event, BackendError):
+                raise event
+            yield event
+            if isinstance(event, GenerationResult):
+                return
+
+    def result(self, timeout: float | None = None) -> GenerationResult:
+        for event in self.events(timeout):
+            if isinstance(event, GenerationResult):
+                return event
+        raise GenerationFailed("request ended without a result")
+
+
+class Backend(Protocol):
+    """What ``service/`` needs from a model backend."""
+
+    model_name: str
+
+    def submit(self, inputs: str, params: RequestParams, listener: Listener | None = None) -> RequestHandle:
+        """Tokenize, check limits (raising InputRejected), queue; events arrive on the handle."""
+
+    def count_tokens(self, text: str) -> int: ...
+
+    def info(self) -> dict: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,1 @@
+"""The MindSpore ("ms") backend: yaml configs, weights, tokenizer, network, engine."""

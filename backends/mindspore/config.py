@@ -1,0 +1,230 @@
+"""MindFormers-style predict yaml (with ``base_config`` inheritance) -> frozen ``ModelSpec``."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from backends.types import ModelDefaults
+
+SUPPORTED_ARCHS = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "ParallelLlamaForCausalLM")
+_MAX_BASE_DEPTH = 8
+
+
+class ConfigError(ValueError):
+    """A model config is missing, malformed, or names something we cannot run."""
+
+    def __init__(self, path: Path | str, key: str, message: str) -> None:
+        super().__init__(f"{path}: {key}: {message}")
+        self.path, self.key = str(path), key
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """Everything the network, tokenizer and engine need from a model directory."""
+
+    yaml_path: Path
+    model_dir: Path
+    arch: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int  # rows of the embedding
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    seq_length: int
+    qkv_has_bias: bool
+    tie_word_embeddings: bool
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int | None
+    compute_dtype: str
+    checkpoint: Path
+    checkpoint_format: str  # "safetensors" | "ckpt"
+    tokenizer: dict[str, Any]
+    mode: int  # 0 = GRAPH_MODE, 1 = PYNATIVE_MODE
+    device_target: str
+    defaults: ModelDefaults
+    config_vocab_size: int | None  # config.json vocab_size / padded_vocab_size (for top_k clamp)
+
+
+def deep_merge(base: dict, child: dict) -> dict:
+    """Return ``base`` with ``child`` merged over it; nested dicts merge, child wins."""
+    out = dict(base)
+    for key, value in child.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_yaml_tree(path: Path, _depth: int = 0) -> dict:
+    """Load a yaml and its ``base_config`` chain: bases in list order, then the child deep-merged."""
+    if _depth > _MAX_BASE_DEPTH:
+        raise ConfigError(path, "base_config", f"inheritance deeper than {_MAX_BASE_DEPTH} (a cycle?)")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(path, "<file>", "no such file") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(path, "<yaml>", f"not valid YAML: {exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(path, "<root>", f"must be a mapping, got {type(data).__name__}")
+    bases = data.pop("base_config", None) or []
+    if isinstance(bases, str):
+        bases = [bases]
+    if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
+        raise ConfigError(path, "base_config", f"must be a path or a list of paths, got {bases!r}")
+    merged: dict = {}
+    for base in bases:
+        merged.update(load_yaml_tree(path.parent / base, _depth + 1))
+    return deep_merge(merged, data)
+
+
+def find_model_yaml(model_dir: Path) -> Path:
+    """The predict yaml of a model directory (exactly one ``*.yaml``, as MindIE requires)."""
+    if not model_dir.is_dir():
+        raise ConfigError(model_dir, "modelWeightPath", "is not a directory")
+    yamls = sorted(p for p in model_dir.iterdir() if p.suffix in (".yaml", ".yml"))
+    if len(yamls) != 1:
+        names = [p.name for p in yamls]
+        raise ConfigError(model_dir, "<yaml>", f"expected exactly one .yaml file, found {names}")
+    return yamls[0]
+
+
+class _Section:
+    """Typed reads from one mapping, with errors that name file and dotted key."""
+
+    def __init__(self, path: Path, prefix: str, data: Any) -> None:
+        if not isinstance(data, dict):
+            raise ConfigError(path, prefix, f"must be a mapping, got {data!r}")
+        self.path, self.prefix, self.data = path, prefix, data
+
+    def get(self, key: str, kind: type | tuple, default: Any = ..., *alts: str) -> Any:
+        for name in (key, *alts):
+            if self.data.get(name) is not None:
+                value = self.data[name]
+                break
+        else:
+            if default is ...:
+                raise ConfigError(self.path, f"{self.prefix}.{key}", "is required")
+            return default
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if isinstance(value, bool) and kind in (int, float):
+            raise ConfigError(self.path, f"{self.prefix}.{key}", f"must be {kind.__name__}, got {value!r}")
+        if not isinstance(value, kind):
+            want = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+            raise ConfigError(self.path, f"{self.prefix}.{key}", f"must be {want}, got {value!r}")
+        return value
+
+    def positive(self, key: str, default: Any = ..., *alts: str) -> int:
+        value = self.get(key, int, default, *alts)
+        if value is not None and value <= 0:
+            raise ConfigError(self.path, f"{self.prefix}.{key}", f"must be > 0, got {value}")
+        return value
+
+
+def _eos_ids(value: Any, path: Path) -> tuple[int, ...]:
+    ids = value if isinstance(value, list) else [value]
+    if not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ConfigError(path, "model.model_config.eos_token_id", f"must be an int or list of ints, got {value!r}")
+    return tuple(ids)
+
+
+def _read_hf_config(model_dir: Path) -> dict:
+    path = model_dir / "config.json"
+    if not path.exists():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(path, "<json>", f"not valid JSON: {exc}") from None
+
+
+def _defaults(mc: _Section) -> ModelDefaults:
+    return ModelDefaults(
+        do_sample=mc.get("do_sample", bool, None),
+        temperature=mc.get("temperature", float, None),
+        top_k=mc.get("top_k", int, None),
+        top_p=mc.get("top_p", float, None),
+        repetition_penalty=mc.get("repetition_penalty", float, None),
+    )
+
+
+def _checkpoint(tree: dict, yaml_path: Path) -> tuple[Path, str]:
+    raw = tree.get("load_checkpoint") or ""
+    if not isinstance(raw, str):
+        raise ConfigError(yaml_path, "load_checkpoint", f"must be a path, got {raw!r}")
+    ckpt = (yaml_path.parent / raw) if raw else yaml_path.parent / "model.safetensors"
+    fmt = tree.get("load_ckpt_format") or ("ckpt" if ckpt.suffix == ".ckpt" else "safetensors")
+    if fmt not in ("safetensors", "ckpt"):
+        raise ConfigError(yaml_path, "load_ckpt_format", f"must be safetensors or ckpt, got {fmt!r}")
+    return ckpt, fmt
+
+
+def _context(tree: dict, yaml_path: Path) -> tuple[int, str]:
+    ctx = _Section(yaml_path, "context", tree.get("context") or {})
+    mode = ctx.get("mode", int, 0)
+    if mode not in (0, 1):
+        raise ConfigError(yaml_path, "context.mode", f"must be 0 (GRAPH_MODE) or 1 (PYNATIVE_MODE), got {mode}")
+    target = ctx.get("device_target", str, "CPU")
+    if target not in ("CPU", "GPU", "Ascend"):
+        raise ConfigError(yaml_path, "context.device_target", f"must be CPU, GPU or Ascend, got {target!r}")
+    return mode, target
+
+
+def load_model_spec(path: Path | str) -> ModelSpec:
+    """Read a model directory (or one yaml inside it) into a ``ModelSpec``."""
+    path = Path(path)
+    yaml_path = find_model_yaml(path) if path.is_dir() else path
+    tree = load_yaml_tree(yaml_path)
+    model = _Section(yaml_path, "model", tree.get("model"))
+    arch = _Section(yaml_path, "model.arch", model.get("arch", dict)).get("type", str)
+    if arch not in SUPPORTED_ARCHS:
+        raise ConfigError(yaml_path, "model.arch.type", f"{arch!r} is not supported; use one of {SUPPORTED_ARCHS}")
+    mc = _Section(yaml_path, "model.model_config", model.get("model_config", dict))
+    hidden, heads = mc.positive("hidden_size"), mc.positive("num_heads")
+    kv_heads = mc.positive("n_kv_heads", heads, "num_key_value_heads")
+    if hidden % heads or heads % kv_heads:
+        raise ConfigError(yaml_path, "model.model_config.n_kv_heads",
+                          f"hidden_size {hidden}, num_heads {heads}, n_kv_heads {kv_heads} do not divide")
+    seq_length = mc.positive("seq_length", 2048)
+    hf = _read_hf_config(yaml_path.parent)
+    cfg_vocab = hf.get("vocab_size") or hf.get("padded_vocab_size")
+    ckpt, fmt = _checkpoint(tree, yaml_path)
+    mode, target = _context(tree, yaml_path)
+    tok = (tree.get("processor") or {}).get("tokenizer") or {}
+    dtype = mc.get("compute_dtype", str, "float32")
+    if dtype not in ("float32", "float16", "bfloat16"):
+        raise ConfigError(yaml_path, "model.model_config.compute_dtype", f"unknown dtype {dtype!r}")
+    return ModelSpec(
+        yaml_path=yaml_path, model_dir=yaml_path.parent, arch=arch,
+        hidden_size=hidden, num_layers=mc.positive("num_layers", ..., "num_hidden_layers"),
+        num_heads=heads, num_kv_heads=kv_heads, head_dim=mc.positive("head_dim", hidden // heads),
+        intermediate_size=mc.positive("intermediate_size"),
+        vocab_size=mc.positive("vocab_size"),
+        rms_norm_eps=mc.get("rms_norm_eps", float, 1e-6),
+        rope_theta=mc.get("theta", float, 10000.0, "rope_theta"),
+        max_position_embeddings=mc.positive("max_position_embedding", seq_length, "max_position_embeddings"),
+        seq_length=seq_length,
+        qkv_has_bias=mc.get("qkv_has_bias", bool, arch == "Qwen2ForCausalLM"),
+        tie_word_embeddings=mc.get("tie_word_embeddings", bool, False),
+        bos_token_id=mc.get("bos_token_id", int, None),
+        eos_token_ids=_eos_ids(mc.get("eos_token_id", (int, list), 2), yaml_path),
+        pad_token_id=mc.get("pad_token_id", int, None),
+        compute_dtype=dtype, checkpoint=ckpt, checkpoint_format=fmt,
+        tokenizer=tok if isinstance(tok, dict) else {}, mode=mode, device_target=target,
+        defaults=_defaults(mc),
+        config_vocab_size=cfg_vocab if isinstance(cfg_vocab, int) and cfg_vocab > 0 else None,
+    )

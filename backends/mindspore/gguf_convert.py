@@ -1,0 +1,329 @@
+"""GGUF → model directory: config.json, tokenizer files, fp32 model.safetensors, predict yaml.
+
+Weights are dequantised with the `gguf` package; llama.cpp's Q/K row permutation is undone.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from gguf import GGUFReader
+from gguf.quants import dequantize
+from safetensors.numpy import save_file
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from tqdm import tqdm
+
+log = logging.getLogger("mindserve.model")
+
+MARKER = "conversion.json"
+FORMAT_VERSION = 1  # bump when the converter's output changes, so old conversions are redone
+_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+          "model.safetensors")
+
+_GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
+                 "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+_LAYER_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+                "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+                "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+                "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+
+# Pre-tokenizer split patterns for llama.cpp's `tokenizer.ggml.pre` values.
+_LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+              r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_RE = _LLAMA3_RE.replace(r"\p{N}{1,3}", r"\p{N}")
+_TOKEN_CONTROL, _TOKEN_USER_DEFINED = 3, 4  # llama.cpp token_type values
+
+
+def convert_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[str], *,
+                 model_name: str | None = None, progress: bool = True) -> Path:
+    """Convert `gguf_path` into `out_dir`; a no-op if out_dir already holds this conversion."""
+    gguf_path, out_dir = Path(gguf_path).resolve(), Path(out_dir)
+    if is_complete_conversion(out_dir, gguf_path, model_name=model_name):
+        log.info("%s already holds a conversion of %s", out_dir, gguf_path.name)
+        return out_dir
+    _check_replaceable(out_dir)
+    name = model_name or _sanitize(gguf_path.name.removesuffix(".gguf"))
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    try:
+        os.chmod(tmp, 0o755)
+        log.info("converting %s -> %s", gguf_path, out_dir)
+        _convert_into(gguf_path, tmp, name, progress)
+        _write_json(tmp / MARKER, {**_fingerprint(gguf_path), "model_name": name,
+                                   "format_version": FORMAT_VERSION,
+                                   "files": [*_FILES, f"predict_{name}.yaml"]})
+        _install(tmp, out_dir, gguf_path, name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def is_complete_conversion(out_dir: Path, gguf_path: Path | None = None, *,
+                           model_name: str | None = None) -> bool:
+    """True if out_dir has a finished conversion (of gguf_path, when given)."""
+    try:
+        marker = json.loads((Path(out_dir) / MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    if marker.get("format_version") != FORMAT_VERSION:
+        return False
+    if model_name is not None and marker.get("model_name") != model_name:
+        return False
+    if not all((Path(out_dir) / f).is_file() for f in marker.get("files", [])):
+        return False
+    return gguf_path is None or _same_source(marker, Path(gguf_path))
+
+
+def unpermute_qk_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation: GGUF interleaved-RoPE rows → HF rotate_half rows."""
+    # HF's rotate_half pairs row i with row i + hd/2 of each head; llama.cpp's "normal" RoPE
+    # pairs rows 2i and 2i+1. Its converter therefore moved HF row (half h, index i) to GGUF
+    # row 2*i + h. Viewing GGUF rows as [head, i, h] and swapping to [head, h, i] restores HF.
+    head_dim = w.shape[0] // n_heads
+    return w.reshape(n_heads, head_dim // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def build_tokenizer(meta: dict[str, Any]) -> Tokenizer:
+    """Rebuild a `tokenizers` byte-level BPE tokenizer from GGUF tokenizer metadata."""
+    kind = meta.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ValueError(f"unsupported GGUF tokenizer.ggml.model {kind!r}: only 'gpt2' "
+                         "(byte-level BPE) can be rebuilt; sentencepiece ('llama') is not supported")
+    tokens: list[str] = meta["tokenizer.ggml.tokens"]
+    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    tok = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges, fuse_unk=False,
+                               byte_fallback=False, ignore_merges=pre == "llama-bpe"))
+    tok.pre_tokenizer = _pre_tokenizer(pre)
+    tok.decoder = decoders.ByteLevel()
+    types = meta.get("tokenizer.ggml.token_type", [])
+    tok.add_special_tokens([_added(tokens[i], True) for i, t in enumerate(types)
+                            if t == _TOKEN_CONTROL])
+    tok.add_tokens([_added(tokens[i], False) for i, t in enumerate(types)
+                    if t == _TOKEN_USER_DEFINED])
+    tok.post_processor = _post_processor(meta, tokens)
+    return tok
+
+
+def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre == "smollm":
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    if pre in ("default", "gpt-2"):
+        return byte_level
+    if pre in ("llama-bpe", "qwen2"):
+        split = pre_tokenizers.Split(Regex(_LLAMA3_RE if pre == "llama-bpe" else _QWEN2_RE),
+                                     behavior="isolated", invert=False)
+        return pre_tokenizers.Sequence(
+            [split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    raise ValueError(f"unsupported GGUF tokenizer.ggml.pre {pre!r}")
+
+
+def _added(content: str, special: bool) -> AddedToken:
+    return AddedToken(content, special=special, normalized=False)
+
+
+def _post_processor(meta: dict[str, Any], tokens: list[str]) -> processors.PostProcessor:
+    byte_level = processors.ByteLevel(trim_offsets=False)
+    ids = _special_ids(meta)
+    prefix = [ids["bos"]] if meta.get("tokenizer.ggml.add_bos_token") and ids["bos"] is not None else []
+    suffix = [ids["eos"]] if meta.get("tokenizer.ggml.add_eos_token") and ids["eos"] is not None else []
+    if not prefix and not suffix:
+        return byte_level
+    pieces = [tokens[i] for i in prefix], [tokens[i] for i in suffix]
+    single = [*pieces[0], "$A", *pieces[1]]
+    template = processors.TemplateProcessing(
+        single=single, pair=[*single, *pieces[0], "$B:1", *pieces[1]],
+        special_tokens=[(tokens[i], i) for i in dict.fromkeys(prefix + suffix)])
+    return processors.Sequence([byte_level, template])
+
+
+def _special_ids(meta: dict[str, Any]) -> dict[str, int | None]:
+    keys = {"bos": "bos_token_id", "eos": "eos_token_id", "pad": "padding_token_id",
+            "unk": "unknown_token_id", "eot": "eot_token_id"}
+    return {k: meta.get(f"tokenizer.ggml.{v}") for k, v in keys.items()}
+
+
+def _convert_into(gguf_path: Path, out: Path, name: str, progress: bool) -> None:
+    reader = GGUFReader(gguf_path)
+    meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    config = _hf_config(meta, reader)  # validates the architecture before any heavy work
+    tokenizer = build_tokenizer(meta)
+    tokenizer.save(str(out / "tokenizer.json"))
+    _write_json(out / "tokenizer_config.json", _tokenizer_config(meta, config))
+    _write_json(out / "config.json", config)
+    _write_json(out / "generation_config.json", {
+        "bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"],
+        "pad_token_id": config["pad_token_id"]})
+    _write_weights(reader, config, out / "model.safetensors", progress)
+    header = f"# MindFormers-style predict config written by mindserve from {gguf_path.name}\n"
+    (out / f"predict_{name}.yaml").write_text(
+        header + yaml.safe_dump(_predict_yaml(config), sort_keys=False))
+
+
+def _hf_config(meta: dict[str, Any], reader: GGUFReader) -> dict[str, Any]:
+    arch = meta.get("general.architecture")
+    if arch != "llama":
+        raise ValueError(f"unsupported GGUF general.architecture {arch!r}: only 'llama' is supported")
+    names = {t.name: t for t in reader.tensors}
+    hidden, heads = int(meta["llama.embedding_length"]), int(meta["llama.attention.head_count"])
+    ids = _special_ids(meta)
+    eos = [i for i in dict.fromkeys([ids["eos"], ids["eot"]]) if i is not None]
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": hidden, "intermediate_size": int(meta["llama.feed_forward_length"]),
+        "num_hidden_layers": int(meta["llama.block_count"]),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(meta.get("llama.attention.head_count_kv", heads)),
+        "head_dim": int(meta.get("llama.rope.dimension_count", hidden // heads)),
+        "vocab_size": int(names["token_embd.weight"].shape[1]),
+        "max_position_embeddings": int(meta["llama.context_length"]),
+        "rope_theta": _f32_repr(meta.get("llama.rope.freq_base", 10000.0)),
+        "rms_norm_eps": _f32_repr(meta["llama.attention.layer_norm_rms_epsilon"]),
+        "tie_word_embeddings": "output.weight" not in names,
+        "bos_token_id": ids["bos"], "eos_token_id": eos[0] if len(eos) == 1 else eos,
+        "pad_token_id": ids["pad"], "torch_dtype": "float32", "hidden_act": "silu",
+        "attention_bias": False, "mlp_bias": False,
+    }
+
+
+def _f32_repr(value: float) -> float:
+    # GGUF stores float32; 1e-5 reads back as 9.999999747e-06. Keep the shortest decimal
+    # that round-trips through float32 (1e-05), as the original HF config has.
+    return float(str(np.float32(value)))
+
+
+def _tokenizer_config(meta: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    tokens, ids = meta["tokenizer.ggml.tokens"], _special_ids(meta)
+    types = meta.get("tokenizer.ggml.token_type", [])
+    added = {str(i): {"content": tokens[i], "lstrip": False, "normalized": False, "rstrip": False,
+                      "single_word": False, "special": t == _TOKEN_CONTROL}
+             for i, t in enumerate(types) if t in (_TOKEN_CONTROL, _TOKEN_USER_DEFINED)}
+    text = {k: tokens[ids[k]] if ids[k] is not None else None for k in ("bos", "eos", "pad", "unk")}
+    return {
+        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
+        "added_tokens_decoder": added,
+        **{f"{k}_token": v for k, v in text.items()},
+        "chat_template": meta.get("tokenizer.chat_template"),
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": config["max_position_embeddings"],
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }
+
+
+def _write_weights(reader: GGUFReader, config: dict[str, Any], path: Path, progress: bool) -> None:
+    heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
+    weights: dict[str, np.ndarray] = {}
+    for t in tqdm(reader.tensors, desc="dequantise", unit="tensor", file=sys.stderr,
+                  disable=not progress):
+        shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims innermost-first
+        w = dequantize(t.data, t.tensor_type).reshape(shape)
+        kind = t.name.split(".")[-2]
+        if t.name.startswith("blk.") and kind in heads:
+            w = unpermute_qk_rows(w, heads[kind])
+        weights[hf_tensor_name(t.name)] = np.array(w, dtype=np.float32, order="C")  # own copy
+        del w
+    save_file(weights, str(path), metadata={"format": "pt"})
+    os.chmod(path, 0o644)
+
+
+def hf_tensor_name(gguf_name: str) -> str:
+    """Map a llama GGUF tensor name to its HF transformers parameter name."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", gguf_name)
+    if m is None or m[2] not in _LAYER_NAMES:
+        raise ValueError(f"unsupported GGUF tensor {gguf_name!r}")
+    return f"model.layers.{m[1]}.{_LAYER_NAMES[m[2]]}.{m[3]}"
+
+
+def _predict_yaml(c: dict[str, Any]) -> dict[str, Any]:
+    model_config = {
+        "type": "LlamaConfig", "seq_length": c["max_position_embeddings"],
+        "hidden_size": c["hidden_size"], "num_layers": c["num_hidden_layers"],
+        "num_heads": c["num_attention_heads"], "n_kv_heads": c["num_key_value_heads"],
+        "intermediate_size": c["intermediate_size"], "vocab_size": c["vocab_size"],
+        "rms_norm_eps": c["rms_norm_eps"], "theta": c["rope_theta"],
+        "max_position_embedding": c["max_position_embeddings"], "qkv_has_bias": False,
+        "tie_word_embeddings": c["tie_word_embeddings"], "bos_token_id": c["bos_token_id"],
+        "eos_token_id": c["eos_token_id"], "pad_token_id": c["pad_token_id"],
+        "compute_dtype": "float32", "param_init_type": "float32", "use_past": True,
+    }
+    return {
+        "run_mode": "predict", "load_checkpoint": "model.safetensors",
+        "load_ckpt_format": "safetensors", "context": {"mode": 0, "device_target": "CPU"},
+        "model": {"arch": {"type": "LlamaForCausalLM"}, "model_config": model_config},
+        "processor": {"return_tensors": "ms", "tokenizer": {
+            "type": "PreTrainedTokenizerFast", "tokenizer_file": "tokenizer.json"}},
+    }
+
+
+def _fingerprint(gguf_path: Path) -> dict[str, Any]:
+    st = gguf_path.stat()
+    return {"gguf_name": gguf_path.name, "gguf_size": st.st_size, "gguf_mtime_ns": st.st_mtime_ns,
+            "gguf_sha256": _sha256(gguf_path)}
+
+
+def _same_source(marker: dict[str, Any], gguf_path: Path) -> bool:
+    """Size+mtime match is trusted; on an mtime change (e.g. re-extracted), compare sha256."""
+    try:
+        st = gguf_path.stat()
+    except OSError:
+        return False
+    if st.st_size != marker.get("gguf_size"):
+        return False
+    return st.st_mtime_ns == marker.get("gguf_mtime_ns") or \
+        _sha256(gguf_path) == marker.get("gguf_sha256")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _check_replaceable(out_dir: Path) -> None:
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / MARKER).exists():
+        raise FileExistsError(f"{out_dir} exists and is not a mindserve GGUF conversion; "
+                              "refusing to replace it")
+
+
+def _install(tmp: Path, out_dir: Path, gguf_path: Path, name: str) -> None:
+    """Move the finished tmp dir into place atomically (replacing a stale conversion)."""
+    _check_replaceable(out_dir)
+    old = None
+    if out_dir.exists():
+        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+        os.rename(out_dir, old)
+    try:
+        os.rename(tmp, out_dir)
+    except OSError:
+        if old is not None and not out_dir.exists():
+            os.rename(old, out_dir)
+            old = None
+        if not is_complete_conversion(out_dir, gguf_path, model_name=name):
+            raise  # not a concurrent converter finishing first: a real failure
+        log.info("another process finished converting %s first", out_dir)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _sanitize(name: str) -> str:
+    return re.sub(r"[^0-9a-zA-Z]+", "_", name).strip("_").lower() or "model"
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")

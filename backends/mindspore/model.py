@@ -1,0 +1,171 @@
+"""The Llama-family network (Llama 2/3, Qwen2, Mistral, SmolLM2) in plain MindSpore ops, with a paged KV cache.
+
+One ``construct`` serves prefill chunks and decode steps: tokens are written into the cache first,
+then attend through it, so the graph depends only on the shapes (batch, tokens, window).
+"""
+from __future__ import annotations
+
+import numpy as np
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+
+from backends.mindspore.config import ModelSpec
+
+
+def _param(array: np.ndarray, name: str) -> Parameter:
+    return Parameter(Tensor(np.ascontiguousarray(array, dtype=np.float32)), name=name, requires_grad=False)
+
+
+def rope_tables(head_dim: int, max_pos: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin [max_pos, head_dim] in HF ``rotate_half`` layout (frequencies repeated over both halves)."""
+    inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    angles = np.outer(np.arange(max_pos, dtype=np.float64), inv_freq)
+    angles = np.concatenate([angles, angles], axis=-1)
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+class RMSNorm(nn.Cell):
+    def __init__(self, weight: np.ndarray, eps: float, name: str) -> None:
+        super().__init__()
+        self.weight = _param(weight, name)
+        self.eps = eps
+
+    def construct(self, x):
+        return x * ops.rsqrt(ops.mean(x * x, -1, keep_dims=True) + self.eps) * self.weight
+
+
+class DecoderLayer(nn.Cell):
+    """Attention + MLP for one layer; owns the layer's K/V cache ``[num_slots, kv_heads, head_dim]``."""
+
+    def __init__(self, spec: ModelSpec, w: dict[str, np.ndarray], i: int, num_slots: int, block_size: int) -> None:
+        super().__init__()
+        p = f"model.layers.{i}."
+        self.heads, self.kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self.block_size = block_size
+        q, k, v = (w[p + f"self_attn.{n}_proj.weight"] for n in "qkv")
+        # Fused, stored [in, out] so a plain matmul streams it (the fastest CPU layout).
+        self.wqkv = _param(np.concatenate([q, k, v], axis=0).T, p + "wqkv")
+        self.has_bias = spec.qkv_has_bias
+        if self.has_bias:
+            bias = np.concatenate([w[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
+            self.bqkv = _param(bias, p + "bqkv")
+        self.wo = _param(w[p + "self_attn.o_proj.weight"].T, p + "wo")
+        self.w_gate_up = _param(np.concatenate([w[p + "mlp.gate_proj.weight"],
+                                                w[p + "mlp.up_proj.weight"]], axis=0).T, p + "w_gate_up")
+        self.w_down = _param(w[p + "mlp.down_proj.weight"].T, p + "w_down")
+        self.ffn = spec.intermediate_size
+        self.attn_norm = RMSNorm(w[p + "input_layernorm.weight"], spec.rms_norm_eps, p + "attn_norm")
+        self.ffn_norm = RMSNorm(w[p + "post_attention_layernorm.weight"], spec.rms_norm_eps, p + "ffn_norm")
+        cache_shape = (num_slots, spec.num_kv_heads, spec.head_dim)
+        self.k_cache = _param(np.zeros(cache_shape, np.float32), p + "k_cache")
+        self.v_cache = _param(np.zeros(cache_shape, np.float32), p + "v_cache")
+        self.scatter = ops.ScatterUpdate()
+        self.bmm = ops.BatchMatMul()
+        self.bmm_t = ops.BatchMatMul(transpose_b=True)
+        self.scale = 1.0 / float(np.sqrt(spec.head_dim))
+
+    def _rope(self, x, cos, sin):
+        # x: [B, T, heads, D]; cos/sin: [B, T, 1, D]
+        half = self.head_dim // 2
+        rotated = ops.concat((-x[..., half:], x[..., :half]), -1)
+        return x * cos + rotated * sin
+
+    def _cached(self, cache, new, slots, block_table):
+        """Write ``new`` [B*T, kv, D] at ``slots``, then read the window of each row: [B, kv, W, D]."""
+        cache = self.scatter(cache, slots, new)
+        blocks = ops.reshape(cache, (-1, self.block_size, self.kv_heads, self.head_dim))
+        b, nb = block_table.shape
+        window = ops.gather(blocks, block_table, 0)  # [B, NB, bs, kv, D]
+        window = ops.reshape(window, (b, nb * self.block_size, self.kv_heads, self.head_dim))
+        return ops.transpose(window, (0, 2, 1, 3))
+
+    def _attention(self, x, cos, sin, slots, block_table, mask):
+        b, t, _ = x.shape
+        h, kvh, d = self.heads, self.kv_heads, self.head_dim
+        g = h // kvh
+        qkv = ops.matmul(ops.reshape(x, (b * t, -1)), self.wqkv)
+        if self.has_bias:
+            qkv = qkv + self.bqkv
+        q = ops.reshape(qkv[:, : h * d], (b, t, h, d))
+        k = ops.reshape(qkv[:, h * d: (h + kvh) * d], (b, t, kvh, d))
+        v = ops.reshape(qkv[:, (h + kvh) * d:], (b * t, kvh, d))
+        q = self._rope(q, cos, sin)
+        k = ops.reshape(self._rope(k, cos, sin), (b * t, kvh, d))
+        keys = self._cached(self.k_cache, k, slots, block_table)  # [B, kv, W, D]
+        values = self._cached(self.v_cache, v, slots, block_table)
+        # GQA without repeating K/V: group query heads under their kv head. q: [B, kv, G*T, D]
+        q = ops.transpose(ops.reshape(q, (b, t, kvh, g, d)), (0, 2, 3, 1, 4))
+        q = ops.reshape(q, (b, kvh, g * t, d))
+        scores = self.bmm_t(q, keys) * self.scale  # [B, kv, G*T, W]
+        scores = ops.reshape(scores, (b, kvh, g, t, -1)) + mask  # mask: [B, 1, 1, T, W]
+        probs = ops.reshape(ops.softmax(scores, -1), (b, kvh, g * t, -1))
+        out = self.bmm(probs, values)  # [B, kv, G*T, D]
+        out = ops.transpose(ops.reshape(out, (b, kvh, g, t, d)), (0, 3, 1, 2, 4))
+        return ops.matmul(ops.reshape(out, (b * t, h * d)), self.wo)
+
+    def construct(self, x, cos, sin, slots, block_table, mask):
+        b, t, dim = x.shape
+        attn = self._attention(self.attn_norm(x), cos, sin, slots, block_table, mask)
+        x = x + ops.reshape(attn, (b, t, dim))
+        gate_up = ops.matmul(ops.reshape(self.ffn_norm(x), (b * t, dim)), self.w_gate_up)
+        act = ops.silu(gate_up[:, : self.ffn]) * gate_up[:, self.ffn:]
+        return x + ops.reshape(ops.matmul(act, self.w_down), (b, t, dim))
+
+
+class LlamaModel(nn.Cell):
+    """ids/positions in, logits of one chosen row per sequence and the final-normed hidden states out.
+
+    Inputs: ids, pos [B, T] int32; slots [B*T] int32 (cache slot of each token; padding -> scratch slot 0);
+    block_table [B, NB] int32 (the sequence's cache blocks, padded with 0); mask [B, 1, 1, T, NB*bs] float32
+    (0 where key j <= pos, else -1e9); last_rows [B] int32 (flat row in B*T whose logits to return).
+    """
+
+    def __init__(self, spec: ModelSpec, w: dict[str, np.ndarray], num_blocks: int, block_size: int,
+                 max_positions: int) -> None:
+        super().__init__()
+        self.dim = spec.hidden_size
+        self.embed = _param(w["model.embed_tokens.weight"], "embed")
+        head = w["model.embed_tokens.weight"] if spec.tie_word_embeddings else w["lm_head.weight"]
+        self.head = _param(head.T, "lm_head")  # [D, V]; a separate copy even when tied, for the fast layout
+        cos, sin = rope_tables(spec.head_dim, max_positions, spec.rope_theta)
+        self.cos, self.sin = _param(cos, "rope_cos"), _param(sin, "rope_sin")
+        self.layers = nn.CellList([DecoderLayer(spec, w, i, num_blocks * block_size, block_size)
+                                   for i in range(spec.num_layers)])
+        self.norm = RMSNorm(w["model.norm.weight"], spec.rms_norm_eps, "norm")
+
+    def construct(self, ids, pos, slots, block_table, mask, last_rows):
+        b, t = ids.shape
+        x = ops.gather(self.embed, ids, 0)  # [B, T, D]
+        cos = ops.expand_dims(ops.gather(self.cos, pos, 0), 2)  # [B, T, 1, hd]
+        sin = ops.expand_dims(ops.gather(self.sin, pos, 0), 2)
+        for layer in self.layers:
+            x = layer(x, cos, sin, slots, block_table, mask)
+        hidden = self.norm(ops.reshape(x, (b * t, self.dim)))
+        logits = ops.matmul(ops.gather(hidden, last_rows, 0), self.head)  # [B, V]
+        return logits, hidden
+
+
+class LMHead(nn.Cell):
+    """Logits for already-normed hidden rows ``[N, D]`` (prompt logprobs); shares the model's head weights."""
+
+    def __init__(self, model: LlamaModel) -> None:
+        super().__init__()
+        self.head = model.head
+
+    def construct(self, hidden):
+        return ops.matmul(hidden, self.head)
+
+
+_threads_set: list[int] = []
+
+
+def set_mode(mode: int, device_target: str, threads: int | None) -> None:
+    """Global MindSpore context: GRAPH_MODE (0) or PYNATIVE_MODE (1); CPU threads (settable once per process)."""
+    ms.set_context(mode=ms.GRAPH_MODE if mode == 0 else ms.PYNATIVE_MODE)
+    if not _threads_set:
+        ms.set_device(device_target)
+        if threads:
+            ms.device_context.cpu.op_tuning.threads_num(threads)
+        _threads_set.append(threads or 0)
+    if mode == 1:
+        ms.runtime.launch_blocking()  # PyNative's async dispatch costs ~1 ms per op on CPU

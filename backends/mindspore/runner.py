@@ -1,0 +1,146 @@
+"""Runs the network on a fixed set of shapes: builds padded inputs, picks buckets, warms every graph up."""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import mindspore as ms
+
+from backends.mindspore.config import ModelSpec
+from backends.mindspore.kv_cache import block_table, token_slots
+from backends.mindspore.model import LlamaModel, LMHead
+
+log = logging.getLogger("mindserve.engine")
+_NEG = np.float32(-1e9)
+
+
+@dataclass(frozen=True, slots=True)
+class Shapes:
+    """The static shapes the graphs are compiled for."""
+
+    block_size: int
+    prefill_chunk: int
+    batch_buckets: tuple[int, ...]  # decode batch sizes, ascending
+    window_buckets: tuple[int, ...]  # attention windows (tokens), ascending multiples of block_size
+
+    def __post_init__(self) -> None:
+        if any(w % self.block_size for w in self.window_buckets):
+            raise ValueError(f"window buckets {self.window_buckets} must be multiples of {self.block_size}")
+        if list(self.batch_buckets) != sorted(set(self.batch_buckets)) or \
+                list(self.window_buckets) != sorted(set(self.window_buckets)):
+            raise ValueError("buckets must be strictly ascending")
+
+    @property
+    def max_window(self) -> int:
+        return self.window_buckets[-1]
+
+    def window_for(self, tokens: int) -> int:
+        for w in self.window_buckets:
+            if w >= tokens:
+                return w
+        raise ValueError(f"{tokens} tokens exceed the largest attention window {self.max_window}")
+
+    def batch_for(self, rows: int) -> int:
+        for b in self.batch_buckets:
+            if b >= rows:
+                return b
+        raise ValueError(f"{rows} rows exceed the largest decode batch {self.batch_buckets[-1]}")
+
+
+@dataclass(slots=True)
+class DecodeRow:
+    token: int
+    position: int
+    blocks: list[int]
+
+
+def _mask(pos: np.ndarray, window: int) -> np.ndarray:
+    """Additive attention mask [B, 1, 1, T, W]: key j is visible to the token at position p iff j <= p."""
+    visible = np.arange(window)[None, None, :] <= pos[:, :, None]
+    return np.where(visible, np.float32(0), _NEG)[:, None, None].astype(np.float32)
+
+
+class ModelRunner:
+    def __init__(self, spec: ModelSpec, weights: dict[str, np.ndarray], shapes: Shapes, num_blocks: int) -> None:
+        self.spec, self.shapes = spec, shapes
+        self.net = LlamaModel(spec, weights, num_blocks, shapes.block_size, shapes.max_window)
+        self.net.set_train(False)
+        self.head = LMHead(self.net)
+        self.compiled: set[tuple] = set()
+
+    def _call(self, key: tuple, ids, pos, slots, table, last_rows):
+        window = table.shape[1] * self.shapes.block_size
+        args = (ids, pos, slots, table, _mask(pos, window), last_rows)
+        started = time.perf_counter()
+        logits, hidden = self.net(*(ms.Tensor(a) for a in args))
+        out = logits.asnumpy(), hidden.asnumpy()
+        if key not in self.compiled:
+            self.compiled.add(key)
+            log.info("compiled graph %s in %.2fs", key, time.perf_counter() - started)
+        return out
+
+    def prefill(self, ids: list[int], start: int, blocks: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """One chunk of one sequence's prompt at positions start.. ; returns (last-token logits [V], hidden [t, D])."""
+        chunk, t = self.shapes.prefill_chunk, len(ids)
+        assert 0 < t <= chunk, "chunk larger than the compiled prefill shape"
+        window = self.shapes.window_for(start + t)
+        padded = np.zeros((1, chunk), np.int32)
+        padded[0, :t] = ids
+        pos = np.zeros((1, chunk), np.int32)
+        pos[0, :t] = np.arange(start, start + t)
+        slots = np.zeros(chunk, np.int32)  # padding writes go to the scratch slot 0
+        slots[:t] = token_slots(blocks, pos[0, :t], self.shapes.block_size)
+        table = block_table([blocks], window // self.shapes.block_size)
+        logits, hidden = self._call(("prefill", chunk, window), padded, pos, slots, table,
+                                    np.array([t - 1], np.int32))
+        return logits[0], hidden[:t]
+
+    def decode(self, rows: list[DecodeRow]) -> np.ndarray:
+        """One token for each row; returns logits [len(rows), V]."""
+        n, batch = len(rows), self.shapes.batch_for(len(rows))
+        window = self.shapes.window_for(max(r.position for r in rows) + 1)
+        ids = np.zeros((batch, 1), np.int32)
+        pos = np.zeros((batch, 1), np.int32)
+        slots = np.zeros(batch, np.int32)
+        for i, row in enumerate(rows):
+            ids[i, 0], pos[i, 0] = row.token, row.position
+            slots[i] = token_slots(row.blocks, pos[i], self.shapes.block_size)[0]
+        table = block_table([r.blocks for r in rows] + [[]] * (batch - n), window // self.shapes.block_size)
+        logits, _ = self._call(("decode", batch, window), ids, pos, slots, table, np.arange(batch, dtype=np.int32))
+        return logits[:n]
+
+    def prompt_logits(self, hidden: np.ndarray) -> np.ndarray:
+        """Logits [t, V] for normed hidden rows of one prefill chunk (padded to the chunk shape)."""
+        padded = np.zeros((self.shapes.prefill_chunk, hidden.shape[1]), np.float32)
+        padded[: len(hidden)] = hidden
+        key = ("head", self.shapes.prefill_chunk)
+        started = time.perf_counter()
+        out = self.head(ms.Tensor(padded)).asnumpy()[: len(hidden)]
+        if key not in self.compiled:
+            self.compiled.add(key)
+            log.info("compiled graph %s in %.2fs", key, time.perf_counter() - started)
+        return out
+
+    def warmup_plan(self) -> list[tuple]:
+        s = self.shapes
+        plan: list[tuple] = [("prefill", s.prefill_chunk, w) for w in s.window_buckets]
+        plan += [("decode", b, w) for b in s.batch_buckets for w in s.window_buckets]
+        return plan + [("head", s.prefill_chunk)]
+
+    def warmup(self, progress: bool = False) -> None:
+        """Compile every graph shape the engine will use; only the scratch block is written."""
+        from tqdm import tqdm
+
+        plan = self.warmup_plan()
+        started = time.perf_counter()
+        for key in tqdm(plan, desc="warm-up: compiling graphs", disable=not progress, unit="graph"):
+            if key[0] == "prefill":
+                self.prefill([0], key[2] - 1, [0] * (key[2] // self.shapes.block_size))
+            elif key[0] == "decode":
+                rows = [DecodeRow(0, key[2] - 1, [0] * (key[2] // self.shapes.block_size))] * key[1]
+                self.decode(rows)
+            else:
+                self.prompt_logits(np.zeros((1, self.spec.hidden_size), np.float32))
+        log.info("warm-up done: %d graphs in %.1fs", len(plan), time.perf_counter() - started)

@@ -1,0 +1,95 @@
+"""Continuous-batching scheduler: who waits, who prefills, who decodes, and their cache blocks."""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+from backends.base import RequestHandle
+from backends.mindspore.kv_cache import BlockAllocator
+from backends.types import Token
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request's state inside the engine (per-row pieces are filterable: dropped with the row)."""
+
+    handle: RequestHandle
+    prompt_ids: list[int]
+    max_new_tokens: int
+    chooser: object  # sampling.NextTokenChooser
+    stopper: object  # stopping.Stopper
+    detokenizer: object  # tokenizer.IncrementalDetokenizer
+    seed: int
+    want_prefill: bool = False
+    blocks: list[int] = field(default_factory=list)
+    prefilled: int = 0  # prompt tokens already in the cache
+    generated: list[int] = field(default_factory=list)
+    tokens: list[Token] = field(default_factory=list)
+    prefill_tokens: list[Token] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.generated)
+
+    @property
+    def capacity(self) -> int:
+        """Tokens this sequence may ever hold in the cache (prompt + max new tokens)."""
+        return len(self.prompt_ids) + self.max_new_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    prefill: Sequence | None  # one chunk of this sequence's prompt
+    decode: tuple[Sequence, ...]  # sequences that get one token each
+
+
+class Scheduler:
+    """FIFO admission under ``max_batch`` sequences and the cache budget; one prefill chunk per step."""
+
+    def __init__(self, allocator: BlockAllocator, max_batch: int, max_waiting: int) -> None:
+        self.allocator, self.max_batch, self.max_waiting = allocator, max_batch, max_waiting
+        self.waiting: collections.deque[Sequence] = collections.deque()
+        self.prefilling: collections.deque[Sequence] = collections.deque()
+        self.running: list[Sequence] = []
+
+    def __len__(self) -> int:
+        return len(self.waiting) + len(self.prefilling) + len(self.running)
+
+    @property
+    def active(self) -> int:
+        return len(self.prefilling) + len(self.running)
+
+    def add(self, seq: Sequence) -> bool:
+        if len(self.waiting) >= self.max_waiting:
+            return False
+        self.waiting.append(seq)
+        return True
+
+    def _admit(self) -> None:
+        while self.waiting and self.active < self.max_batch:
+            seq = self.waiting[0]
+            if not self.allocator.can_allocate(seq.capacity):
+                break  # FIFO: wait for blocks rather than overtaking
+            self.waiting.popleft()
+            # Reserve the whole (prompt + max_new_tokens) up front: no preemption needed mid-generation.
+            seq.blocks = self.allocator.allocate(seq.capacity)
+            self.prefilling.append(seq)
+
+    def plan(self) -> StepPlan:
+        self._admit()
+        return StepPlan(self.prefilling[0] if self.prefilling else None, tuple(self.running))
+
+    def prefill_done(self, seq: Sequence) -> None:
+        self.prefilling.remove(seq)
+        self.running.append(seq)
+
+    def finish(self, seq: Sequence) -> None:
+        """Drop a sequence wherever it is and free its cache blocks."""
+        for pool in (self.running, self.prefilling, self.waiting):
+            if seq in pool:
+                pool.remove(seq)
+        self.allocator.release(seq.blocks)
+
+    def all(self) -> list[Sequence]:
+        return [*self.running, *self.prefilling, *self.waiting]

@@ -1,0 +1,102 @@
+"""Plain data that crosses the service/backend boundary: params, token events, results."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class FinishReason(str, enum.Enum):
+    LENGTH = "length"
+    EOS_TOKEN = "eos_token"
+    STOP_SEQUENCE = "stop_sequence"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestParams:
+    """Sampling/stopping parameters as the client sent them; None means "not set".
+
+    The backend resolves the unset ones against the model's yaml defaults
+    (see ``backends.params.resolve``).
+    """
+
+    do_sample: bool | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    typical_p: float | None = None
+    repetition_penalty: float | None = None
+    watermark: bool = False
+    seed: int | None = None
+    max_new_tokens: int = 20
+    stop: tuple[str, ...] = ()
+    truncate: int | None = None
+    return_full_text: bool = False
+    decoder_input_details: bool = False
+    adapter_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Fully resolved sampling parameters (every value concrete)."""
+
+    do_sample: bool
+    temperature: float
+    top_k: int  # 0 = off
+    top_p: float  # 1.0 = off
+    typical_p: float  # 1.0 = off
+    repetition_penalty: float  # 1.0 = off
+    watermark: bool
+    seed: int  # uint64, 1..2**64-1
+
+
+@dataclass(frozen=True, slots=True)
+class ModelDefaults:
+    """Per-model defaults from the yaml's ``model.model_config`` (None = absent)."""
+
+    do_sample: bool | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    id: int
+    text: str
+    logprob: float | None
+    special: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    """One generated token; ``text`` is the newly completed text ("" if it completes no character)."""
+
+    token: Token
+    index: int  # 0-based position among generated tokens
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationResult:
+    generated_text: str
+    finish_reason: FinishReason
+    prompt_tokens: int
+    generated_tokens: int
+    seed: int
+    tokens: tuple[Token, ...] = ()
+    prefill: tuple[Token, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationError:
+    """Terminal failure of one request inside the engine."""
+
+    message: str
+    kind: str = "generation"  # "generation" | "validation" | "timeout" | "cancelled"
+
+
+@dataclass(slots=True)
+class Counters:
+    compiled_graphs: int = 0
+    steps: int = 0
+    extra: dict[str, int] = field(default_factory=dict)

@@ -1,0 +1,1 @@
+"""The Tornado service: HTTP edge, schema validation, JSON/SSE rendering."""

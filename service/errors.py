@@ -1,0 +1,121 @@
+"""The one error taxonomy of the service: each exception carries its HTTP status and wire ``error_type``.
+
+Handlers raise these (or let backend errors be mapped by ``from_backend_error``); the base handler
+renders any of them with ``error_body``. No Tornado here.
+"""
+from __future__ import annotations
+
+import enum
+from typing import ClassVar
+
+from backends import errors as backend_errors
+
+
+class ErrorType(str, enum.Enum):
+    """The ``error_type`` strings on the wire (the reference server's status-code table)."""
+
+    BAD_REQUEST = "Bad Request"
+    NOT_FOUND = "NotFoundError"
+    METHOD_NOT_ALLOWED = "Method Not Allowed"
+    PAYLOAD_TOO_LARGE = "Payload Too Large"
+    VALIDATION = "Input Validation Error"
+    GENERATION = "Generation Error"
+    TOO_MANY_REQUESTS = "Too Many Requests"
+    INCOMPLETE = "Incomplete Generation"
+    UNAVAILABLE = "Service Unavailable"
+
+
+class ServiceError(Exception):
+    """Base class: ``str(exc)`` is the client-facing message."""
+
+    status: ClassVar[int] = 500
+    error_type: ClassVar[ErrorType] = ErrorType.INCOMPLETE
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class BadRequest(ServiceError):
+    status = 400
+    error_type = ErrorType.BAD_REQUEST
+
+
+class NotFound(ServiceError):
+    status = 404
+    error_type = ErrorType.NOT_FOUND
+
+
+class MethodNotAllowed(ServiceError):
+    status = 405
+    error_type = ErrorType.METHOD_NOT_ALLOWED
+
+
+class PayloadTooLarge(ServiceError):
+    status = 413
+    error_type = ErrorType.PAYLOAD_TOO_LARGE
+
+
+class ValidationError(ServiceError):
+    status = 422
+    error_type = ErrorType.VALIDATION
+
+
+class GenerationFailed(ServiceError):
+    status = 424
+    error_type = ErrorType.GENERATION
+
+
+class TooManyRequests(ServiceError):
+    status = 429
+    error_type = ErrorType.TOO_MANY_REQUESTS
+
+
+class IncompleteGeneration(ServiceError):
+    status = 500
+    error_type = ErrorType.INCOMPLETE
+
+
+class ServiceUnavailable(ServiceError):
+    status = 503
+    error_type = ErrorType.UNAVAILABLE
+
+
+_BY_STATUS: dict[int, type[ServiceError]] = {
+    cls.status: cls
+    for cls in (BadRequest, NotFound, MethodNotAllowed, PayloadTooLarge, ValidationError,
+                GenerationFailed, TooManyRequests, IncompleteGeneration, ServiceUnavailable)
+}
+
+# Most specific first: subclasses before BackendError itself.
+_BACKEND_MAP: tuple[tuple[type[Exception], type[ServiceError]], ...] = (
+    (backend_errors.InputRejected, ValidationError),
+    (backend_errors.EngineOverloaded, TooManyRequests),
+    (backend_errors.EngineUnavailable, ServiceUnavailable),
+    (backend_errors.GenerationFailed, GenerationFailed),
+    (backend_errors.BackendError, IncompleteGeneration),
+)
+
+INTERNAL_ERROR_MESSAGE = "Internal server error"
+
+
+def for_status(status: int, message: str) -> ServiceError:
+    """The taxonomy's exception for an HTTP status (e.g. Tornado's own 404/405); unknown → 500."""
+    return _BY_STATUS.get(status, IncompleteGeneration)(message)
+
+
+def from_backend_error(exc: Exception) -> ServiceError:
+    """Map a backend's domain error to the service taxonomy (unknown exceptions → 500)."""
+    if isinstance(exc, ServiceError):
+        return exc
+    for backend_cls, service_cls in _BACKEND_MAP:
+        if isinstance(exc, backend_cls):
+            return service_cls(str(exc) or service_cls.error_type.value)
+    return IncompleteGeneration(INTERNAL_ERROR_MESSAGE)
+
+
+def error_body(exc: BaseException) -> dict[str, str]:
+    """The JSON error body ``{"error", "error_type"}``; non-service exceptions never leak details."""
+    if not isinstance(exc, ServiceError):
+        exc = from_backend_error(exc) if isinstance(exc, Exception) else IncompleteGeneration(INTERNAL_ERROR_MESSAGE)
+    return {"error": exc.message, "error_type": exc.error_type.value}

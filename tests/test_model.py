@@ -1,0 +1,112 @@
+"""The MindSpore network against the independent NumPy reference (tests/reference_numpy.py)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from backends.mindspore.config import load_model_spec
+from backends.mindspore.model import set_mode
+from backends.mindspore.runner import DecodeRow, ModelRunner, Shapes
+from backends.mindspore.weights import load_weights
+from tests.reference_numpy import RefModel
+
+TOL = 1e-4
+SHAPES = Shapes(block_size=16, prefill_chunk=8, batch_buckets=(1, 4), window_buckets=(32, 64))
+
+
+def make_runner(model_dir: Path, num_blocks: int = 24, mode: int = 0) -> ModelRunner:
+    spec = load_model_spec(model_dir)
+    set_mode(mode, "CPU", 2)
+    return ModelRunner(spec, load_weights(spec.checkpoint, spec.checkpoint_format), SHAPES, num_blocks)
+
+
+@pytest.fixture(scope="module", params=["tiny_model_dir", "tiny_qwen2_dir"])
+def model(request):
+    model_dir = request.getfixturevalue(request.param)
+    return make_runner(model_dir), RefModel.from_dir(model_dir)
+
+
+def prompt(n: int, seed: int, vocab: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(3, vocab, n)]
+
+
+def prefill(runner: ModelRunner, ids: list[int], blocks: list[int]) -> np.ndarray:
+    chunk = runner.shapes.prefill_chunk
+    for start in range(0, len(ids), chunk):
+        logits, _ = runner.prefill(ids[start:start + chunk], start, blocks)
+    return logits
+
+
+@pytest.mark.parametrize("length", [1, 5, 8, 13, 30])
+def test_prefill_matches_reference(model, length):
+    runner, ref = model
+    ids = prompt(length, length, runner.spec.vocab_size)
+    logits = prefill(runner, ids, [1, 2])
+    np.testing.assert_allclose(logits, ref.logits(ids)[-1], atol=TOL, rtol=0)
+
+
+def test_every_cached_decode_step_equals_full_recompute(model):
+    runner, ref = model
+    ids = prompt(11, 7, runner.spec.vocab_size)
+    blocks = [3, 4, 5]
+    logits = prefill(runner, ids, blocks)
+    for _ in range(25):  # crosses the 32-token window bucket and a block boundary
+        ids.append(int(np.argmax(logits)))
+        logits = runner.decode([DecodeRow(ids[-1], len(ids) - 1, blocks)])[0]
+        np.testing.assert_allclose(logits, ref.logits(ids)[-1], atol=TOL, rtol=0)
+
+
+def test_batched_decode_rows_are_independent(model):
+    runner, ref = model
+    seqs = [prompt(n, 100 + n, runner.spec.vocab_size) for n in (3, 9, 17)]
+    tables = [[6, 7], [8, 9], [10, 11]]
+    last = [prefill(runner, ids, blocks) for ids, blocks in zip(seqs, tables)]
+    for _ in range(4):
+        for ids, logits in zip(seqs, last):
+            ids.append(int(np.argmax(logits)))
+        rows = [DecodeRow(ids[-1], len(ids) - 1, blocks) for ids, blocks in zip(seqs, tables)]
+        last = list(runner.decode(rows))
+        for ids, logits in zip(seqs, last):
+            np.testing.assert_allclose(logits, ref.logits(ids)[-1], atol=TOL, rtol=0)
+
+
+def test_prompt_logits_match_reference(model):
+    runner, ref = model
+    ids = prompt(6, 3, runner.spec.vocab_size)
+    _, hidden = runner.prefill(ids, 0, [12])
+    np.testing.assert_allclose(runner.prompt_logits(hidden), ref.logits(ids), atol=TOL, rtol=0)
+
+
+def test_warmup_compiles_each_planned_shape_once(tiny_model_dir):
+    runner = make_runner(tiny_model_dir)
+    runner.warmup()
+    plan = set(runner.warmup_plan())
+    assert runner.compiled == plan
+    prefill(runner, prompt(20, 1, runner.spec.vocab_size), [1, 2])
+    runner.decode([DecodeRow(5, 20, [1, 2])] * 3)
+    assert runner.compiled == plan, "a request shape fell outside the warmed-up set"
+
+
+PYNATIVE_SCRIPT = """
+import sys, numpy as np
+sys.path.insert(0, {root!r})
+from tests.test_model import make_runner, prefill, prompt
+from tests.reference_numpy import RefModel
+runner = make_runner({path!r}, mode=1)
+ids = prompt(9, 1, runner.spec.vocab_size)
+diff = np.abs(prefill(runner, ids, [1, 2]) - RefModel.from_dir({path!r}).logits(ids)[-1]).max()
+print("DIFF", diff)
+"""
+
+
+def test_pynative_mode_gives_the_same_logits(tiny_model_dir):
+    root = str(Path(__file__).resolve().parents[1])
+    out = subprocess.run([sys.executable, "-c", PYNATIVE_SCRIPT.format(root=root, path=str(tiny_model_dir))],
+                         capture_output=True, text=True, timeout=300)
+    line = [ln for ln in out.stdout.splitlines() if ln.startswith("DIFF")]
+    assert line, out.stderr[-2000:]
+    assert float(line[0].split()[1]) < TOL
