@@ -20,12 +20,19 @@ Processor = Callable[[np.ndarray, np.ndarray], np.ndarray]
 WATERMARK_GAMMA = 0.5  # share of the vocabulary on the green list
 WATERMARK_DELTA = 2.0  # logit bonus of green tokens
 WATERMARK_HASH_KEY = 15485863  # a large prime, as in TGI and the paper's code
-_FIRST_WINDOW = 64  # nucleus search looks at this many best candidates first, then widens
+# Nucleus candidate windows, in nats from the best key (see _smallest_mass_prefix).
+_KEY_WINDOWS = (1.0, 2.0, 4.0, 6.0, 9.0, 12.0, 16.0, 24.0, np.inf)
+_CDF_BLOCK = 1024
+
+
+def log_sum_exp(logits: np.ndarray) -> float:
+    top = float(logits.max())
+    shifted = logits - top
+    return top + math.log(np.exp(shifted, out=shifted).sum())
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits - logits.max()
-    return shifted - math.log(np.exp(shifted).sum())
+    return logits - log_sum_exp(logits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +80,10 @@ class TopP:
     p: float
 
     def __call__(self, logits: np.ndarray, history: np.ndarray) -> np.ndarray:
-        probs = np.exp(log_softmax(logits))
-        return _keep_only(logits, _smallest_mass_prefix(-logits, probs, self.p))
+        live = np.flatnonzero(logits > -np.inf)
+        scores = logits[live]
+        probs = np.exp(log_softmax(scores))
+        return _keep_only(logits, live[_smallest_mass_prefix(-scores, probs, self.p)])
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,14 +93,14 @@ class TypicalP:
     mass: float
 
     def __call__(self, logits: np.ndarray, history: np.ndarray) -> np.ndarray:
-        logp = log_softmax(logits)
+        live = np.flatnonzero(logits > -np.inf)
+        logp = log_softmax(logits[live])
         probs = np.exp(logp)
-        alive = probs > 0
-        entropy = -np.dot(probs[alive], logp[alive])
-        distance = np.abs(-logp - entropy)  # filtered tokens: inf, so they come last
+        entropy = -np.dot(probs, logp)
+        distance = np.abs(-logp - entropy)  # |surprisal - expected surprisal|
         keep = _smallest_mass_prefix(distance, probs, self.mass)
         # as HF: every token tied with the last kept one stays too
-        return _keep_only(logits, np.flatnonzero(distance <= distance[keep].max()))
+        return _keep_only(logits, live[distance <= distance[keep].max()])
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +136,8 @@ def watermark_z_score(
 ) -> float:
     """Detector: z-score of the green-token count; ``token_ids[0]`` is context only.
 
-    ``vocab_size`` must be the logits width the generator used (padded vocab included).
+    ``vocab_size`` must be the width the chooser sampled over (its ``vocab_size``, else
+    the logits width).
     """
     ids = [int(t) for t in token_ids]
     scored = len(ids) - 1
@@ -163,8 +173,9 @@ def build_processors(params: SamplingParams) -> list[Processor]:
 class NextTokenChooser:
     """One request's sampler: its processor chain and its own RNG seeded by ``params.seed``."""
 
-    def __init__(self, params: SamplingParams) -> None:
+    def __init__(self, params: SamplingParams, vocab_size: int | None = None) -> None:
         self.params = params
+        self.vocab_size = vocab_size  # logits past it (padded vocab rows) are never chosen
         self.processors = build_processors(params)
         self.rng = np.random.Generator(np.random.PCG64(params.seed))
 
@@ -173,13 +184,12 @@ class NextTokenChooser:
 
         Returns (id, log-probability of id under the final processed distribution).
         """
-        scores = np.asarray(logits).astype(np.float64)  # always a fresh copy
+        scores = np.asarray(logits)[: self.vocab_size].astype(np.float64)  # always a fresh copy
         history = np.asarray(history_ids, dtype=np.int64)
         for process in self.processors:
             scores = process(scores, history)
-        logp = log_softmax(scores)
-        token = _sample(logp, self.rng) if self.params.do_sample else int(np.argmax(scores))
-        return token, float(logp[token])
+        token = _sample(scores, self.rng) if self.params.do_sample else int(np.argmax(scores))
+        return token, float(scores[token] - log_sum_exp(scores))
 
 
 def choose_batch(
@@ -192,38 +202,54 @@ def choose_batch(
     Returns ids [B] int64 and logprobs [B] float64.
     """
     if not (len(logits) == len(choosers) == len(histories)):
-        raise ValueError(f"batch mismatch: {len(logits)} rows, {len(choosers)} choosers, {len(histories)} histories")
+        raise ValueError(
+            f"batch mismatch: {len(logits)} rows, {len(choosers)} choosers, {len(histories)} histories"
+        )
     picks = [c.choose(row, h) for row, c, h in zip(logits, choosers, histories)]
     ids = np.array([p[0] for p in picks], dtype=np.int64)
     logprobs = np.array([p[1] for p in picks], dtype=np.float64)
     return ids, logprobs
 
 
-def _sample(logp: np.ndarray, rng: np.random.Generator) -> int:
+def _sample(scores: np.ndarray, rng: np.random.Generator) -> int:
     # Inverse CDF with one uniform draw: one RNG step per token, whatever the vocab size.
-    probs = np.exp(logp)
-    cdf = np.cumsum(probs)
-    token = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
-    if token == cdf.size:  # the draw rounded up to the total: take the last live token
-        token = int(np.flatnonzero(probs)[-1])
-    return token
+    live = np.flatnonzero(scores > -np.inf)
+    weights = scores[live]
+    weights -= weights.max()
+    return int(live[_inverse_cdf(np.exp(weights, out=weights), rng.random())])
+
+
+def _inverse_cdf(probs: np.ndarray, u: float) -> int:
+    """First i with cumsum(probs)[i] > u * sum(probs); two-level, as a full cumsum is slow."""
+    starts = np.arange(0, probs.size, _CDF_BLOCK)
+    block_cdf = np.cumsum(np.add.reduceat(probs, starts))
+    target = u * block_cdf[-1]
+    block = int(np.searchsorted(block_cdf, target, side="right"))
+    if block == starts.size:  # the draw rounded up to the total: the last live token
+        return int(np.flatnonzero(probs)[-1])
+    if block:
+        target -= block_cdf[block - 1]
+    inner = probs[starts[block] : starts[block] + _CDF_BLOCK]  # this block's mass is > 0
+    index = int(np.searchsorted(np.cumsum(inner), target, side="right"))
+    if index == inner.size:  # rounding pushed the draw past the block's own sum
+        index = int(np.flatnonzero(inner)[-1])
+    return int(starts[block]) + index
 
 
 def _smallest_mass_prefix(key: np.ndarray, probs: np.ndarray, mass: float) -> np.ndarray:
-    """Ids in ascending ``key`` order, kept while the mass before them is < ``mass``.
+    """Positions in ascending ``key`` order (ties by position), kept while the mass
+    before them is < ``mass``; at least one.
 
-    Sorting only a window of the best candidates (widened until it holds ``mass``)
-    avoids a full-vocabulary sort in the common, peaked case.
+    Only keys within a window of the best are sorted, widened until the window holds
+    ``mass``: every token outside it sorts after every token inside.
     """
-    size = key.size
-    width = min(size, _FIRST_WINDOW)
-    while True:
-        cand = np.argpartition(key, width - 1)[:width] if width < size else np.arange(size)
-        cand = cand[np.lexsort((cand, key[cand]))]  # by key, ties by id
-        cdf = np.cumsum(probs[cand])
-        if cdf[-1] >= mass or width == size:
+    best = key.min()
+    for width in _KEY_WINDOWS:
+        cand = np.flatnonzero(key <= best + width)
+        if probs[cand].sum() >= mass:
             break
-        width = min(size, width * 8)
+    cand = cand[np.argsort(key[cand], kind="stable")]
+    cdf = np.cumsum(probs[cand])
     return cand[: 1 + int(np.searchsorted(cdf, mass, side="left"))]
 
 

@@ -117,5 +117,6 @@ def from_backend_error(exc: Exception) -> ServiceError:
 def error_body(exc: BaseException) -> dict[str, str]:
     """The JSON error body ``{"error", "error_type"}``; non-service exceptions never leak details."""
     if not isinstance(exc, ServiceError):
-        exc = from_backend_error(exc) if isinstance(exc, Exception) else IncompleteGeneration(INTERNAL_ERROR_MESSAGE)
+        is_error = isinstance(exc, Exception)
+        exc = from_backend_error(exc) if is_error else IncompleteGeneration(INTERNAL_ERROR_MESSAGE)
     return {"error": exc.message, "error_type": exc.error_type.value}

@@ -9,7 +9,9 @@ an fp32 engine.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -45,6 +47,7 @@ class RefConfig:
     rms_norm_eps: float
     rope_theta: float
     tie_word_embeddings: bool
+    qkv_bias: bool = False  # Qwen2, or Llama attention_bias (which also puts a bias on o_proj)
     sliding_window: int | None = None  # longer inputs are refused, not silently mis-masked
 
     @classmethod
@@ -69,6 +72,7 @@ class RefConfig:
             rms_norm_eps=float(cfg["rms_norm_eps"]),
             rope_theta=float(theta),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=cfg.get("model_type") == "qwen2" or bool(cfg.get("attention_bias", False)),
             sliding_window=window,
         )
 
@@ -128,7 +132,8 @@ def unpermute_gguf_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 class RefModel:
-    """Weights keyed by HF names, [out, in] like HF. Bias tensors are used when present."""
+    """Weights keyed by HF names, [out, in] like HF. Every bias present is applied; q/k/v biases must be
+    present exactly when config.qkv_bias."""
 
     def __init__(self, config: RefConfig, weights: dict[str, np.ndarray], dtype: type = np.float64):
         self.config = config
@@ -150,21 +155,27 @@ class RefModel:
     def from_gguf(cls, gguf_path: str | Path, *, dtype: type = np.float64, cache_dir: Path | None = None) -> RefModel:
         """Dequantise every tensor to float32 (as transformers does), un-permute Q/K, tie the head when
         there is no output.weight. With cache_dir, the dequantised float32 weights are kept in an npz keyed
-        by the file's name, size and mtime (parsing + dequantising SmolLM2-135M takes ~5 s, the npz ~1.3 s)."""
+        by the GGUF's name, size and mtime and by this file's hash, so editing the reference invalidates it
+        (parsing + dequantising SmolLM2-135M takes ~5 s, loading the npz ~1.3 s)."""
         gguf_path = Path(gguf_path)
         cache = None
         if cache_dir is not None:
             st = gguf_path.stat()
-            cache = Path(cache_dir) / f"{gguf_path.stem}.{st.st_size}.{st.st_mtime_ns}.ref-f32.npz"
+            code = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
+            cache = Path(cache_dir) / f"{gguf_path.stem}.{st.st_size}.{st.st_mtime_ns}.{code}.ref-f32.npz"
             if cache.exists():
                 with np.load(cache) as npz:
                     config = RefConfig(**json.loads(str(npz["__config__"])))
                     return cls(config, {k: npz[k] for k in npz.files if k != "__config__"}, dtype)
         config, weights = _read_gguf(gguf_path)
         if cache is not None:
-            tmp = cache.with_name(cache.name + ".tmp.npz")
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp.npz")
             np.savez(tmp, __config__=np.array(json.dumps(asdict(config))), **weights)
             tmp.replace(cache)  # atomic: a concurrent reader never sees half a file
+            for stale in cache.parent.glob(f"{gguf_path.stem}.*.ref-f32.npz"):
+                if stale != cache:
+                    stale.unlink(missing_ok=True)
         return cls(config, weights, dtype)
 
     def hidden_states(self, ids: list[int]) -> np.ndarray:
@@ -238,11 +249,15 @@ class RefModel:
                 p + "mlp.up_proj.weight": (cfg.intermediate_size, cfg.hidden_size),
                 p + "mlp.down_proj.weight": (cfg.hidden_size, cfg.intermediate_size),
             }
+            biased = ("q_proj", "k_proj", "v_proj") if cfg.qkv_bias else ()
+            if "model.layers.0.self_attn.o_proj.bias" in self.w:  # Llama attention_bias
+                biased += ("o_proj",)
+            want |= {p + f"self_attn.{proj}.bias": want[p + f"self_attn.{proj}.weight"][:1] for proj in biased}
         for name, shape in want.items():
             if name not in self.w or self.w[name].shape != shape:
                 got = self.w[name].shape if name in self.w else "missing"
                 raise ValueError(f"{name}: expected {shape}, got {got}")
-        extra = {n for n in self.w if not n.endswith(".bias")} - set(want)
+        extra = set(self.w) - set(want)
         if extra:
             raise ValueError(f"unexpected tensors (the reference would ignore them): {sorted(extra)[:5]}")
 
@@ -325,6 +340,7 @@ def _config_from_gguf(reader) -> tuple[RefConfig, str]:
         rms_norm_eps=float(field(f"{arch}.attention.layer_norm_rms_epsilon")),
         rope_theta=float(field(f"{arch}.rope.freq_base", 10000.0)),
         tie_word_embeddings="output.weight" not in names,
+        qkv_bias="blk.0.attn_q.bias" in names,
     )
     return config, arch
 

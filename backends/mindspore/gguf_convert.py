@@ -134,17 +134,18 @@ def _added(content: str, special: bool) -> AddedToken:
 
 
 def _post_processor(meta: dict[str, Any], tokens: list[str]) -> processors.PostProcessor:
+    """ByteLevel offsets, plus BOS/EOS insertion when tokenizer.ggml.add_{bos,eos}_token say so."""
     byte_level = processors.ByteLevel(trim_offsets=False)
     ids = _special_ids(meta)
-    prefix = [ids["bos"]] if meta.get("tokenizer.ggml.add_bos_token") and ids["bos"] is not None else []
-    suffix = [ids["eos"]] if meta.get("tokenizer.ggml.add_eos_token") and ids["eos"] is not None else []
-    if not prefix and not suffix:
+    added = {k: ids[k] for k in ("bos", "eos")
+             if ids[k] is not None and meta.get(f"tokenizer.ggml.add_{k}_token")}
+    if not added:
         return byte_level
-    pieces = [tokens[i] for i in prefix], [tokens[i] for i in suffix]
-    single = [*pieces[0], "$A", *pieces[1]]
+    bos, eos = ([tokens[added[k]]] if k in added else [] for k in ("bos", "eos"))
+    single = [*bos, "$A", *eos]
     template = processors.TemplateProcessing(
-        single=single, pair=[*single, *pieces[0], "$B:1", *pieces[1]],
-        special_tokens=[(tokens[i], i) for i in dict.fromkeys(prefix + suffix)])
+        single=single, pair=[*single, *bos, "$B:1", *eos],
+        special_tokens=[(tokens[i], i) for i in set(added.values())])
     return processors.Sequence([byte_level, template])
 
 
@@ -302,23 +303,16 @@ def _check_replaceable(out_dir: Path) -> None:
 
 
 def _install(tmp: Path, out_dir: Path, gguf_path: Path, name: str) -> None:
-    """Move the finished tmp dir into place atomically (replacing a stale conversion)."""
-    _check_replaceable(out_dir)
-    old = None
-    if out_dir.exists():
-        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-        os.rename(out_dir, old)
-    try:
-        os.rename(tmp, out_dir)
-    except OSError:
-        if old is not None and not out_dir.exists():
-            os.rename(old, out_dir)
-            old = None
-        if not is_complete_conversion(out_dir, gguf_path, model_name=name):
-            raise  # not a concurrent converter finishing first: a real failure
+    """Move the finished tmp dir into place (a stale conversion is moved aside, then deleted)."""
+    if is_complete_conversion(out_dir, gguf_path, model_name=name):
         log.info("another process finished converting %s first", out_dir)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        return
+    _check_replaceable(out_dir)
+    old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+    if out_dir.exists():
+        os.rename(out_dir, old)
+    os.rename(tmp, out_dir)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _sanitize(name: str) -> str:

@@ -26,7 +26,6 @@ class Sequence:
     generated: list[int] = field(default_factory=list)
     tokens: list[Token] = field(default_factory=list)
     prefill_tokens: list[Token] = field(default_factory=list)
-    text: list[str] = field(default_factory=list)
 
     @property
     def length(self) -> int:

@@ -47,8 +47,16 @@ class Tokenizer:
             i for i in named if i is not None)
 
     @classmethod
-    def from_dir(cls, model_dir: str | Path, tokenizer_file: str | Path = "tokenizer.json"
-                 ) -> Tokenizer:
+    def from_model_dir(cls, model_dir: str | Path, section: Mapping[str, Any] | None = None
+                       ) -> Tokenizer:
+        """Load a model directory's tokenizer, as its yaml `processor.tokenizer` section says."""
+        if section:
+            return from_yaml_tokenizer_section(model_dir, section)
+        return cls.from_files(model_dir)
+
+    @classmethod
+    def from_files(cls, model_dir: str | Path, tokenizer_file: str | Path = "tokenizer.json"
+                   ) -> Tokenizer:
         """Load tokenizer.json (+ tokenizer_config / generation_config / config.json)."""
         model_dir = Path(model_dir)
         path = model_dir / tokenizer_file
@@ -141,12 +149,12 @@ def from_yaml_tokenizer_section(model_dir: str | Path, section: Mapping[str, Any
     """Build the tokenizer a predict yaml's `processor.tokenizer` section describes."""
     model_dir = Path(model_dir)
     if section.get("tokenizer_file"):
-        return Tokenizer.from_dir(model_dir, section["tokenizer_file"])
+        return Tokenizer.from_files(model_dir, section["tokenizer_file"])
     vocab_file = section.get("vocab_file")
     if vocab_file:
         return _from_mindformers(model_dir, model_dir / vocab_file)
     if (model_dir / "tokenizer.json").is_file():
-        return Tokenizer.from_dir(model_dir)
+        return Tokenizer.from_files(model_dir)
     raise TokenizerLoadError(f"the yaml's processor.tokenizer in {model_dir} names neither "
                              "tokenizer_file nor vocab_file, and there is no tokenizer.json")
 

@@ -1,0 +1,22 @@
+"""Engine settings (plain data, no MindSpore import): limits and compiled shapes."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Engine limits and compiled shapes (the server config's ModelDeployConfig/ScheduleConfig)."""
+
+    max_seq_len: int = 2048
+    max_input_tokens: int = 2048
+    truncation: int = 0  # 0: reject long prompts; 1: keep the last tokens; other: keep the first
+    max_batch_size: int = 16
+    max_iter_times: int = 512
+    max_waiting: int = 1024
+    block_size: int = 128
+    prefill_chunk: int = 64
+    batch_buckets: tuple[int, ...] | None = None  # default: 1, 2, 4, ... up to max_batch_size
+    window_buckets: tuple[int, ...] | None = None  # default: 256, 1024, ... up to max_seq_len
+    num_blocks: int | None = None  # default: enough for max_batch_size full sequences (+ scratch)
+    threads: int = 2

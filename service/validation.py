@@ -1,0 +1,252 @@
+"""The JSON Schema files in ``schemas/`` → one Draft 2020-12 validator each, built once at start-up.
+
+``Schemas.validate(name, instance)`` raises the domain ``ValidationError`` with a human message naming
+the field path and the offending value, e.g. ``parameters.top_p must be < 1.0, got 1.0``.
+"""
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Callable
+
+import jsonschema.exceptions
+from jsonschema import Draft202012Validator
+from referencing import Registry, Resource
+
+from service.errors import BadRequest, ValidationError
+
+SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
+SCHEMA_SUFFIX = ".schema.json"
+MAX_SHOWN_CHARS = 100
+REQUEST_BODY = "request body"
+_STRICT_END = "$(?!\\n)"  # patterns end so; shown to users as plain "$"
+
+SchemaError = jsonschema.exceptions.SchemaError
+_JsonError = jsonschema.exceptions.ValidationError
+
+
+class Schemas:
+    """Every ``*.schema.json`` of a directory, checked, registered by ``$id``, one validator each."""
+
+    def __init__(self, schema_dir: Path = SCHEMA_DIR) -> None:
+        self.schema_dir = Path(schema_dir)
+        self._schemas = _read_schemas(self.schema_dir)
+        self.registry: Registry = Registry().with_resources(
+            (schema["$id"], Resource.from_contents(schema)) for schema in self._schemas.values()
+        )
+        self._validators = {
+            name: Draft202012Validator(
+                schema, registry=self.registry, format_checker=Draft202012Validator.FORMAT_CHECKER
+            )
+            for name, schema in self._schemas.items()
+        }
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(sorted(self._schemas))
+
+    def schema(self, name: str) -> dict[str, Any]:
+        return self._schemas[name]
+
+    def validator(self, name: str) -> Draft202012Validator:
+        try:
+            return self._validators[name]
+        except KeyError:
+            have = ", ".join(self.names)
+            raise KeyError(f"no schema named {name!r} in {self.schema_dir} (have: {have})") from None
+
+    def is_valid(self, name: str, instance: Any) -> bool:
+        return self.validator(name).is_valid(instance)
+
+    def validate(self, name: str, instance: Any, *, root: str = REQUEST_BODY) -> None:
+        """Raise ``ValidationError`` describing the most relevant error; ``root`` names the whole instance."""
+        error = jsonschema.exceptions.best_match(self.validator(name).iter_errors(instance))
+        if error is not None:
+            raise ValidationError(describe(error, root=root))
+
+
+@functools.cache
+def default_schemas() -> Schemas:
+    """The repository's schemas, loaded once per process."""
+    return Schemas(SCHEMA_DIR)
+
+
+def validate(name: str, instance: Any, *, root: str = REQUEST_BODY) -> None:
+    """``default_schemas().validate(...)``: validate against ``schemas/<name>.schema.json``."""
+    default_schemas().validate(name, instance, root=root)
+
+
+def parse_json_body(body: bytes | str) -> Any:
+    """Decode a request body; not JSON (or NaN/Infinity, or a number overflowing a float) → ``BadRequest``."""
+    try:
+        return json.loads(body, parse_constant=_reject_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise BadRequest("request body is not valid JSON: nested too deeply") from None
+    except ValueError as exc:  # includes JSONDecodeError and UnicodeDecodeError
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:MAX_SHOWN_CHARS]} is out of range")
+    return value
+
+
+def _read_schemas(schema_dir: Path) -> dict[str, dict[str, Any]]:
+    schemas: dict[str, dict[str, Any]] = {}
+    for path in sorted(schema_dir.glob(f"*{SCHEMA_SUFFIX}")):
+        schema = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            Draft202012Validator.check_schema(schema)
+        except SchemaError as exc:
+            raise SchemaError(f"{path}: {exc.message}") from exc
+        if "$id" not in schema:
+            raise SchemaError(f"{path}: missing $id")
+        schemas[path.name.removesuffix(SCHEMA_SUFFIX)] = schema
+    if not schemas:
+        raise FileNotFoundError(f"no *{SCHEMA_SUFFIX} files in {schema_dir}")
+    return schemas
+
+
+# --- messages -------------------------------------------------------------------------------------
+
+def describe(error: _JsonError, *, root: str = REQUEST_BODY) -> str:
+    """One sentence naming the field (``parameters.stop[2]``) and the offending value."""
+    where = field_path(error.absolute_path) or root
+    if "propertyNames" in error.absolute_schema_path:
+        where += " key"
+    render = _RENDERERS.get(str(error.validator), _render_other)
+    return render(where, error)
+
+
+def field_path(path: Iterable[str | int]) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def show(value: Any) -> str:
+    """A JSON rendering of ``value`` cut to about 100 characters."""
+    if isinstance(value, str) and len(value) > MAX_SHOWN_CHARS:
+        return json.dumps(value[:MAX_SHOWN_CHARS] + "…", ensure_ascii=False)
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= MAX_SHOWN_CHARS else text[:MAX_SHOWN_CHARS] + "…"
+
+
+_TYPE_NAMES = {
+    "string": "a string", "integer": "an integer", "number": "a number", "boolean": "a boolean",
+    "object": "an object", "array": "a list", "null": "null",
+}
+
+
+def _type_phrase(types: str | list[str]) -> str:
+    names = [_TYPE_NAMES.get(t, t) for t in ([types] if isinstance(types, str) else types)]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def _join(where: str, key: str, root_level: bool) -> str:
+    return key if root_level else f"{where}.{key}"
+
+
+def _render_type(where: str, e: _JsonError) -> str:
+    return f"{where} must be {_type_phrase(e.validator_value)}, got {show(e.instance)}"
+
+
+def _bound(symbol: str) -> Callable[[str, _JsonError], str]:
+    return lambda where, e: f"{where} must be {symbol} {show(e.validator_value)}, got {show(e.instance)}"
+
+
+def _render_min_length(where: str, e: _JsonError) -> str:
+    if e.validator_value == 1:
+        return f"{where} must not be empty"
+    return f"{where} must be at least {e.validator_value} characters, got {len(e.instance)}: {show(e.instance)}"
+
+
+def _render_max_length(where: str, e: _JsonError) -> str:
+    return f"{where} must be at most {e.validator_value} characters, got {len(e.instance)}: {show(e.instance)}"
+
+
+def _render_min_items(where: str, e: _JsonError) -> str:
+    if e.validator_value == 1:
+        return f"{where} must not be empty"
+    return f"{where} must have at least {e.validator_value} items, got {len(e.instance)}"
+
+
+def _render_max_items(where: str, e: _JsonError) -> str:
+    return f"{where} must have at most {e.validator_value} items, got {len(e.instance)}"
+
+
+def _render_required(where: str, e: _JsonError) -> str:
+    missing = [key for key in e.validator_value if key not in e.instance]
+    root_level = not e.absolute_path
+    return f"{_join(where, missing[0], root_level)} is required"
+
+
+def _render_additional(where: str, e: _JsonError) -> str:
+    known = list(e.schema.get("properties", {}))
+    extra = [key for key in e.instance if key not in known]
+    key = extra[0] if extra else "?"
+    noun = "parameter" if where.endswith("parameters") else "field"
+    message = f"{_join(where, key, not e.absolute_path)} is not a known {noun}"
+    close = difflib.get_close_matches(key, known, n=1)
+    return message + (f" (did you mean {close[0]}?)" if close else "")
+
+
+def _render_enum(where: str, e: _JsonError) -> str:
+    allowed = [show(v) for v in e.validator_value]
+    if len(allowed) == 1:
+        return f"{where} must be {allowed[0]}, got {show(e.instance)}"
+    return f"{where} must be one of {', '.join(allowed)}; got {show(e.instance)}"
+
+
+def _render_pattern(where: str, e: _JsonError) -> str:
+    pattern = str(e.validator_value).replace(_STRICT_END, "$")
+    return f"{where} must match {pattern}, got {show(e.instance)}"
+
+
+def _render_not(where: str, e: _JsonError) -> str:
+    if e.validator_value == {}:  # {"not": {}} forbids the key outright
+        return f"{where} is not allowed here, got {show(e.instance)}"
+    return f"{where} must not be {show(e.instance)}"
+
+
+def _render_false(where: str, e: _JsonError) -> str:
+    return f"{where} is not allowed here, got {show(e.instance)}"
+
+
+def _render_other(where: str, e: _JsonError) -> str:
+    description = e.schema.get("description") if isinstance(e.schema, Mapping) else None
+    hint = f" ({description.rstrip('.')})" if description else ""
+    return f"{where} is invalid{hint}, got {show(e.instance)}"
+
+
+_RENDERERS: dict[str, Callable[[str, _JsonError], str]] = {
+    "type": _render_type,
+    "minimum": _bound(">="),
+    "maximum": _bound("<="),
+    "exclusiveMinimum": _bound(">"),
+    "exclusiveMaximum": _bound("<"),
+    "minLength": _render_min_length,
+    "maxLength": _render_max_length,
+    "minItems": _render_min_items,
+    "maxItems": _render_max_items,
+    "required": _render_required,
+    "additionalProperties": _render_additional,
+    "enum": _render_enum,
+    "const": lambda where, e: f"{where} must be {show(e.validator_value)}, got {show(e.instance)}",
+    "pattern": _render_pattern,
+    "format": lambda where, e: f"{where} must be a valid {e.validator_value}, got {show(e.instance)}",
+    "uniqueItems": lambda where, e: f"{where} must not contain duplicates, got {show(e.instance)}",
+    "not": _render_not,
+    "None": _render_false,
+}

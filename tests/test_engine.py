@@ -1,0 +1,120 @@
+"""The engine's Python API on the tiny model: generation, sampling determinism, stopping, cancellation."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from backends.errors import InputRejected
+from backends.mindspore.engine import Engine
+from backends.settings import EngineConfig
+from backends.types import FinishReason, GenerationResult, RequestParams, TokenEvent
+from tests.reference_numpy import RefModel
+
+TINY = EngineConfig(max_seq_len=128, max_input_tokens=100, max_batch_size=4, max_iter_times=64,
+                    block_size=16, prefill_chunk=16, window_buckets=(32, 128), batch_buckets=(1, 4))
+PROMPT = "the quick brown fox jumps over the lazy dog"
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_model_dir):
+    with Engine(tiny_model_dir, TINY) as engine:
+        yield engine
+
+
+def test_greedy_equals_reference(tiny_engine, tiny_model_dir):
+    ids = tiny_engine.tokenizer.encode(PROMPT)
+    result = tiny_engine.generate(PROMPT, RequestParams(max_new_tokens=24, do_sample=False))
+    got = [t.id for t in result.tokens]
+    want = RefModel.from_dir(tiny_model_dir).greedy(ids, len(got))
+    assert got == want
+    assert result.prompt_tokens == len(ids)
+    assert result.finish_reason in (FinishReason.LENGTH, FinishReason.EOS_TOKEN)
+
+
+def test_events_then_result(tiny_engine):
+    handle = tiny_engine.submit(PROMPT, RequestParams(max_new_tokens=7))
+    events = list(handle.events(timeout=60))
+    assert all(isinstance(e, TokenEvent) for e in events[:-1])
+    result = events[-1]
+    assert isinstance(result, GenerationResult)
+    assert [e.index for e in events[:-1]] == list(range(result.generated_tokens))
+    assert "".join(e.token.text for e in events[:-1] if not e.token.special) == result.generated_text
+
+
+def test_seeded_sampling_is_reproducible(tiny_engine):
+    params = RequestParams(max_new_tokens=16, temperature=1.5, seed=42)
+    first = tiny_engine.generate(PROMPT, params)
+    again = tiny_engine.generate(PROMPT, params)
+    other = tiny_engine.generate(PROMPT, RequestParams(max_new_tokens=16, temperature=1.5, seed=43))
+    assert [t.id for t in first.tokens] == [t.id for t in again.tokens]
+    assert [t.id for t in first.tokens] != [t.id for t in other.tokens]
+    assert first.seed == 42
+
+
+def test_top_k_1_equals_greedy(tiny_engine):
+    greedy = tiny_engine.generate(PROMPT, RequestParams(max_new_tokens=12, do_sample=False))
+    top1 = tiny_engine.generate(PROMPT, RequestParams(max_new_tokens=12, top_k=1, seed=5))
+    assert [t.id for t in top1.tokens] == [t.id for t in greedy.tokens]
+
+
+def test_concurrent_requests_match_solo_runs(tiny_engine):
+    prompts = [PROMPT, "hello world", "a b c d e f g", PROMPT + " again and again"]
+    params = [RequestParams(max_new_tokens=10 + i, temperature=0.8, seed=100 + i) for i in range(4)]
+    solo = [tiny_engine.generate(p, q) for p, q in zip(prompts, params)]
+    handles = [tiny_engine.submit(p, q) for p, q in zip(prompts, params)]
+    together = [h.result(timeout=120) for h in handles]
+    assert [[t.id for t in r.tokens] for r in together] == [[t.id for t in r.tokens] for r in solo]
+
+
+def test_stop_string_is_cut(tiny_engine):
+    free = tiny_engine.generate(PROMPT, RequestParams(max_new_tokens=20, do_sample=False))
+    text = free.generated_text
+    stop = text[3:6]
+    assert stop.strip(), f"generated text too short to pick a stop string: {text!r}"
+    stopped = tiny_engine.generate(PROMPT, RequestParams(max_new_tokens=20, do_sample=False, stop=(stop,)))
+    assert stopped.finish_reason == FinishReason.STOP_SEQUENCE
+    assert stopped.generated_text == text[: text.index(stop)]
+
+
+def test_max_new_tokens_capped_by_iter_times(tiny_engine):
+    result = tiny_engine.generate(PROMPT, RequestParams(max_new_tokens=1000, do_sample=False))
+    assert result.generated_tokens <= TINY.max_iter_times
+    if result.finish_reason == FinishReason.LENGTH:
+        assert result.generated_tokens == TINY.max_iter_times
+
+
+def test_truncate_keeps_last_tokens(tiny_engine):
+    ids = tiny_engine.tokenizer.encode(PROMPT)
+    result = tiny_engine.generate(PROMPT, RequestParams(max_new_tokens=2, truncate=3, decoder_input_details=True))
+    assert result.prompt_tokens == 3
+    assert [t.id for t in result.prefill] == ids[-3:]
+
+
+def test_prefill_logprobs_match_reference(tiny_engine, tiny_model_dir):
+    ids = tiny_engine.tokenizer.encode(PROMPT)
+    result = tiny_engine.generate(PROMPT, RequestParams(max_new_tokens=1, decoder_input_details=True))
+    logits = RefModel.from_dir(tiny_model_dir).logits(ids)
+    logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+        - logits.max(-1, keepdims=True)
+    assert result.prefill[0].logprob is None
+    want = [float(logp[i, ids[i + 1]]) for i in range(len(ids) - 1)]
+    np.testing.assert_allclose([t.logprob for t in result.prefill[1:]], want, atol=1e-3)
+
+
+def test_too_long_prompt_is_rejected_with_counts(tiny_engine):
+    with pytest.raises(InputRejected, match=r"has \d+ tokens, more than the limit of 100"):
+        tiny_engine.submit("word " * 400, RequestParams())
+
+
+def test_cancel_frees_the_cache(tiny_engine):
+    free_before = tiny_engine.allocator.free_blocks
+    got_first = threading.Event()
+    handle = tiny_engine.submit(PROMPT, RequestParams(max_new_tokens=60, do_sample=False),
+                                listener=lambda e: got_first.set())
+    assert got_first.wait(60)
+    handle.cancel()
+    assert handle.done.wait(10)
+    assert tiny_engine.allocator.free_blocks == free_before
+    assert tiny_engine.info()["running"] == 0
