@@ -44,3 +44,87 @@ def default_gguf_path() -> Path:
     """The SmolLM2-135M-Instruct Q4_1 GGUF extracted from the wheel."""
     return ensure_default_gguf(_default_model_cache())
 # --- end default model fixtures ---
+
+
+# --- live server fixtures (real Tornado servers on real sockets, in a background thread) ---
+import asyncio  # noqa: E402
+import threading  # noqa: E402
+from dataclasses import replace as _replace  # noqa: E402
+
+import tornado.httpserver  # noqa: E402
+import tornado.netutil  # noqa: E402
+
+
+class LiveServers:
+    """One asyncio loop in a thread; each ``start`` binds a new app on 127.0.0.1:<free port>."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.servers: list = []
+
+    def start(self, backend, settings=None, **app_kwargs) -> str:
+        from service.app import make_app
+        from service.config import ServerSettings
+
+        settings = settings or ServerSettings()
+
+        async def bind():
+            app = make_app(backend, settings, **app_kwargs)
+            server = tornado.httpserver.HTTPServer(app, max_body_size=settings.max_request_bytes + (1 << 20))
+            sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
+            server.add_sockets(sockets)
+            self.servers.append(server)
+            return sockets[0].getsockname()[1]
+
+        port = asyncio.run_coroutine_threadsafe(bind(), self.loop).result(30)
+        return f"http://127.0.0.1:{port}"
+
+    def close(self) -> None:
+        for server in self.servers:
+            self.loop.call_soon_threadsafe(server.stop)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="session")
+def live_servers():
+    servers = LiveServers()
+    yield servers
+    servers.close()
+
+
+@pytest.fixture(scope="session")
+def default_engine(default_model_dir):
+    """The real default model on a small engine config (few graphs to compile), shared by the session."""
+    from backends.mindspore.engine import Engine
+    from backends.settings import EngineConfig
+
+    config = EngineConfig(max_seq_len=256, max_input_tokens=200, max_batch_size=4, max_iter_times=64,
+                          block_size=64, prefill_chunk=32, window_buckets=(256,), batch_buckets=(1, 4))
+    with Engine(default_model_dir, config) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="session")
+def server_url(live_servers, default_engine):
+    """POST / on the default model with the default server settings (token ids as lists)."""
+    return live_servers.start(default_engine)
+
+
+@pytest.fixture(scope="session")
+def server_url_int_ids(live_servers, default_engine):
+    """The same engine behind a server with ``tokenIdFormat: int`` (what the HF client needs)."""
+    from service.config import ServerSettings
+
+    return live_servers.start(default_engine, _replace(ServerSettings(), token_id_format="int"))
+
+
+@pytest.fixture(scope="session")
+def server_url_full_text(live_servers, default_engine):
+    """The same engine behind a server with ``fullTextEnabled: true``."""
+    from service.config import ServerSettings
+
+    return live_servers.start(default_engine, _replace(ServerSettings(), full_text_enabled=True))
+# --- end live server fixtures ---

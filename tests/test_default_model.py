@@ -6,19 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from backends.mindspore.engine import Engine
-from backends.settings import EngineConfig
 from backends.types import RequestParams
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "smollm2_greedy.json").read_text())
-SMALL = EngineConfig(max_seq_len=256, max_input_tokens=200, max_batch_size=2, max_iter_times=64,
-                     block_size=64, prefill_chunk=32, window_buckets=(256,), batch_buckets=(1, 2))
-
-
-@pytest.fixture(scope="session")
-def default_engine(default_model_dir):
-    with Engine(default_model_dir, SMALL) as engine:
-        yield engine
 
 
 @pytest.mark.slow

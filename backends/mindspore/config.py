@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,14 +67,20 @@ def deep_merge(base: dict, child: dict) -> dict:
     return out
 
 
-def load_yaml_tree(path: Path, _depth: int = 0) -> dict:
+def load_yaml_tree(path: Path, _chain: tuple[Path, ...] = ()) -> dict:
     """Load a yaml and its ``base_config`` chain: bases in list order, then the child deep-merged."""
-    if _depth > _MAX_BASE_DEPTH:
-        raise ConfigError(path, "base_config", f"inheritance deeper than {_MAX_BASE_DEPTH} (a cycle?)")
+    here = Path(os.path.abspath(path))
+    if here in _chain:
+        cycle = " -> ".join(p.name for p in (*_chain, here))
+        raise ConfigError(path, "base_config", f"inheritance cycle: {cycle}")
+    if len(_chain) > _MAX_BASE_DEPTH:
+        raise ConfigError(path, "base_config", f"inheritance deeper than {_MAX_BASE_DEPTH}")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(path, "<file>", "no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(path, "<file>", f"cannot read: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(path, "<yaml>", f"not valid YAML: {exc}") from None
     if data is None:
@@ -83,11 +90,11 @@ def load_yaml_tree(path: Path, _depth: int = 0) -> dict:
     bases = data.pop("base_config", None) or []
     if isinstance(bases, str):
         bases = [bases]
-    if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
+    if not isinstance(bases, list) or not all(isinstance(b, str) and b for b in bases):
         raise ConfigError(path, "base_config", f"must be a path or a list of paths, got {bases!r}")
     merged: dict = {}
     for base in bases:
-        merged.update(load_yaml_tree(path.parent / base, _depth + 1))
+        merged.update(load_yaml_tree(path.parent / base, (*_chain, here)))
     return deep_merge(merged, data)
 
 
@@ -147,9 +154,26 @@ def _read_hf_config(model_dir: Path) -> dict:
     if not path.exists():
         return {}
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ConfigError(path, "<json>", f"not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(path, "<root>", f"must be an object, got {type(data).__name__}")
+    return data
+
+
+def _intermediate_size(mc: _Section, hidden: int) -> int:
+    """``intermediate_size``, else derived as MindFormers' LlamaConfig does (Llama-2 yamls give only
+    ``multiple_of``): 2/3 of 4*hidden, times ``ffn_dim_multiplier``, rounded up to ``multiple_of``."""
+    size = mc.positive("intermediate_size", None)
+    if size is not None:
+        return size
+    multiple_of = mc.positive("multiple_of", 256)
+    size = int(2 * 4 * hidden / 3)
+    multiplier = mc.get("ffn_dim_multiplier", float, None)
+    if multiplier is not None:
+        size = int(multiplier * size)
+    return multiple_of * -(-size // multiple_of)
 
 
 def _defaults(mc: _Section) -> ModelDefaults:
@@ -196,23 +220,29 @@ def load_model_spec(path: Path | str) -> ModelSpec:
     mc = _Section(yaml_path, "model.model_config", model.get("model_config", dict))
     hidden, heads = mc.positive("hidden_size"), mc.positive("num_heads")
     kv_heads = mc.positive("n_kv_heads", heads, "num_key_value_heads")
-    if hidden % heads or heads % kv_heads:
+    head_dim = mc.positive("head_dim", None)
+    if head_dim is None and hidden % heads:
+        raise ConfigError(yaml_path, "model.model_config.num_heads",
+                          f"num_heads {heads} does not divide hidden_size {hidden}")
+    if heads % kv_heads:
         raise ConfigError(yaml_path, "model.model_config.n_kv_heads",
-                          f"hidden_size {hidden}, num_heads {heads}, n_kv_heads {kv_heads} do not divide")
+                          f"n_kv_heads {kv_heads} does not divide num_heads {heads}")
     seq_length = mc.positive("seq_length", 2048)
     hf = _read_hf_config(yaml_path.parent)
     cfg_vocab = hf.get("vocab_size") or hf.get("padded_vocab_size")
+    if isinstance(cfg_vocab, bool):
+        cfg_vocab = None
     ckpt, fmt = _checkpoint(tree, yaml_path)
     mode, target = _context(tree, yaml_path)
-    tok = (tree.get("processor") or {}).get("tokenizer") or {}
+    tok = _Section(yaml_path, "processor", tree.get("processor") or {}).get("tokenizer", dict, {})
     dtype = mc.get("compute_dtype", str, "float32")
     if dtype not in ("float32", "float16", "bfloat16"):
         raise ConfigError(yaml_path, "model.model_config.compute_dtype", f"unknown dtype {dtype!r}")
     return ModelSpec(
         yaml_path=yaml_path, model_dir=yaml_path.parent, arch=arch,
         hidden_size=hidden, num_layers=mc.positive("num_layers", ..., "num_hidden_layers"),
-        num_heads=heads, num_kv_heads=kv_heads, head_dim=mc.positive("head_dim", hidden // heads),
-        intermediate_size=mc.positive("intermediate_size"),
+        num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim or hidden // heads,
+        intermediate_size=_intermediate_size(mc, hidden),
         vocab_size=mc.positive("vocab_size"),
         rms_norm_eps=mc.get("rms_norm_eps", float, 1e-6),
         rope_theta=mc.get("theta", float, 10000.0, "rope_theta"),
@@ -224,7 +254,7 @@ def load_model_spec(path: Path | str) -> ModelSpec:
         eos_token_ids=_eos_ids(mc.get("eos_token_id", (int, list), 2), yaml_path),
         pad_token_id=mc.get("pad_token_id", int, None),
         compute_dtype=dtype, checkpoint=ckpt, checkpoint_format=fmt,
-        tokenizer=tok if isinstance(tok, dict) else {}, mode=mode, device_target=target,
+        tokenizer=tok, mode=mode, device_target=target,
         defaults=_defaults(mc),
         config_vocab_size=cfg_vocab if isinstance(cfg_vocab, int) and cfg_vocab > 0 else None,
     )

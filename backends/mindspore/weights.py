@@ -50,25 +50,40 @@ def mindformers_to_hf(name: str) -> str:
 
 
 def load_safetensors(path: Path) -> dict[str, np.ndarray]:
+    from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
     if not path.exists():
         raise WeightsError(f"{path}: no such weights file")
-    return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in load_file(str(path)).items()}
+    try:
+        tensors = load_file(str(path))
+    except TypeError:  # bfloat16 (how most HF checkpoints ship): NumPy has no such dtype, MindSpore's reader does
+        import mindspore as ms
+
+        tensors = {k: v.asnumpy() for k, v in ms.load_checkpoint(str(path), format="safetensors").items()}
+    except SafetensorError as exc:
+        raise WeightsError(f"{path}: not a safetensors file: {exc}") from None
+    return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()}
 
 
 def load_ckpt(path: Path) -> dict[str, np.ndarray]:
     """A MindSpore checkpoint with MindFormers parameter names, returned with HF names."""
     import mindspore as ms
 
-    if not path.exists():
-        raise WeightsError(f"{path}: no such checkpoint")
-    params = ms.load_checkpoint(str(path))
+    if not path.is_file():
+        raise WeightsError(f"{path}: no such checkpoint file")
+    try:
+        params = ms.load_checkpoint(str(path))
+    except ValueError as exc:
+        raise WeightsError(f"{path}: not a MindSpore checkpoint: {exc}") from None
     out = {}
     for name, param in params.items():
         if name.startswith(("adam_", "global_step", "learning_rate", "scale_sense")):
             continue  # training state that MindFormers checkpoints may carry
-        out[mindformers_to_hf(name)] = param.asnumpy().astype(np.float32)
+        try:
+            out[mindformers_to_hf(name)] = param.asnumpy().astype(np.float32)
+        except WeightsError as exc:
+            raise WeightsError(f"{path}: {exc}") from None
     return out
 
 

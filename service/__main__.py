@@ -1,0 +1,122 @@
+"""The ``mindserve`` command line: serve, convert-gguf, validate-config."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from service.config import DEFAULT_MODEL_NAME, ConfigFileError, ServerConfig, load_server_config
+
+log = logging.getLogger("mindserve")
+DEFAULT_CONFIG = Path("configs/server.yaml")
+
+
+def setup_logging(level: str = "INFO") -> None:
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format="%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s")
+
+
+def prepare_model(cfg: ServerConfig) -> Path:
+    """The model directory; the default model is downloaded and converted on first use."""
+    path = cfg.model.weight_path
+    if path.is_dir() and any(path.glob("*.yaml")):
+        return path
+    if path.name == DEFAULT_MODEL_NAME:
+        from backends.mindspore.default_model import ensure_default_model
+
+        log.info("default model not found at %s: preparing it (download + conversion)", path)
+        return ensure_default_model(path.parent)
+    raise ConfigFileError(f"{cfg.path}: BackendConfig.ModelDeployConfig.ModelConfig[0].modelWeightPath: "
+                          f"{path} is not a model directory (no .yaml inside)")
+
+
+async def serve(cfg: ServerConfig) -> None:
+    import tornado.httpserver
+    import tornado.netutil
+
+    from backends.loader import load_backend
+    from service.app import make_app
+
+    backend = load_backend(cfg.model.backend_type, prepare_model(cfg), cfg.engine, progress=True)
+    app = make_app(backend, cfg.server)
+    server = tornado.httpserver.HTTPServer(app, max_body_size=cfg.server.max_request_bytes + (1 << 20))
+    sockets = tornado.netutil.bind_sockets(cfg.server.port, cfg.server.ip_address)
+    server.add_sockets(sockets)
+    port = sockets[0].getsockname()[1]
+    log.info("listening on http://%s:%d (model %s)", cfg.server.ip_address, port, backend.model_name)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down")
+    server.stop()
+    backend.close()
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    cfg = load_server_config(args.config)
+    if args.port is not None:
+        from dataclasses import replace
+
+        cfg = replace(cfg, server=replace(cfg.server, port=args.port))
+    asyncio.run(serve(cfg))
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from backends.mindspore.gguf_convert import convert_gguf
+
+    out = convert_gguf(Path(args.gguf), Path(args.out), model_name=args.name, progress=not args.quiet)
+    print(out)
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    cfg = load_server_config(args.config)
+    print(f"{args.config}: OK (model {cfg.model.name} at {cfg.model.weight_path}, "
+          f"listening on {cfg.server.ip_address}:{cfg.server.port})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mindserve", description="MindSpore LLM inference server "
+                                     "(TGI 0.9.4-compatible POST /).")
+    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("serve", help="load the model from the server config and serve it")
+    p.add_argument("--config", type=Path, default=DEFAULT_CONFIG,
+                   help=f"server config, YAML or the reference config.json shape (default {DEFAULT_CONFIG})")
+    p.add_argument("--port", type=int, default=None, help="override ServerConfig.port")
+    p.set_defaults(func=cmd_serve)
+    p = sub.add_parser("convert-gguf", help="turn a GGUF file into a model directory (safetensors, "
+                       "tokenizer, config.json, predict yaml)")
+    p.add_argument("gguf", help="the .gguf file")
+    p.add_argument("out", help="the model directory to write (created; an existing conversion is reused)")
+    p.add_argument("--name", default=None, help="model name used for the yaml file (default: from the file name)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_convert)
+    p = sub.add_parser("validate-config", help="check a server config file against schemas/ and exit")
+    p.add_argument("config", type=Path, help="the server config file")
+    p.set_defaults(func=cmd_validate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_level.upper())
+    try:
+        return args.func(args)
+    except ConfigFileError as exc:
+        print(f"mindserve: config error: {exc}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, FileExistsError, ValueError) as exc:
+        print(f"mindserve: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
