@@ -1,0 +1,106 @@
+"""The ``mindserve`` command line, run as a real subprocess: validate-config, convert-gguf, serve."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "service"]
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def server_config(model_dir: Path, **server) -> dict:
+    return {
+        "ServerConfig": {"ipAddress": "127.0.0.1", "port": 0, "httpsEnabled": False, **server},
+        "BackendConfig": {
+            "ModelDeployConfig": {"maxSeqLen": 64, "maxInputTokenLen": 48,
+                                  "ModelConfig": [{"modelName": "tiny", "modelWeightPath": str(model_dir),
+                                                   "backendType": "ms"}]},
+            "ScheduleConfig": {"maxBatchSize": 2, "maxPrefillBatchSize": 1, "maxIterTimes": 32,
+                               "cacheBlockSize": 16, "batchBuckets": [1, 2], "windowBuckets": [64]},
+        },
+    }
+
+
+def test_validate_config_accepts_the_shipped_default():
+    out = run_cli("validate-config", "configs/server.yaml")
+    assert out.returncode == 0, out.stderr
+    assert "OK" in out.stdout
+
+
+@pytest.mark.parametrize("mutate, key", [
+    (lambda c: c["ServerConfig"].update(port="abc"), "ServerConfig.port"),
+    (lambda c: c["BackendConfig"]["ModelDeployConfig"]["ModelConfig"][0].update(backendType="atb"), "backendType"),
+    (lambda c: c["BackendConfig"]["ModelDeployConfig"].pop("ModelConfig"), "ModelConfig"),
+    (lambda c: c["ServerConfig"].update(tokenIdFormat="hex"), "tokenIdFormat"),
+    (lambda c: c["BackendConfig"]["ScheduleConfig"].update(maxPrefillBatchSize=9), "maxPrefillBatchSize"),
+])
+def test_bad_config_stops_with_a_message_naming_the_key(tmp_path, tiny_model_dir, mutate, key):
+    cfg = server_config(tiny_model_dir)
+    mutate(cfg)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    for command in ("validate-config", "serve"):
+        args = (command, str(path)) if command == "validate-config" else (command, "--config", str(path))
+        out = run_cli(*args)
+        assert out.returncode == 2, (command, out.stdout, out.stderr[-500:])
+        assert key in out.stderr and "bad.yaml" in out.stderr
+        assert "Traceback" not in out.stderr
+
+
+def test_reference_config_json_shape_is_accepted(tmp_path, tiny_model_dir):
+    cfg = server_config(tiny_model_dir, managementPort=1026, metricsPort=1027, tlsCaPath="security/ca/",
+                        interCommTLSEnabled=True, openAiSupport="vllm")
+    cfg["BackendConfig"].update(backendName="mindieservice_llm_engine", npuDeviceIds=[[0]])
+    cfg["LogConfig"] = {"dynamicLogLevel": ""}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    out = run_cli("validate-config", str(path))
+    assert out.returncode == 0, out.stderr
+
+
+def test_convert_gguf_writes_a_model_directory(tmp_path, default_gguf_path):
+    out = run_cli("convert-gguf", str(default_gguf_path), str(tmp_path / "m"), "--name", "smol", "--quiet")
+    assert out.returncode == 0, out.stderr
+    names = {p.name for p in (tmp_path / "m").iterdir()}
+    assert {"config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors",
+            "predict_smol.yaml"} <= names
+
+
+def test_serve_answers_then_exits_cleanly_on_sigterm(tmp_path, tiny_model_dir):
+    path = tmp_path / "server.yaml"
+    path.write_text(yaml.safe_dump(server_config(tiny_model_dir)))
+    proc = subprocess.Popen([*CLI, "serve", "--config", str(path)], cwd=REPO, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        url, log = None, []
+        deadline = time.monotonic() + 240
+        while url is None and time.monotonic() < deadline and proc.poll() is None:
+            if select.select([proc.stderr], [], [], 1)[0]:
+                line = proc.stderr.readline()
+                log.append(line)
+                match = re.search(r"listening on (http://\S+)", line)
+                url = match.group(1) if match else None
+        assert url, "".join(log)[-3000:]
+        assert any("warm-up done" in line for line in log)
+        reply = requests.post(url + "/", json={"inputs": "hello", "parameters": {"max_new_tokens": 3}}, timeout=60)
+        assert reply.status_code == 200 and isinstance(reply.json(), list)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
