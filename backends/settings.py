@@ -16,6 +16,9 @@ class EngineConfig:
     max_waiting: int = 1024
     block_size: int = 128
     prefill_chunk: int = 64
+    max_prefill_batch: int = 4  # sequences prefilled together (maxPrefillBatchSize)
+    max_prefill_tokens: int = 256  # prompt tokens prefilled per step (maxPrefillTokens)
+    prefill_batch_buckets: tuple[int, ...] | None = None  # default: 1 and max_prefill_batch
     batch_buckets: tuple[int, ...] | None = None  # default: 1, 2, 4, ... up to max_batch_size
     window_buckets: tuple[int, ...] | None = None  # default: 256, 1024, ... up to max_seq_len
     num_blocks: int | None = None  # default: enough for max_batch_size full sequences (+ scratch)

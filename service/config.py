@@ -112,6 +112,7 @@ def _engine(data: dict, path: Path) -> EngineConfig:
         max_batch_size=max_batch, max_iter_times=sched.get("maxIterTimes", 512),
         block_size=sched.get("cacheBlockSize", 128),
         prefill_chunk=min(sched.get("maxPrefillTokens", 64), 64),
+        max_prefill_batch=sched.get("maxPrefillBatchSize", 4), max_prefill_tokens=sched.get("maxPrefillTokens", 256),
         batch_buckets=buckets.get("batchBuckets"), window_buckets=buckets.get("windowBuckets"),
     )
 

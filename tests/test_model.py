@@ -10,12 +10,13 @@ import pytest
 
 from backends.mindspore.config import load_model_spec
 from backends.mindspore.model import set_mode
-from backends.mindspore.runner import DecodeRow, ModelRunner, Shapes
+from backends.mindspore.runner import DecodeRow, ModelRunner, PrefillChunk, Shapes
 from backends.mindspore.weights import load_weights
 from tests.reference_numpy import RefModel
 
 TOL = 1e-4
-SHAPES = Shapes(block_size=16, prefill_chunk=8, batch_buckets=(1, 4), window_buckets=(32, 64))
+SHAPES = Shapes(block_size=16, prefill_chunk=8, batch_buckets=(1, 4), window_buckets=(32, 64),
+                prefill_batch_buckets=(1, 2))
 
 
 def make_runner(model_dir: Path, num_blocks: int = 24, mode: int = 0) -> ModelRunner:
@@ -37,8 +38,8 @@ def prompt(n: int, seed: int, vocab: int) -> list[int]:
 def prefill(runner: ModelRunner, ids: list[int], blocks: list[int]) -> np.ndarray:
     chunk = runner.shapes.prefill_chunk
     for start in range(0, len(ids), chunk):
-        logits, _ = runner.prefill(ids[start:start + chunk], start, blocks)
-    return logits
+        logits, _ = runner.prefill([PrefillChunk(ids[start:start + chunk], start, blocks)])
+    return logits[0]
 
 
 @pytest.mark.parametrize("length", [1, 5, 8, 13, 30])
@@ -77,8 +78,18 @@ def test_batched_decode_rows_are_independent(model):
 def test_prompt_logits_match_reference(model):
     runner, ref = model
     ids = prompt(6, 3, runner.spec.vocab_size)
-    _, hidden = runner.prefill(ids, 0, [12])
-    np.testing.assert_allclose(runner.prompt_logits(hidden), ref.logits(ids), atol=TOL, rtol=0)
+    _, hidden = runner.prefill([PrefillChunk(ids, 0, [12])])
+    np.testing.assert_allclose(runner.prompt_logits(hidden[0]), ref.logits(ids), atol=TOL, rtol=0)
+
+
+def test_batched_prefill_rows_match_reference(model):
+    runner, ref = model
+    seqs = [prompt(n, 200 + n, runner.spec.vocab_size) for n in (5, 8)]
+    tables = [[13, 14], [15, 16]]
+    logits, hidden = runner.prefill([PrefillChunk(ids, 0, t) for ids, t in zip(seqs, tables)])
+    for ids, row, h in zip(seqs, logits, hidden):
+        np.testing.assert_allclose(row, ref.logits(ids)[-1], atol=TOL, rtol=0)
+        assert h.shape[0] == len(ids)
 
 
 def test_warmup_compiles_each_planned_shape_once(tiny_model_dir):

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import shutil
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import mindspore as ms
@@ -121,6 +123,8 @@ def test_ckpt_written_like_mindformers_loads_with_hf_names(tmp_path):
         ("scale_sense", np.array([1024.0], np.float32), ms.float32),
     ]
     path = tmp_path / "mindformers.ckpt"
+    # dtype= converts on the host; an .astype() would run a kernel, after which MindSpore refuses the
+    # Engine's set_device() in this process.
     ms.save_checkpoint([{"name": n, "data": ms.Tensor(a, dtype=t)} for n, a, t in entries], str(path))
     want = {mindformers_to_hf(n): a for n, a, _ in entries[:7]}
     assert "model.layers.0.self_attn.q_proj.bias" in want and "model.layers.0.mlp.down_proj.weight" in want
@@ -139,11 +143,31 @@ def _write_bf16_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
     path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"".join(blobs))
 
 
+BF16_WANT = {"model.norm.weight": EXACT[0], "lm_head.weight": EXACT}
+
+
 def test_bf16_safetensors_load_as_float32(tmp_path):
-    """HF checkpoints mostly ship bfloat16, which NumPy has no dtype for."""
-    want = {"model.norm.weight": EXACT[0], "lm_head.weight": EXACT}
-    _write_bf16_safetensors(tmp_path / "model.safetensors", want)
-    _assert_same(load_safetensors(tmp_path / "model.safetensors"), want)
+    """HF checkpoints mostly ship bfloat16 (here NumPy knows it: importing MindSpore registers the dtype)."""
+    _write_bf16_safetensors(tmp_path / "model.safetensors", BF16_WANT)
+    _assert_same(load_safetensors(tmp_path / "model.safetensors"), BF16_WANT)
+
+
+def test_bf16_safetensors_load_before_mindspore_is_imported(tmp_path):
+    """A fresh process (e.g. a conversion tool) that has not imported MindSpore: plain NumPy has no bfloat16."""
+    _write_bf16_safetensors(tmp_path / "model.safetensors", BF16_WANT)
+    script = (
+        "import json, sys\n"
+        "from pathlib import Path\n"
+        "from backends.mindspore.weights import load_safetensors\n"
+        "assert 'mindspore' not in sys.modules\n"
+        "w = load_safetensors(Path(sys.argv[1]))\n"
+        "print(json.dumps({k: [str(v.dtype), v.tolist()] for k, v in w.items()}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "model.safetensors")],
+                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got == {k: ["float32", v.tolist()] for k, v in BF16_WANT.items()}
 
 
 def test_sharded_safetensors_dir_merges(tiny_qwen2_dir, tmp_path):

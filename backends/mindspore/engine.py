@@ -15,7 +15,7 @@ from backends.errors import EngineOverloaded, EngineUnavailable, GenerationFaile
 from backends.mindspore.config import ModelSpec, load_model_spec
 from backends.mindspore.kv_cache import BlockAllocator
 from backends.mindspore.model import set_mode
-from backends.mindspore.runner import DecodeRow, ModelRunner, Shapes
+from backends.mindspore.runner import DecodeRow, ModelRunner, PrefillChunk, Shapes
 from backends.mindspore.scheduler import Scheduler, Sequence
 from backends.mindspore.tokenizer import IncrementalDetokenizer, Tokenizer
 from backends.mindspore.weights import load_weights
@@ -49,7 +49,8 @@ def derive_shapes(config: EngineConfig, spec: ModelSpec) -> tuple[Shapes, int, i
     max_window = -(-max_seq // block) * block
     shapes = Shapes(block, min(config.prefill_chunk, max_window),
                     config.batch_buckets or _default_batches(config.max_batch_size),
-                    config.window_buckets or _default_windows(max_window, block))
+                    config.window_buckets or _default_windows(max_window, block),
+                    config.prefill_batch_buckets or tuple(sorted({1, config.max_prefill_batch})))
     if shapes.max_window < max_seq or shapes.batch_buckets[-1] < config.max_batch_size:
         raise ValueError(f"buckets {shapes} do not cover maxSeqLen {max_seq} / maxBatchSize {config.max_batch_size}")
     num_blocks = config.num_blocks or config.max_batch_size * (max_window // block) + 1
@@ -73,7 +74,10 @@ class Engine:
         self.runner = ModelRunner(self.spec, weights, self.shapes, num_blocks)
         del weights
         self.allocator = BlockAllocator(num_blocks, self.shapes.block_size)
-        self.scheduler = Scheduler(self.allocator, config.max_batch_size, config.max_waiting)
+        self.scheduler = Scheduler(self.allocator, config.max_batch_size, config.max_waiting,
+                                   prefill_rows=self.shapes.prefill_batch_buckets[-1],
+                                   prefill_tokens=max(config.max_prefill_tokens, self.shapes.prefill_chunk),
+                                   chunk=self.shapes.prefill_chunk)
         self.eos_ids = frozenset(self.spec.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
         self.vocab_size = self.spec.config_vocab_size or self.spec.vocab_size
         self.max_prompt_tokens = min(config.max_input_tokens, self.max_seq_len - 1,
@@ -182,24 +186,26 @@ class Engine:
             if seq.handle.cancelled:
                 self._finish(seq, seq.stopper.cancel().finish)
         plan = self.scheduler.plan()
-        if plan.prefill is not None:
-            self._prefill_chunk(plan.prefill)
+        if plan.prefill:
+            self._prefill(plan.prefill)
         if plan.decode:
             rows = [DecodeRow(s.generated[-1], s.length - 1, s.blocks) for s in plan.decode]
             for seq, logits in zip(plan.decode, self.runner.decode(rows)):
                 self._append(seq, logits)
-        return plan.prefill is not None or bool(plan.decode)
+        return bool(plan.prefill) or bool(plan.decode)
 
-    def _prefill_chunk(self, seq: Sequence) -> None:
-        start = seq.prefilled
-        chunk = seq.prompt_ids[start:start + self.shapes.prefill_chunk]
-        logits, hidden = self.runner.prefill(chunk, start, seq.blocks)
-        if seq.want_prefill:
-            self._prompt_logprobs(seq, start, hidden)
-        seq.prefilled += len(chunk)
-        if seq.prefilled == len(seq.prompt_ids):
-            self.scheduler.prefill_done(seq)
-            self._append(seq, logits)
+    def _prefill(self, work: tuple[tuple[Sequence, int], ...]) -> None:
+        """One chunk for each planned sequence, in one call; finished prompts sample their first token."""
+        chunks = [PrefillChunk(seq.prompt_ids[seq.prefilled:seq.prefilled + n], seq.prefilled, seq.blocks)
+                  for seq, n in work]
+        logits, hidden = self.runner.prefill(chunks)
+        for (seq, n), chunk, row_logits, row_hidden in zip(work, chunks, logits, hidden):
+            if seq.want_prefill:
+                self._prompt_logprobs(seq, chunk.start, row_hidden)
+            seq.prefilled += n
+            if seq.prefilled == len(seq.prompt_ids):
+                self.scheduler.prefill_done(seq)
+                self._append(seq, row_logits)
 
     def _prompt_logprobs(self, seq: Sequence, start: int, hidden: np.ndarray) -> None:
         """Prefill tokens with the logprob of each prompt token under the raw model distribution."""

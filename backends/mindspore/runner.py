@@ -24,13 +24,14 @@ class Shapes:
     prefill_chunk: int
     batch_buckets: tuple[int, ...]  # decode batch sizes, ascending
     window_buckets: tuple[int, ...]  # attention windows (tokens), ascending multiples of block_size
+    prefill_batch_buckets: tuple[int, ...] = (1,)  # sequences prefilled together, ascending
 
     def __post_init__(self) -> None:
         if any(w % self.block_size for w in self.window_buckets):
             raise ValueError(f"window buckets {self.window_buckets} must be multiples of {self.block_size}")
-        if list(self.batch_buckets) != sorted(set(self.batch_buckets)) or \
-                list(self.window_buckets) != sorted(set(self.window_buckets)):
-            raise ValueError("buckets must be strictly ascending")
+        for buckets in (self.batch_buckets, self.window_buckets, self.prefill_batch_buckets):
+            if not buckets or list(buckets) != sorted(set(buckets)) or buckets[0] < 1:
+                raise ValueError(f"buckets {buckets} must be positive and strictly ascending")
 
     @property
     def max_window(self) -> int:
@@ -42,11 +43,19 @@ class Shapes:
                 return w
         raise ValueError(f"{tokens} tokens exceed the largest attention window {self.max_window}")
 
-    def batch_for(self, rows: int) -> int:
-        for b in self.batch_buckets:
+    def batch_for(self, rows: int, prefill: bool = False) -> int:
+        buckets = self.prefill_batch_buckets if prefill else self.batch_buckets
+        for b in buckets:
             if b >= rows:
                 return b
-        raise ValueError(f"{rows} rows exceed the largest decode batch {self.batch_buckets[-1]}")
+        raise ValueError(f"{rows} rows exceed the largest batch {buckets[-1]}")
+
+
+@dataclass(slots=True)
+class PrefillChunk:
+    ids: list[int]  # this chunk's prompt tokens
+    start: int  # position of ids[0]
+    blocks: list[int]
 
 
 @dataclass(slots=True)
@@ -81,21 +90,25 @@ class ModelRunner:
             log.info("compiled graph %s in %.2fs", key, time.perf_counter() - started)
         return out
 
-    def prefill(self, ids: list[int], start: int, blocks: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """One chunk of one sequence's prompt at positions start.. ; returns (last-token logits [V], hidden [t, D])."""
-        chunk, t = self.shapes.prefill_chunk, len(ids)
-        assert 0 < t <= chunk, "chunk larger than the compiled prefill shape"
-        window = self.shapes.window_for(start + t)
-        padded = np.zeros((1, chunk), np.int32)
-        padded[0, :t] = ids
-        pos = np.zeros((1, chunk), np.int32)
-        pos[0, :t] = np.arange(start, start + t)
-        slots = np.zeros(chunk, np.int32)  # padding writes go to the scratch slot 0
-        slots[:t] = token_slots(blocks, pos[0, :t], self.shapes.block_size)
-        table = block_table([blocks], window // self.shapes.block_size)
-        logits, hidden = self._call(("prefill", chunk, window), padded, pos, slots, table,
-                                    np.array([t - 1], np.int32))
-        return logits[0], hidden[:t]
+    def prefill(self, chunks: list[PrefillChunk]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """One prompt chunk for each of several sequences; returns (last-token logits [n, V], hidden [t_i, D] each)."""
+        size, n = self.shapes.prefill_chunk, len(chunks)
+        batch = self.shapes.batch_for(n, prefill=True)
+        window = self.shapes.window_for(max(c.start + len(c.ids) for c in chunks))
+        ids = np.zeros((batch, size), np.int32)
+        pos = np.zeros((batch, size), np.int32)
+        slots = np.zeros((batch, size), np.int32)  # padding writes go to the scratch slot 0
+        last_rows = np.arange(batch, dtype=np.int32) * size
+        for i, c in enumerate(chunks):
+            t = len(c.ids)
+            assert 0 < t <= size, "chunk larger than the compiled prefill shape"
+            ids[i, :t] = c.ids
+            pos[i, :t] = np.arange(c.start, c.start + t)
+            slots[i, :t] = token_slots(c.blocks, pos[i, :t], self.shapes.block_size)
+            last_rows[i] += t - 1
+        table = block_table([c.blocks for c in chunks] + [[]] * (batch - n), window // self.shapes.block_size)
+        logits, hidden = self._call(("prefill", batch, size, window), ids, pos, slots.reshape(-1), table, last_rows)
+        return logits[:n], [hidden[i * size: i * size + len(c.ids)] for i, c in enumerate(chunks)]
 
     def decode(self, rows: list[DecodeRow]) -> np.ndarray:
         """One token for each row; returns logits [len(rows), V]."""
@@ -125,7 +138,8 @@ class ModelRunner:
 
     def warmup_plan(self) -> list[tuple]:
         s = self.shapes
-        plan: list[tuple] = [("prefill", s.prefill_chunk, w) for w in s.window_buckets]
+        plan: list[tuple] = [("prefill", b, s.prefill_chunk, w) for b in s.prefill_batch_buckets
+                             for w in s.window_buckets]
         plan += [("decode", b, w) for b in s.batch_buckets for w in s.window_buckets]
         return plan + [("head", s.prefill_chunk)]
 
@@ -137,7 +151,7 @@ class ModelRunner:
         started = time.perf_counter()
         for key in tqdm(plan, desc="warm-up: compiling graphs", disable=not progress, unit="graph"):
             if key[0] == "prefill":
-                self.prefill([0], key[2] - 1, [0] * (key[2] // self.shapes.block_size))
+                self.prefill([PrefillChunk([0], key[3] - 1, [0] * (key[3] // self.shapes.block_size))] * key[1])
             elif key[0] == "decode":
                 rows = [DecodeRow(0, key[2] - 1, [0] * (key[2] // self.shapes.block_size))] * key[1]
                 self.decode(rows)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import itertools
 from dataclasses import dataclass, field
 
 from backends.base import RequestHandle
@@ -39,15 +40,21 @@ class Sequence:
 
 @dataclass(frozen=True, slots=True)
 class StepPlan:
-    prefill: Sequence | None  # one chunk of this sequence's prompt
+    prefill: tuple[tuple[Sequence, int], ...]  # (sequence, tokens of its prompt to prefill now)
     decode: tuple[Sequence, ...]  # sequences that get one token each
 
 
 class Scheduler:
-    """FIFO admission under ``max_batch`` sequences and the cache budget; one prefill chunk per step."""
+    """FIFO admission under ``max_batch`` sequences and the cache budget.
 
-    def __init__(self, allocator: BlockAllocator, max_batch: int, max_waiting: int) -> None:
+    Each step prefills one chunk of up to ``prefill_rows`` prompts (at most ``prefill_tokens`` tokens in
+    all) and decodes one token for every running sequence.
+    """
+
+    def __init__(self, allocator: BlockAllocator, max_batch: int, max_waiting: int, *,
+                 prefill_rows: int = 1, prefill_tokens: int = 64, chunk: int = 64) -> None:
         self.allocator, self.max_batch, self.max_waiting = allocator, max_batch, max_waiting
+        self.prefill_rows, self.prefill_tokens, self.chunk = prefill_rows, prefill_tokens, chunk
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.prefilling: collections.deque[Sequence] = collections.deque()
         self.running: list[Sequence] = []
@@ -77,7 +84,14 @@ class Scheduler:
 
     def plan(self) -> StepPlan:
         self._admit()
-        return StepPlan(self.prefilling[0] if self.prefilling else None, tuple(self.running))
+        work, budget = [], self.prefill_tokens
+        for seq in itertools.islice(self.prefilling, self.prefill_rows):
+            n = min(self.chunk, len(seq.prompt_ids) - seq.prefilled, budget)
+            if n <= 0:
+                break
+            work.append((seq, n))
+            budget -= n
+        return StepPlan(tuple(work), tuple(self.running))
 
     def prefill_done(self, seq: Sequence) -> None:
         self.prefilling.remove(seq)
