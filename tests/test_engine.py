@@ -118,3 +118,26 @@ def test_cancel_frees_the_cache(tiny_engine):
     assert handle.done.wait(10)
     assert tiny_engine.allocator.free_blocks == free_before
     assert tiny_engine.info()["running"] == 0
+
+
+def test_a_failing_request_does_not_take_down_the_others(tiny_engine, monkeypatch):
+    """Fault isolation: a forward that fails for one row fails that request only (424 upstream)."""
+    from backends.errors import GenerationFailed
+
+    real_decode = tiny_engine.runner.decode
+    bad: list = []
+
+    def flaky_decode(rows):  # runs on the engine thread, so reading the scheduler is safe
+        bad_blocks = [seq.blocks for seq in tiny_engine.scheduler.all() if seq.handle in bad]
+        if any(row.blocks in bad_blocks for row in rows):
+            raise RuntimeError("injected fault")
+        return real_decode(rows)
+
+    monkeypatch.setattr(tiny_engine.runner, "decode", flaky_decode)
+    good = [tiny_engine.submit(PROMPT, RequestParams(max_new_tokens=8, do_sample=False)) for _ in range(2)]
+    bad.append(tiny_engine.submit("poison " + PROMPT, RequestParams(max_new_tokens=8, do_sample=False)))
+    with pytest.raises(GenerationFailed, match="injected fault"):
+        bad[0].result(timeout=60)
+    for handle in good:
+        assert handle.result(timeout=60).generated_tokens == 8
+    assert tiny_engine.allocator.free_blocks == tiny_engine.allocator.usable_blocks

@@ -189,23 +189,57 @@ class Engine:
         if plan.prefill:
             self._prefill(plan.prefill)
         if plan.decode:
-            rows = [DecodeRow(s.generated[-1], s.length - 1, s.blocks) for s in plan.decode]
-            for seq, logits in zip(plan.decode, self.runner.decode(rows)):
-                self._append(seq, logits)
+            rows = [(s, DecodeRow(s.generated[-1], s.length - 1, s.blocks)) for s in plan.decode]
+            for seq, _, logits in self._isolated(self.runner.decode, rows):
+                self._guarded(self._append, seq, logits)
         return bool(plan.prefill) or bool(plan.decode)
+
+    def _isolated(self, forward, rows: list[tuple[Sequence, object]]) -> list[tuple[Sequence, object, object]]:
+        """Run ``forward`` on all rows; if it fails, rerun each row alone so only the culprit fails.
+
+        Rerunning is safe: a row rewrites the same cache slots with the same values.
+        """
+        try:
+            return [(seq, row, out) for (seq, row), out in zip(rows, forward([r for _, r in rows]))]
+        except Exception as exc:
+            if len(rows) == 1:
+                self._fail(rows[0][0], exc)
+                return []
+            log.warning("batched forward of %d rows failed (%s); isolating rows", len(rows), exc)
+        results = []
+        for seq, row in rows:
+            try:
+                results.append((seq, row, forward([row])[0]))
+            except Exception as exc:
+                self._fail(seq, exc)
+        return results
+
+    def _guarded(self, fn, seq: Sequence, *args) -> None:
+        try:
+            fn(seq, *args)
+        except Exception as exc:
+            self._fail(seq, exc)
+
+    def _fail(self, seq: Sequence, exc: Exception) -> None:
+        """Fail one request (its client gets a Generation Error); the others go on."""
+        log.error("request %s failed in the engine: %r", seq.handle.request_id, exc, exc_info=exc)
+        self.scheduler.finish(seq)
+        seq.handle.emit(GenerationFailed(f"request failed during generation: {exc}"))
 
     def _prefill(self, work: tuple[tuple[Sequence, int], ...]) -> None:
         """One chunk for each planned sequence, in one call; finished prompts sample their first token."""
-        chunks = [PrefillChunk(seq.prompt_ids[seq.prefilled:seq.prefilled + n], seq.prefilled, seq.blocks)
-                  for seq, n in work]
-        logits, hidden = self.runner.prefill(chunks)
-        for (seq, n), chunk, row_logits, row_hidden in zip(work, chunks, logits, hidden):
-            if seq.want_prefill:
-                self._prompt_logprobs(seq, chunk.start, row_hidden)
-            seq.prefilled += n
-            if seq.prefilled == len(seq.prompt_ids):
-                self.scheduler.prefill_done(seq)
-                self._append(seq, row_logits)
+        rows = [(seq, PrefillChunk(seq.prompt_ids[seq.prefilled:seq.prefilled + n], seq.prefilled, seq.blocks))
+                for seq, n in work]
+        for seq, chunk, (logits, hidden) in self._isolated(lambda c: list(zip(*self.runner.prefill(c))), rows):
+            self._guarded(self._after_prefill, seq, chunk, logits, hidden)
+
+    def _after_prefill(self, seq: Sequence, chunk: PrefillChunk, logits: np.ndarray, hidden: np.ndarray) -> None:
+        if seq.want_prefill:
+            self._prompt_logprobs(seq, chunk.start, hidden)
+        seq.prefilled += len(chunk.ids)
+        if seq.prefilled == len(seq.prompt_ids):
+            self.scheduler.prefill_done(seq)
+            self._append(seq, logits)
 
     def _prompt_logprobs(self, seq: Sequence, start: int, hidden: np.ndarray) -> None:
         """Prefill tokens with the logprob of each prompt token under the raw model distribution."""
