@@ -5,6 +5,8 @@ then attend through it, so the graph depends only on the shapes (batch, tokens, 
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
@@ -163,9 +165,12 @@ def set_mode(mode: int, device_target: str, threads: int | None) -> None:
     """Global MindSpore context: GRAPH_MODE (0) or PYNATIVE_MODE (1); CPU threads (settable once per process)."""
     ms.set_context(mode=ms.GRAPH_MODE if mode == 0 else ms.PYNATIVE_MODE)
     if not _threads_set:
-        ms.set_device(device_target)
-        if threads:
-            ms.device_context.cpu.op_tuning.threads_num(threads)
+        try:
+            ms.set_device(device_target)
+            if threads:
+                ms.device_context.cpu.op_tuning.threads_num(threads)
+        except RuntimeError as exc:  # the runtime already started (some op ran first): keep its settings
+            logging.getLogger("mindserve.engine").warning("MindSpore device/threads left as they are: %s", exc)
         _threads_set.append(threads or 0)
     if mode == 1:
         ms.runtime.launch_blocking()  # PyNative's async dispatch costs ~1 ms per op on CPU
