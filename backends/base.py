@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
-from typing import Callable, Protocol
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Callable, Protocol
 
 from backends.errors import BackendError, GenerationFailed
 from backends.types import GenerationResult, RequestParams, TokenEvent
@@ -75,6 +75,15 @@ class Backend(Protocol):
 
     def count_tokens(self, text: str) -> int: ...
 
-    def info(self) -> dict: ...
+    def tokenize(self, text: str) -> list[int]:
+        """The token ids ``submit`` would use for ``text`` (before ``truncate``)."""
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        """The prompt text for chat messages ([{"role", "content"}, ...]); InputRejected if impossible."""
+
+    def info(self) -> dict:
+        """Live figures for /info and /metrics: model_name, dtype, max_seq_len, max_input_tokens,
+        max_batch_size, max_prefill_tokens, block_size, free_blocks, total_blocks, running, waiting,
+        compiled_graphs (a key may be missing; the service then reports null)."""
 
     def close(self) -> None: ...

@@ -289,8 +289,6 @@ class Bench:
 
         model_dir = Path(self.args.model_dir) if self.args.model_dir else ensure_default_model(DEFAULT_CACHE)
         cfg = dict(max_seq_len=2048, max_input_tokens=1536, max_batch_size=16, block_size=128, prefill_chunk=64)
-        if self.args.fewer_buckets:
-            cfg.update(batch_buckets=(1, 4, 16), window_buckets=(256, 2048))
         self.config = EngineConfig(**cfg)
         self.info["config"] = {k: v for k, v in cfg.items()}
         self.info["model_dir"] = str(model_dir)
@@ -306,27 +304,37 @@ class Bench:
         self.info["load_other_cores"] = m.other_cores
         self.info["rss_after_load_mb"] = _rss_mb()
         self.runner = self.engine.runner
-        self.info["shapes"] = {"batch_buckets": list(self.runner.shapes.batch_buckets),
-                               "window_buckets": list(self.runner.shapes.window_buckets),
-                               "prefill_chunk": self.runner.shapes.prefill_chunk}
+        shapes = self.runner.shapes
+        self.info["shapes"] = {"batch_buckets": list(shapes.batch_buckets),
+                               "window_buckets": list(shapes.window_buckets),
+                               "prefill_batch_buckets": list(getattr(shapes, "prefill_batch_buckets", (1,))),
+                               "prefill_chunk": shapes.prefill_chunk}
         self.info["cache_blocks"] = self.engine.allocator.num_blocks
 
-        plan = self.runner.warmup_plan()
+        full_plan = self.runner.warmup_plan()
+        self.info["full_plan_graphs"] = len(full_plan)
         with CpuMeter() as m:
-            self.runner.warmup(progress=not self.args.no_progress)
+            if self.args.full_warmup:
+                self.runner.warmup(progress=not self.args.no_progress)
+                plan = full_plan
+            else:
+                plan = self._subset_warmup(full_plan)
+        self.info["warmup_mode"] = "full" if self.args.full_warmup else "subset"
         self.info["warmup_s"] = m.wall
         self.info["warmup_other_cores"] = m.other_cores
         self.info["graphs"] = len(plan)
-        self.info["compile_per_graph"] = [(k, round(v, 3)) for k, v in self.compile_log]
+        self.info["compile_per_graph"] = [(k, round(v, 3)) for k, v, _ in self.compile_log]
+        self.info["rss_after_each_graph_mb"] = [(k, round(r)) for k, _, r in self.compile_log]
         self.info["rss_after_warmup_mb"] = _rss_mb()
+        self._compiled_at_warmup = len(self.compile_log)
 
         # idle CPU of this process (MindSpore runtime threads must not spin between requests)
         with CpuMeter() as m:
             time.sleep(1.0)
         self.info["idle_own_cores"] = m.own_cores
 
-        self.weight_bytes = sum(int(np.prod(p.shape)) * 4 for name, p in self.runner.net.parameters_and_names()
-                                if name.rsplit(".", 1)[-1] in WEIGHT_SUFFIXES)
+        self.weight_bytes = sum(int(np.prod(p.shape)) * 4 for p in self.runner.net.get_parameters()
+                                if p.name.rsplit(".", 1)[-1] in WEIGHT_SUFFIXES)
         self.info["matmul_weight_bytes"] = self.weight_bytes
 
         tok = self.engine.tokenizer
@@ -338,6 +346,42 @@ class Bench:
         # Benchmark only: never stop on EOS, so every request yields exactly max_new_tokens.
         self.engine.eos_ids = frozenset()
         self.engine.start()
+
+    def _subset_warmup(self, full_plan: list[tuple]) -> list[tuple]:
+        """Compile only the graphs this benchmark uses (all window-256 buckets, the B=1 prefill/decode
+        graphs at every window, the prompt-logits head): the full default plan needs too much RSS for a
+        shared 24 GB box. Calls the runner exactly as ``ModelRunner.warmup`` does (scratch block only)."""
+        from backends.mindspore.runner import DecodeRow
+
+        small = min(self.runner.shapes.window_buckets)
+        keep = [k for k in full_plan
+                if k[0] == "head" or k[-1] == small or (k[0] == "prefill" and k[1] == 1)
+                or (k[0] == "decode" and k[1] == 1)]
+        bs = self.runner.shapes.block_size
+        for key in keep:
+            if key[0] == "prefill":
+                batch, window = key[1], key[-1]
+                self._prefill_call([([0], window - 1, [0] * (window // bs))] * batch)
+            elif key[0] == "decode":
+                batch, window = key[1], key[2]
+                self.runner.decode([DecodeRow(0, window - 1, [0] * (window // bs))] * batch)
+            else:
+                self.runner.prompt_logits(np.zeros((1, self.engine.spec.hidden_size), np.float32))
+            if not self.args.no_progress:
+                print(f"compiled {key}: {self.compile_log[-1][1]:.1f} s, RSS {_rss_mb():.0f} MB",
+                      file=sys.stderr, flush=True)
+        return keep
+
+    def _prefill_call(self, chunks: list[tuple[list[int], int, list[int]]]):
+        """runner.prefill for (ids, start, blocks) chunks; returns the logits [n, V]."""
+        try:
+            from backends.mindspore.runner import PrefillChunk
+        except ImportError:  # the older one-sequence signature prefill(ids, start, blocks)
+            assert len(chunks) == 1
+            logits, _ = self.runner.prefill(*chunks[0])
+            return logits[None]
+        logits, _ = self.runner.prefill([PrefillChunk(list(i), st, b) for i, st, b in chunks])
+        return logits
 
     # --- measurements (one round each) ---
 
@@ -364,8 +408,8 @@ class Bench:
         try:
             steps = []
             with CpuMeter() as m:
-                logits, _ = self.runner.prefill(self.ids_short, 0, blocks)
-                token, pos = int(np.argmax(logits)), PROMPT_SHORT
+                logits = self._prefill_call([(self.ids_short, 0, blocks)])
+                token, pos = int(np.argmax(logits[0])), PROMPT_SHORT
                 for _ in range(NEW_TOKENS - 1):
                     t = time.perf_counter()
                     logits = self.runner.decode([DecodeRow(token, pos, blocks)])
@@ -455,7 +499,7 @@ class Bench:
         try:
             with CpuMeter() as m:
                 for start in range(0, PROMPT_LONG, chunk):
-                    self.runner.prefill(self.ids_long[start:start + chunk], start, blocks)
+                    self._prefill_call([(self.ids_long[start:start + chunk], start, blocks)])
             self.s("raw_pf", "runner.prefill 500 tok, chunked", "tok/s").add(PROMPT_LONG / m.wall, m)
         finally:
             self.engine.allocator.release(blocks)
@@ -545,6 +589,7 @@ class Bench:
                 self.engine_batch(4)
                 self.engine_batch(16)
                 self.prefill()
+                self.info.setdefault("loadavg_1min_per_round", []).append(float(open("/proc/loadavg").read().split()[0]))
                 if not self.args.no_progress:
                     print(f"round {r + 1}/{self.args.rounds}: {time.perf_counter() - t:.0f}s, "
                           f"B=1 engine {self.series['eng1'].values[-1]:.1f} / runner "
@@ -554,6 +599,8 @@ class Bench:
             if not self.args.no_profile:
                 self.profile()
         self.engine.close()
+        self.info["compiled_during_measurement"] = [k for k, _, _ in self.compile_log[self._compiled_at_warmup:]]
+        self.info["git"] = _git_state()
         self.info["total_s"] = time.perf_counter() - t_start
         self.info["whole_run_other_cores"] = whole.other_cores
         self.info["whole_run_steal_cores"] = whole.steal_cores
@@ -570,7 +617,20 @@ class _CompileLogHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if record.msg.startswith("compiled graph") and len(record.args) == 2:
             key, seconds = record.args
-            self.sink.append(("/".join(str(k) for k in key), float(seconds)))
+            self.sink.append(("/".join(str(k) for k in key), float(seconds), _rss_mb()))
+
+
+def _git_state() -> str:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "backends"],
+                               capture_output=True, text=True, check=True).stdout.split("\n")
+        n = sum(1 for line in dirty if line.strip())
+        return f"{head}" + (f" + {n} uncommitted file(s) under backends/" if n else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def _rss_mb() -> float:
@@ -634,6 +694,8 @@ def report(res: dict, rounds: int) -> str:
     add(f"config: {info['config']}  buckets: batch {info['shapes']['batch_buckets']}, "
         f"window {info['shapes']['window_buckets']}, chunk {info['shapes']['prefill_chunk']}, "
         f"{info['cache_blocks']} cache blocks")
+    add(f"code: git {info['git']}; graphs compiled during the measurements (should be none): "
+        f"{info['compiled_during_measurement'] or 'none'}")
     add(f"rounds: {rounds} (interleaved); median / best round; 'other' = cores used by other processes "
         f"during the measurement (median)")
     add("")
@@ -641,8 +703,9 @@ def report(res: dict, rounds: int) -> str:
     add(f"  import mindspore            {info['mindspore_import_s']:.2f} s")
     add(f"  model load (Engine init)    {info['load_s']:.2f} s   (other {info['load_other_cores']:.2f} cores)")
     per = [s for _, s in info["compile_per_graph"]]
-    add(f"  warm-up compile             {info['warmup_s']:.1f} s for {info['graphs']} graphs = "
-        f"{info['warmup_s'] / info['graphs']:.2f} s/graph   (other {info['warmup_other_cores']:.2f} cores)")
+    add(f"  warm-up compile ({info['warmup_mode']})    {info['warmup_s']:.1f} s for {info['graphs']} of the "
+        f"{info['full_plan_graphs']} default graphs = {info['warmup_s'] / info['graphs']:.2f} s/graph   "
+        f"(other {info['warmup_other_cores']:.2f} cores)")
     if per:
         kinds: dict[str, list[float]] = {}
         for key, sec in info["compile_per_graph"]:
@@ -650,7 +713,18 @@ def report(res: dict, rounds: int) -> str:
         add("  per graph (first call incl. compile): " + ", ".join(
             f"{k} n={len(v)} median {statistics.median(v):.2f} s (min {min(v):.2f}, max {max(v):.2f})"
             for k, v in kinds.items()))
+        add("  each: " + ", ".join(f"{k} {s:.1f}" for k, s in info["compile_per_graph"]))
+        if info["graphs"] < info["full_plan_graphs"]:
+            add(f"  full default plan, extrapolated: {info['full_plan_graphs']} x {statistics.median(per):.2f} s = "
+                f"{info['full_plan_graphs'] * statistics.median(per):.0f} s (a lower bound: bigger windows "
+                f"and batches compile slower)")
     add(f"  RSS after load / warm-up    {info['rss_after_load_mb']:.0f} / {info['rss_after_warmup_mb']:.0f} MB")
+    steps, prev = [], info["rss_after_load_mb"]
+    for key, rss in info["rss_after_each_graph_mb"]:
+        steps.append(f"{key} +{rss - prev:.0f}")
+        prev = rss
+    if steps:
+        add("  RSS growth per compiled graph (MB): " + ", ".join(steps))
     add(f"  idle CPU of this process    {info['idle_own_cores']:.2f} cores")
     add("")
     add(f"{'measurement':44s} {'median':>9s} {'best':>9s} {'unit':6s} {'n':>3s} {'other':>6s}")
@@ -719,7 +793,7 @@ def report(res: dict, rounds: int) -> str:
         f"total run {info['total_s']:.0f} s; other processes used {info['whole_run_other_cores']:.2f} cores "
         f"on average over the whole run (steal {info['whole_run_steal_cores']:.2f}); "
         f"waited {info.get('quiet_wait_s', 0):.0f} s for quiet windows; "
-        f"loadavg at end {open('/proc/loadavg').read().split()[0]}")
+        f"1-min loadavg after each round {info.get('loadavg_1min_per_round')}")
     return "\n".join(lines)
 
 
@@ -728,8 +802,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5, help="interleaved measurement rounds (default 5)")
     ap.add_argument("--json", help="also write all samples and settings to this file")
     ap.add_argument("--model-dir", help="model directory (default: the converted SmolLM2-135M)")
-    ap.add_argument("--fewer-buckets", action="store_true",
-                    help="compile batch buckets (1,4,16) x windows (256,2048) instead of the defaults")
+    ap.add_argument("--full-warmup", action="store_true",
+                    help="compile the engine's whole default plan (runner.warmup(); needs >12 GB RSS) "
+                         "instead of only the graphs this benchmark uses")
     ap.add_argument("--no-profile", action="store_true", help="skip the MindSpore profiler pass")
     ap.add_argument("--profile-steps", type=int, default=10)
     ap.add_argument("--keep-profile", action="store_true", help="keep the profiler output directories")
@@ -737,7 +812,12 @@ def main() -> None:
                     help="before each measurement wait up to this many seconds for other load < 0.25 cores")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--bandwidth-probe", type=int, metavar="REPS", help=argparse.SUPPRESS)
+    ap.add_argument("--report-from", metavar="JSON", help="print the report of an earlier --json file and exit")
     args = ap.parse_args()
+    if args.report_from:
+        res = json.loads(Path(args.report_from).read_text())
+        print(report(res, res["info"]["rounds"]))
+        return
     if args.bandwidth_probe:
         print(json.dumps(bandwidth_probe(args.bandwidth_probe)))
         return
@@ -746,10 +826,9 @@ def main() -> None:
     res = Bench(args).run()
     res["info"]["profile_steps"] = args.profile_steps
     res["info"]["rounds"] = args.rounds
-    text = report(res, args.rounds)
-    print(text)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1, default=str))
+    print(report(res, args.rounds))
 
 
 if __name__ == "__main__":

@@ -38,22 +38,31 @@ async def serve(cfg: ServerConfig) -> None:
     import tornado.netutil
 
     from backends.loader import load_backend
-    from service.app import make_app
+    from service.app import make_app, planes_by_port
+    from service.metrics import ServiceMetrics
+    from service.state import ServerState
 
     backend = load_backend(cfg.model.backend_type, prepare_model(cfg), cfg.engine, progress=True)
-    app = make_app(backend, cfg.server)
-    server = tornado.httpserver.HTTPServer(app, max_body_size=cfg.server.max_request_bytes + (1 << 20))
-    sockets = tornado.netutil.bind_sockets(cfg.server.port, cfg.server.ip_address)
-    server.add_sockets(sockets)
-    port = sockets[0].getsockname()[1]
-    log.info("listening on http://%s:%d (model %s)", cfg.server.ip_address, port, backend.model_name)
+    state, metrics = ServerState(), ServiceMetrics.for_backend(backend)
+    servers = []
+    for port, planes in planes_by_port(cfg.server).items():  # the business port first
+        app = make_app(backend, cfg.server, state=state, metrics=metrics, planes=planes)
+        server = tornado.httpserver.HTTPServer(app, max_body_size=cfg.server.max_request_bytes + (1 << 20))
+        sockets = tornado.netutil.bind_sockets(port, cfg.server.ip_address)
+        server.add_sockets(sockets)
+        servers.append(server)
+        log.info("listening on http://%s:%d (%s; model %s)", cfg.server.ip_address, sockets[0].getsockname()[1],
+                 ", ".join(sorted(planes)), backend.model_name)
+    state.mark_ready()  # the backend is warmed up and every plane listens: /health turns 200
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("shutting down")
-    server.stop()
+    state.start_draining()  # /health answers 503 from here on
+    for server in servers:
+        server.stop()
     backend.close()
 
 

@@ -1,15 +1,28 @@
 """``make_app``: the only constructor of the Tornado application (the CLI and the tests call it)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
 
 import tornado.web
 
 from backends.base import Backend
+from service.access_log import log_request
 from service.config import ServerSettings
-from service.handlers import GenerateHandler, HealthHandler, NotFoundHandler
+from service.handlers import GenerateHandler, NotFoundHandler
+from service.metrics import ServiceMetrics
+from service.openai_api import openai_routes
+from service.ops_handlers import (HealthHandler, InfoHandler, LiveHandler, MetricsHandler, ModelHandler,
+                                  ModelsHandler, OpenAPIHandler, TokenizerHandler)
 from service.protocol import RequestLimits
+from service.state import ServerState
+from service.tgi_handlers import GenerateObjectHandler, GenerateStreamHandler
 from service.validation import Schemas, default_schemas
+
+BUSINESS, MANAGEMENT, METRICS = "business", "management", "metrics"
+ALL_PLANES = frozenset({BUSINESS, MANAGEMENT, METRICS})
+Route = tuple[str, type[tornado.web.RequestHandler], dict[str, Any]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,14 +33,68 @@ class AppContext:
     settings: ServerSettings
     schemas: Schemas
     limits: RequestLimits
+    state: ServerState = field(default_factory=lambda: ServerState(ready=True))
+    metrics: ServiceMetrics | None = None
+
+
+def business_routes(ctx: AppContext) -> list[Route]:
+    """Generation (TGI and OpenAI), tokenizer, model list, OpenAPI: served on ``port``."""
+    args = {"ctx": ctx}
+    return [
+        (r"/", GenerateHandler, args),
+        (r"/generate", GenerateObjectHandler, args),
+        (r"/generate_stream", GenerateStreamHandler, args),
+        *openai_routes(ctx),
+        (r"/v1/tokenizer", TokenizerHandler, args),
+        (r"/v1/models", ModelsHandler, args),
+        (r"/v1/models/(.+)", ModelHandler, args),
+        (r"/openapi\.json", OpenAPIHandler, args),
+    ]
+
+
+def management_routes(ctx: AppContext) -> list[Route]:
+    """Health and /info: served on ``managementPort`` when it differs from ``port``."""
+    args = {"ctx": ctx}
+    return [
+        (r"/health", HealthHandler, args),
+        (r"/v2/health/live", LiveHandler, args),
+        (r"/v2/health/ready", HealthHandler, args),
+        (r"/info", InfoHandler, args),
+    ]
+
+
+def metrics_routes(ctx: AppContext) -> list[Route]:
+    """Prometheus ``/metrics``: served on ``metricsPort`` when it differs from ``port``."""
+    return [(r"/metrics", MetricsHandler, {"ctx": ctx})]
+
+
+_PLANE_ROUTES = {BUSINESS: business_routes, MANAGEMENT: management_routes, METRICS: metrics_routes}
+
+
+def planes_by_port(settings: ServerSettings) -> dict[int, frozenset[str]]:
+    """The planes each listening port serves, business port first; an unset or equal port shares a server."""
+    def port_of(value: int | None) -> int:
+        return settings.port if value is None else value
+
+    grouped: dict[int, set[str]] = {}
+    for plane, port in ((BUSINESS, settings.port), (MANAGEMENT, port_of(settings.management_port)),
+                        (METRICS, port_of(settings.metrics_port))):
+        grouped.setdefault(port, set()).add(plane)
+    return {port: frozenset(planes) for port, planes in grouped.items()}
 
 
 def make_app(backend: Backend, settings: ServerSettings = ServerSettings(), *,
-             schemas: Schemas | None = None, limits: RequestLimits = RequestLimits()) -> tornado.web.Application:
-    ctx = AppContext(backend, settings, schemas or default_schemas(), limits)
-    routes = [
-        (r"/", GenerateHandler, {"ctx": ctx}),
-        (r"/health", HealthHandler, {"ctx": ctx}),
-    ]
+             schemas: Schemas | None = None, limits: RequestLimits = RequestLimits(),
+             state: ServerState | None = None, metrics: ServiceMetrics | None = None,
+             planes: Iterable[str] = ALL_PLANES) -> tornado.web.Application:
+    """One app serving ``planes``. The apps of one process share ``state`` and ``metrics``; without a
+    ``state`` the app is ready at once (the backend handed in is already loaded and warmed up)."""
+    planes = frozenset(planes)
+    if not planes or planes - ALL_PLANES:
+        raise ValueError(f"planes must be a non-empty subset of {sorted(ALL_PLANES)}, got {sorted(planes)}")
+    ctx = AppContext(backend, settings, schemas or default_schemas(), limits,
+                     state or ServerState(ready=True), metrics or ServiceMetrics.for_backend(backend))
+    routes = [route for plane in (BUSINESS, MANAGEMENT, METRICS) if plane in planes
+              for route in _PLANE_ROUTES[plane](ctx)]
     return tornado.web.Application(routes, default_handler_class=NotFoundHandler,
-                                   default_handler_args={"ctx": ctx})
+                                   default_handler_args={"ctx": ctx}, log_function=log_request)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -14,8 +15,10 @@ from backends.base import RequestHandle
 from backends.errors import BackendError
 from backends.types import GenerationResult, TokenEvent
 from service import sse
+from service.access_log import REQUEST_ID_HEADER, request_id_for
 from service.errors import (MethodNotAllowed, NotFound, PayloadTooLarge, ServiceError, error_body,
                             for_status, from_backend_error)
+from service.metrics import RequestObserver
 from service.protocol import ParsedRequest, StreamRenderer, parse_generate_request, render_response
 from service.validation import parse_json_body
 
@@ -33,6 +36,12 @@ class BaseHandler(tornado.web.RequestHandler):
 
     def set_default_headers(self) -> None:
         self.set_header("Content-Type", "application/json")
+        self.set_header(REQUEST_ID_HEADER, self.request_id)
+
+    @functools.cached_property
+    def request_id(self) -> str:
+        """This request's id: the client's valid ``X-Request-Id``, else a new one (echoed in the reply)."""
+        return request_id_for(self.request)
 
     def write_json(self, obj: Any) -> None:
         self.write(sse.dumps(obj))
@@ -69,16 +78,19 @@ class NotFoundHandler(BaseHandler):
         raise NotFound(f"no route for {self.request.method} {self.request.path}")
 
 
-class HealthHandler(BaseHandler):
-    def get(self) -> None:
-        self.set_status(200)
-
-
 class GenerateHandler(BaseHandler):
     """``POST /``: TGI 0.9.4 compat generation, text (a one-element list) or SSE."""
 
     wrap_in_list = True
     _handle: RequestHandle | None = None
+    observer: RequestObserver | None = None  # metrics + access-log token counts, from prepare() on
+
+    def prepare(self) -> None:
+        self.observer = RequestObserver(self.ctx.metrics)
+
+    def on_finish(self) -> None:
+        if self.observer is not None:
+            self.observer.finish(self.get_status())
 
     def parse(self) -> ParsedRequest:
         if len(self.request.body) > self.ctx.settings.max_request_bytes:
@@ -95,6 +107,7 @@ class GenerateHandler(BaseHandler):
         loop = asyncio.get_running_loop()
 
         def listener(event: Any) -> None:
+            self.observer.on_event(event)
             loop.call_soon_threadsafe(events.put_nowait, event)
 
         try:
@@ -106,7 +119,7 @@ class GenerateHandler(BaseHandler):
             await self._stream(req, events)
         else:
             await self._text(req, events)
-        log.info("%s %s done in %.3fs", self._handle.request_id, self.request.path, time.perf_counter() - started)
+        log.debug("%s %s done in %.3fs", self._handle.request_id, self.request.path, time.perf_counter() - started)
 
     async def _text(self, req: ParsedRequest, events: tornado.queues.Queue) -> None:
         while True:
@@ -151,5 +164,7 @@ class GenerateHandler(BaseHandler):
             self.on_connection_close()
 
     def on_connection_close(self) -> None:
+        if self.observer is not None:
+            self.observer.client_gone()
         if self._handle is not None:
             self._handle.cancel()

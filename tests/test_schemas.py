@@ -20,7 +20,11 @@ CASES_FILE = Path(__file__).parent / "data" / "schema_cases.json"
 ID_BASE = "https://mindserve.dev/schemas/"
 DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
 SCHEMA_FILES = sorted(SCHEMA_DIR.glob("*.schema.json"))
-EXPECTED_SCHEMAS = {"generate_request", "parameters", "response", "stream_event", "error", "server_config"}
+EXPECTED_SCHEMAS = {"generate_request", "parameters", "response", "stream_event", "error", "server_config",
+                    "openai_completion_request", "openai_chat_request", "openai_error",
+                    "openai_completion_response", "openai_chat_response", "openai_completion_chunk",
+                    "openai_chat_chunk",
+                    "tokenizer_request", "tokenizer_response", "info", "model_list"}
 
 
 def expand(value: Any) -> Any:

@@ -1,16 +1,21 @@
 """The MindSpore engine: load a model directory, then loop schedule -> forward -> sample -> stop -> update."""
 from __future__ import annotations
 
+import functools
 import itertools
+import json
 import logging
 import queue
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from backends.base import Listener, RequestHandle
+from backends.chat_template import render_chat_template
 from backends.errors import EngineOverloaded, EngineUnavailable, GenerationFailed, InputRejected
 from backends.mindspore.config import ModelSpec, load_model_spec
 from backends.mindspore.kv_cache import BlockAllocator
@@ -27,6 +32,16 @@ from backends.types import FinishReason, GenerationResult, RequestParams, Token,
 
 log = logging.getLogger("mindserve.engine")
 MAX_PROMPT_TOKENS = 1048576  # the seed document's hard cap
+
+
+@functools.cache
+def _torch_dtype(model_dir: Path) -> str | None:
+    """config.json's ``torch_dtype`` (what /info reports as the model dtype), None if absent."""
+    try:
+        value = json.loads((model_dir / "config.json").read_text(encoding="utf-8")).get("torch_dtype")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
 
 
 def _default_batches(max_batch: int) -> tuple[int, ...]:
@@ -117,6 +132,19 @@ class Engine:
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text))
 
+    def tokenize(self, text: str) -> list[int]:
+        """The ids ``submit`` would start from (before ``truncate`` and the length policy)."""
+        return self.tokenizer.encode(text)
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        """The prompt for a chat (the tokenizer config's template, with the generation prompt)."""
+        template = self.tokenizer.chat_template
+        if template is None:
+            raise InputRejected(f"model {self.model_name} has no chat template; "
+                                "send a plain prompt to /v1/completions instead")
+        return render_chat_template(template, messages, bos_token=self.tokenizer.bos_token or "",
+                                    eos_token=self.tokenizer.eos_token or "")
+
     def prompt_ids(self, text: str, truncate: int | None) -> list[int]:
         """Tokenize and apply ``truncate`` and the token limit (or the server's ``truncation`` policy)."""
         ids = self.tokenizer.encode(text)
@@ -159,7 +187,9 @@ class Engine:
                 "max_input_tokens": self.max_prompt_tokens, "max_batch_size": self.config.max_batch_size,
                 "compiled_graphs": len(self.runner.compiled), "free_blocks": self.allocator.free_blocks,
                 "total_blocks": self.allocator.usable_blocks, "running": len(self.scheduler.running),
-                "waiting": len(self.scheduler.waiting) + len(self.scheduler.prefilling)}
+                "waiting": len(self.scheduler.waiting) + len(self.scheduler.prefilling),
+                "dtype": _torch_dtype(self.spec.model_dir) or self.spec.compute_dtype,
+                "max_prefill_tokens": self.config.max_prefill_tokens, "block_size": self.shapes.block_size}
 
     # --- engine thread ---
 

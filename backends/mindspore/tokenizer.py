@@ -42,6 +42,8 @@ class Tokenizer:
         self.eos_token_ids: frozenset[int] = frozenset(
             [*([eos] if eos is not None else []), *extra_eos_ids])
         self.chat_template: str | None = _pick_template(cfg.get("chat_template"))
+        self.bos_token: str | None = _token_content(cfg.get("bos_token"))  # for chat templates
+        self.eos_token: str | None = _token_content(cfg.get("eos_token"))
         named = (self._id_of(cfg.get(f"{k}_token")) for k in ("bos", "eos", "pad", "unk"))
         self._special = frozenset(_backend_special_ids(backend)) | frozenset(
             i for i in named if i is not None)
@@ -200,6 +202,12 @@ def _backend_special_ids(backend: Any) -> set[int]:
     if isinstance(backend, tokenizers.Tokenizer):
         return {i for i, t in backend.get_added_tokens_decoder().items() if t.special}
     return backend.special_ids()
+
+
+def _token_content(token: Any) -> str | None:
+    if isinstance(token, Mapping):  # HF serialises AddedToken as {"content": ...}
+        token = token.get("content")
+    return token if isinstance(token, str) else None
 
 
 def _pick_template(value: Any) -> str | None:

@@ -1,0 +1,97 @@
+"""Compile ``matmul.cc`` into a shared library on first use, cached by content.
+
+The cache key hashes the source, the compiler command and version, and the CPU's model and flag
+list (the build uses ``-march=native``, so a library built on one CPU must not be reused on a
+different one). The library is written to a temporary file in the cache directory and renamed
+into place, so concurrent builders never see a half-written file.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("matmul.cc")
+CXXFLAGS = ("-O3", "-march=native", "-std=c++20", "-fPIC", "-shared", "-pthread", "-Wall")
+ENV_CACHE_DIR = "MINDSERVE_KERNEL_CACHE"
+
+
+class KernelBuildError(RuntimeError):
+    """The fast kernel could not be compiled (no compiler, unsupported CPU, compile error)."""
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get(ENV_CACHE_DIR)
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "mindserve" / "kernels"
+
+
+def _compiler() -> str:
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if not cxx or not shutil.which(cxx):
+        raise KernelBuildError(
+            "cannot build the mindserve fast matmul kernel: no C++ compiler found "
+            "(install g++, e.g. `apt-get install g++`, or set CXX)")
+    return cxx
+
+
+def _cpu_signature() -> str:
+    """Model name + ISA flags of this CPU (Linux); empty elsewhere."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    model = flags = ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and not model:
+            model = value.strip()
+        elif key == "flags" and not flags:
+            flags = " ".join(sorted(value.split()))
+        if model and flags:
+            break
+    return f"{model}|{flags}"
+
+
+def _has_avx512() -> bool:
+    sig = _cpu_signature()
+    return not sig or "avx512f" in sig.split("|", 1)[-1].split()
+
+
+def build_kernel(cache_dir: str | os.PathLike | None = None) -> Path:
+    """Return the path of the compiled kernel library, building it first if needed."""
+    if not _has_avx512():
+        raise KernelBuildError("the mindserve fast matmul kernel needs an AVX-512 CPU (avx512f)")
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    source = SOURCE.read_bytes()
+    cxx = _compiler()
+    try:
+        version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise KernelBuildError(f"cannot run the C++ compiler {cxx!r}: {exc}") from exc
+    digest = hashlib.sha256()
+    for part in (source, cxx.encode(), version.encode(), " ".join(CXXFLAGS).encode(), _cpu_signature().encode()):
+        digest.update(part)
+        digest.update(b"\0")
+    target = cache / f"mindserve_matmul_{digest.hexdigest()[:20]}.so"
+    if target.exists():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=cache)
+    os.close(fd)
+    try:
+        proc = subprocess.run([cxx, *CXXFLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise KernelBuildError(f"compiling {SOURCE.name} failed ({cxx}):\n{proc.stderr.strip()}")
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, target)  # atomic: readers see either no file or the complete library
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target

@@ -1,0 +1,747 @@
+"""Served throughput and latency: mindserve against the llama-cpp-python server, same model, same run.
+
+    .venv/bin/python bench/serve_bench.py [--quick] [--workdir DIR] [--json OUT.json]
+
+One command starts each server in turn (never two at once: the box has 2 cores), drives it with an
+asyncio load generator (aiohttp) and stops it:
+
+* ``mindserve``   — ``mindserve serve`` from a generated copy of configs/server.yaml (another port, the
+  converted default model directory), ``POST /`` with ``"stream": true``;
+* ``llama.cpp Q4_1`` — ``python -m llama_cpp.server`` (from the llama-cpp-python venv) on the default
+  model's Q4_1 GGUF, ``POST /v1/completions`` with ``stream: true``;
+* ``llama.cpp F32``  — the same server on an all-F32 copy of that GGUF (bench/make_f32_gguf.py writes it
+  if it is missing): the very fp32 weights mindserve runs.
+
+Scenarios (each: N concurrent clients, each looping over requests until the scenario's total is
+sent; fixed prompt set, fixed max_new_tokens, greedy):
+
+* ``c1``        — 1 client, the varied prompts (20-60 tokens);
+* ``c8-32tok``  — 8 clients, every prompt exactly 32 tokens (the time-to-first-token bar);
+* ``c16``       — 16 clients, the varied prompts (the throughput bar).
+
+Per scenario and server it reports generated tokens/s (all tokens received ÷ wall time of the
+scenario), time to first token (TTFT) p50/p95, inter-token latency (ITL, gap between consecutive
+streamed tokens) p50/p95, requests completed/failed, the most streams seen generating at the same
+time, the server's peak RSS, and how many cores *other* processes used meanwhile (the box is shared).
+Then the ratios mindserve ÷ llama.cpp and the issue's bars. It never runs in the test suite.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+CACHE_DIR = REPO / ".cache" / "models"
+MODEL_DIR = CACHE_DIR / "SmolLM2-135M-Instruct"
+BENCH_VENV_PY = REPO / ".venv-bench" / "bin" / "python"
+SERVER_YAML = REPO / "configs" / "server.yaml"
+GOLDEN = REPO / "tests" / "golden" / "smollm2_greedy.json"
+THREADS = 2
+
+# The prompt set: varied English prompts of 20-60 tokens (SmolLM2 tokenizer), written for this benchmark.
+PROMPTS = [
+    "The old bridge over the river had been closed for repairs since early spring, so every morning the "
+    "villagers walked an extra mile to reach the market on the other side. One foggy Tuesday, the baker's "
+    "son decided to",
+    "Write a short paragraph explaining why the sky appears blue during the day and turns red and orange "
+    "around sunset.",
+    "My grandmother kept a small notebook of recipes in her kitchen drawer. The first page, stained with "
+    "butter and flour, described how to bake a honey cake for birthdays, and the second page",
+    "In the year 1850, a young cartographer set out from Lisbon with a leather satchel, three compasses and "
+    "a letter of introduction addressed to the governor of a distant colony. On the third week of the voyage,",
+    "Explain in simple terms how a refrigerator keeps food cold, as if you were talking to a curious "
+    "ten-year-old who has just asked where the cold comes from.",
+    "The meeting had already lasted two hours when Sarah finally raised her hand and said that the budget "
+    "numbers did not add up. The finance director frowned, opened his laptop and",
+    "Here is a list of five practical tips for someone who is learning to play the guitar for the very "
+    "first time:",
+    "Photosynthesis is the process by which green plants use sunlight, water and carbon dioxide to produce "
+    "glucose and oxygen. It takes place mostly in the leaves, inside small structures called chloroplasts, "
+    "which",
+    "The train left the station twenty minutes late. Outside the window, fields of wheat stretched to the "
+    "horizon, and the passenger in seat 14B had not looked up from her book since",
+    "A good night's sleep matters more than most people think. Researchers who study memory have found that "
+    "during deep sleep",
+    "Dear hiring manager, I am writing to apply for the position of junior software engineer that was "
+    "advertised on your company's website last week. During my studies I built",
+    "The lighthouse keeper counted the steps every evening as he climbed to the lamp room, and on the "
+    "night of the great storm, when the waves reached higher than the rocks, he noticed a small boat",
+    "Describe the main differences between a crocodile and an alligator, including where they live, what "
+    "their snouts look like and how they behave around people.",
+    "When the power went out across the whole city, the small bakery on Elm Street was the only shop that",
+    "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined "
+    "movable metal type with an oil-based ink and a wooden press adapted from the ones used to make wine. "
+    "Within fifty years,",
+    "To make a simple tomato sauce, start by warming olive oil in a heavy pan over medium heat, then add "
+    "chopped garlic and a pinch of salt. After a minute or two,",
+    "Our team finished the marathon in just under four hours, which surprised everyone, especially our "
+    "coach, who had predicted that we would need at least five. At the finish line",
+    "The museum's newest exhibit features ancient pottery, bronze tools and woven baskets recovered from a "
+    "settlement near the coast that was buried by sand about three thousand years ago. Visitors can",
+    "Summarise the plot of a story about a robot who wakes up in an abandoned library and decides to read "
+    "every book on the shelves before the building is torn down.",
+    "Mountains form over millions of years as tectonic plates collide, fold and push the crust upward. The "
+    "Himalayas, for example, are still rising by a few millimetres every year because",
+    "It was the first snowfall of the winter, and the children on Maple Avenue ran outside before "
+    "breakfast to build",
+    "List three reasons why regular exercise is good for both the body and the mind, and give one example "
+    "for each of them from everyday life.",
+    "The scientist adjusted her microscope, took a deep breath and looked again at the sample that had "
+    "arrived from the research station in Antarctica that morning. What she saw there was",
+    "The committee reviewed the proposal for a new public library in three long sessions. The architects "
+    "wanted glass walls and a rooftop garden, the librarians asked for quiet reading rooms and more "
+    "shelves, and the mayor, who worried about the cost of heating such a building through the winter, "
+    "suggested",
+    "Every Saturday the farmers' market fills the town square with stalls of fresh bread, honey, cheese "
+    "and vegetables, and the most popular stall, run by an old man with a straw hat, sells",
+]
+PROMPT_32_TOKENS = 32
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    concurrency: int
+    requests: int
+    fixed_prompt_tokens: int | None  # None: the varied set
+
+
+@dataclass
+class RequestResult:
+    ok: bool
+    start: float
+    first_token: float | None = None
+    last_token: float | None = None
+    end: float | None = None
+    tokens: int = 0
+    itl: list[float] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+# ----------------------------------------------------------------------------------------- helpers
+
+def pct(values: list[float], q: float) -> float:
+    """The q-th percentile (0-100), linear interpolation; nan for no values."""
+    if not values:
+        return math.nan
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def load_tokenizer():
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json"))
+
+
+def build_prompt_sets(tok) -> tuple[list[str], list[str], list[int]]:
+    """The varied set and a set of prompts of exactly 32 tokens (prefixes of the longer prompts)."""
+    varied_lens = [len(tok.encode(p, add_special_tokens=False).ids) for p in PROMPTS]
+    fixed: list[str] = []
+    for p in PROMPTS:
+        ids = tok.encode(p, add_special_tokens=False).ids
+        if len(ids) <= PROMPT_32_TOKENS:
+            continue
+        for cut in (PROMPT_32_TOKENS, PROMPT_32_TOKENS + 1, PROMPT_32_TOKENS - 1):
+            text = tok.decode(ids[:cut])
+            if len(tok.encode(text, add_special_tokens=False).ids) == PROMPT_32_TOKENS:
+                fixed.append(text)
+                break
+    return PROMPTS, fixed, varied_lens
+
+
+class CpuMeter:
+    """Cores used by processes other than the server and this script while a scenario ran."""
+
+    def __init__(self, server: psutil.Process | None):
+        self.server = server
+        self.me = psutil.Process()
+
+    @staticmethod
+    def _busy() -> float:
+        t = psutil.cpu_times()
+        return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+    def _proc_cpu(self, p: psutil.Process | None) -> float:
+        if p is None:
+            return 0.0
+        total = 0.0
+        try:
+            for q in [p] + p.children(recursive=True):
+                try:
+                    c = q.cpu_times()
+                    total += c.user + c.system
+                except psutil.Error:
+                    pass
+        except psutil.Error:
+            pass
+        return total
+
+    def start(self) -> None:
+        self.t0, self.b0 = time.perf_counter(), self._busy()
+        self.s0, self.m0 = self._proc_cpu(self.server), self._proc_cpu(self.me)
+
+    def stop(self) -> dict:
+        dt = time.perf_counter() - self.t0
+        busy = self._busy() - self.b0
+        server = self._proc_cpu(self.server) - self.s0
+        me = self._proc_cpu(self.me) - self.m0
+        return {"server_cores": server / dt, "bench_cores": me / dt,
+                "other_cores": max(0.0, (busy - server - me) / dt)}
+
+
+class RssSampler(threading.Thread):
+    """Samples the RSS of a process tree every 0.2 s; `peak` overall, `window_peak` since reset_window()."""
+
+    def __init__(self, pid: int):
+        super().__init__(daemon=True)
+        self.proc = psutil.Process(pid)
+        self.peak = 0
+        self.window_peak = 0
+        self._stop = threading.Event()
+
+    def sample(self) -> int:
+        rss = 0
+        try:
+            for q in [self.proc] + self.proc.children(recursive=True):
+                try:
+                    rss += q.memory_info().rss
+                except psutil.Error:
+                    pass
+        except psutil.Error:
+            pass
+        return rss
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            rss = self.sample()
+            self.peak = max(self.peak, rss)
+            self.window_peak = max(self.window_peak, rss)
+            self._stop.wait(0.2)
+
+    def reset_window(self) -> None:
+        self.window_peak = self.sample()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+# ----------------------------------------------------------------------------------------- servers
+
+class Server:
+    name = "?"
+
+    def __init__(self, workdir: Path):
+        self.workdir = workdir
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+        self.log_path = workdir / f"{self.slug}.log"
+        self.rss: RssSampler | None = None
+        self.started_in = math.nan
+
+    @property
+    def slug(self) -> str:
+        return self.name.replace(" ", "_").replace(".", "").lower()
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def env(self) -> dict:
+        return dict(os.environ)
+
+    async def ready(self, session: aiohttp.ClientSession) -> bool:
+        raise NotImplementedError
+
+    async def start(self, session: aiohttp.ClientSession, timeout: float) -> None:
+        cmd = self.command()
+        log(f"starting {self.name}: {' '.join(cmd)}  (log: {self.log_path})")
+        self._logf = open(self.log_path, "w")
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen(cmd, cwd=self.workdir, stdout=self._logf, stderr=subprocess.STDOUT, env=self.env(),
+                                     start_new_session=True)
+        self.rss = RssSampler(self.proc.pid)
+        self.rss.start()
+        last_note = t0
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with code {self.proc.returncode} while starting; "
+                                   f"last log lines:\n{self.tail(15)}")
+            if await self.ready(session):
+                break
+            now = time.perf_counter()
+            if now - t0 > timeout:
+                raise RuntimeError(f"{self.name} not ready after {timeout:.0f} s; last log lines:\n{self.tail(15)}")
+            if now - last_note >= 15:
+                last_note = now
+                log(f"  ... {self.name} warming up, {now - t0:.0f} s; log: {self.tail(1)[-160:]}")
+            await asyncio.sleep(0.5)
+        self.started_in = time.perf_counter() - t0
+        log(f"{self.name} ready in {self.started_in:.1f} s (RSS {self.rss.sample() / 2**20:.0f} MiB)")
+
+    def tail(self, n: int) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").replace("\r", "\n")
+        except OSError:
+            return ""
+        lines = [line for line in text.splitlines() if line.strip()]
+        return "\n".join(lines[-n:])
+
+    def stop(self) -> None:
+        if self.rss is not None:
+            self.rss.stop()
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self._logf.close()
+        log(f"stopped {self.name}")
+
+    # one request: streams, measuring TTFT and ITL
+    async def request(self, session: aiohttp.ClientSession, prompt: str, max_new: int) -> RequestResult:
+        raise NotImplementedError
+
+    async def greedy_text(self, session: aiohttp.ClientSession, prompt: str, max_new: int) -> str:
+        res = await self.request(session, prompt, max_new)
+        if not res.ok:
+            raise RuntimeError(f"{self.name}: greedy check request failed: {res.error}")
+        return res.text
+
+
+async def _sse_lines(resp: aiohttp.ClientResponse):
+    """The payloads of the `data:` lines of an SSE response, as they arrive."""
+    buf = b""
+    async for chunk in resp.content.iter_any():
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            line = line.strip()
+            if line.startswith(b"data:"):
+                yield line[5:].strip().decode("utf-8"), time.perf_counter()
+    if buf.strip().startswith(b"data:"):
+        yield buf.strip()[5:].strip().decode("utf-8"), time.perf_counter()
+
+
+def _record_tokens(res: RequestResult, n: int, now: float) -> None:
+    """n tokens arrived at `now`: the first sets TTFT; later ones add the gap (split evenly) to ITL."""
+    if n <= 0:
+        return
+    if res.first_token is None:
+        res.first_token = now
+        res.itl.extend([0.0] * (n - 1))
+    else:
+        res.itl.extend([(now - res.last_token) / n] * n)
+    res.last_token = now
+    res.tokens += n
+
+
+class MindServe(Server):
+    name = "mindserve"
+
+    def __init__(self, workdir: Path, model_dir: Path, config_src: Path):
+        super().__init__(workdir)
+        self.model_dir = model_dir
+        self.config_path = workdir / "mindserve_bench.yaml"
+        import yaml
+
+        cfg = yaml.safe_load(config_src.read_text())
+        cfg["ServerConfig"]["port"] = self.port
+        for key in ("managementPort", "metricsPort"):
+            cfg["ServerConfig"].pop(key, None)  # everything on one port
+        cfg["BackendConfig"]["ModelDeployConfig"]["ModelConfig"][0]["modelWeightPath"] = str(model_dir)
+        self.config = cfg
+        self.config_path.write_text(f"# generated by bench/serve_bench.py from {config_src}\n"
+                                    + yaml.safe_dump(cfg, sort_keys=False))
+
+    def command(self) -> list[str]:
+        exe = Path(sys.executable).with_name("mindserve")
+        prefix = [str(exe)] if exe.exists() else [sys.executable, "-m", "service"]
+        return prefix + ["serve", "--config", str(self.config_path), "--port", str(self.port)]
+
+    def env(self) -> dict:
+        env = dict(os.environ)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    async def ready(self, session) -> bool:
+        if "listening on" not in self.tail(40):
+            return False
+        try:
+            async with session.get(self.base + "/health", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                return r.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return False
+
+    async def request(self, session, prompt, max_new) -> RequestResult:
+        body = {"inputs": prompt, "parameters": {"max_new_tokens": max_new, "do_sample": False}, "stream": True}
+        res = RequestResult(ok=False, start=time.perf_counter())
+        try:
+            async with session.post(self.base + "/", json=body) as resp:
+                if resp.status != 200:
+                    res.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+                    return res
+                async for data, now in _sse_lines(resp):
+                    event = json.loads(data)
+                    if "error" in event:
+                        res.error = f"stream error: {event}"
+                        return res
+                    tok = event.get("token") or {}
+                    ids = tok.get("id")
+                    n = len(ids) if isinstance(ids, list) else 1
+                    if tok.get("special"):
+                        n = 0  # EOS: not a generated text token (llama.cpp does not stream it either)
+                    _record_tokens(res, n, now)
+                    if event.get("generated_text") is not None:
+                        res.text = event["generated_text"]
+                        details = event.get("details") or {}
+                        res.finish_reason = details.get("finish_reason")
+            res.ok = res.text is not None and res.tokens > 0
+            if not res.ok:
+                res.error = "stream ended without tokens"
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+            res.error = f"{type(exc).__name__}: {exc}"
+        res.end = time.perf_counter()
+        return res
+
+
+class LlamaCppServer(Server):
+    def __init__(self, workdir: Path, gguf: Path, label: str, python: Path):
+        self.name = f"llama.cpp {label}"
+        super().__init__(workdir)
+        self.gguf = gguf
+        self.python = python
+
+    def command(self) -> list[str]:
+        # interrupt_requests defaults to True: a new request arriving cancels the stream in progress
+        # (it ends early with [DONE]). Off, requests wait on the server's lock and run one at a time.
+        return [str(self.python), "-m", "llama_cpp.server", "--model", str(self.gguf),
+                "--n_threads", str(THREADS), "--n_threads_batch", str(THREADS), "--n_ctx", "2048",
+                "--host", "127.0.0.1", "--port", str(self.port), "--interrupt_requests", "False"]
+
+    async def ready(self, session) -> bool:
+        try:
+            async with session.get(self.base + "/v1/models", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                return r.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return False
+
+    async def request(self, session, prompt, max_new) -> RequestResult:
+        # repeat_penalty defaults to 1.1 in llama-cpp-python's server: 1.0 makes temperature 0 plain argmax.
+        body = {"prompt": prompt, "max_tokens": max_new, "temperature": 0.0, "repeat_penalty": 1.0,
+                "top_k": 1, "stream": True}
+        res = RequestResult(ok=False, start=time.perf_counter())
+        try:
+            async with session.post(self.base + "/v1/completions", json=body) as resp:
+                if resp.status != 200:
+                    res.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+                    return res
+                text = []
+                async for data, now in _sse_lines(resp):
+                    if data == "[DONE]":
+                        break
+                    chunk = json.loads(data)
+                    choice = chunk["choices"][0]
+                    piece = choice.get("text") or ""
+                    text.append(piece)
+                    if choice.get("finish_reason") is None:
+                        _record_tokens(res, 1, now)  # one chunk per generated token (see README)
+                    else:
+                        res.finish_reason = choice["finish_reason"]
+                        if piece:
+                            _record_tokens(res, 1, now)
+                res.text = "".join(text)
+                if res.finish_reason == "length" and res.tokens != max_new:
+                    res.tokens = max_new  # a multi-byte character held back several tokens as one chunk
+            res.ok = res.finish_reason is not None and res.tokens > 0
+            if not res.ok:
+                res.error = f"stream ended early (finish_reason {res.finish_reason}, {res.tokens} tokens)"
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as exc:
+            res.error = f"{type(exc).__name__}: {exc}"
+        res.end = time.perf_counter()
+        return res
+
+
+# ----------------------------------------------------------------------------------------- load
+
+async def run_scenario(server: Server, session: aiohttp.ClientSession, sc: Scenario, prompts: list[str],
+                       max_new: int) -> dict:
+    next_index = 0
+    results: list[RequestResult] = []
+
+    async def client() -> None:
+        nonlocal next_index
+        while next_index < sc.requests:
+            i = next_index
+            next_index += 1
+            results.append(await server.request(session, prompts[i % len(prompts)], max_new))
+
+    meter = CpuMeter(psutil.Process(server.proc.pid) if server.proc else None)
+    server.rss.reset_window()
+    meter.start()
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(sc.concurrency)))
+    wall = time.perf_counter() - t0
+    cpu = meter.stop()
+    ok = [r for r in results if r.ok]
+    tokens = sum(r.tokens for r in ok)
+    ttft = [r.first_token - r.start for r in ok if r.first_token is not None]
+    itl = [g for r in ok for g in r.itl]
+    e2e = [r.end - r.start for r in ok if r.end is not None]
+    # The most requests that were generating tokens at the same moment (1 = one at a time).
+    edges = sorted([(r.first_token, 1) for r in ok if r.last_token and r.last_token > r.first_token]
+                   + [(r.last_token, -1) for r in ok if r.last_token and r.last_token > r.first_token],
+                   key=lambda e: (e[0], e[1]))
+    live = most = 0
+    for _, d in edges:
+        live += d
+        most = max(most, live)
+    errors = sorted({r.error for r in results if not r.ok and r.error})
+    return {
+        "scenario": sc.name, "server": server.name, "concurrency": sc.concurrency, "requests": sc.requests,
+        "completed": len(ok), "failed": len(results) - len(ok), "errors": errors[:3],
+        "wall_s": wall, "tokens": tokens, "tok_per_s": tokens / wall if wall > 0 else math.nan,
+        "tokens_per_request": tokens / len(ok) if ok else math.nan,
+        "stopped_early": sum(1 for r in ok if r.tokens < max_new),
+        "ttft_p50_ms": pct(ttft, 50) * 1e3, "ttft_p95_ms": pct(ttft, 95) * 1e3,
+        "itl_p50_ms": pct(itl, 50) * 1e3, "itl_p95_ms": pct(itl, 95) * 1e3,
+        "e2e_p50_s": pct(e2e, 50), "max_streams_generating": most,
+        "peak_rss_mib": server.rss.window_peak / 2**20, **cpu,
+    }
+
+
+# ----------------------------------------------------------------------------------------- report
+
+def fmt(x: float, spec: str) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def print_table(scenario: Scenario, rows: list[dict], prompt_desc: str, max_new: int) -> None:
+    print()
+    print(f"== {scenario.name}: {scenario.concurrency} concurrent client(s), {scenario.requests} requests, "
+          f"{prompt_desc}, max_new_tokens {max_new}, greedy")
+    head = (f"{'server':<16} {'tok/s':>7} {'TTFT p50':>9} {'TTFT p95':>9} {'ITL p50':>8} {'ITL p95':>8} "
+            f"{'ok/fail':>8} {'tok/req':>7} {'wall s':>7} {'max gen':>7} {'RSS MiB':>8} {'others':>6}")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(f"{r['server']:<16} {fmt(r['tok_per_s'], '7.1f')} {fmt(r['ttft_p50_ms'], '7.0f')}ms "
+              f"{fmt(r['ttft_p95_ms'], '7.0f')}ms {fmt(r['itl_p50_ms'], '6.1f')}ms {fmt(r['itl_p95_ms'], '6.1f')}ms "
+              f"{r['completed']:>4}/{r['failed']:<3} {fmt(r['tokens_per_request'], '7.1f')} {fmt(r['wall_s'], '7.1f')} "
+              f"{r['max_streams_generating']:>7} {fmt(r['peak_rss_mib'], '8.0f')} {fmt(r['other_cores'], '6.2f')}")
+        for e in r["errors"]:
+            print(f"    error: {e}")
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b and not math.isnan(a) and not math.isnan(b) else math.nan
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smoke run: 16 new tokens, one request per client")
+    ap.add_argument("--targets", default="mindserve,q4_1,f32",
+                    help="comma list of mindserve, q4_1, f32 (default: all three, in that order)")
+    ap.add_argument("--scenarios", default="c1,c8-32tok,c16", help="comma list of c1, c8-32tok, c16")
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="default 64 (16 with --quick)")
+    ap.add_argument("--requests-per-client", type=int, default=None,
+                    help="requests per scenario = this × concurrency, at least 8 (default 3; 1 with --quick)")
+    ap.add_argument("--workdir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "mindserve-bench",
+                    help="generated config, server logs, the F32 GGUF (default $TMPDIR/mindserve-bench)")
+    ap.add_argument("--model-dir", type=Path, default=MODEL_DIR, help="mindserve's converted model directory")
+    ap.add_argument("--gguf", type=Path, default=None, help="the Q4_1 GGUF (default: the default model's)")
+    ap.add_argument("--f32-gguf", type=Path, default=None, help="the F32 GGUF (default: WORKDIR/<name>.F32.gguf, "
+                    "written by bench/make_f32_gguf.py if missing)")
+    ap.add_argument("--llama-python", type=Path, default=BENCH_VENV_PY,
+                    help="python of the venv with llama-cpp-python[server] (default .venv-bench)")
+    ap.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for a server to be ready")
+    ap.add_argument("--json", type=Path, default=None, help="also write every result here")
+    args = ap.parse_args(argv)
+
+    max_new = args.max_new_tokens or (16 if args.quick else 64)
+    per_client = args.requests_per_client or (1 if args.quick else 3)
+    min_requests = 2 if args.quick else 8
+    all_scenarios = {
+        "c1": Scenario("c1", 1, max(min_requests, per_client), None),
+        "c8-32tok": Scenario("c8-32tok", 8, max(min_requests, 8 * per_client), PROMPT_32_TOKENS),
+        "c16": Scenario("c16", 16, max(min_requests, 16 * per_client), None),
+    }
+    scenarios = [all_scenarios[s.strip()] for s in args.scenarios.split(",") if s.strip()]
+    targets = [t.strip().lower() for t in args.targets.split(",") if t.strip()]
+    workdir = args.workdir
+    workdir.mkdir(parents=True, exist_ok=True)
+
+    tok = load_tokenizer()
+    varied, fixed32, varied_lens = build_prompt_sets(tok)
+    if len(fixed32) < 8:
+        raise SystemExit(f"only {len(fixed32)} prompts could be cut to exactly {PROMPT_32_TOKENS} tokens")
+    prompt_sets = {None: varied, PROMPT_32_TOKENS: fixed32}
+    prompt_desc = {None: f"{len(varied)} varied prompts of {min(varied_lens)}-{max(varied_lens)} tokens "
+                         f"(mean {statistics.mean(varied_lens):.0f})",
+                   PROMPT_32_TOKENS: f"{len(fixed32)} prompts of exactly {PROMPT_32_TOKENS} tokens"}
+
+    servers: list[Server] = []
+    q4 = args.gguf
+    if any(t in ("q4_1", "f32") for t in targets):
+        if q4 is None:
+            from backends.mindspore.default_model import ensure_default_gguf
+
+            q4 = ensure_default_gguf(CACHE_DIR)
+        if not args.llama_python.exists():
+            raise SystemExit(f"{args.llama_python} not found: create the venv with "
+                             f"`python3 -m venv .venv-bench && .venv-bench/bin/pip install 'llama-cpp-python[server]'`")
+    for t in targets:
+        if t == "mindserve":
+            servers.append(MindServe(workdir, args.model_dir, SERVER_YAML))
+        elif t == "q4_1":
+            servers.append(LlamaCppServer(workdir, q4, "Q4_1", args.llama_python))
+        elif t == "f32":
+            f32 = args.f32_gguf or workdir / (q4.stem.replace(".Q4_1", "") + ".F32.gguf")
+            if not f32.exists():
+                log(f"writing the F32 GGUF {f32} (bench/make_f32_gguf.py)")
+                sys.path.insert(0, str(Path(__file__).resolve().parent))
+                from make_f32_gguf import convert
+
+                convert(q4, f32, quiet=True)
+            servers.append(LlamaCppServer(workdir, f32, "F32", args.llama_python))
+        else:
+            raise SystemExit(f"unknown target {t!r}")
+
+    golden = json.loads(GOLDEN.read_text())
+    load0 = os.getloadavg()
+    log(f"load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} on {os.cpu_count()} CPUs; "
+        f"targets {[s.name for s in servers]}; scenarios {[s.name for s in scenarios]}; max_new_tokens {max_new}")
+    results: dict[str, dict[str, dict]] = {sc.name: {} for sc in scenarios}
+    info: dict[str, dict] = {}
+
+    async def drive() -> None:
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
+        conn = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(timeout=timeout, connector=conn) as session:
+            for server in servers:
+                try:
+                    await server.start(session, args.ready_timeout)
+                    text = await server.greedy_text(session, golden["prompt"], len(golden["generated_ids"]))
+                    info[server.name] = {"ready_s": server.started_in, "greedy_text": text,
+                                         "greedy_matches_hf_fp32": text == golden["generated_text"]}
+                    log(f"{server.name}: greedy {golden['prompt']!r} → {text!r} "
+                        f"({'=' if text == golden['generated_text'] else '≠'} HF fp32 golden)")
+                    for p in (varied[0], fixed32[0]):  # warm-up, not timed
+                        await server.request(session, p, max_new)
+                    for sc in scenarios:
+                        log(f"{server.name}: scenario {sc.name} ({sc.concurrency} clients, {sc.requests} requests)")
+                        r = await run_scenario(server, session, sc, prompt_sets[sc.fixed_prompt_tokens], max_new)
+                        results[sc.name][server.name] = r
+                        log(f"  {r['tok_per_s']:.1f} tok/s, TTFT p50 {r['ttft_p50_ms']:.0f} ms, "
+                            f"{r['completed']} ok / {r['failed']} failed, others used {r['other_cores']:.2f} cores")
+                    info[server.name]["peak_rss_mib"] = server.rss.peak / 2**20
+                finally:
+                    server.stop()
+
+    try:
+        asyncio.run(drive())
+    except KeyboardInterrupt:
+        for s in servers:
+            s.stop()
+        raise
+
+    # ---- report
+    print()
+    print("=" * 100)
+    print(f"Served benchmark, {time.strftime('%Y-%m-%d %H:%M:%S')}; {os.cpu_count()} CPUs, every server on "
+          f"{THREADS} threads; load average at start {load0[0]:.2f}, at end {os.getloadavg()[0]:.2f}")
+    print("tok/s = generated tokens received ÷ scenario wall time; TTFT = request sent → first token received; "
+          "ITL = gap between consecutive tokens of one stream;")
+    print("max gen = most streams generating tokens at the same moment; RSS = server peak RSS during the "
+          "scenario; others = cores used by other processes meanwhile.")
+    for sc in scenarios:
+        rows = [results[sc.name][s.name] for s in servers if s.name in results[sc.name]]
+        print_table(sc, rows, prompt_desc[sc.fixed_prompt_tokens], max_new)
+
+    ms_name = "mindserve"
+    print()
+    print("Ratios mindserve ÷ llama.cpp (throughput: higher is better for mindserve; TTFT p50: lower is better)")
+    for sc in scenarios:
+        r = results[sc.name]
+        if ms_name not in r:
+            continue
+        parts = []
+        for label in ("llama.cpp Q4_1", "llama.cpp F32"):
+            if label in r:
+                parts.append(f"÷ {label}: throughput {fmt(ratio(r[ms_name]['tok_per_s'], r[label]['tok_per_s']), '.2f')}×,"
+                             f" TTFT p50 {fmt(ratio(r[ms_name]['ttft_p50_ms'], r[label]['ttft_p50_ms']), '.2f')}×")
+        print(f"  {sc.name:<9} " + ";  ".join(parts))
+
+    print()
+    print("Bars (issue 4)")
+    if "c16" in results and ms_name in results["c16"] and "llama.cpp Q4_1" in results["c16"]:
+        x = ratio(results["c16"][ms_name]["tok_per_s"], results["c16"]["llama.cpp Q4_1"]["tok_per_s"])
+        print(f"  throughput at 16 clients ≥ 2× llama.cpp Q4_1 (goal 4×): {x:.2f}× → {'PASS' if x >= 2 else 'FAIL'}")
+    if "c8-32tok" in results and ms_name in results["c8-32tok"]:
+        t = results["c8-32tok"][ms_name]["ttft_p50_ms"]
+        print(f"  TTFT p50 < 300 ms at 8 concurrent 32-token prompts: {t:.0f} ms → {'PASS' if t < 300 else 'FAIL'}")
+
+    print()
+    print("Servers")
+    for s in servers:
+        i = info.get(s.name, {})
+        print(f"  {s.name:<16} ready in {fmt(i.get('ready_s', math.nan), '.1f')} s, peak RSS "
+              f"{fmt(i.get('peak_rss_mib', math.nan), '.0f')} MiB (whole run incl. start-up), greedy check "
+              f"{'matches' if i.get('greedy_matches_hf_fp32') else 'differs from'} the HF fp32 golden text")
+    if any(isinstance(s, LlamaCppServer) for s in servers):
+        most = max((results[sc.name][s.name]["max_streams_generating"] for sc in scenarios for s in servers
+                    if isinstance(s, LlamaCppServer) and s.name in results[sc.name]), default=0)
+        print(f"  llama-cpp-python's server handles one request at a time: every request holds a global lock "
+              f"(llama_outer_lock/llama_inner_lock) for its whole generation, no batching across requests; "
+              f"observed at most {most} stream(s) generating at once. Its default interrupt_requests=True "
+              f"would cancel the running stream whenever another request arrives, so it runs with "
+              f"--interrupt_requests False (requests queue instead).")
+    for s in servers:
+        print(f"  {s.name} log: {s.log_path}")
+    if args.json:
+        args.json.write_text(json.dumps({"max_new_tokens": max_new, "load_avg_start": load0, "servers": info,
+                                         "scenarios": results, "prompts": {"varied": varied, "fixed32": fixed32}},
+                                        indent=1, default=str))
+        print(f"  results: {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""The JSON documents about the server: ``/info`` (the reference server's shape) and ``/v1/models``."""
+from __future__ import annotations
+
+import functools
+from importlib import metadata
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from service.app import AppContext
+
+DEVICE_TYPE = "cpu"
+PIPELINE_TAG = "text-generation"
+OWNED_BY = "mindserve"
+MAX_BEST_OF = 1  # best_of > 1 is not supported
+
+
+@functools.cache
+def version() -> str:
+    """mindserve's installed version (setup.cfg)."""
+    try:
+        return metadata.version("mindserve")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def server_info(ctx: AppContext) -> dict[str, Any]:
+    """``GET /info``: the reference server's fields (null where mindserve has no such knob), then ours."""
+    engine = ctx.backend.info()
+    return {
+        "docker_label": None,
+        "max_batch_total_tokens": engine.get("max_prefill_tokens"),
+        "max_best_of": MAX_BEST_OF,
+        "max_concurrent_requests": engine.get("max_batch_size"),
+        "max_stop_sequences": _max_stop_sequences(ctx),
+        "max_waiting_tokens": None,
+        "sha": None,
+        "validation_workers": None,
+        "version": version(),
+        "waiting_served_ratio": None,
+        "models": [{
+            "model_device_type": DEVICE_TYPE,
+            "model_dtype": engine.get("dtype"),
+            "model_id": ctx.backend.model_name,
+            "model_pipeline_tag": PIPELINE_TAG,
+            "model_sha": None,
+            "max_total_tokens": engine.get("max_seq_len"),
+        }],
+        "max_input_length": engine.get("max_input_tokens"),
+        "mindserve": {
+            "ready": ctx.state.ready,
+            "arch": engine.get("arch"),
+            "cache_blocks_free": engine.get("free_blocks"),
+            "cache_blocks_total": engine.get("total_blocks"),
+            "cache_block_size": engine.get("block_size"),
+            "running": engine.get("running"),
+            "waiting": engine.get("waiting"),
+            "compiled_graphs": engine.get("compiled_graphs"),
+        },
+    }
+
+
+def _max_stop_sequences(ctx: AppContext) -> int | None:
+    """The ``maxItems`` of ``parameters.stop`` in the schema the server validates with."""
+    stop = ctx.schemas.schema("parameters").get("properties", {}).get("stop", {})
+    return stop.get("maxItems")
+
+
+def model_card(ctx: AppContext) -> dict[str, Any]:
+    """One entry of ``GET /v1/models`` (OpenAI's model object)."""
+    return {"id": ctx.backend.model_name, "object": "model", "created": int(ctx.state.started_at),
+            "owned_by": OWNED_BY}
+
+
+def model_list(ctx: AppContext) -> dict[str, Any]:
+    return {"object": "list", "data": [model_card(ctx)]}

@@ -1,0 +1,155 @@
+"""Prometheus metrics (the reference server's names, label ``model_name``) and the per-request observer.
+
+Each app gets its own ``CollectorRegistry`` (never the process-global one). Counting rule: a request to
+a generation route counts as *received* once its handler starts, then exactly once as *success* (the
+whole response or stream was delivered) or *failed* (an error status — validation errors included —,
+an error event in a stream, or a client disconnect). Token totals and the e2e/token histograms count
+successful requests only, so they equal the sums of the ``details`` the clients received.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from backends.types import GenerationResult, TokenEvent
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+LABELS = ("model_name",)
+# Bucket ranges from the reference server (TTFT 0.001..10 s, TPOT 0.01..2.5 s, e2e 1..60 s,
+# token counts 10..128000); the edges in between are ours.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+E2E_BUCKETS = (1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
+TOKEN_BUCKETS = (10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000, 128000)
+
+
+class EngineCollector:
+    """Gauges read from ``backend.info()`` at scrape time: running, waiting, KV-cache usage."""
+
+    def __init__(self, info: Callable[[], dict[str, Any]], model_name: str) -> None:
+        self._info = info
+        self._model_name = model_name
+
+    def collect(self) -> Iterable[Metric]:
+        info = self._info()
+        gauges = [
+            ("num_requests_running", "Requests in the running batch (prefilled, decoding).",
+             info.get("running")),
+            ("num_requests_waiting", "Requests queued or still prefilling.", info.get("waiting")),
+            ("cpu_cache_usage_perc", "Fraction (0..1) of KV-cache blocks in use; the cache is in host memory.",
+             _usage(info.get("free_blocks"), info.get("total_blocks"))),
+        ]
+        for name, doc, value in gauges:
+            if value is not None:
+                family = GaugeMetricFamily(name, doc, labels=LABELS)
+                family.add_metric([self._model_name], value)
+                yield family
+
+
+def _usage(free: int | None, total: int | None) -> float | None:
+    if free is None or not total:
+        return None
+    return 1.0 - free / total
+
+
+class ServiceMetrics:
+    """The metrics of one server process; every app of the process shares one instance."""
+
+    def __init__(self, model_name: str, info: Callable[[], dict[str, Any]] | None = None) -> None:
+        self.model_name = model_name
+        self.registry = CollectorRegistry()
+        counter = self._counter
+        self.received = counter("request_received_total", "Generation requests received.")
+        self.success = counter("request_success_total", "Generation requests answered in full.")
+        self.failed = counter("request_failed_total", "Generation requests that ended in an error or a disconnect.")
+        self.prompt_tokens = counter("prompt_tokens_total", "Prompt tokens of successful requests.")
+        self.generation_tokens = counter("generation_tokens_total", "Generated tokens of successful requests.")
+        histogram = self._histogram
+        self.ttft = histogram("time_to_first_token_seconds", "From request received to first token.", TTFT_BUCKETS)
+        self.tpot = histogram("time_per_output_token_seconds", "Gap between consecutive tokens.", TPOT_BUCKETS)
+        self.e2e = histogram("e2e_request_latency_seconds", "Latency of successful requests.", E2E_BUCKETS)
+        self.request_prompt_tokens = histogram("request_prompt_tokens", "Prompt tokens per request.", TOKEN_BUCKETS)
+        self.request_generation_tokens = histogram("request_generation_tokens", "Generated tokens per request.",
+                                                   TOKEN_BUCKETS)
+        if info is not None:
+            self.registry.register(EngineCollector(info, model_name))
+
+    @classmethod
+    def for_backend(cls, backend: Any) -> "ServiceMetrics":
+        return cls(backend.model_name, backend.info)
+
+    def _counter(self, name: str, doc: str) -> Any:
+        return Counter(name, doc, LABELS, registry=self.registry).labels(self.model_name)
+
+    def _histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Any:
+        return Histogram(name, doc, LABELS, registry=self.registry, buckets=buckets).labels(self.model_name)
+
+    def exposition(self) -> bytes:
+        """The Prometheus text format of everything in this registry."""
+        return generate_latest(self.registry)
+
+
+class RequestObserver:
+    """One generation request from received to success/failure.
+
+    ``on_event`` runs on the engine thread (it sees every backend event as it is emitted); the other
+    methods run on the event loop. ``metrics`` None keeps only the token counts (for the access log).
+    """
+
+    def __init__(self, metrics: ServiceMetrics | None) -> None:
+        self._metrics = metrics
+        self.started = time.perf_counter()
+        self.result: GenerationResult | None = None
+        self.outcome: str | None = None  # "success" | "failed" once finished
+        self._last_token: float | None = None
+        self._error = False
+        self._client_gone = False
+        if metrics is not None:
+            metrics.received.inc()
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        return None if self.result is None else self.result.prompt_tokens
+
+    @property
+    def generated_tokens(self) -> int | None:
+        return None if self.result is None else self.result.generated_tokens
+
+    def on_event(self, event: object) -> None:
+        now = time.perf_counter()
+        if isinstance(event, TokenEvent):
+            if self._metrics is not None:
+                since = self.started if self._last_token is None else self._last_token
+                (self._metrics.ttft if self._last_token is None else self._metrics.tpot).observe(now - since)
+            self._last_token = now
+        elif isinstance(event, GenerationResult):
+            self.result = event
+        else:  # a BackendError: the request failed inside the engine
+            self._error = True
+
+    def client_gone(self) -> None:
+        self._client_gone = True
+
+    def finish(self, status: int) -> None:
+        """Count the request once, as success or failure (``status``: the HTTP status sent)."""
+        if self.outcome is not None:
+            return
+        ok = status < 400 and self.result is not None and not self._error and not self._client_gone
+        self.outcome = "success" if ok else "failed"
+        m = self._metrics
+        if m is None:
+            return
+        if not ok:
+            m.failed.inc()
+            return
+        assert self.result is not None
+        m.success.inc()
+        m.prompt_tokens.inc(self.result.prompt_tokens)
+        m.generation_tokens.inc(self.result.generated_tokens)
+        m.request_prompt_tokens.observe(self.result.prompt_tokens)
+        m.request_generation_tokens.observe(self.result.generated_tokens)
+        m.e2e.observe(time.perf_counter() - self.started)

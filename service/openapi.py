@@ -1,0 +1,180 @@
+"""The OpenAPI 3.1 document served at ``GET /openapi.json``, built from the schema files in ``schemas/``.
+
+Every schema file becomes ``components.schemas.<name>`` as loaded (its ``$ref``s rewritten from the
+files' ``$id`` URIs to component pointers); ``ROUTES`` says which of them each route takes and returns.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urldefrag, urljoin
+
+from service.errors import for_status
+from service.info import version
+from service.validation import Schemas
+
+COMPONENT_PREFIX = "#/components/schemas/"
+BUSINESS, MANAGEMENT, METRICS = "business", "management", "metrics"
+_GENERATION_ERRORS = (400, 413, 422, 424, 429, 500, 503)
+_OPENAI_ERRORS = (400, 404, 413, 429, 500, 503)
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDoc:
+    method: str
+    path: str
+    summary: str
+    plane: str = BUSINESS
+    request: str | None = None  # a schema pointer under components.schemas, e.g. "generate_request"
+    response: str | None = None  # the 200 application/json body
+    stream: bool = False  # the 200 may (or, without ``response``, always) be text/event-stream
+    event: str = "stream_event"  # the JSON of each ``data:`` event
+    errors: tuple[int, ...] = ()
+    error_schema: str = "error"
+    empty_ok: bool = False  # 200 with no body
+    plain_text: bool = False  # 200 is text/plain
+
+
+ROUTES: tuple[RouteDoc, ...] = (
+    RouteDoc("post", "/", "Generate (TGI 0.9.4 compat): a one-element list, or SSE with stream: true",
+             request="generate_request", response="response", stream=True, errors=_GENERATION_ERRORS),
+    RouteDoc("post", "/generate", "Generate (TGI): one JSON object", request="generate_request",
+             response="response/$defs/result", errors=_GENERATION_ERRORS),
+    RouteDoc("post", "/generate_stream", "Generate (TGI): server-sent events, one per token",
+             request="generate_request", stream=True, errors=_GENERATION_ERRORS),
+    RouteDoc("post", "/v1/completions", "OpenAI-compatible text completion (SSE with stream: true)",
+             request="openai_completion_request", stream=True, event="openai_completion_chunk",
+             errors=_OPENAI_ERRORS, error_schema="openai_error"),
+    RouteDoc("post", "/v1/chat/completions", "OpenAI-compatible chat completion (SSE with stream: true)",
+             request="openai_chat_request", stream=True, event="openai_chat_chunk",
+             errors=_OPENAI_ERRORS, error_schema="openai_error"),
+    RouteDoc("post", "/v1/tokenizer", "Tokenize text as POST / would", request="tokenizer_request",
+             response="tokenizer_response", errors=(400, 413, 422)),
+    RouteDoc("get", "/v1/models", "The served model (OpenAI list shape)", response="model_list"),
+    RouteDoc("get", "/v1/models/{model_id}", "One model (OpenAI shape)", response="model_list/$defs/model",
+             errors=(404,)),
+    RouteDoc("get", "/openapi.json", "This document"),
+    RouteDoc("get", "/health", "200 (empty) once the model is loaded and warmed up; 503 before and while "
+             "shutting down", plane=MANAGEMENT, empty_ok=True, errors=(503,)),
+    RouteDoc("get", "/v2/health/live", "200 (empty) while the process serves", plane=MANAGEMENT, empty_ok=True),
+    RouteDoc("get", "/v2/health/ready", "Same as /health", plane=MANAGEMENT, empty_ok=True, errors=(503,)),
+    RouteDoc("get", "/info", "Model and limits (the reference server's /info shape)", plane=MANAGEMENT,
+             response="info"),
+    RouteDoc("get", "/metrics", "Prometheus metrics (text exposition format)", plane=METRICS, plain_text=True),
+)
+
+_PLANE_NOTE = {
+    MANAGEMENT: "Management plane: served on ServerConfig.managementPort when it differs from port.",
+    METRICS: "Metrics plane: served on ServerConfig.metricsPort when it differs from port.",
+}
+
+
+def build_openapi(schemas: Schemas) -> dict[str, Any]:
+    """The whole document; routes whose request schema is not loaded are left out."""
+    components = {name: component_schema(schemas.schema(name), schemas) for name in schemas.names}
+    paths: dict[str, dict[str, Any]] = {}
+    for route in ROUTES:
+        if route.request is not None and route.request not in components:
+            continue
+        paths.setdefault(route.path, {})[route.method] = _operation(route, components)
+    statuses = sorted({s for route in ROUTES for s in route.errors})
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "mindserve",
+            "version": version(),
+            "summary": "MindSpore LLM inference server: TGI 0.9.4-compatible, OpenAI-compatible and "
+                       "operations routes.",
+            "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"},
+        },
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "responses": {_error_response_name(s): _error_response(s, "error") for s in statuses},
+        },
+    }
+
+
+def component_schema(schema: dict[str, Any], schemas: Schemas) -> dict[str, Any]:
+    """A schema file as a component: ``$schema``/``$id`` dropped, every ``$ref`` made a component pointer."""
+    out = copy.deepcopy(schema)
+    base = out.pop("$id")
+    out.pop("$schema", None)
+    ids = {schemas.schema(name)["$id"]: name for name in schemas.names}
+    _rewrite_refs(out, base, ids)
+    return out
+
+
+def _rewrite_refs(node: Any, base: str, ids: dict[str, str]) -> None:
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            target, fragment = urldefrag(urljoin(base, ref))
+            if target in ids:
+                node["$ref"] = COMPONENT_PREFIX + ids[target] + fragment  # fragment: "" or "/$defs/…"
+        for value in node.values():
+            _rewrite_refs(value, base, ids)
+    elif isinstance(node, list):
+        for value in node:
+            _rewrite_refs(value, base, ids)
+
+
+def _ref(pointer: str) -> dict[str, str]:
+    return {"$ref": COMPONENT_PREFIX + pointer}
+
+
+def _operation(route: RouteDoc, components: dict[str, Any]) -> dict[str, Any]:
+    op: dict[str, Any] = {
+        "operationId": _operation_id(route),
+        "summary": route.summary,
+        "tags": [route.plane],
+        "responses": {"200": _ok_response(route, components)},
+    }
+    if route.plane in _PLANE_NOTE:
+        op["description"] = _PLANE_NOTE[route.plane]
+    if "{model_id}" in route.path:
+        op["parameters"] = [{"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+    if route.request is not None:
+        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": _ref(route.request)}}}
+    for status in route.errors:
+        op["responses"][str(status)] = (_error_response(status, route.error_schema)
+                                        if route.error_schema != "error"
+                                        else {"$ref": "#/components/responses/" + _error_response_name(status)})
+    return op
+
+
+def _ok_response(route: RouteDoc, components: dict[str, Any]) -> dict[str, Any]:
+    if route.empty_ok:
+        return {"description": "OK (empty body)"}
+    content: dict[str, Any] = {}
+    if route.response is not None:
+        content["application/json"] = {"schema": _ref(route.response)}
+    if route.stream:
+        event = route.event if route.event in components else None
+        media: dict[str, Any] = {"schema": {"type": "string", "description": "Server-sent events: `data: <JSON>` "
+                                            "lines, each followed by a blank line."}}
+        if event is not None:
+            media["x-event-data-schema"] = _ref(event)
+        content["text/event-stream"] = media
+    if route.plain_text:
+        content["text/plain"] = {"schema": {"type": "string"}}
+    if not content:
+        content["application/json"] = {"schema": {"type": "object"}}
+    return {"description": "OK", "content": content}
+
+
+def _error_response(status: int, schema: str) -> dict[str, Any]:
+    error = for_status(status, "")
+    description = error.error_type.value if schema == "error" else f"HTTP {status}"
+    return {"description": description, "content": {"application/json": {"schema": _ref(schema)}}}
+
+
+def _error_response_name(status: int) -> str:
+    return f"Error{status}"
+
+
+def _operation_id(route: RouteDoc) -> str:
+    words = [w for w in route.path.replace("{", "").replace("}", "").replace(".", "_").split("/") if w]
+    return route.method + "_" + ("_".join(words) or "root")
+

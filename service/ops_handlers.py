@@ -1,0 +1,84 @@
+"""Operations routes: health and readiness, ``/info``, ``/v1/tokenizer``, ``/v1/models``, ``/metrics``,
+``/openapi.json``. Generation lives in ``handlers.py``; the route tables are in ``app.py``.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from service.errors import NotFound, PayloadTooLarge, ServiceUnavailable
+from service.handlers import BaseHandler
+from service.info import model_card, model_list, server_info
+from service.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from service.openapi import build_openapi
+from service.validation import parse_json_body
+
+
+class _EmptyOkHandler(BaseHandler):
+    def ok(self) -> None:
+        """200 with an empty body (no Content-Type), as TGI's ``/health``."""
+        self.clear_header("Content-Type")
+        self.set_status(200)
+
+
+class HealthHandler(_EmptyOkHandler):
+    """``GET /health`` and ``GET /v2/health/ready``: 200 once warmed up, 503 before that and while draining."""
+
+    def get(self) -> None:
+        if not self.ctx.state.ready:
+            raise ServiceUnavailable(self.ctx.state.describe())
+        self.ok()
+
+
+class LiveHandler(_EmptyOkHandler):
+    """``GET /v2/health/live``: 200 whenever the process answers HTTP at all."""
+
+    def get(self) -> None:
+        self.ok()
+
+
+class InfoHandler(BaseHandler):
+    def get(self) -> None:
+        self.write_json(server_info(self.ctx))
+
+
+class TokenizerHandler(BaseHandler):
+    """``POST /v1/tokenizer``: ``{"inputs": str}`` → ``{"token_number": n, "tokens": [ids]}``."""
+
+    async def post(self) -> None:
+        body = read_json_body(self)
+        self.ctx.schemas.validate("tokenizer_request", body)
+        loop = asyncio.get_running_loop()
+        ids = await loop.run_in_executor(None, self.ctx.backend.tokenize, body["inputs"])
+        self.write_json({"token_number": len(ids), "tokens": ids})
+
+
+class ModelsHandler(BaseHandler):
+    def get(self) -> None:
+        self.write_json(model_list(self.ctx))
+
+
+class ModelHandler(BaseHandler):
+    def get(self, model_id: str) -> None:
+        if model_id != self.ctx.backend.model_name:
+            raise NotFound(f"model {model_id!r} is not served here (served: {self.ctx.backend.model_name!r})")
+        self.write_json(model_card(self.ctx))
+
+
+class MetricsHandler(BaseHandler):
+    def get(self) -> None:
+        self.set_header("Content-Type", METRICS_CONTENT_TYPE)
+        self.write(self.ctx.metrics.exposition())
+
+
+class OpenAPIHandler(BaseHandler):
+    def get(self) -> None:
+        self.write_json(build_openapi(self.ctx.schemas))
+
+
+def read_json_body(handler: BaseHandler) -> Any:
+    """The request body as JSON, within ``maxRequestLength`` (413) and strictly parsed (400)."""
+    size, limit = len(handler.request.body), handler.ctx.settings.max_request_bytes
+    if size > limit:
+        raise PayloadTooLarge(f"request body of {size} bytes is over maxRequestLength ({limit} bytes)")
+    return parse_json_body(handler.request.body)

@@ -1,0 +1,131 @@
+"""``GET /metrics`` on a live server: the reference names with ``model_name``, scraped in the Prometheus
+text format, and counters that move by exactly what the requests did.
+
+Counting rule under test (service/metrics.py): every request to a generation route is *received*; it
+then ends as *success* (response or stream delivered) or *failed* (any error status — a 422 included —,
+or a client disconnect). Token totals and histograms count successful requests only.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+TIMEOUT = 120
+PROMPT = "My name is Olivier and I"
+COUNTERS = ("request_received_total", "request_success_total", "request_failed_total", "prompt_tokens_total",
+            "generation_tokens_total")
+HISTOGRAMS = ("time_to_first_token_seconds", "time_per_output_token_seconds", "e2e_request_latency_seconds",
+              "request_prompt_tokens", "request_generation_tokens")
+GAUGES = ("num_requests_running", "num_requests_waiting", "cpu_cache_usage_perc")
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Sample name → value for the samples labelled with the model (histogram buckets keep their ``le``)."""
+    reply = requests.get(url + "/metrics", timeout=10)
+    assert reply.status_code == 200
+    assert reply.headers["Content-Type"].startswith("text/plain")
+    out = {}
+    for family in text_string_to_metric_families(reply.text):
+        for sample in family.samples:
+            assert set(sample.labels) - {"le"} == {"model_name"}, sample
+            key = sample.name + (f"{{le={sample.labels['le']}}}" if "le" in sample.labels else "")
+            out[key] = sample.value
+    return out
+
+
+def delta(before: dict[str, float], after: dict[str, float], name: str) -> float:
+    return after.get(name, 0.0) - before.get(name, 0.0)
+
+
+@pytest.fixture(scope="module")
+def metrics_url(live_servers, default_engine):
+    """A server of its own, so its registry sees only this module's requests."""
+    return live_servers.start(default_engine)
+
+
+def test_every_reference_metric_is_exposed_with_the_model_name(metrics_url, default_engine):
+    text = requests.get(metrics_url + "/metrics", timeout=10).text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in COUNTERS:
+        assert families[name.removesuffix("_total")].type == "counter", name
+    for name in HISTOGRAMS:
+        assert families[name].type == "histogram", name
+    for name in GAUGES:
+        assert families[name].type == "gauge", name
+        (sample,) = families[name].samples
+        assert sample.labels == {"model_name": default_engine.model_name}
+    assert 0.0 <= families["cpu_cache_usage_perc"].samples[0].value <= 1.0
+
+
+def test_counters_move_by_exactly_what_the_requests_did(metrics_url):
+    before = scrape(metrics_url)
+    text = requests.post(metrics_url + "/", json={"inputs": PROMPT, "parameters": {
+        "max_new_tokens": 5, "details": True}}, timeout=TIMEOUT)
+    stream = requests.post(metrics_url + "/generate_stream", json={"inputs": "Hello", "parameters": {
+        "max_new_tokens": 7, "details": True}}, timeout=TIMEOUT)
+    invalid = requests.post(metrics_url + "/generate", json={"inputs": PROMPT, "parameters": {"top_p": 1.0}},
+                            timeout=10)
+    assert (text.status_code, stream.status_code, invalid.status_code) == (200, 200, 422)
+    details = [text.json()[0]["details"],
+               [json.loads(e[5:]) for e in stream.text.split("\n\n") if e.startswith("data:")][-1]["details"]]
+    after = scrape(metrics_url)
+    assert delta(before, after, "request_received_total") == 3
+    assert delta(before, after, "request_success_total") == 2
+    assert delta(before, after, "request_failed_total") == 1
+    prompt = sum(d["prompt_tokens"] for d in details)
+    generated = sum(d["generated_tokens"] for d in details)
+    assert delta(before, after, "prompt_tokens_total") == prompt
+    assert delta(before, after, "generation_tokens_total") == generated
+    assert delta(before, after, "request_prompt_tokens_count") == 2
+    assert delta(before, after, "request_prompt_tokens_sum") == prompt
+    assert delta(before, after, "request_generation_tokens_sum") == generated
+    assert delta(before, after, "e2e_request_latency_seconds_count") == 2
+    assert delta(before, after, "time_to_first_token_seconds_count") == 2
+    assert delta(before, after, "time_per_output_token_seconds_count") == generated - 2
+    assert after["num_requests_running"] == 0 and after["num_requests_waiting"] == 0
+
+
+def test_prompt_rejected_by_the_engine_counts_as_failed(metrics_url):
+    before = scrape(metrics_url)
+    reply = requests.post(metrics_url + "/", json={"inputs": "word " * 400}, timeout=TIMEOUT)
+    assert reply.status_code == 422
+    after = scrape(metrics_url)
+    assert delta(before, after, "request_received_total") == 1
+    assert delta(before, after, "request_failed_total") == 1
+    assert delta(before, after, "request_success_total") == 0
+    assert delta(before, after, "prompt_tokens_total") == 0
+
+
+def test_client_disconnect_mid_stream_counts_as_failed(metrics_url):
+    before = scrape(metrics_url)
+    with requests.post(metrics_url + "/generate_stream", json={"inputs": PROMPT, "parameters": {
+            "max_new_tokens": 60, "do_sample": False}}, stream=True, timeout=TIMEOUT) as reply:
+        assert reply.status_code == 200
+        next(reply.iter_lines())  # the first event arrived; now hang up
+    deadline = time.monotonic() + 30
+    after = scrape(metrics_url)
+    while delta(before, after, "request_failed_total") < 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        after = scrape(metrics_url)
+    assert delta(before, after, "request_received_total") == 1
+    assert delta(before, after, "request_failed_total") == 1
+    assert delta(before, after, "request_success_total") == 0
+
+
+def test_routes_outside_generation_are_not_counted(metrics_url):
+    before = scrape(metrics_url)
+    requests.post(metrics_url + "/v1/tokenizer", json={"inputs": "hi"}, timeout=10)
+    requests.get(metrics_url + "/info", timeout=10)
+    requests.get(metrics_url + "/nowhere", timeout=10)
+    after = scrape(metrics_url)
+    assert delta(before, after, "request_received_total") == 0
+
+
+def test_each_app_has_its_own_registry(live_servers, default_engine, metrics_url):
+    other = live_servers.start(default_engine)
+    assert scrape(other).get("request_received_total", 0.0) == 0.0
+    assert scrape(metrics_url)["request_received_total"] > 0
