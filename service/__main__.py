@@ -42,7 +42,8 @@ async def serve(cfg: ServerConfig) -> None:
     from service.metrics import ServiceMetrics
     from service.state import ServerState
 
-    backend = load_backend(cfg.model.backend_type, prepare_model(cfg), cfg.engine, progress=True)
+    backend = load_backend(cfg.model.backend_type, prepare_model(cfg), cfg.engine, model_name=cfg.model.name,
+                           progress=True)
     state, metrics = ServerState(), ServiceMetrics.for_backend(backend)
     servers = []
     for port, planes in planes_by_port(cfg.server).items():  # the business port first

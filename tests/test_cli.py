@@ -4,10 +4,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -86,15 +86,16 @@ def test_serve_answers_then_exits_cleanly_on_sigterm(tmp_path, tiny_model_dir):
     path.write_text(yaml.safe_dump(server_config(tiny_model_dir)))
     proc = subprocess.Popen([*CLI, "serve", "--config", str(path)], cwd=REPO, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    log: list[str] = []
+    reader = threading.Thread(target=lambda: log.extend(iter(proc.stderr.readline, "")), daemon=True)
+    reader.start()
     try:
-        url, log = None, []
+        url = None
         deadline = time.monotonic() + 240
         while url is None and time.monotonic() < deadline and proc.poll() is None:
-            if select.select([proc.stderr], [], [], 1)[0]:
-                line = proc.stderr.readline()
-                log.append(line)
-                match = re.search(r"listening on (http://\S+)", line)
-                url = match.group(1) if match else None
+            time.sleep(0.2)
+            found = [re.search(r"listening on (http://\S+)", line) for line in list(log)]
+            url = next((m.group(1) for m in found if m), None)
         assert url, "".join(log)[-3000:]
         assert any("warm-up done" in line for line in log)
         reply = requests.post(url + "/", json={"inputs": "hello", "parameters": {"max_new_tokens": 3}}, timeout=60)

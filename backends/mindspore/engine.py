@@ -8,7 +8,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence as Seq
 from pathlib import Path
 from typing import Any
 
@@ -76,11 +77,11 @@ class Engine:
     """Owns the model, the cache and a thread that runs the continuous-batching loop."""
 
     def __init__(self, model_dir: Path | str, config: EngineConfig = EngineConfig(), *,
-                 warmup: bool = True, progress: bool = False) -> None:
+                 warmup: bool = True, progress: bool = False, model_name: str | None = None) -> None:
         started = time.perf_counter()
         self.spec = load_model_spec(model_dir)
         self.config = config
-        self.model_name = self.spec.model_dir.name
+        self.model_name = model_name or self.spec.model_dir.name
         self.tokenizer = Tokenizer.from_model_dir(self.spec.model_dir, self.spec.tokenizer)
         self.shapes, self.max_seq_len, num_blocks = derive_shapes(config, self.spec)
         set_mode(self.spec.mode, self.spec.device_target if self.spec.device_target == "CPU" else "CPU",
@@ -136,7 +137,7 @@ class Engine:
         """The ids ``submit`` would start from (before ``truncate`` and the length policy)."""
         return self.tokenizer.encode(text)
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]]) -> str:
+    def apply_chat_template(self, messages: Seq[Mapping[str, Any]]) -> str:
         """The prompt for a chat (the tokenizer config's template, with the generation prompt)."""
         template = self.tokenizer.chat_template
         if template is None:
