@@ -70,10 +70,17 @@ class Token:
 
 @dataclass(frozen=True, slots=True)
 class TokenEvent:
-    """One generated token; ``text`` is the newly completed text ("" if it completes no character)."""
+    """One generated token.
+
+    ``token.text`` is the token's own decoded text (a special token's literal text); ``text`` is what this
+    token adds to the generated text: "" while it completes no character or while the text might still
+    be the start of a stop string (held back, released with a later token). Joined, the ``text`` of all
+    events equals ``GenerationResult.generated_text``.
+    """
 
     token: Token
     index: int  # 0-based position among generated tokens
+    text: str
 
 
 @dataclass(frozen=True, slots=True)

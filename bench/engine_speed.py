@@ -34,6 +34,7 @@ import numpy as np
 
 DEFAULT_CACHE = Path(__file__).resolve().parent.parent / ".cache" / "models"
 BW_ARRAY_BYTES = 512 * 1024 * 1024
+CLEAN_CORES = 0.3  # a sample is "clean" if other processes used fewer cores than this meanwhile
 PROMPT_SHORT = 32
 PROMPT_LONG = 500
 NEW_TOKENS = 128
@@ -142,8 +143,14 @@ class Series:
             return float("nan")
         return min(self.values) if self.lower else max(self.values)
 
+    def clean(self) -> list[float]:
+        """Samples taken while other processes used less than CLEAN_CORES."""
+        return [v for v, o in zip(self.values, self.other) if o < CLEAN_CORES]
+
     def summary(self) -> dict:
+        clean = self.clean()
         return {"unit": self.unit, "median": self.median, "best": self.best, "n": len(self.values),
+                "n_clean": len(clean), "clean_median": statistics.median(clean) if clean else float("nan"),
                 "samples": self.values, "other_cores": self.other, **self.extra}
 
 
@@ -696,8 +703,8 @@ def report(res: dict, rounds: int) -> str:
         f"{info['cache_blocks']} cache blocks")
     add(f"code: git {info['git']}; graphs compiled during the measurements (should be none): "
         f"{info['compiled_during_measurement'] or 'none'}")
-    add(f"rounds: {rounds} (interleaved); median / best round; 'other' = cores used by other processes "
-        f"during the measurement (median)")
+    add(f"rounds: {rounds} (interleaved); median and best over rounds; 'other' = median cores used by other "
+        f"processes during the measurement; 'clean' = samples with other < {CLEAN_CORES} cores, and their median")
     add("")
     add("setup")
     add(f"  import mindspore            {info['mindspore_import_s']:.2f} s")
@@ -727,7 +734,8 @@ def report(res: dict, rounds: int) -> str:
         add("  RSS growth per compiled graph (MB): " + ", ".join(steps))
     add(f"  idle CPU of this process    {info['idle_own_cores']:.2f} cores")
     add("")
-    add(f"{'measurement':44s} {'median':>9s} {'best':>9s} {'unit':6s} {'n':>3s} {'other':>6s}")
+    add(f"{'measurement':44s} {'median':>9s} {'best':>9s} {'unit':6s} {'n':>3s} {'other':>6s} "
+        f"{'clean':>5s} {'median':>7s}")
     order = ["bw2", "bw1", "eng1", "raw1", "graph1", "raw1_med", "graph1_med", "eng1_ttft",
              "raw4", "eng4", "eng4_e2e", "raw16", "eng16", "eng16_e2e", "raw4_med", "raw16_med",
              "eng_pf", "raw_pf"]
@@ -745,8 +753,11 @@ def report(res: dict, rounds: int) -> str:
             continue
         s = S[key]
         other = f"{statistics.median(s['other_cores']):.2f}" if s["other_cores"] else "-"
+        n_clean = s.get("n_clean", 0) if s["other_cores"] else None
+        clean = "-" if n_clean is None else f"{n_clean:d}"
+        clean_med = _fmt(s.get("clean_median", float("nan")), s["unit"]) if n_clean else "-"
         add(f"{names[key]:44s} {_fmt(s['median'], s['unit']):>9s} {_fmt(s['best'], s['unit']):>9s} "
-            f"{s['unit']:6s} {s['n']:>3d} {other:>6s}")
+            f"{s['unit']:6s} {s['n']:>3d} {other:>6s} {clean:>5s} {clean_med:>7s}")
     add("")
     wb = info["matmul_weight_bytes"]
     bw_med, bw_best = S["bw2"]["median"], S["bw2"]["best"]
@@ -755,7 +766,9 @@ def report(res: dict, rounds: int) -> str:
         f"(best bandwidth {bw_best:.1f} GB/s -> {ceil_best:.1f} tok/s)")
     e1, r1, g1 = S["eng1"]["median"], S["raw1"]["median"], S["graph1"]["median"]
     add(f"  decode B=1 as % of ceiling (median/median): engine {100 * e1 / ceil_med:.0f}%, "
-        f"runner {100 * r1 / ceil_med:.0f}%, bare graph {100 * g1 / ceil_med:.0f}%")
+        f"runner {100 * r1 / ceil_med:.0f}%, bare graph {100 * g1 / ceil_med:.0f}%; (best/best): engine "
+        f"{100 * S['eng1']['best'] / ceil_best:.0f}%, runner {100 * S['raw1']['best'] / ceil_best:.0f}%, "
+        f"bare graph {100 * S['graph1']['best'] / ceil_best:.0f}%")
     add(f"  effective weight streaming at B=1: engine {wb * e1 / 1e9:.1f} GB/s, bare graph {wb * g1 / 1e9:.1f} GB/s")
     add("ratios")
     add(f"  engine overhead per token: {1e3 / e1 - 1e3 / r1:.2f} ms (engine {1e3 / e1:.1f} vs runner "
@@ -808,7 +821,7 @@ def main() -> None:
     ap.add_argument("--no-profile", action="store_true", help="skip the MindSpore profiler pass")
     ap.add_argument("--profile-steps", type=int, default=10)
     ap.add_argument("--keep-profile", action="store_true", help="keep the profiler output directories")
-    ap.add_argument("--quiet-wait", type=float, default=5.0,
+    ap.add_argument("--quiet-wait", type=float, default=15.0,
                     help="before each measurement wait up to this many seconds for other load < 0.25 cores")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--bandwidth-probe", type=int, metavar="REPS", help=argparse.SUPPRESS)

@@ -59,8 +59,8 @@ PROMPTS = [
     "The old bridge over the river had been closed for repairs since early spring, so every morning the "
     "villagers walked an extra mile to reach the market on the other side. One foggy Tuesday, the baker's "
     "son decided to",
-    "Write a short paragraph explaining why the sky appears blue during the day and turns red and orange "
-    "around sunset.",
+    "A short explanation for curious readers: the sky appears blue during the day and turns red and orange "
+    "around sunset because",
     "My grandmother kept a small notebook of recipes in her kitchen drawer. The first page, stained with "
     "butter and flour, described how to bake a honey cake for birthdays, and the second page",
     "In the year 1850, a young cartographer set out from Lisbon with a leather satchel, three compasses and "
@@ -82,8 +82,8 @@ PROMPTS = [
     "advertised on your company's website last week. During my studies I built",
     "The lighthouse keeper counted the steps every evening as he climbed to the lamp room, and on the "
     "night of the great storm, when the waves reached higher than the rocks, he noticed a small boat",
-    "Describe the main differences between a crocodile and an alligator, including where they live, what "
-    "their snouts look like and how they behave around people.",
+    "Crocodiles and alligators look alike at first glance, but there are a few simple ways to tell them "
+    "apart, such as where they live, the shape of their snouts and",
     "When the power went out across the whole city, the small bakery on Elm Street was the only shop that",
     "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined "
     "movable metal type with an oil-based ink and a wooden press adapted from the ones used to make wine. "
@@ -93,15 +93,16 @@ PROMPTS = [
     "Our team finished the marathon in just under four hours, which surprised everyone, especially our "
     "coach, who had predicted that we would need at least five. At the finish line",
     "The museum's newest exhibit features ancient pottery, bronze tools and woven baskets recovered from a "
-    "settlement near the coast that was buried by sand about three thousand years ago. Visitors can",
+    "settlement near the coast that was buried by sand about three thousand years ago. In the first room, "
+    "visitors will find",
     "Summarise the plot of a story about a robot who wakes up in an abandoned library and decides to read "
     "every book on the shelves before the building is torn down.",
     "Mountains form over millions of years as tectonic plates collide, fold and push the crust upward. The "
     "Himalayas, for example, are still rising by a few millimetres every year because",
     "It was the first snowfall of the winter, and the children on Maple Avenue ran outside before "
     "breakfast to build",
-    "List three reasons why regular exercise is good for both the body and the mind, and give one example "
-    "for each of them from everyday life.",
+    "There are three good reasons why regular exercise helps both the body and the mind. The first "
+    "reason is that",
     "The scientist adjusted her microscope, took a deep breath and looked again at the sample that had "
     "arrived from the research station in Antarctica that morning. What she saw there was",
     "The committee reviewed the proposal for a new public library in three long sessions. The architects "

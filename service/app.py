@@ -84,7 +84,7 @@ def planes_by_port(settings: ServerSettings) -> dict[int, frozenset[str]]:
 
 
 def make_app(backend: Backend, settings: ServerSettings = ServerSettings(), *,
-             schemas: Schemas | None = None, limits: RequestLimits = RequestLimits(),
+             schemas: Schemas | None = None, limits: RequestLimits = RequestLimits(adapter_ids=frozenset()),
              state: ServerState | None = None, metrics: ServiceMetrics | None = None,
              planes: Iterable[str] = ALL_PLANES) -> tornado.web.Application:
     """One app serving ``planes``. The apps of one process share ``state`` and ``metrics``; without a

@@ -128,7 +128,7 @@ class OpenAIHandler(BaseHandler):
                 if opening is not None:
                     await self._send(sse.event(opening))
             if isinstance(event, TokenEvent):
-                text = "" if event.token.special else event.token.text  # special: display text only
+                text = event.text  # what this token adds to the generated text
                 if text:
                     sent += text
                     await self._send(sse.event(chunks.text(text)))

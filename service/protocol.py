@@ -224,7 +224,7 @@ def render_stream_event(
     out: dict[str, Any] = {
         "token": {
             "id": [token.id] if token_id_format == "list" else token.id,
-            "text": token.text if full_text is None else full_text,
+            "text": event.text if full_text is None else full_text,
             "logprob": token.logprob,
             "special": token.special,
         },
@@ -255,7 +255,7 @@ class StreamRenderer:
 
     def event(self, event: TokenEvent, final_result: GenerationResult | None = None) -> dict[str, Any]:
         """Render ``event``; pass ``final_result`` for the stream's last token."""
-        self._text += event.token.text
+        self._text += event.text
         return render_stream_event(
             event,
             token_id_format=self._token_id_format,

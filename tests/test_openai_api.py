@@ -238,7 +238,7 @@ class ScriptedBackend:
 
 
 def _token(i: int, text: str, special: bool = False) -> TokenEvent:
-    return TokenEvent(Token(i, text, -0.5, special), i)
+    return TokenEvent(Token(i, text, -0.5, special), i, "" if special else text)
 
 
 def _result(text: str, n: int, reason: FinishReason = FinishReason.EOS_TOKEN) -> GenerationResult:

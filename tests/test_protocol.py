@@ -209,7 +209,7 @@ def test_render_response_return_full_text(inputs: Any, return_full_text: bool | 
 
 # --- render: stream ------------------------------------------------------------------------------
 
-EVENT = TokenEvent(token=Token(263, " a", -0.2, False), index=1)
+EVENT = TokenEvent(token=Token(263, " a", -0.2, False), index=1, text=" a")
 
 
 @pytest.mark.parametrize("token_id_format, expected_id", [("list", [263]), ("int", 263)])
@@ -234,8 +234,8 @@ def test_stream_final_event(schemas: Schemas, want_details: bool, details: dict[
 @pytest.mark.parametrize("full_text_enabled, texts", [(False, ["'m", " a"]), (True, ["'m", "'m a"])])
 def test_stream_renderer_full_text(full_text_enabled: bool, texts: list[str]) -> None:
     renderer = StreamRenderer(_parse({"details": True}, stream=True), full_text_enabled=full_text_enabled)
-    first = renderer.event(TokenEvent(TOKENS[0], 0))
-    last = renderer.event(TokenEvent(TOKENS[1], 1), final_result=RESULT)
+    first = renderer.event(TokenEvent(TOKENS[0], 0, TOKENS[0].text))
+    last = renderer.event(TokenEvent(TOKENS[1], 1, TOKENS[1].text), final_result=RESULT)
     assert [first["token"]["text"], last["token"]["text"]] == texts
     assert first["generated_text"] is None and first["details"] is None
     assert last["generated_text"] == "'m a" and last["details"]["finish_reason"] == "length"
@@ -243,7 +243,7 @@ def test_stream_renderer_full_text(full_text_enabled: bool, texts: list[str]) ->
 
 def test_stream_renderer_return_full_text_and_no_details() -> None:
     renderer = StreamRenderer(_parse({"return_full_text": True}, stream=True), token_id_format="int")
-    last = renderer.event(TokenEvent(TOKENS[0], 0), final_result=RESULT)
+    last = renderer.event(TokenEvent(TOKENS[0], 0, TOKENS[0].text), final_result=RESULT)
     assert last["generated_text"] == PROMPT + "'m a" and last["details"] is None and last["token"]["id"] == 2776
 
 

@@ -96,8 +96,9 @@ class Engine:
                                    chunk=self.shapes.prefill_chunk)
         self.eos_ids = frozenset(self.spec.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
         self.vocab_size = self.spec.config_vocab_size or self.spec.vocab_size
-        self.max_prompt_tokens = min(config.max_input_tokens, self.max_seq_len - 1,
-                                     self.spec.max_position_embeddings, MAX_PROMPT_TOKENS)
+        limits = {"maxInputTokenLen": config.max_input_tokens, "maxSeqLen - 1": self.max_seq_len - 1,
+                  "max_position_embeddings": self.spec.max_position_embeddings, "the hard cap": MAX_PROMPT_TOKENS}
+        self.limit_name, self.max_prompt_tokens = min(limits.items(), key=lambda kv: kv[1])
         self._inbox: queue.SimpleQueue[Sequence] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._ids = itertools.count(1)
@@ -155,7 +156,7 @@ class Engine:
         if len(ids) > limit:
             if self.config.truncation == 0:
                 raise InputRejected(f"inputs has {len(ids)} tokens, more than the limit of {limit} "
-                                    f"(min of maxInputTokenLen, maxSeqLen-1, max_position_embeddings)")
+                                    f"({self.limit_name} = {limit})")
             ids = ids[-limit:] if self.config.truncation == 1 else ids[:limit]
         if not ids:
             raise InputRejected("inputs encodes to 0 tokens")
@@ -296,10 +297,9 @@ class Engine:
         special = self.tokenizer.is_special(token_id)
         delta = "" if special else seq.detokenizer.push(token_id)
         outcome = seq.stopper.push(token_id, delta)
-        text = self.tokenizer.token_text(token_id) if special else outcome.emit_text
-        token = Token(token_id, text, logprob, special)
+        token = Token(token_id, self.tokenizer.token_text(token_id) if special else delta, logprob, special)
         seq.tokens.append(token)
-        seq.handle.emit(TokenEvent(token, len(seq.generated) - 1))
+        seq.handle.emit(TokenEvent(token, len(seq.generated) - 1, outcome.emit_text))
         if outcome.finish is not None:
             self._finish(seq, outcome.finish)
 

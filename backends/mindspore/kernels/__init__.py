@@ -17,11 +17,12 @@ from pathlib import Path
 
 from backends.mindspore.kernels.build import KernelBuildError, build_kernel, default_cache_dir
 
-__all__ = ["fast_matmul", "build_kernel", "set_kernel_threads", "kernel_library", "KernelBuildError",
+__all__ = ["fast_matmul", "build_kernel", "set_kernel_threads", "kernel_library", "kernel_stats", "KernelBuildError",
            "default_cache_dir", "ENTRY"]
 
 ENTRY = "MindserveMatMul"
 _lib: dict[str, ctypes.CDLL] = {}
+_active: list[str] = []  # the library the last fast_matmul() op uses; the default for the helpers
 
 
 def _out_shape(x_shape, w_shape):
@@ -33,8 +34,12 @@ def _out_dtype(x_dtype, _w_dtype):
 
 
 def kernel_library(cache_dir: str | os.PathLike | None = None) -> ctypes.CDLL:
-    """The kernel library loaded in this process (the same handle MindSpore's dlopen gets)."""
-    path = str(build_kernel(cache_dir))
+    """The kernel library loaded in this process (the same handle MindSpore's dlopen gets).
+
+    Without ``cache_dir`` this is the library of the most recent ``fast_matmul()`` op (so thread
+    settings and stats reach the kernel MindSpore actually runs), else the default cache's one.
+    """
+    path = _active[-1] if cache_dir is None and _active else str(build_kernel(cache_dir))
     if path not in _lib:
         lib = ctypes.CDLL(path)
         lib.mindserve_matmul_set_threads.argtypes = [ctypes.c_int]
@@ -42,9 +47,18 @@ def kernel_library(cache_dir: str | os.PathLike | None = None) -> ctypes.CDLL:
         lib.mindserve_matmul_get_threads.restype = ctypes.c_int
         lib.mindserve_matmul_set_spin_us.argtypes = [ctypes.c_int]
         lib.mindserve_matmul_tune.argtypes = [ctypes.c_int] * 5
+        lib.mindserve_matmul_tune_pf_rows.argtypes = [ctypes.c_int]
         lib.mindserve_matmul_raw.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
+        lib.mindserve_matmul_stats.argtypes = [ctypes.POINTER(ctypes.c_uint64)] * 2 + [ctypes.c_int]
         _lib[path] = lib
     return _lib[path]
+
+
+def kernel_stats(reset: bool = False, cache_dir: str | os.PathLike | None = None) -> tuple[int, float]:
+    """(calls, seconds spent inside the kernel) since the last reset, for this process."""
+    calls, ns = ctypes.c_uint64(), ctypes.c_uint64()
+    kernel_library(cache_dir).mindserve_matmul_stats(ctypes.byref(calls), ctypes.byref(ns), int(reset))
+    return calls.value, ns.value / 1e9
 
 
 def set_kernel_threads(n: int, cache_dir: str | os.PathLike | None = None) -> int:
@@ -57,6 +71,7 @@ def fast_matmul(cache_dir: str | os.PathLike | None = None, threads: int | None 
     from mindspore import ops  # imported lazily: building the kernel does not need MindSpore
 
     path: Path = build_kernel(cache_dir)
+    _active.append(str(path))
     if threads is not None:
-        set_kernel_threads(threads, cache_dir)
+        set_kernel_threads(threads)
     return ops.Custom(f"{path}:{ENTRY}", out_shape=_out_shape, out_dtype=_out_dtype, func_type="aot")

@@ -14,6 +14,7 @@
 //                       const char **dtypes, void *stream, void *extra)   -- the AOT kernel
 //   int mindserve_matmul_set_threads(int n)   -- kernel threads including the caller (>=1)
 //   int mindserve_matmul_get_threads()
+//   void mindserve_matmul_stats(uint64_t *calls, uint64_t *ns, int reset)  -- time inside the kernel
 //   int mindserve_matmul_set_spin_us(int us)  -- how long idle workers spin before sleeping
 //   void mindserve_matmul_tune(gemv_kc, gemm_kc, chunks_per_thread, gemv_pf, gemm_pf) -- benchmarks
 //   void mindserve_matmul_raw(const float*, const float*, float*, int64_t M, int64_t K, int64_t N)
@@ -39,7 +40,8 @@ namespace {
 // Micro-kernel: rows [0, MR) of x (leading dim ldx), columns [n, n + 16*NV) of W / y, k in
 // [k0, k1). The last vector is masked with `last` (all ones when the tile is full).
 // first == true starts from zero accumulators, otherwise from the partial sums held in y.
-// pfd > 0: software-prefetch each weight row pfd floats ahead of the tile (same row).
+// pfd > 0: software-prefetch the weights pfd floats ahead of each row of the tile (pass
+// pfd = r * ldw to prefetch the same columns r rows further down, i.e. the next K block).
 template <int MR, int NV>
 inline void tile(const float *__restrict x, int64_t ldx, const float *__restrict w, int64_t ldw,
                  float *__restrict y, int64_t ldy, int64_t k0, int64_t k1, __mmask16 last, bool first,
@@ -106,9 +108,10 @@ constexpr int kNVGemv = 8;  // M <= 2: 128-column tiles
 // 0 = automatic (measured on Zen 4: see compute_cols).
 std::atomic<int> g_gemv_kc{0};          // K block for M <= 2
 std::atomic<int> g_gemm_kc{0};          // K block for M > 2
-std::atomic<int> g_chunks_per_thread{4};
+std::atomic<int> g_chunks_per_thread{1};  // long row segments stream best; idle chunks are stolen
 std::atomic<int> g_gemv_pf{-1};         // prefetch distance (floats along a row), M <= 2; -1 auto
 std::atomic<int> g_gemm_pf{-1};         // same for M > 2 (issued by the first row block only)
+std::atomic<int> g_pf_rows{-1};         // > 0: prefetch that many rows ahead instead; -1 auto
 
 // Compute y[:, n_begin:n_end] for all M rows.
 void compute_cols(const float *x, const float *w, float *y, int64_t M, int64_t K, int64_t N, int64_t n_begin,
@@ -128,6 +131,9 @@ void compute_cols(const float *x, const float *w, float *y, int64_t M, int64_t K
   if (KC <= 0) KC = gemv ? (narrow ? 16 : 4) : 16;
   int64_t pfd = gemv ? g_gemv_pf.load(std::memory_order_relaxed) : g_gemm_pf.load(std::memory_order_relaxed);
   if (pfd < 0) pfd = gemv ? (narrow ? 512 : 0) : 256;
+  int64_t pf_rows = g_pf_rows.load(std::memory_order_relaxed);
+  if (pf_rows < 0) pf_rows = 0;
+  if (pf_rows > 0) pfd = pf_rows * N;
   for (int64_t k0 = 0; k0 < K; k0 += KC) {
     const int64_t k1 = std::min(K, k0 + KC);
     const bool first = (k0 == 0);
@@ -301,8 +307,18 @@ Pool &pool() {
   return *p;
 }
 
+std::atomic<uint64_t> g_calls{0}, g_ns{0};  // kernel-side accounting (cheap; for benchmarks)
+
 void matmul(const float *x, const float *w, float *y, int64_t M, int64_t K, int64_t N) {
   if (M <= 0 || N <= 0) return;
+  struct Timer {
+    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+    ~Timer() {
+      const auto dt = std::chrono::steady_clock::now() - t0;
+      g_ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(dt).count(), std::memory_order_relaxed);
+      g_calls.fetch_add(1, std::memory_order_relaxed);
+    }
+  } timer;
   if (K <= 0) {
     std::memset(y, 0, sizeof(float) * M * N);
     return;
@@ -319,6 +335,11 @@ int mindserve_matmul_set_threads(int n) {
   return pool().threads();
 }
 int mindserve_matmul_get_threads() { return pool().threads(); }
+// Calls and total nanoseconds spent inside the kernel since the last reset (reset != 0 clears).
+void mindserve_matmul_stats(uint64_t *calls, uint64_t *ns, int reset) {
+  *calls = reset ? g_calls.exchange(0) : g_calls.load();
+  *ns = reset ? g_ns.exchange(0) : g_ns.load();
+}
 // Benchmark knobs: kc 0 = auto, pf -1 = auto; a value below that (e.g. -2) leaves a knob unchanged. None of them changes any result bit.
 void mindserve_matmul_tune(int gemv_kc, int gemm_kc, int chunks_per_thread, int gemv_pf, int gemm_pf) {
   if (gemv_kc >= 0) g_gemv_kc.store(gemv_kc);
@@ -326,6 +347,9 @@ void mindserve_matmul_tune(int gemv_kc, int gemm_kc, int chunks_per_thread, int 
   if (chunks_per_thread > 0) g_chunks_per_thread.store(chunks_per_thread);
   if (gemv_pf >= -1) g_gemv_pf.store(gemv_pf);
   if (gemm_pf >= -1) g_gemm_pf.store(gemm_pf);
+}
+void mindserve_matmul_tune_pf_rows(int rows) {
+  if (rows >= -1) g_pf_rows.store(rows);
 }
 int mindserve_matmul_set_spin_us(int us) {
   pool().set_spin_us(us);

@@ -1,0 +1,198 @@
+"""The AOT fast matmul kernel: correctness vs numpy, row determinism, GRAPH_MODE use, build cache."""
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from backends.mindspore.kernels import build as kbuild
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("g++") is None or not kbuild._has_avx512(), reason="needs g++ and an AVX-512 CPU")
+
+MODEL_SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576), (576, 49152)]
+ODD_SHAPES = [(1, 1), (5, 3), (37, 53), (100, 17), (577, 1001), (63, 129), (1537, 575)]
+MS = [1, 2, 4, 8, 16, 32, 64]
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("kernel_cache")
+
+
+@pytest.fixture(scope="module")
+def lib(cache_dir):
+    from backends.mindspore.kernels import kernel_library
+    return kernel_library(cache_dir)
+
+
+def _mm(lib, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    x = np.ascontiguousarray(x, np.float32)
+    w = np.ascontiguousarray(w, np.float32)
+    y = np.full((x.shape[0], w.shape[1]), np.nan, np.float32)
+    lib.mindserve_matmul_raw(x.ctypes.data, w.ctypes.data, y.ctypes.data, x.shape[0], x.shape[1], w.shape[1])
+    return y
+
+
+def _rel_err(y: np.ndarray, x: np.ndarray, w: np.ndarray) -> float:
+    ref = x.astype(np.float64) @ w.astype(np.float64)
+    return float(np.abs(y - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+@pytest.mark.parametrize("k,n", MODEL_SHAPES + ODD_SHAPES)
+def test_matches_numpy(lib, k, n):
+    rng = np.random.default_rng(k * 7919 + n)
+    w = rng.standard_normal((k, n), dtype=np.float32)
+    for m in MS:
+        x = rng.standard_normal((m, k), dtype=np.float32)
+        y = _mm(lib, x, w)
+        assert np.isfinite(y).all(), (m, k, n)  # every element written (NaN-filled output)
+        assert _rel_err(y, x, w) < 1e-5, (m, k, n)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("k,n", [(576, 960), (576, 3072), (1536, 576), (577, 1001), (37, 53)])
+def test_rows_are_bitwise_independent_of_batch(lib, k, n, threads):
+    """Row i alone (M=1) equals row i inside any batch, whatever the other rows hold."""
+    lib.mindserve_matmul_set_threads(threads)
+    try:
+        rng = np.random.default_rng(k + n)
+        w = rng.standard_normal((k, n), dtype=np.float32)
+        x = rng.standard_normal((64, k), dtype=np.float32)
+        singles = np.stack([_mm(lib, x[i:i + 1], w)[0] for i in range(64)])
+        for m in MS:
+            for trial in range(2):
+                batch = rng.standard_normal((m, k), dtype=np.float32) * (10.0 ** trial)
+                rows = rng.choice(64, size=min(m, 3), replace=False)
+                pos = rng.choice(m, size=len(rows), replace=False)
+                batch[pos] = x[rows]
+                y = _mm(lib, batch, w)
+                assert np.array_equal(y[pos], singles[rows]), (m, k, n, threads)
+    finally:
+        lib.mindserve_matmul_set_threads(2)
+
+
+def test_tuning_knobs_do_not_change_bits(lib):
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((576, 3072), dtype=np.float32)
+    x = rng.standard_normal((16, 576), dtype=np.float32)
+    base = _mm(lib, x, w)
+    try:
+        for knobs in [(1, 1, 1, 0, 0), (7, 3, 9, 64, 1024), (1000, 1000, 2, -1, -1)]:
+            lib.mindserve_matmul_tune(*knobs)
+            assert np.array_equal(_mm(lib, x, w), base), knobs
+            assert np.array_equal(_mm(lib, x[5:6], w)[0], base[5]), knobs
+    finally:
+        lib.mindserve_matmul_tune(0, 0, 1, -1, -1)
+
+
+def test_aot_entry_rejects_bad_arguments(lib):
+    """The MindSpore entry point validates dtypes and shapes (non-zero return = error)."""
+    x = np.ones((2, 3), np.float32)
+    w = np.ones((3, 4), np.float32)
+    y = np.zeros((2, 4), np.float32)
+    params = (ctypes.c_void_p * 3)(x.ctypes.data, w.ctypes.data, y.ctypes.data)
+    ndims = (ctypes.c_int * 3)(2, 2, 2)
+
+    def call(shapes, dtypes):
+        arrs = [(ctypes.c_int64 * 2)(*s) for s in shapes]
+        sp = (ctypes.POINTER(ctypes.c_int64) * 3)(*[ctypes.cast(a, ctypes.POINTER(ctypes.c_int64)) for a in arrs])
+        dt = (ctypes.c_char_p * 3)(*[d.encode() for d in dtypes])
+        return lib.MindserveMatMul(3, params, ndims, sp, dt, None, None)
+
+    assert call([(2, 3), (3, 4), (2, 4)], ["float32"] * 3) == 0
+    np.testing.assert_array_equal(y, np.full((2, 4), 3.0, np.float32))
+    assert call([(2, 3), (3, 4), (2, 4)], ["float16"] * 3) != 0
+    assert call([(2, 3), (5, 4), (2, 4)], ["float32"] * 3) != 0
+    assert call([(2, 3), (3, 4), (2, 5)], ["float32"] * 3) != 0
+
+
+def test_build_is_cached_and_keyed(cache_dir, monkeypatch):
+    first = kbuild.build_kernel(cache_dir)
+    assert first.exists() and first.parent == cache_dir
+    mtime = first.stat().st_mtime_ns
+    assert kbuild.build_kernel(cache_dir) == first and first.stat().st_mtime_ns == mtime
+    assert not [p for p in os.listdir(cache_dir) if p.startswith(".build-")]  # no temp files left
+    monkeypatch.setattr(kbuild, "CXXFLAGS", kbuild.CXXFLAGS + ("-DMINDSERVE_TEST_FLAG",))
+    assert kbuild.build_kernel(cache_dir) != first  # flags are part of the key
+
+
+def test_missing_compiler_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("CXX", "/nonexistent/g++")
+    with pytest.raises(kbuild.KernelBuildError, match="no C\\+\\+ compiler"):
+        kbuild.build_kernel(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def ms_graph():
+    ms = pytest.importorskip("mindspore")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        ms.set_device("CPU")
+    except RuntimeError:
+        pass  # the device may already be set by another test module in this process
+    return ms
+
+
+def test_op_inside_graph_mode_cell(ms_graph, cache_dir):
+    ms = ms_graph
+    from mindspore import Parameter, Tensor, nn, ops
+
+    from backends.mindspore.kernels import fast_matmul, kernel_stats
+
+    mm = fast_matmul(cache_dir)
+    rng = np.random.default_rng(3)
+    w1 = rng.standard_normal((37, 53), dtype=np.float32)
+    w2 = rng.standard_normal((53, 19), dtype=np.float32)
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.mm = mm
+            self.w1 = Parameter(Tensor(w1), name="kt_w1", requires_grad=False)
+            self.w2 = Parameter(Tensor(w2), name="kt_w2", requires_grad=False)
+
+        def construct(self, x):
+            h = ops.relu(self.mm(x, self.w1))
+            return self.mm(h, self.w2), ops.matmul(h, self.w2)
+
+    net = Net()
+    kernel_stats(reset=True)
+    for shape in [(1, 37), (5, 37), (2, 3, 37)]:
+        x = rng.standard_normal(shape, dtype=np.float32)
+        fast, ref_ms = (t.asnumpy() for t in net(Tensor(x)))
+        ref = np.maximum(x @ w1, 0) @ w2
+        assert fast.shape == ref.shape
+        assert np.abs(fast - ref).max() / np.abs(ref).max() < 1e-5
+        assert np.abs(fast - ref_ms).max() / np.abs(ref).max() < 1e-5
+    calls, _ = kernel_stats()
+    assert calls == 6  # the graph really ran our kernel (2 per call), not a fallback
+    assert ms.get_context("mode") == ms.GRAPH_MODE
+
+
+def test_graph_rows_bitwise_independent_of_batch(ms_graph, cache_dir):
+    from mindspore import Parameter, Tensor, nn
+
+    from backends.mindspore.kernels import fast_matmul
+
+    mm = fast_matmul(cache_dir)
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((576, 960), dtype=np.float32)
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.mm = mm
+            self.w = Parameter(Tensor(w), name="kt_w", requires_grad=False)
+
+        def construct(self, x):
+            return self.mm(x, self.w)
+
+    net = Net()
+    x = rng.standard_normal((16, 576), dtype=np.float32)
+    batched = net(Tensor(x)).asnumpy()
+    alone = net(Tensor(x[7:8])).asnumpy()
+    assert np.array_equal(alone[0], batched[7])
