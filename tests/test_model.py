@@ -19,16 +19,18 @@ SHAPES = Shapes(block_size=16, prefill_chunk=8, batch_buckets=(1, 4), window_buc
                 prefill_batch_buckets=(1, 2))
 
 
-def make_runner(model_dir: Path, num_blocks: int = 24, mode: int = 0) -> ModelRunner:
+def make_runner(model_dir: Path, num_blocks: int = 24, mode: int = 0, matmul: str = "ms") -> ModelRunner:
     spec = load_model_spec(model_dir)
     set_mode(mode, "CPU", 2)
-    return ModelRunner(spec, load_weights(spec.checkpoint, spec.checkpoint_format), SHAPES, num_blocks)
+    return ModelRunner(spec, load_weights(spec.checkpoint, spec.checkpoint_format), SHAPES, num_blocks, matmul)
 
 
-@pytest.fixture(scope="module", params=["tiny_model_dir", "tiny_qwen2_dir"])
+@pytest.fixture(scope="module", params=[("tiny_model_dir", "ms"), ("tiny_qwen2_dir", "ms"),
+                                        ("tiny_model_dir", "fast"), ("tiny_qwen2_dir", "fast")],
+                ids=lambda p: f"{p[0]}-{p[1]}")
 def model(request):
-    model_dir = request.getfixturevalue(request.param)
-    return make_runner(model_dir), RefModel.from_dir(model_dir)
+    model_dir = request.getfixturevalue(request.param[0])
+    return make_runner(model_dir, matmul=request.param[1]), RefModel.from_dir(model_dir)
 
 
 def prompt(n: int, seed: int, vocab: int) -> list[int]:
@@ -90,6 +92,20 @@ def test_batched_prefill_rows_match_reference(model):
     for ids, row, h in zip(seqs, logits, hidden):
         np.testing.assert_allclose(row, ref.logits(ids)[-1], atol=TOL, rtol=0)
         assert h.shape[0] == len(ids)
+
+
+def test_fast_matmul_rows_are_bit_identical_whatever_the_batch(tiny_model_dir):
+    runner = make_runner(tiny_model_dir, matmul="fast")
+    ids = prompt(7, 11, runner.spec.vocab_size)
+    others = [prompt(n, 300 + n, runner.spec.vocab_size) for n in (4, 8, 6)]
+    alone, _ = runner.prefill([PrefillChunk(ids, 0, [1, 2])])
+    mixed, _ = runner.prefill([PrefillChunk(ids, 0, [3, 4])] + [PrefillChunk(o, 0, [5 + 2 * i, 6 + 2 * i])
+                                                                for i, o in enumerate(others[:1])])
+    assert np.array_equal(alone[0], mixed[0])
+    token = int(np.argmax(alone[0]))
+    solo = runner.decode([DecodeRow(token, 7, [1, 2])])[0]
+    rows = [DecodeRow(token, 7, [3, 4])] + [DecodeRow(7, len(o), [5 + 2 * i, 6 + 2 * i]) for i, o in enumerate(others)]
+    assert np.array_equal(solo, runner.decode(rows)[0])
 
 
 def test_warmup_compiles_each_planned_shape_once(tiny_model_dir):

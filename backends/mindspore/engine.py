@@ -87,7 +87,7 @@ class Engine:
         set_mode(self.spec.mode, self.spec.device_target if self.spec.device_target == "CPU" else "CPU",
                  config.threads)
         weights = load_weights(self.spec.checkpoint, self.spec.checkpoint_format)
-        self.runner = ModelRunner(self.spec, weights, self.shapes, num_blocks)
+        self.runner = ModelRunner(self.spec, weights, self.shapes, num_blocks, config.matmul)
         del weights
         self.allocator = BlockAllocator(num_blocks, self.shapes.block_size)
         self.scheduler = Scheduler(self.allocator, config.max_batch_size, config.max_waiting,

@@ -18,6 +18,15 @@ def _param(array: np.ndarray, name: str) -> Parameter:
     return Parameter(Tensor(np.ascontiguousarray(array, dtype=np.float32)), name=name, requires_grad=False)
 
 
+def _weight(array: np.ndarray, name: str, fast: bool) -> Parameter:
+    """A matmul weight given as [in, out]: kept so for MatMul, or in the AOT kernel's own layout."""
+    if fast:
+        from backends.mindspore.kernels import prepare_weight
+
+        array = prepare_weight(array)
+    return _param(array, name)
+
+
 def rope_tables(head_dim: int, max_pos: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
     """cos/sin [max_pos, head_dim] in HF ``rotate_half`` layout (frequencies repeated over both halves)."""
     inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
@@ -39,22 +48,25 @@ class RMSNorm(nn.Cell):
 class DecoderLayer(nn.Cell):
     """Attention + MLP for one layer; owns the layer's K/V cache ``[num_slots, kv_heads, head_dim]``."""
 
-    def __init__(self, spec: ModelSpec, w: dict[str, np.ndarray], i: int, num_slots: int, block_size: int) -> None:
+    def __init__(self, spec: ModelSpec, w: dict[str, np.ndarray], i: int, num_slots: int, block_size: int,
+                 fast_mm=None) -> None:
         super().__init__()
         p = f"model.layers.{i}."
+        self.use_fast = fast_mm is not None
+        self.fast_mm = fast_mm
         self.heads, self.kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.block_size = block_size
         q, k, v = (w[p + f"self_attn.{n}_proj.weight"] for n in "qkv")
         # Fused, stored [in, out] so a plain matmul streams it (the fastest CPU layout).
-        self.wqkv = _param(np.concatenate([q, k, v], axis=0).T, p + "wqkv")
+        self.wqkv = _weight(np.concatenate([q, k, v], axis=0).T, p + "wqkv", self.use_fast)
         self.has_bias = spec.qkv_has_bias
         if self.has_bias:
             bias = np.concatenate([w[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
             self.bqkv = _param(bias, p + "bqkv")
-        self.wo = _param(w[p + "self_attn.o_proj.weight"].T, p + "wo")
-        self.w_gate_up = _param(np.concatenate([w[p + "mlp.gate_proj.weight"],
-                                                w[p + "mlp.up_proj.weight"]], axis=0).T, p + "w_gate_up")
-        self.w_down = _param(w[p + "mlp.down_proj.weight"].T, p + "w_down")
+        self.wo = _weight(w[p + "self_attn.o_proj.weight"].T, p + "wo", self.use_fast)
+        self.w_gate_up = _weight(np.concatenate([w[p + "mlp.gate_proj.weight"],
+                                                 w[p + "mlp.up_proj.weight"]], axis=0).T, p + "w_gate_up", self.use_fast)
+        self.w_down = _weight(w[p + "mlp.down_proj.weight"].T, p + "w_down", self.use_fast)
         self.ffn = spec.intermediate_size
         self.attn_norm = RMSNorm(w[p + "input_layernorm.weight"], spec.rms_norm_eps, p + "attn_norm")
         self.ffn_norm = RMSNorm(w[p + "post_attention_layernorm.weight"], spec.rms_norm_eps, p + "ffn_norm")
@@ -65,6 +77,12 @@ class DecoderLayer(nn.Cell):
         self.bmm = ops.BatchMatMul()
         self.bmm_t = ops.BatchMatMul(transpose_b=True)
         self.scale = 1.0 / float(np.sqrt(spec.head_dim))
+
+    def _mm(self, x, w):
+        """x [M, K] @ w [K, N]: MindSpore's MatMul, or the row-deterministic AOT kernel."""
+        if self.use_fast:
+            return self.fast_mm(x, w)
+        return ops.matmul(x, w)
 
     def _rope(self, x, cos, sin):
         # x: [B, T, heads, D]; cos/sin: [B, T, 1, D]
@@ -85,7 +103,7 @@ class DecoderLayer(nn.Cell):
         b, t, _ = x.shape
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
         g = h // kvh
-        qkv = ops.matmul(ops.reshape(x, (b * t, -1)), self.wqkv)
+        qkv = self._mm(ops.reshape(x, (b * t, -1)), self.wqkv)
         if self.has_bias:
             qkv = qkv + self.bqkv
         q = ops.reshape(qkv[:, : h * d], (b, t, h, d))
@@ -103,15 +121,15 @@ class DecoderLayer(nn.Cell):
         probs = ops.reshape(ops.softmax(scores, -1), (b, kvh, g * t, -1))
         out = self.bmm(probs, values)  # [B, kv, G*T, D]
         out = ops.transpose(ops.reshape(out, (b, kvh, g, t, d)), (0, 3, 1, 2, 4))
-        return ops.matmul(ops.reshape(out, (b * t, h * d)), self.wo)
+        return self._mm(ops.reshape(out, (b * t, h * d)), self.wo)
 
     def construct(self, x, cos, sin, slots, block_table, mask):
         b, t, dim = x.shape
         attn = self._attention(self.attn_norm(x), cos, sin, slots, block_table, mask)
         x = x + ops.reshape(attn, (b, t, dim))
-        gate_up = ops.matmul(ops.reshape(self.ffn_norm(x), (b * t, dim)), self.w_gate_up)
+        gate_up = self._mm(ops.reshape(self.ffn_norm(x), (b * t, dim)), self.w_gate_up)
         act = ops.silu(gate_up[:, : self.ffn]) * gate_up[:, self.ffn:]
-        return x + ops.reshape(ops.matmul(act, self.w_down), (b, t, dim))
+        return x + ops.reshape(self._mm(act, self.w_down), (b, t, dim))
 
 
 class LlamaModel(nn.Cell):
@@ -123,15 +141,17 @@ class LlamaModel(nn.Cell):
     """
 
     def __init__(self, spec: ModelSpec, w: dict[str, np.ndarray], num_blocks: int, block_size: int,
-                 max_positions: int) -> None:
+                 max_positions: int, fast_mm=None) -> None:
         super().__init__()
         self.dim = spec.hidden_size
+        self.use_fast = fast_mm is not None
+        self.fast_mm = fast_mm
         self.embed = _param(w["model.embed_tokens.weight"], "embed")
         head = w["model.embed_tokens.weight"] if spec.tie_word_embeddings else w["lm_head.weight"]
-        self.head = _param(head.T, "lm_head")  # [D, V]; a separate copy even when tied, for the fast layout
+        self.head = _weight(head.T, "lm_head", self.use_fast)  # [D, V]: a separate copy even when tied
         cos, sin = rope_tables(spec.head_dim, max_positions, spec.rope_theta)
         self.cos, self.sin = _param(cos, "rope_cos"), _param(sin, "rope_sin")
-        self.layers = nn.CellList([DecoderLayer(spec, w, i, num_blocks * block_size, block_size)
+        self.layers = nn.CellList([DecoderLayer(spec, w, i, num_blocks * block_size, block_size, fast_mm)
                                    for i in range(spec.num_layers)])
         self.norm = RMSNorm(w["model.norm.weight"], spec.rms_norm_eps, "norm")
 
@@ -143,7 +163,8 @@ class LlamaModel(nn.Cell):
         for layer in self.layers:
             x = layer(x, cos, sin, slots, block_table, mask)
         hidden = self.norm(ops.reshape(x, (b * t, self.dim)))
-        logits = ops.matmul(ops.gather(hidden, last_rows, 0), self.head)  # [B, V]
+        last = ops.gather(hidden, last_rows, 0)
+        logits = self.fast_mm(last, self.head) if self.use_fast else ops.matmul(last, self.head)  # [B, V]
         return logits, hidden
 
 
@@ -153,8 +174,11 @@ class LMHead(nn.Cell):
     def __init__(self, model: LlamaModel) -> None:
         super().__init__()
         self.head = model.head
+        self.use_fast, self.fast_mm = model.use_fast, model.fast_mm
 
     def construct(self, hidden):
+        if self.use_fast:
+            return self.fast_mm(hidden, self.head)
         return ops.matmul(hidden, self.head)
 
 

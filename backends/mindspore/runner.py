@@ -72,9 +72,17 @@ def _mask(pos: np.ndarray, window: int) -> np.ndarray:
 
 
 class ModelRunner:
-    def __init__(self, spec: ModelSpec, weights: dict[str, np.ndarray], shapes: Shapes, num_blocks: int) -> None:
+    def __init__(self, spec: ModelSpec, weights: dict[str, np.ndarray], shapes: Shapes, num_blocks: int,
+                 matmul: str = "ms") -> None:
         self.spec, self.shapes = spec, shapes
-        self.net = LlamaModel(spec, weights, num_blocks, shapes.block_size, shapes.max_window)
+        fast_mm = None
+        if matmul == "fast":
+            from backends.mindspore.kernels import fast_matmul
+
+            fast_mm = fast_matmul()
+        elif matmul != "ms":
+            raise ValueError(f"matmul must be 'ms' or 'fast', got {matmul!r}")
+        self.net = LlamaModel(spec, weights, num_blocks, shapes.block_size, shapes.max_window, fast_mm)
         self.net.set_train(False)
         self.head = LMHead(self.net)
         self.compiled: set[tuple] = set()

@@ -17,12 +17,19 @@ from pathlib import Path
 
 from backends.mindspore.kernels.build import KernelBuildError, build_kernel, default_cache_dir
 
-__all__ = ["fast_matmul", "build_kernel", "set_kernel_threads", "kernel_library", "kernel_stats", "KernelBuildError",
+__all__ = ["fast_matmul", "prepare_weight", "build_kernel", "set_kernel_threads", "kernel_library", "kernel_stats", "KernelBuildError",
            "default_cache_dir", "ENTRY"]
 
 ENTRY = "MindserveMatMul"
 _lib: dict[str, ctypes.CDLL] = {}
 _active: list[str] = []  # the library the last fast_matmul() op uses; the default for the helpers
+
+
+def prepare_weight(w):
+    """The layout ``fast_matmul`` expects for a ``[K, N]`` float32 weight (done once, at load time)."""
+    import numpy as np
+
+    return np.ascontiguousarray(w, dtype=np.float32)
 
 
 def _out_shape(x_shape, w_shape):
