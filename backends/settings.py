@@ -23,4 +23,4 @@ class EngineConfig:
     window_buckets: tuple[int, ...] | None = None  # default: 256, 1024, ... up to max_seq_len
     num_blocks: int | None = None  # default: enough for max_batch_size full sequences (+ scratch)
     threads: int = 2
-    matmul: str = "ms"  # "ms": MindSpore MatMul; "fast": the AOT kernel (row-deterministic: batch-independent)
+    matmul: str = "auto"  # "fast": the AOT kernel (rows batch-independent); "ms": MindSpore MatMul; "auto": fast if it builds

@@ -1,4 +1,4 @@
-"""The AOT fast matmul kernel: correctness vs numpy, row determinism, GRAPH_MODE use, build cache."""
+"""The AOT fast matmul kernel: packing, correctness vs numpy, row determinism, GRAPH_MODE use, build cache."""
 from __future__ import annotations
 
 import ctypes
@@ -8,6 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
+from backends.mindspore.kernels import PANEL, prepare_weight
 from backends.mindspore.kernels import build as kbuild
 
 pytestmark = pytest.mark.skipif(
@@ -15,7 +16,8 @@ pytestmark = pytest.mark.skipif(
 
 MODEL_SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576), (576, 49152)]
 ODD_SHAPES = [(1, 1), (5, 3), (37, 53), (100, 17), (577, 1001), (63, 129), (1537, 575)]
-MS = [1, 2, 4, 8, 16, 32, 64]
+# Row counts around the register-tile splits (blocks of <= 8 rows, cut evenly: 20 -> 6 + 7 + 7).
+MS = [1, 2, 3, 4, 8, 9, 16, 17, 20, 32, 64, 100]
 
 
 @pytest.fixture(scope="module")
@@ -30,11 +32,31 @@ def lib(cache_dir):
 
 
 def _mm(lib, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x [M, K] @ w [K, N] through the kernel (w packed here; tests that loop pass it packed)."""
     x = np.ascontiguousarray(x, np.float32)
-    w = np.ascontiguousarray(w, np.float32)
-    y = np.full((x.shape[0], w.shape[1]), np.nan, np.float32)
-    lib.mindserve_matmul_raw(x.ctypes.data, w.ctypes.data, y.ctypes.data, x.shape[0], x.shape[1], w.shape[1])
+    packed = w if w.ndim == 3 else prepare_weight(w)
+    _, k, n = packed.shape
+    y = np.full((x.shape[0], n), np.nan, np.float32)
+    lib.mindserve_matmul_raw(x.ctypes.data, packed.ctypes.data, y.ctypes.data, x.shape[0], k, n)
     return y
+
+
+def test_panel_width_matches_the_library(lib):
+    assert lib.mindserve_matmul_panel_width() == PANEL
+
+
+@pytest.mark.parametrize("k,n", [(3, PANEL), (4, 2 * PANEL + 5), (2, 7)])
+def test_prepare_weight_layout(k, n):
+    """Panels of PANEL columns, each [K, width] row-major, back to back; the last may be narrower."""
+    w = np.arange(k * n, dtype=np.float32).reshape(k, n)
+    packed = prepare_weight(w)
+    assert packed.shape == (1, k, n) and packed.dtype == np.float32 and packed.flags.c_contiguous
+    flat, offset = packed.ravel(), 0
+    for n0 in range(0, n, PANEL):
+        panel = w[:, n0:n0 + PANEL]
+        np.testing.assert_array_equal(flat[offset:offset + panel.size], panel.ravel())
+        offset += panel.size
+    assert offset == k * n
 
 
 def _rel_err(y: np.ndarray, x: np.ndarray, w: np.ndarray) -> float:
@@ -46,9 +68,10 @@ def _rel_err(y: np.ndarray, x: np.ndarray, w: np.ndarray) -> float:
 def test_matches_numpy(lib, k, n):
     rng = np.random.default_rng(k * 7919 + n)
     w = rng.standard_normal((k, n), dtype=np.float32)
+    packed = prepare_weight(w)
     for m in MS:
         x = rng.standard_normal((m, k), dtype=np.float32)
-        y = _mm(lib, x, w)
+        y = _mm(lib, x, packed)
         assert np.isfinite(y).all(), (m, k, n)  # every element written (NaN-filled output)
         assert _rel_err(y, x, w) < 1e-5, (m, k, n)
 
@@ -60,7 +83,7 @@ def test_rows_are_bitwise_independent_of_batch(lib, k, n, threads):
     lib.mindserve_matmul_set_threads(threads)
     try:
         rng = np.random.default_rng(k + n)
-        w = rng.standard_normal((k, n), dtype=np.float32)
+        w = prepare_weight(rng.standard_normal((k, n), dtype=np.float32))
         x = rng.standard_normal((64, k), dtype=np.float32)
         singles = np.stack([_mm(lib, x[i:i + 1], w)[0] for i in range(64)])
         for m in MS:
@@ -77,37 +100,38 @@ def test_rows_are_bitwise_independent_of_batch(lib, k, n, threads):
 
 def test_tuning_knobs_do_not_change_bits(lib):
     rng = np.random.default_rng(1)
-    w = rng.standard_normal((576, 3072), dtype=np.float32)
+    w = prepare_weight(rng.standard_normal((576, 3072), dtype=np.float32))
     x = rng.standard_normal((16, 576), dtype=np.float32)
     base = _mm(lib, x, w)
     try:
-        for knobs in [(1, 1, 1, 0, 0), (7, 3, 9, 64, 1024), (1000, 1000, 2, -1, -1)]:
+        for knobs in [(0, 1), (512, 7), (48 * 576, 64), (64, 0)]:
             lib.mindserve_matmul_tune(*knobs)
             assert np.array_equal(_mm(lib, x, w), base), knobs
             assert np.array_equal(_mm(lib, x[5:6], w)[0], base[5]), knobs
     finally:
-        lib.mindserve_matmul_tune(0, 0, 1, -1, -1)
+        lib.mindserve_matmul_tune(0, 0)
 
 
 def test_aot_entry_rejects_bad_arguments(lib):
     """The MindSpore entry point validates dtypes and shapes (non-zero return = error)."""
     x = np.ones((2, 3), np.float32)
-    w = np.ones((3, 4), np.float32)
+    w = prepare_weight(np.ones((3, 4), np.float32))
     y = np.zeros((2, 4), np.float32)
     params = (ctypes.c_void_p * 3)(x.ctypes.data, w.ctypes.data, y.ctypes.data)
-    ndims = (ctypes.c_int * 3)(2, 2, 2)
 
     def call(shapes, dtypes):
-        arrs = [(ctypes.c_int64 * 2)(*s) for s in shapes]
+        ndims = (ctypes.c_int * 3)(*[len(s) for s in shapes])
+        arrs = [(ctypes.c_int64 * len(s))(*s) for s in shapes]
         sp = (ctypes.POINTER(ctypes.c_int64) * 3)(*[ctypes.cast(a, ctypes.POINTER(ctypes.c_int64)) for a in arrs])
         dt = (ctypes.c_char_p * 3)(*[d.encode() for d in dtypes])
         return lib.MindserveMatMul(3, params, ndims, sp, dt, None, None)
 
-    assert call([(2, 3), (3, 4), (2, 4)], ["float32"] * 3) == 0
+    assert call([(2, 3), (1, 3, 4), (2, 4)], ["float32"] * 3) == 0
     np.testing.assert_array_equal(y, np.full((2, 4), 3.0, np.float32))
-    assert call([(2, 3), (3, 4), (2, 4)], ["float16"] * 3) != 0
-    assert call([(2, 3), (5, 4), (2, 4)], ["float32"] * 3) != 0
-    assert call([(2, 3), (3, 4), (2, 5)], ["float32"] * 3) != 0
+    assert call([(2, 3), (1, 3, 4), (2, 4)], ["float16"] * 3) != 0
+    assert call([(2, 3), (3, 4), (2, 4)], ["float32"] * 3) != 0      # an unpacked weight
+    assert call([(2, 3), (1, 5, 4), (2, 4)], ["float32"] * 3) != 0
+    assert call([(2, 3), (1, 3, 4), (2, 5)], ["float32"] * 3) != 0
 
 
 def test_build_is_cached_and_keyed(cache_dir, monkeypatch):
@@ -120,10 +144,13 @@ def test_build_is_cached_and_keyed(cache_dir, monkeypatch):
     assert kbuild.build_kernel(cache_dir) != first  # flags are part of the key
 
 
-def test_missing_compiler_is_a_clear_error(tmp_path, monkeypatch):
-    monkeypatch.setenv("CXX", "/nonexistent/g++")
+def test_missing_compiler_is_a_clear_error(tmp_path):
     with pytest.raises(kbuild.KernelBuildError, match="no C\\+\\+ compiler"):
-        kbuild.build_kernel(tmp_path)
+        kbuild.build_kernel(tmp_path, cxx="/nonexistent/g++")
+
+
+def test_default_cache_dir_is_under_the_user_cache():
+    assert kbuild.default_cache_dir() == kbuild.Path.home() / ".cache" / "mindserve" / "kernels"
 
 
 @pytest.fixture(scope="module")
@@ -152,12 +179,13 @@ def test_op_inside_graph_mode_cell(ms_graph, cache_dir):
         def __init__(self):
             super().__init__()
             self.mm = mm
-            self.w1 = Parameter(Tensor(w1), name="kt_w1", requires_grad=False)
-            self.w2 = Parameter(Tensor(w2), name="kt_w2", requires_grad=False)
+            self.w1 = Parameter(Tensor(prepare_weight(w1)), name="kt_w1", requires_grad=False)
+            self.w2 = Parameter(Tensor(prepare_weight(w2)), name="kt_w2", requires_grad=False)
+            self.w2_plain = Parameter(Tensor(w2), name="kt_w2_plain", requires_grad=False)
 
         def construct(self, x):
             h = ops.relu(self.mm(x, self.w1))
-            return self.mm(h, self.w2), ops.matmul(h, self.w2)
+            return self.mm(h, self.w2), ops.matmul(h, self.w2_plain)
 
     net = Net()
     kernel_stats(reset=True)
@@ -186,13 +214,14 @@ def test_graph_rows_bitwise_independent_of_batch(ms_graph, cache_dir):
         def __init__(self):
             super().__init__()
             self.mm = mm
-            self.w = Parameter(Tensor(w), name="kt_w", requires_grad=False)
+            self.w = Parameter(Tensor(prepare_weight(w)), name="kt_w", requires_grad=False)
 
         def construct(self, x):
             return self.mm(x, self.w)
 
     net = Net()
-    x = rng.standard_normal((16, 576), dtype=np.float32)
+    x = rng.standard_normal((20, 576), dtype=np.float32)
     batched = net(Tensor(x)).asnumpy()
-    alone = net(Tensor(x[7:8])).asnumpy()
-    assert np.array_equal(alone[0], batched[7])
+    for m, i in [(1, 7), (16, 7), (20, 19)]:
+        part = net(Tensor(x[:m] if m > 1 else x[i:i + 1])).asnumpy()
+        assert np.array_equal(part[i if m > 1 else 0], batched[i]), (m, i)

@@ -71,17 +71,27 @@ def _mask(pos: np.ndarray, window: int) -> np.ndarray:
     return np.where(visible, np.float32(0), _NEG)[:, None, None].astype(np.float32)
 
 
+def _fast_matmul():
+    """The AOT matmul op, or None (with a warning) where it cannot be built (no compiler, no AVX-512)."""
+    from backends.mindspore.kernels import KernelBuildError, fast_matmul
+
+    try:
+        return fast_matmul()
+    except KernelBuildError as exc:
+        log.warning("fast matmul kernel unavailable, using MindSpore MatMul: %s", exc)
+        return None
+
+
 class ModelRunner:
     def __init__(self, spec: ModelSpec, weights: dict[str, np.ndarray], shapes: Shapes, num_blocks: int,
                  matmul: str = "ms") -> None:
         self.spec, self.shapes = spec, shapes
-        fast_mm = None
-        if matmul == "fast":
-            from backends.mindspore.kernels import fast_matmul
-
-            fast_mm = fast_matmul()
-        elif matmul != "ms":
-            raise ValueError(f"matmul must be 'ms' or 'fast', got {matmul!r}")
+        fast_mm = _fast_matmul() if matmul in ("fast", "auto") else None
+        if matmul == "fast" and fast_mm is None:
+            raise RuntimeError("matmul 'fast' asked for, but the AOT kernel could not be built (see the log)")
+        if matmul not in ("ms", "fast", "auto"):
+            raise ValueError(f"matmul must be 'auto', 'fast' or 'ms', got {matmul!r}")
+        log.info("matmul: %s", "AOT kernel (row-deterministic)" if fast_mm is not None else "MindSpore MatMul")
         self.net = LlamaModel(spec, weights, num_blocks, shapes.block_size, shapes.max_window, fast_mm)
         self.net.set_train(False)
         self.head = LMHead(self.net)

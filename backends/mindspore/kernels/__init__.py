@@ -1,13 +1,15 @@
 """Hand-written CPU kernels for MindSpore, exposed as ``ops.Custom(func_type="aot")`` operators.
 
-``fast_matmul()`` returns an operator computing ``y[..., N] = x[..., K] @ w[K, N]`` (float32, ``w``
-stored ``[in, out]`` like the model's weights). It works in GRAPH_MODE Cells (and PyNative).
-Each output row is computed with the same floating-point operations whatever the batch holds,
-so a request's logits are bit-identical alone or batched.
+``fast_matmul()`` returns an operator computing ``y[..., N] = x[..., K] @ W[K, N]`` (float32). The
+weight is packed once at load time by ``prepare_weight(W)`` (``W`` given ``[in, out]`` like the
+model's weights) into contiguous column panels, shape ``[1, K, N]``. It works in GRAPH_MODE Cells
+(and PyNative). Each output row is computed with the same floating-point operations whatever the
+batch holds, so a request's logits are bit-identical alone or batched.
 
-    from backends.mindspore.kernels import fast_matmul
-    mm = fast_matmul()            # build (cached) + create the op; reuse one op everywhere
-    y = mm(x, w)                  # inside construct(), like ops.matmul(x, w)
+    from backends.mindspore.kernels import fast_matmul, prepare_weight
+    mm = fast_matmul(threads=2)   # build (cached) + create the op; reuse one op everywhere
+    w = Parameter(Tensor(prepare_weight(w_kn)))
+    y = mm(x, w)                  # inside construct(), like ops.matmul(x, w_kn)
 """
 from __future__ import annotations
 
@@ -15,9 +17,11 @@ import ctypes
 import os
 from pathlib import Path
 
+import numpy as np
+
 from backends.mindspore.kernels.build import KernelBuildError, build_kernel, default_cache_dir
 
-__all__ = ["fast_matmul", "prepare_weight", "build_kernel", "set_kernel_threads", "kernel_library", "kernel_stats", "KernelBuildError",
+__all__ = ["fast_matmul", "prepare_weight", "PANEL", "build_kernel", "set_kernel_threads", "kernel_library", "kernel_stats", "KernelBuildError",
            "default_cache_dir", "ENTRY"]
 
 ENTRY = "MindserveMatMul"
@@ -25,15 +29,31 @@ _lib: dict[str, ctypes.CDLL] = {}
 _active: list[str] = []  # the library the last fast_matmul() op uses; the default for the helpers
 
 
-def prepare_weight(w):
-    """The layout ``fast_matmul`` expects for a ``[K, N]`` float32 weight (done once, at load time)."""
-    import numpy as np
+PANEL = 48  # columns per packed panel; must equal kPanel in matmul.cc (checked by the tests)
 
-    return np.ascontiguousarray(w, dtype=np.float32)
+
+def prepare_weight(w: np.ndarray) -> np.ndarray:
+    """Pack a ``[K, N]`` weight for ``fast_matmul`` (done once, at load time): float32 ``[1, K, N]``.
+
+    Columns are cut into panels of ``PANEL`` (the last one may be narrower) and each panel is
+    stored row-major ``[K, width]``, one after the other, so a kernel thread streams one
+    contiguous region. The leading 1 tells a packed weight apart from a plain ``[K, N]`` one.
+    """
+    w = np.asarray(w, dtype=np.float32)
+    if w.ndim != 2:
+        raise ValueError(f"prepare_weight expects a [K, N] matrix, got shape {w.shape}")
+    k, n = w.shape
+    full = n // PANEL
+    body = w[:, :full * PANEL].reshape(k, full, PANEL).transpose(1, 0, 2)  # [panels, K, PANEL]
+    tail = w[:, full * PANEL:]                                              # [K, N % PANEL]
+    packed = np.empty(k * n, np.float32)
+    packed[:body.size] = body.ravel()
+    packed[body.size:] = tail.ravel()
+    return packed.reshape(1, k, n)
 
 
 def _out_shape(x_shape, w_shape):
-    return list(x_shape[:-1]) + [w_shape[-1]]
+    return list(x_shape[:-1]) + [w_shape[-1]]  # w is the packed [1, K, N]
 
 
 def _out_dtype(x_dtype, _w_dtype):
@@ -53,8 +73,8 @@ def kernel_library(cache_dir: str | os.PathLike | None = None) -> ctypes.CDLL:
         lib.mindserve_matmul_set_threads.restype = ctypes.c_int
         lib.mindserve_matmul_get_threads.restype = ctypes.c_int
         lib.mindserve_matmul_set_spin_us.argtypes = [ctypes.c_int]
-        lib.mindserve_matmul_tune.argtypes = [ctypes.c_int] * 5
-        lib.mindserve_matmul_tune_pf_rows.argtypes = [ctypes.c_int]
+        lib.mindserve_matmul_tune.argtypes = [ctypes.c_int64, ctypes.c_int]
+        lib.mindserve_matmul_panel_width.restype = ctypes.c_int
         lib.mindserve_matmul_raw.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
         lib.mindserve_matmul_stats.argtypes = [ctypes.POINTER(ctypes.c_uint64)] * 2 + [ctypes.c_int]
         _lib[path] = lib
@@ -69,12 +89,16 @@ def kernel_stats(reset: bool = False, cache_dir: str | os.PathLike | None = None
 
 
 def set_kernel_threads(n: int, cache_dir: str | os.PathLike | None = None) -> int:
-    """Kernel threads (the calling runtime thread included); default 2 or $MINDSERVE_MATMUL_THREADS."""
+    """Kernel threads (the calling runtime thread included; the library starts with 2)."""
     return kernel_library(cache_dir).mindserve_matmul_set_threads(int(n))
 
 
 def fast_matmul(cache_dir: str | os.PathLike | None = None, threads: int | None = None):
-    """An ``ops.Custom`` AOT operator: ``op(x, w)`` with x ``[..., K]`` and w ``[K, N]``, float32."""
+    """An ``ops.Custom`` AOT operator: ``op(x, w)`` with x ``[..., K]`` and w ``prepare_weight([K, N])``.
+
+    ``cache_dir`` holds the compiled library (default ``~/.cache/mindserve/kernels``); ``threads``
+    sets the kernel's thread count (None keeps the current one, 2 in a fresh process).
+    """
     from mindspore import ops  # imported lazily: building the kernel does not need MindSpore
 
     path: Path = build_kernel(cache_dir)

@@ -16,7 +16,6 @@ from pathlib import Path
 
 SOURCE = Path(__file__).with_name("matmul.cc")
 CXXFLAGS = ("-O3", "-march=native", "-std=c++20", "-fPIC", "-shared", "-pthread", "-Wall")
-ENV_CACHE_DIR = "MINDSERVE_KERNEL_CACHE"
 
 
 class KernelBuildError(RuntimeError):
@@ -24,20 +23,16 @@ class KernelBuildError(RuntimeError):
 
 
 def default_cache_dir() -> Path:
-    env = os.environ.get(ENV_CACHE_DIR)
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "mindserve" / "kernels"
+    return Path.home() / ".cache" / "mindserve" / "kernels"
 
 
-def _compiler() -> str:
-    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    if not cxx or not shutil.which(cxx):
+def _compiler(cxx: str | None) -> str:
+    found = shutil.which(cxx) if cxx else (shutil.which("g++") or shutil.which("c++"))
+    if not found:
         raise KernelBuildError(
-            "cannot build the mindserve fast matmul kernel: no C++ compiler found "
-            "(install g++, e.g. `apt-get install g++`, or set CXX)")
-    return cxx
+            f"cannot build the mindserve fast matmul kernel: no C++ compiler found ({cxx or 'g++/c++'}; "
+            "install g++, e.g. `apt-get install g++`)")
+    return found
 
 
 def _cpu_signature() -> str:
@@ -64,13 +59,17 @@ def _has_avx512() -> bool:
     return not sig or "avx512f" in sig.split("|", 1)[-1].split()
 
 
-def build_kernel(cache_dir: str | os.PathLike | None = None) -> Path:
-    """Return the path of the compiled kernel library, building it first if needed."""
+def build_kernel(cache_dir: str | os.PathLike | None = None, cxx: str | None = None) -> Path:
+    """Return the path of the compiled kernel library, building it first if needed.
+
+    ``cache_dir`` defaults to ``~/.cache/mindserve/kernels``; ``cxx`` is the compiler to use
+    (default: ``g++``, else ``c++``, from PATH).
+    """
     if not _has_avx512():
         raise KernelBuildError("the mindserve fast matmul kernel needs an AVX-512 CPU (avx512f)")
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     source = SOURCE.read_bytes()
-    cxx = _compiler()
+    cxx = _compiler(cxx)
     try:
         version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError) as exc:

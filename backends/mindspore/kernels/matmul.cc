@@ -1,32 +1,40 @@
 // mindserve fp32 matmul for MindSpore AOT custom ops on CPU (AVX-512).
 //
-//   y[M, N] = x[M, K] @ W[K, N]      (W row-major [K, N], all float32)
+//   y[M, N] = x[M, K] @ W[K, N]      (all float32; W pre-packed into column panels, see below)
+//
+// Packed weight layout (made once at load time by prepare_weight() in __init__.py): the columns
+// of W are cut into panels of kPanel columns; panel p (columns [p*kPanel, min(N, (p+1)*kPanel)))
+// is stored row-major as [K][width] starting at float offset p * kPanel * K. Only the last panel
+// can be narrower, so the packed array holds exactly K*N floats; it is handed to MindSpore with
+// shape [1, K, N] (the leading 1 marks it as packed, so a plain [K, N] matrix is rejected).
+// A thread working on consecutive panels therefore streams one contiguous region of memory.
 //
 // Determinism contract: every output element y[m, n] is produced by the same sequence of
 // floating-point operations whatever M is, whatever the other rows hold, whatever the thread
 // count and whatever tile shape is picked: acc = 0; for k = 0..K-1: acc = fma(x[m,k], W[k,n], acc).
-// Partial accumulators may be spilled to y between K blocks (an exact fp32 store/load), and the
-// work is only ever split across N (columns), never across K. Only FMA intrinsics are used for
-// the arithmetic, so compiler contraction settings cannot change the result.
+// Accumulators live in registers for the whole K loop, and the work is only ever split across
+// columns (panels) and rows, never across K. Only FMA intrinsics are used for the arithmetic, so
+// compiler contraction settings cannot change the result.
 //
 // Exported entry points:
 //   int MindserveMatMul(int nparam, void **params, int *ndims, int64_t **shapes,
 //                       const char **dtypes, void *stream, void *extra)   -- the AOT kernel
+//   int mindserve_matmul_panel_width()        -- kPanel (prepare_weight must agree)
 //   int mindserve_matmul_set_threads(int n)   -- kernel threads including the caller (>=1)
 //   int mindserve_matmul_get_threads()
 //   void mindserve_matmul_stats(uint64_t *calls, uint64_t *ns, int reset)  -- time inside the kernel
 //   int mindserve_matmul_set_spin_us(int us)  -- how long idle workers spin before sleeping
-//   void mindserve_matmul_tune(gemv_kc, gemm_kc, chunks_per_thread, gemv_pf, gemm_pf) -- benchmarks
-//   void mindserve_matmul_raw(const float*, const float*, float*, int64_t M, int64_t K, int64_t N)
+//   void mindserve_matmul_tune(stream_pf, chunks_per_thread)  -- benchmarks only
+//   void mindserve_matmul_raw(const float *x, const float *w_packed, float *y, int64_t M, K, N)
 #include <immintrin.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <utility>
 #include <thread>
 #include <vector>
 
@@ -34,141 +42,97 @@
 #error "matmul.cc needs AVX-512F (build with -march=native on an AVX-512 CPU)"
 #endif
 
+#ifndef MINDSERVE_PANEL_VECS
+#define MINDSERVE_PANEL_VECS 3
+#endif
+
 namespace {
 
+constexpr int kNV = MINDSERVE_PANEL_VECS;  // 16-float vectors per panel row
+constexpr int64_t kPanel = 16 * kNV;       // panel width in columns (48: divides 576, 960, 3072, 49152)
+// Rows per register tile: MR x kNV accumulators + kNV weight registers + a broadcast fit in 32 zmm.
+constexpr int kMaxMR = kNV == 1 ? 16 : kNV == 2 ? 12 : kNV == 3 ? 8 : 6;
+
+// Tunables (benchmarking only; none of them changes any result bit).
+std::atomic<int64_t> g_stream_pf{0};      // > 0: prefetch this many floats ahead in the stream
+std::atomic<int> g_chunks_per_thread{0};  // 0 auto
+
 // ---------------------------------------------------------------------------------------------
-// Micro-kernel: rows [0, MR) of x (leading dim ldx), columns [n, n + 16*NV) of W / y, k in
-// [k0, k1). The last vector is masked with `last` (all ones when the tile is full).
-// first == true starts from zero accumulators, otherwise from the partial sums held in y.
-// pfd > 0: software-prefetch the weights pfd floats ahead of each row of the tile (pass
-// pfd = r * ldw to prefetch the same columns r rows further down, i.e. the next K block).
+// Register tile: rows [0, MR) of x (leading dim K) times one panel (NV vectors wide, row stride
+// ldw floats, last vector masked by `last`), over the whole K. pf != nullptr: prefetch pf + k*ldw
+// alongside each weight row.
 template <int MR, int NV>
-inline void tile(const float *__restrict x, int64_t ldx, const float *__restrict w, int64_t ldw,
-                 float *__restrict y, int64_t ldy, int64_t k0, int64_t k1, __mmask16 last, bool first,
-                 int64_t pfd) {
+inline void tile(const float *__restrict x, int64_t K, const float *__restrict w, int64_t ldw,
+                 float *__restrict y, int64_t ldy, __mmask16 last, const float *pf) {
   __m512 acc[MR][NV];
-  if (first) {
-    _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)
-      _Pragma("GCC unroll 8") for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
-  } else {
-    _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
-      _Pragma("GCC unroll 8") for (int v = 0; v < NV - 1; ++v) acc[r][v] = _mm512_loadu_ps(y + r * ldy + 16 * v);
-      acc[r][NV - 1] = _mm512_maskz_loadu_ps(last, y + r * ldy + 16 * (NV - 1));
-    }
-  }
-  const float *wk = w + k0 * ldw;
-  for (int64_t k = k0; k < k1; ++k, wk += ldw) {
-    if (pfd > 0) {
-      _Pragma("GCC unroll 8") for (int v = 0; v < NV; ++v)
-        _mm_prefetch(reinterpret_cast<const char *>(wk + pfd + 16 * v), _MM_HINT_T0);
+  _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
+    _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+  const float *wk = w;
+  for (int64_t k = 0; k < K; ++k, wk += ldw) {
+    if (pf != nullptr) {
+      // One prefetch per 64-byte line of the row (rows are ldw*4 bytes, not line aligned).
+      _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v)
+        _mm_prefetch(reinterpret_cast<const char *>(pf + k * ldw + 16 * v), _MM_HINT_T0);
     }
     __m512 wv[NV];
-    _Pragma("GCC unroll 8") for (int v = 0; v < NV - 1; ++v) wv[v] = _mm512_loadu_ps(wk + 16 * v);
+    _Pragma("GCC unroll 4") for (int v = 0; v < NV - 1; ++v) wv[v] = _mm512_loadu_ps(wk + 16 * v);
     wv[NV - 1] = _mm512_maskz_loadu_ps(last, wk + 16 * (NV - 1));
-    _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
-      const __m512 xb = _mm512_set1_ps(x[r * ldx + k]);
-      _Pragma("GCC unroll 8") for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(xb, wv[v], acc[r][v]);
+    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+      const __m512 xb = _mm512_set1_ps(x[r * K + k]);
+      _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(xb, wv[v], acc[r][v]);
     }
   }
-  _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
-    _Pragma("GCC unroll 8") for (int v = 0; v < NV - 1; ++v) _mm512_storeu_ps(y + r * ldy + 16 * v, acc[r][v]);
+  _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+    _Pragma("GCC unroll 4") for (int v = 0; v < NV - 1; ++v) _mm512_storeu_ps(y + r * ldy + 16 * v, acc[r][v]);
     _mm512_mask_storeu_ps(y + r * ldy + 16 * (NV - 1), last, acc[r][NV - 1]);
   }
 }
 
-// Column strip [n, n + ncols) (ncols <= 16*NV), rows [m0, m1): dispatch on the remaining rows and
-// vectors so any M and N are covered by the same arithmetic.
-template <int NV>
-struct Strip {
-  template <int MR>
-  static void rows(const float *x, int64_t K, const float *w, int64_t N, float *y, int64_t m, int64_t n,
-                   int nv, __mmask16 last, int64_t k0, int64_t k1, bool first, int64_t pfd) {
-    const float *xr = x + m * K;
-    float *yr = y + m * N + n;
-    const float *wn = w + n;
-    switch (nv) {
-#define MS_CASE(V)                                                                   \
-  case V:                                                                            \
-    if (V <= NV) {                                                                   \
-      tile<MR, (V <= NV ? V : 1)>(xr, K, wn, N, yr, N, k0, k1, last, first, pfd);    \
-    }                                                                                \
-    break;
-      MS_CASE(1) MS_CASE(2) MS_CASE(3) MS_CASE(4) MS_CASE(5) MS_CASE(6) MS_CASE(7) MS_CASE(8)
-#undef MS_CASE
-      default: break;
-    }
-  }
+using TileFn = void (*)(const float *, int64_t, const float *, int64_t, float *, int64_t, __mmask16, const float *);
+
+// Dispatch table [rows - 1][vectors - 1], built at compile time.
+template <int MR, int... NVs>
+constexpr void fill_row(TileFn *row, std::integer_sequence<int, NVs...>) {
+  ((row[NVs] = &tile<MR, NVs + 1>), ...);
+}
+template <int... MRs>
+constexpr void fill(TileFn (*t)[kNV], std::integer_sequence<int, MRs...>) {
+  (fill_row<MRs + 1>(t[MRs], std::make_integer_sequence<int, kNV>{}), ...);
+}
+struct Tiles {
+  TileFn fn[kMaxMR][kNV]{};
+  constexpr Tiles() { fill(fn, std::make_integer_sequence<int, kMaxMR>{}); }
 };
+constexpr Tiles kTiles{};
 
-constexpr int kMaxMR = 6;   // 6 rows x 4 vectors = 24 accumulators + 4 weight registers
-constexpr int kNVBig = 4;   // M > 2: 64-column tiles
-constexpr int kNVGemv = 8;  // M <= 2: 128-column tiles
-
-// Tunables (benchmarking only; none of them changes any result bit).
-// 0 = automatic (measured on Zen 4: see compute_cols).
-std::atomic<int> g_gemv_kc{0};          // K block for M <= 2
-std::atomic<int> g_gemm_kc{0};          // K block for M > 2
-std::atomic<int> g_chunks_per_thread{1};  // long row segments stream best; idle chunks are stolen
-std::atomic<int> g_gemv_pf{-1};         // prefetch distance (floats along a row), M <= 2; -1 auto
-std::atomic<int> g_gemm_pf{-1};         // same for M > 2 (issued by the first row block only)
-std::atomic<int> g_pf_rows{-1};         // > 0: prefetch that many rows ahead instead; -1 auto
-
-// Compute y[:, n_begin:n_end] for all M rows.
-void compute_cols(const float *x, const float *w, float *y, int64_t M, int64_t K, int64_t N, int64_t n_begin,
-                  int64_t n_end) {
-  if (n_begin >= n_end) return;
-  // Tile shapes depend only on M; the arithmetic per element does not depend on them at all.
-  const bool gemv = (M <= 2);
-  const int nv_max = gemv ? kNVGemv : kNVBig;
-  const int64_t strip = 16 * nv_max;
-  // K blocking: GEMV-like calls stream a few rows of W at a time (sequential streams for the
-  // prefetchers, partial sums in y which stays in L1/L2); GEMM-like calls keep a KC x strip
-  // panel of W hot in L1 while all row blocks use it.
-  // Measured defaults: wide GEMV streams 4 rows at a time with no software prefetch; narrow
-  // (short rows) GEMV prefers 16 rows and a 2 KB prefetch; GEMM 16-row panels, 1 KB prefetch.
-  const bool narrow = N <= 1024;
-  int64_t KC = gemv ? g_gemv_kc.load(std::memory_order_relaxed) : g_gemm_kc.load(std::memory_order_relaxed);
-  if (KC <= 0) KC = gemv ? (narrow ? 16 : 4) : 16;
-  int64_t pfd = gemv ? g_gemv_pf.load(std::memory_order_relaxed) : g_gemm_pf.load(std::memory_order_relaxed);
-  if (pfd < 0) pfd = gemv ? (narrow ? 512 : 0) : 256;
-  int64_t pf_rows = g_pf_rows.load(std::memory_order_relaxed);
-  if (pf_rows < 0) pf_rows = 0;
-  if (pf_rows > 0) pfd = pf_rows * N;
-  for (int64_t k0 = 0; k0 < K; k0 += KC) {
-    const int64_t k1 = std::min(K, k0 + KC);
-    const bool first = (k0 == 0);
-    for (int64_t n = n_begin; n < n_end; n += strip) {
-      const int64_t ncols = std::min(strip, n_end - n);
-      const int nv = static_cast<int>((ncols + 15) / 16);
-      const int rem = static_cast<int>(ncols - 16 * (nv - 1));
-      const __mmask16 last = static_cast<__mmask16>(rem == 16 ? 0xFFFF : ((1u << rem) - 1));
-      if (gemv) {
-        for (int64_t m = 0; m < M; m += 2) {
-          const int64_t pf = pfd;
-          if (M - m == 1)
-            Strip<kNVGemv>::rows<1>(x, K, w, N, y, m, n, nv, last, k0, k1, first, pf);
-          else
-            Strip<kNVGemv>::rows<2>(x, K, w, N, y, m, n, nv, last, k0, k1, first, pf);
-        }
-        continue;
-      }
-      for (int64_t m = 0; m < M; m += kMaxMR) {
-        const int64_t pf = (m == 0) ? pfd : 0;
-        switch (std::min<int64_t>(kMaxMR, M - m)) {
-          case 1: Strip<kNVBig>::rows<1>(x, K, w, N, y, m, n, nv, last, k0, k1, first, pf); break;
-          case 2: Strip<kNVBig>::rows<2>(x, K, w, N, y, m, n, nv, last, k0, k1, first, pf); break;
-          case 3: Strip<kNVBig>::rows<3>(x, K, w, N, y, m, n, nv, last, k0, k1, first, pf); break;
-          case 4: Strip<kNVBig>::rows<4>(x, K, w, N, y, m, n, nv, last, k0, k1, first, pf); break;
-          case 5: Strip<kNVBig>::rows<5>(x, K, w, N, y, m, n, nv, last, k0, k1, first, pf); break;
-          default: Strip<kNVBig>::rows<6>(x, K, w, N, y, m, n, nv, last, k0, k1, first, pf); break;
-        }
-      }
+// Compute y[:, panels [p0, p1)) for all M rows.
+void compute_panels(const float *x, const float *w, float *y, int64_t M, int64_t K, int64_t N, int64_t p0,
+                    int64_t p1) {
+  // Rows are cut into nearly equal blocks of at most kMaxMR (16 rows -> 8 + 8, 20 -> 6 + 7 + 7).
+  // The first block pulls the panel from DRAM (one sequential stream per thread, which the
+  // hardware prefetchers follow well: measured, software prefetch gained nothing on Zen 4, nor
+  // did prefetching the next panel into L2); later blocks reuse it from L2.
+  const int64_t nblocks = (M + kMaxMR - 1) / kMaxMR;
+  const int64_t stream_pf = g_stream_pf.load(std::memory_order_relaxed);
+  for (int64_t p = p0; p < p1; ++p) {
+    const int64_t n0 = p * kPanel;
+    const int64_t width = std::min(kPanel, N - n0);
+    const float *wp = w + n0 * K;  // panel p starts after p full panels of kPanel * K floats
+    const int nv = static_cast<int>((width + 15) / 16);
+    const int rem = static_cast<int>(width - 16 * (nv - 1));
+    const __mmask16 last = static_cast<__mmask16>(rem == 16 ? 0xFFFF : ((1u << rem) - 1));
+    int64_t m = 0;
+    for (int64_t b = 0; b < nblocks; ++b) {
+      const int64_t rows = (M - m) / (nblocks - b);  // even split of what is left
+      const float *pf = (b == 0 && stream_pf > 0) ? wp + stream_pf : nullptr;  // prefetch never faults
+      kTiles.fn[rows - 1][nv - 1](x + m * K, K, wp, width, y + m * N + n0, N, last, pf);
+      m += rows;
     }
   }
 }
 
 // ---------------------------------------------------------------------------------------------
-// A tiny persistent thread pool. The caller always works too. The columns are cut into a few
+// A tiny persistent thread pool. The caller always works too. The panels are cut into a few
 // chunks per thread and every thread (caller included) claims chunks until none are left, so a
 // worker that the OS has descheduled (the box is shared) only delays the chunk it already holds.
 // Idle workers spin for a short while (kernels come in bursts inside a graph) and then sleep on
@@ -180,13 +144,23 @@ struct Job {
   const float *w;
   float *y;
   int64_t M, K, N;
-  int64_t vecs;     // ceil(N / 16)
-  int64_t nchunks;  // chunk c covers vectors [vecs*c/nchunks, vecs*(c+1)/nchunks)
+  int64_t panels;   // ceil(N / kPanel)
+  int64_t nchunks;  // chunk c covers panels [panels*c/nchunks, panels*(c+1)/nchunks)
 };
 
 void run_chunk(const Job &j, int64_t c) {
-  const int64_t v0 = j.vecs * c / j.nchunks, v1 = j.vecs * (c + 1) / j.nchunks;
-  compute_cols(j.x, j.w, j.y, j.M, j.K, j.N, std::min(j.N, 16 * v0), std::min(j.N, 16 * v1));
+  compute_panels(j.x, j.w, j.y, j.M, j.K, j.N, j.panels * c / j.nchunks, j.panels * (c + 1) / j.nchunks);
+}
+
+// Chunks per thread: a chunk should be long enough to stream well (>= ~256 KB of weights) but a
+// few per thread let a thread that keeps its core steal from one that lost it.
+int64_t chunk_count(const Job &j, int nthreads) {
+  int64_t per = g_chunks_per_thread.load(std::memory_order_relaxed);
+  if (per <= 0) {
+    const int64_t bytes = j.K * j.N * 4;
+    per = std::clamp<int64_t>(bytes / (int64_t{256} << 10) / std::max(1, nthreads), 1, 8);
+  }
+  return std::max<int64_t>(1, std::min<int64_t>({j.panels, nthreads * per, kMaxChunks}));
 }
 
 class Pool {
@@ -207,8 +181,7 @@ class Pool {
 
   void run(const Job &in) {
     Job job = in;
-    const int64_t want = static_cast<int64_t>(nthreads_) * std::max(1, g_chunks_per_thread.load());
-    job.nchunks = std::max<int64_t>(1, std::min<int64_t>({job.vecs, want, kMaxChunks}));
+    job.nchunks = chunk_count(job, nthreads_);
     std::unique_lock<std::mutex> lock(busy_, std::try_to_lock);
     if (nthreads_ <= 1 || job.nchunks == 1 || !lock.owns_lock()) {
       // Single thread, or a concurrent kernel owns the pool: do it here (same arithmetic).
@@ -298,10 +271,7 @@ class Pool {
 Pool &pool() {
   static Pool *p = [] {
     auto *q = new Pool();  // leaked on purpose: no teardown ordering issues at process exit
-    int n = 2;
-    if (const char *e = std::getenv("MINDSERVE_MATMUL_THREADS")) n = std::atoi(e);
-    if (const char *e = std::getenv("MINDSERVE_MATMUL_SPIN_US")) q->set_spin_us(std::atoi(e));
-    q->set_threads(n);
+    q->set_threads(2);     // the default; fast_matmul(threads=...) / set_kernel_threads change it
     return q;
   }();
   return *p;
@@ -323,13 +293,14 @@ void matmul(const float *x, const float *w, float *y, int64_t M, int64_t K, int6
     std::memset(y, 0, sizeof(float) * M * N);
     return;
   }
-  pool().run(Job{x, w, y, M, K, N, (N + 15) / 16, 1});
+  pool().run(Job{x, w, y, M, K, N, (N + kPanel - 1) / kPanel, 1});
 }
 
 }  // namespace
 
 extern "C" {
 
+int mindserve_matmul_panel_width() { return static_cast<int>(kPanel); }
 int mindserve_matmul_set_threads(int n) {
   pool().set_threads(n);
   return pool().threads();
@@ -340,27 +311,22 @@ void mindserve_matmul_stats(uint64_t *calls, uint64_t *ns, int reset) {
   *calls = reset ? g_calls.exchange(0) : g_calls.load();
   *ns = reset ? g_ns.exchange(0) : g_ns.load();
 }
-// Benchmark knobs: kc 0 = auto, pf -1 = auto; a value below that (e.g. -2) leaves a knob unchanged. None of them changes any result bit.
-void mindserve_matmul_tune(int gemv_kc, int gemm_kc, int chunks_per_thread, int gemv_pf, int gemm_pf) {
-  if (gemv_kc >= 0) g_gemv_kc.store(gemv_kc);
-  if (gemm_kc >= 0) g_gemm_kc.store(gemm_kc);
-  if (chunks_per_thread > 0) g_chunks_per_thread.store(chunks_per_thread);
-  if (gemv_pf >= -1) g_gemv_pf.store(gemv_pf);
-  if (gemm_pf >= -1) g_gemm_pf.store(gemm_pf);
-}
-void mindserve_matmul_tune_pf_rows(int rows) {
-  if (rows >= -1) g_pf_rows.store(rows);
+// Benchmark knobs (negative = leave unchanged): software prefetch distance in floats (0 = off,
+// the default) and chunks per thread (0 = automatic). None of them changes any result bit.
+void mindserve_matmul_tune(int64_t stream_pf, int chunks_per_thread) {
+  if (stream_pf >= 0) g_stream_pf.store(stream_pf);
+  if (chunks_per_thread >= 0) g_chunks_per_thread.store(chunks_per_thread);
 }
 int mindserve_matmul_set_spin_us(int us) {
   pool().set_spin_us(us);
   return 0;
 }
 
-void mindserve_matmul_raw(const float *x, const float *w, float *y, int64_t M, int64_t K, int64_t N) {
-  matmul(x, w, y, M, K, N);
+void mindserve_matmul_raw(const float *x, const float *w_packed, float *y, int64_t M, int64_t K, int64_t N) {
+  matmul(x, w_packed, y, M, K, N);
 }
 
-// AOT entry: inputs x [..., K] and W [K, N], output y [..., N]; float32 only.
+// AOT entry: inputs x [..., K] and the packed W [1, K, N], output y [..., N]; float32 only.
 int MindserveMatMul(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
                     void *extra) {
   (void)stream;
@@ -368,12 +334,12 @@ int MindserveMatMul(int nparam, void **params, int *ndims, int64_t **shapes, con
   if (nparam != 3) return 1;
   for (int i = 0; i < 3; ++i)
     if (std::strcmp(dtypes[i], "float32") != 0 && std::strcmp(dtypes[i], "float") != 0) return 2;
-  if (ndims[0] < 1 || ndims[1] != 2 || ndims[2] < 1) return 3;
+  if (ndims[0] < 1 || ndims[1] != 3 || shapes[1][0] != 1 || ndims[2] < 1) return 3;
   const int64_t K = shapes[0][ndims[0] - 1];
   int64_t M = 1;
   for (int d = 0; d < ndims[0] - 1; ++d) M *= shapes[0][d];
-  if (shapes[1][0] != K) return 4;
-  const int64_t N = shapes[1][1];
+  if (shapes[1][1] != K) return 4;
+  const int64_t N = shapes[1][2];
   if (shapes[2][ndims[2] - 1] != N) return 5;
   matmul(static_cast<const float *>(params[0]), static_cast<const float *>(params[1]),
          static_cast<float *>(params[2]), M, K, N);
