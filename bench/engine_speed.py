@@ -39,6 +39,7 @@ PROMPT_SHORT = 32
 PROMPT_LONG = 500
 NEW_TOKENS = 128
 RAW_BATCH_STEPS = 48
+RAW_WINDOW_STEPS = 24
 WEIGHT_SUFFIXES = ("wqkv", "bqkv", "wo", "w_gate_up", "w_down", "lm_head")
 # Reference anchors (docs/performance.md explains where they come from).
 ANCHORS = {"llama.cpp f32": 56.7, "HF fp32 (torch eager)": 17.6, "MindSpore prototype": "17-20"}
@@ -296,6 +297,11 @@ class Bench:
 
         model_dir = Path(self.args.model_dir) if self.args.model_dir else ensure_default_model(DEFAULT_CACHE)
         cfg = dict(max_seq_len=2048, max_input_tokens=1536, max_batch_size=16, block_size=128, prefill_chunk=64)
+        if self.args.matmul:
+            if "matmul" not in EngineConfig.__dataclass_fields__:
+                raise SystemExit("--matmul: this EngineConfig has no matmul setting")
+            cfg["matmul"] = self.args.matmul
+        self.info["git"] = _git_state()
         self.config = EngineConfig(**cfg)
         self.info["config"] = {k: v for k, v in cfg.items()}
         self.info["model_dir"] = str(model_dir)
@@ -311,6 +317,9 @@ class Bench:
         self.info["load_other_cores"] = m.other_cores
         self.info["rss_after_load_mb"] = _rss_mb()
         self.runner = self.engine.runner
+        layer0 = self.runner.net.layers[0]
+        self.info["matmul_path"] = ("AOT kernel (backends/mindspore/kernels)" if getattr(layer0, "use_fast", False)
+                                    else "MindSpore MatMul")
         shapes = self.runner.shapes
         self.info["shapes"] = {"batch_buckets": list(shapes.batch_buckets),
                                "window_buckets": list(shapes.window_buckets),
@@ -450,6 +459,26 @@ class Bench:
                 steps.append(time.perf_counter() - t)
         self.s("graph1", "bare graph call B=1 (win 256)", "tok/s").add(len(steps) / sum(steps), m)
         self.s("graph1_med", "bare graph call B=1 median", "ms", lower=True).add(statistics.median(steps) * 1e3, m)
+
+    def raw_windows(self) -> None:
+        """runner.decode B=1 at the larger attention windows (positions late in each window)."""
+        from backends.mindspore.runner import DecodeRow
+
+        for window in self.runner.shapes.window_buckets[1:]:
+            self.quiet()
+            blocks = self.engine.allocator.allocate(window)
+            try:
+                pos, token, steps = window - RAW_WINDOW_STEPS - 1, 7, []
+                with CpuMeter() as m:
+                    for _ in range(RAW_WINDOW_STEPS):
+                        t = time.perf_counter()
+                        logits = self.runner.decode([DecodeRow(token, pos, blocks)])
+                        steps.append(time.perf_counter() - t)
+                        token, pos = int(np.argmax(logits[0])), pos + 1
+                self.s(f"raw1_w{window}", f"runner.decode B=1 (win {window})", "tok/s").add(
+                    len(steps) / sum(steps), m)
+            finally:
+                self.engine.allocator.release(blocks)
 
     def raw_batch(self, batch: int) -> None:
         from backends.mindspore.runner import DecodeRow
@@ -593,6 +622,7 @@ class Bench:
                 self.raw_single()
                 self.raw_batch(4)
                 self.raw_batch(16)
+                self.raw_windows()
                 self.engine_batch(4)
                 self.engine_batch(16)
                 self.prefill()
@@ -607,7 +637,6 @@ class Bench:
                 self.profile()
         self.engine.close()
         self.info["compiled_during_measurement"] = [k for k, _, _ in self.compile_log[self._compiled_at_warmup:]]
-        self.info["git"] = _git_state()
         self.info["total_s"] = time.perf_counter() - t_start
         self.info["whole_run_other_cores"] = whole.other_cores
         self.info["whole_run_steal_cores"] = whole.steal_cores
@@ -701,7 +730,7 @@ def report(res: dict, rounds: int) -> str:
     add(f"config: {info['config']}  buckets: batch {info['shapes']['batch_buckets']}, "
         f"window {info['shapes']['window_buckets']}, chunk {info['shapes']['prefill_chunk']}, "
         f"{info['cache_blocks']} cache blocks")
-    add(f"code: git {info['git']}; graphs compiled during the measurements (should be none): "
+    add(f"code: git {info['git']} (at start); matmul: {info.get('matmul_path', '?')}; graphs compiled during the measurements (should be none): "
         f"{info['compiled_during_measurement'] or 'none'}")
     add(f"rounds: {rounds} (interleaved); median and best over rounds; 'other' = median cores used by other "
         f"processes during the measurement; 'clean' = samples with other < {CLEAN_CORES} cores, and their median")
@@ -737,9 +766,11 @@ def report(res: dict, rounds: int) -> str:
     add(f"{'measurement':44s} {'median':>9s} {'best':>9s} {'unit':6s} {'n':>3s} {'other':>6s} "
         f"{'clean':>5s} {'median':>7s}")
     order = ["bw2", "bw1", "eng1", "raw1", "graph1", "raw1_med", "graph1_med", "eng1_ttft",
+             *sorted((k for k in S if k.startswith("raw1_w")), key=lambda k: int(k[6:])),
              "raw4", "eng4", "eng4_e2e", "raw16", "eng16", "eng16_e2e", "raw4_med", "raw16_med",
              "eng_pf", "raw_pf"]
-    names = {"bw2": "numpy read bandwidth, 2 threads", "bw1": "numpy read bandwidth, 1 thread",
+    names = {**{k: f"  runner.decode B=1, window {k[6:]}" for k in S if k.startswith("raw1_w")},
+             "bw2": "numpy read bandwidth, 2 threads", "bw1": "numpy read bandwidth, 1 thread",
              "eng1": "decode B=1 engine (first->last token)", "raw1": "decode B=1 runner.decode (win 256)",
              "graph1": "decode B=1 bare graph call (win 256)", "raw1_med": "  runner.decode B=1 median step",
              "graph1_med": "  bare graph call B=1 median", "eng1_ttft": "  engine TTFT, 32-token prompt",
@@ -818,6 +849,8 @@ def main() -> None:
     ap.add_argument("--full-warmup", action="store_true",
                     help="compile the engine's whole default plan (runner.warmup(); needs >12 GB RSS) "
                          "instead of only the graphs this benchmark uses")
+    ap.add_argument("--matmul", choices=("auto", "fast", "ms"),
+                    help="EngineConfig.matmul (default: the engine's default)")
     ap.add_argument("--no-profile", action="store_true", help="skip the MindSpore profiler pass")
     ap.add_argument("--profile-steps", type=int, default=10)
     ap.add_argument("--keep-profile", action="store_true", help="keep the profiler output directories")

@@ -59,8 +59,8 @@ PROMPTS = [
     "The old bridge over the river had been closed for repairs since early spring, so every morning the "
     "villagers walked an extra mile to reach the market on the other side. One foggy Tuesday, the baker's "
     "son decided to",
-    "A short explanation for curious readers: the sky appears blue during the day and turns red and orange "
-    "around sunset because",
+    "On a clear day the sky looks blue, but in the evening it turns red and orange. The reason has to do "
+    "with the way sunlight travels through the air: blue light",
     "My grandmother kept a small notebook of recipes in her kitchen drawer. The first page, stained with "
     "butter and flour, described how to bake a honey cake for birthdays, and the second page",
     "In the year 1850, a young cartographer set out from Lisbon with a leather satchel, three compasses and "
@@ -299,8 +299,9 @@ class Server:
         last_note = t0
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with code {self.proc.returncode} while starting; "
-                                   f"last log lines:\n{self.tail(15)}")
+                raise RuntimeError(f"{self.name} exited with code {self.proc.returncode} while starting "
+                                   f"(peak RSS {self.rss.peak / 2**30:.1f} GiB; -9 is often the OOM killer, see "
+                                   f"dmesg); last log lines:\n{self.tail(15)}")
             if await self.ready(session):
                 break
             now = time.perf_counter()
@@ -308,7 +309,8 @@ class Server:
                 raise RuntimeError(f"{self.name} not ready after {timeout:.0f} s; last log lines:\n{self.tail(15)}")
             if now - last_note >= 15:
                 last_note = now
-                log(f"  ... {self.name} warming up, {now - t0:.0f} s; log: {self.tail(1)[-160:]}")
+                log(f"  ... {self.name} warming up, {now - t0:.0f} s, RSS {self.rss.sample() / 2**30:.1f} GiB "
+                    f"(peak {self.rss.peak / 2**30:.1f}); log: {self.tail(1)[-110:]}")
             await asyncio.sleep(0.5)
         self.started_in = time.perf_counter() - t0
         log(f"{self.name} ready in {self.started_in:.1f} s (RSS {self.rss.sample() / 2**20:.0f} MiB)")
@@ -324,16 +326,17 @@ class Server:
     def stop(self) -> None:
         if self.rss is not None:
             self.rss.stop()
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is None:
             return
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+            log(f"stopped {self.name}")
         self._logf.close()
-        log(f"stopped {self.name}")
 
     # one request: streams, measuring TTFT and ITL
     async def request(self, session: aiohttp.ClientSession, prompt: str, max_new: int) -> RequestResult:
@@ -432,10 +435,10 @@ class MindServe(Server):
                     if event.get("generated_text") is not None:
                         res.text = event["generated_text"]
                         details = event.get("details") or {}
-                        res.finish_reason = details.get("finish_reason")
-            res.ok = res.text is not None and res.tokens > 0
+                        res.finish_reason = details.get("finish_reason") or "done"
+            res.ok = res.finish_reason is not None  # 0 tokens is a valid answer (EOS first)
             if not res.ok:
-                res.error = "stream ended without tokens"
+                res.error = f"stream ended without its final event ({res.tokens} tokens)"
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
             res.error = f"{type(exc).__name__}: {exc}"
         res.end = time.perf_counter()
@@ -490,9 +493,9 @@ class LlamaCppServer(Server):
                 res.text = "".join(text)
                 if res.finish_reason == "length" and res.tokens != max_new:
                     res.tokens = max_new  # a multi-byte character held back several tokens as one chunk
-            res.ok = res.finish_reason is not None and res.tokens > 0
+            res.ok = res.finish_reason is not None  # 0 tokens is a valid answer (EOS first)
             if not res.ok:
-                res.error = f"stream ended early (finish_reason {res.finish_reason}, {res.tokens} tokens)"
+                res.error = f"stream ended without a finish_reason ({res.tokens} tokens)"
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as exc:
             res.error = f"{type(exc).__name__}: {exc}"
         res.end = time.perf_counter()
@@ -566,6 +569,8 @@ def print_table(scenario: Scenario, rows: list[dict], prompt_desc: str, max_new:
               f"{fmt(r['ttft_p95_ms'], '7.0f')}ms {fmt(r['itl_p50_ms'], '6.1f')}ms {fmt(r['itl_p95_ms'], '6.1f')}ms "
               f"{r['completed']:>4}/{r['failed']:<3} {fmt(r['tokens_per_request'], '7.1f')} {fmt(r['wall_s'], '7.1f')} "
               f"{r['max_streams_generating']:>7} {fmt(r['peak_rss_mib'], '8.0f')} {fmt(r['other_cores'], '6.2f')}")
+        if r["stopped_early"]:
+            print(f"    {r['stopped_early']} request(s) ended on EOS before max_new_tokens")
         for e in r["errors"]:
             print(f"    error: {e}")
 
@@ -587,6 +592,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "mindserve-bench",
                     help="generated config, server logs, the F32 GGUF (default $TMPDIR/mindserve-bench)")
     ap.add_argument("--model-dir", type=Path, default=MODEL_DIR, help="mindserve's converted model directory")
+    ap.add_argument("--mindserve-config", type=Path, default=SERVER_YAML,
+                    help="the server config the generated one copies (default configs/server.yaml); the copy "
+                    "changes only the port and modelWeightPath")
     ap.add_argument("--gguf", type=Path, default=None, help="the Q4_1 GGUF (default: the default model's)")
     ap.add_argument("--f32-gguf", type=Path, default=None, help="the F32 GGUF (default: WORKDIR/<name>.F32.gguf, "
                     "written by bench/make_f32_gguf.py if missing)")
@@ -630,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
                              f"`python3 -m venv .venv-bench && .venv-bench/bin/pip install 'llama-cpp-python[server]'`")
     for t in targets:
         if t == "mindserve":
-            servers.append(MindServe(workdir, args.model_dir, SERVER_YAML))
+            servers.append(MindServe(workdir, args.model_dir, args.mindserve_config))
         elif t == "q4_1":
             servers.append(LlamaCppServer(workdir, q4, "Q4_1", args.llama_python))
         elif t == "f32":
@@ -672,8 +680,12 @@ def main(argv: list[str] | None = None) -> int:
                         results[sc.name][server.name] = r
                         log(f"  {r['tok_per_s']:.1f} tok/s, TTFT p50 {r['ttft_p50_ms']:.0f} ms, "
                             f"{r['completed']} ok / {r['failed']} failed, others used {r['other_cores']:.2f} cores")
-                    info[server.name]["peak_rss_mib"] = server.rss.peak / 2**20
+                except (RuntimeError, aiohttp.ClientError, OSError) as exc:
+                    log(f"{server.name} FAILED: {exc}")
+                    info.setdefault(server.name, {})["error"] = str(exc).splitlines()[0]
                 finally:
+                    if server.rss is not None:
+                        info.setdefault(server.name, {})["peak_rss_mib"] = server.rss.peak / 2**20
                     server.stop()
 
     try:
@@ -723,6 +735,9 @@ def main(argv: list[str] | None = None) -> int:
     print("Servers")
     for s in servers:
         i = info.get(s.name, {})
+        if "error" in i:
+            print(f"  {s.name:<16} FAILED: {i['error']} (peak RSS {fmt(i.get('peak_rss_mib', math.nan), '.0f')} MiB)")
+            continue
         print(f"  {s.name:<16} ready in {fmt(i.get('ready_s', math.nan), '.1f')} s, peak RSS "
               f"{fmt(i.get('peak_rss_mib', math.nan), '.0f')} MiB (whole run incl. start-up), greedy check "
               f"{'matches' if i.get('greedy_matches_hf_fp32') else 'differs from'} the HF fp32 golden text")

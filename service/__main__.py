@@ -6,6 +6,7 @@ import asyncio
 import logging
 import signal
 import sys
+import time
 from pathlib import Path
 
 from service.config import DEFAULT_MODEL_NAME, ConfigFileError, ServerConfig, load_server_config
@@ -34,37 +35,66 @@ def prepare_model(cfg: ServerConfig) -> Path:
 
 
 async def serve(cfg: ServerConfig) -> None:
+    from service.tls import server_ssl_context
+
+    ssl_context = server_ssl_context(cfg.server, cfg.path)  # before loading: a bad key stops start-up at once
+
     import tornado.httpserver
     import tornado.netutil
 
     from backends.loader import load_backend
+    from service.admission import Admission
     from service.app import make_app, planes_by_port
     from service.metrics import ServiceMetrics
     from service.state import ServerState
-
     backend = load_backend(cfg.model.backend_type, prepare_model(cfg), cfg.engine, model_name=cfg.model.name,
                            progress=True)
     state, metrics = ServerState(), ServiceMetrics.for_backend(backend)
+    admission = Admission(cfg.server.max_link_num)
+    scheme = "https" if ssl_context is not None else "http"
     servers = []
     for port, planes in planes_by_port(cfg.server).items():  # the business port first
-        app = make_app(backend, cfg.server, state=state, metrics=metrics, planes=planes)
-        server = tornado.httpserver.HTTPServer(app, max_body_size=cfg.server.max_request_bytes + (1 << 20))
+        app = make_app(backend, cfg.server, state=state, metrics=metrics, admission=admission, planes=planes)
+        server = tornado.httpserver.HTTPServer(app, ssl_options=ssl_context,
+                                               max_body_size=cfg.server.max_request_bytes + (1 << 20))
         sockets = tornado.netutil.bind_sockets(port, cfg.server.ip_address)
         server.add_sockets(sockets)
         servers.append(server)
-        log.info("listening on http://%s:%d (%s; model %s)", cfg.server.ip_address, sockets[0].getsockname()[1],
-                 ", ".join(sorted(planes)), backend.model_name)
+        log.info("listening on %s://%s:%d (%s; model %s)", scheme, cfg.server.ip_address,
+                 sockets[0].getsockname()[1], ", ".join(sorted(planes)), backend.model_name)
     state.mark_ready()  # the backend is warmed up and every plane listens: /health turns 200
-    stop = asyncio.Event()
+    stop, force = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal cuts the grace period short
+        loop.add_signal_handler(sig, lambda: (force if stop.is_set() else stop).set())
     await stop.wait()
-    log.info("shutting down")
-    state.start_draining()  # /health answers 503 from here on
+    await drain(cfg.server.shutdown_grace_period, state=state, admission=admission, force=force)
     for server in servers:
         server.stop()
-    backend.close()
+    await loop.run_in_executor(None, backend.close)  # fails what is left in the engine: those clients hear so
+    await _wait_until(lambda: admission.in_flight == 0, seconds=2.0)
+    for server in servers:
+        await server.close_all_connections()
+    log.info("stopped")
+
+
+async def drain(grace: float, *, state, admission, force: asyncio.Event) -> None:
+    """Stop taking requests (503, ``/health`` 503) and give those in flight ``grace`` seconds to finish."""
+    from service.errors import ServiceUnavailable
+
+    log.info("shutting down: new requests get 503; %d in flight get up to %g s to finish",
+             admission.in_flight, grace)
+    state.start_draining()
+    admission.reject_waiting(ServiceUnavailable("the server is shutting down"))
+    await _wait_until(lambda: admission.in_flight == 0 or force.is_set(), seconds=grace)
+    if admission.in_flight:
+        log.warning("shutting down: %d requests still in flight are cut off", admission.in_flight)
+
+
+async def _wait_until(done, *, seconds: float, poll: float = 0.05) -> None:
+    deadline = time.monotonic() + seconds
+    while not done() and time.monotonic() < deadline:
+        await asyncio.sleep(poll)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ import tornado.web
 
 from backends.base import Backend
 from service.access_log import log_request
+from service.admission import Admission
 from service.config import ServerSettings
 from service.handlers import GenerateHandler, NotFoundHandler
 from service.metrics import ServiceMetrics
@@ -35,6 +36,7 @@ class AppContext:
     limits: RequestLimits
     state: ServerState = field(default_factory=lambda: ServerState(ready=True))
     metrics: ServiceMetrics | None = None
+    admission: Admission = field(default_factory=lambda: Admission(ServerSettings().max_link_num))
 
 
 def business_routes(ctx: AppContext) -> list[Route]:
@@ -86,14 +88,16 @@ def planes_by_port(settings: ServerSettings) -> dict[int, frozenset[str]]:
 def make_app(backend: Backend, settings: ServerSettings = ServerSettings(), *,
              schemas: Schemas | None = None, limits: RequestLimits = RequestLimits(adapter_ids=frozenset()),
              state: ServerState | None = None, metrics: ServiceMetrics | None = None,
-             planes: Iterable[str] = ALL_PLANES) -> tornado.web.Application:
-    """One app serving ``planes``. The apps of one process share ``state`` and ``metrics``; without a
-    ``state`` the app is ready at once (the backend handed in is already loaded and warmed up)."""
+             admission: Admission | None = None, planes: Iterable[str] = ALL_PLANES) -> tornado.web.Application:
+    """One app serving ``planes``. The apps of one process share ``state``, ``metrics`` and ``admission``;
+    without a ``state`` the app is ready at once (the backend handed in is already loaded and warmed up);
+    without an ``admission`` the app gets its own (``maxLinkNum`` in flight, twice that waiting)."""
     planes = frozenset(planes)
     if not planes or planes - ALL_PLANES:
         raise ValueError(f"planes must be a non-empty subset of {sorted(ALL_PLANES)}, got {sorted(planes)}")
     ctx = AppContext(backend, settings, schemas or default_schemas(), limits,
-                     state or ServerState(ready=True), metrics or ServiceMetrics.for_backend(backend))
+                     state or ServerState(ready=True), metrics or ServiceMetrics.for_backend(backend),
+                     admission or Admission(settings.max_link_num))
     routes = [route for plane in (BUSINESS, MANAGEMENT, METRICS) if plane in planes
               for route in _PLANE_ROUTES[plane](ctx)]
     return tornado.web.Application(routes, default_handler_class=NotFoundHandler,

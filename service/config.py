@@ -36,6 +36,7 @@ class ServerSettings:
     e2e_timeout: float = 600.0
     max_request_bytes: int = 40 * 1024 * 1024
     token_id_format: str = "list"
+    shutdown_grace_period: float = 30.0  # seconds in-flight requests get to finish after SIGTERM/SIGINT
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +91,7 @@ def _server(data: dict, base: Path) -> ServerSettings:
         token_timeout=float(s.get("tokenTimeout", 600)), e2e_timeout=float(s.get("e2eTimeout", 600)),
         max_request_bytes=int(s.get("maxRequestLength", 40)) * 1024 * 1024,
         token_id_format=s.get("tokenIdFormat", "list"),
+        shutdown_grace_period=float(s.get("shutdownGracePeriod", 30)),
     )
 
 

@@ -18,6 +18,7 @@ class ErrorType(str, enum.Enum):
     NOT_FOUND = "NotFoundError"
     METHOD_NOT_ALLOWED = "Method Not Allowed"
     PAYLOAD_TOO_LARGE = "Payload Too Large"
+    UNSUPPORTED_MEDIA_TYPE = "Unsupported Media Type"
     VALIDATION = "Input Validation Error"
     GENERATION = "Generation Error"
     TOO_MANY_REQUESTS = "Too Many Requests"
@@ -56,6 +57,13 @@ class PayloadTooLarge(ServiceError):
     error_type = ErrorType.PAYLOAD_TOO_LARGE
 
 
+class UnsupportedMediaType(ServiceError):
+    """A body declared as something other than JSON (TGI answers 415 too)."""
+
+    status = 415
+    error_type = ErrorType.UNSUPPORTED_MEDIA_TYPE
+
+
 class ValidationError(ServiceError):
     status = 422
     error_type = ErrorType.VALIDATION
@@ -83,7 +91,7 @@ class ServiceUnavailable(ServiceError):
 
 _BY_STATUS: dict[int, type[ServiceError]] = {
     cls.status: cls
-    for cls in (BadRequest, NotFound, MethodNotAllowed, PayloadTooLarge, ValidationError,
+    for cls in (BadRequest, NotFound, MethodNotAllowed, PayloadTooLarge, UnsupportedMediaType, ValidationError,
                 GenerationFailed, TooManyRequests, IncompleteGeneration, ServiceUnavailable)
 }
 

@@ -134,6 +134,10 @@ class RequestObserver:
     def client_gone(self) -> None:
         self._client_gone = True
 
+    def fail(self) -> None:
+        """The service gave up on the request (a timeout): it counts as failed whatever comes next."""
+        self._error = True
+
     def finish(self, status: int) -> None:
         """Count the request once, as success or failure (``status``: the HTTP status sent)."""
         if self.outcome is not None:

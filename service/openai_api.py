@@ -14,43 +14,29 @@ Choices (also stated in schemas/openai_*.schema.json and schemas/README.md):
 """
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import tornado.iostream
 import tornado.queues
 import tornado.web
 
-from backends.base import RequestHandle
+from backends.base import Listener, RequestHandle
 from backends.errors import BackendError, InputRejected
 from backends.types import GenerationResult, TokenEvent
 from service import sse
-from service.errors import MethodNotAllowed, PayloadTooLarge, for_status, from_backend_error
-from service.handlers import BaseHandler
-from service.metrics import RequestObserver
+from service.errors import MethodNotAllowed, ServiceError, for_status, from_backend_error
+from service.handlers import GenerationHandler
 from service.openai_protocol import (DONE_EVENT, ChunkRenderer, InvalidRequest, Kind, OpenAIRequest,
                                      new_response_id, openai_error, parse_openai_request, render_completion)
-from service.validation import parse_json_body
 
 if TYPE_CHECKING:
     from service.app import AppContext
 
 
-class OpenAIHandler(BaseHandler):
+class OpenAIHandler(GenerationHandler):
     """Shared by both routes: parse, submit, then answer with one JSON object or a chunk stream."""
 
     kind: ClassVar[Kind]
     prompt_field: ClassVar[str]  # the request field that token-limit errors name
-    _handle: RequestHandle | None = None
-    _closed = False
-    observer: RequestObserver | None = None  # metrics + access-log token counts, from prepare() on
-
-    def prepare(self) -> None:
-        self.observer = RequestObserver(self.ctx.metrics)
-
-    def on_finish(self) -> None:
-        if self.observer is not None:
-            self.observer.finish(self.get_status())
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
@@ -66,29 +52,16 @@ class OpenAIHandler(BaseHandler):
         self.finish(sse.dumps(body))
 
     def parse(self) -> OpenAIRequest:
-        if len(self.request.body) > self.ctx.settings.max_request_bytes:
-            raise PayloadTooLarge(f"request body of {len(self.request.body)} bytes is over maxRequestLength "
-                                  f"({self.ctx.settings.max_request_bytes} bytes)")
-        body = parse_json_body(self.request.body)
-        return parse_openai_request(self.kind, body, self.ctx.schemas, self.ctx.backend.model_name)
+        return parse_openai_request(self.kind, self.json_body(), self.ctx.schemas, self.ctx.backend.model_name)
 
-    async def post(self) -> None:
+    async def generate(self) -> None:
         req = self.parse()
-        events: tornado.queues.Queue = tornado.queues.Queue()
-        loop = asyncio.get_running_loop()
-
-        def listener(event: Any) -> None:
-            self.observer.on_event(event)
-            loop.call_soon_threadsafe(events.put_nowait, event)
-
         try:
-            self._handle = await loop.run_in_executor(None, lambda: self._submit(req, listener))
+            events = await self.submit(lambda listener: self._submit(req, listener))
         except InputRejected as exc:
             raise InvalidRequest(str(exc), self.prompt_field) from None
         except BackendError as exc:
             raise from_backend_error(exc) from None
-        if self._closed:  # the client left while the request was being queued
-            self._handle.cancel()
         response_id = new_response_id(self.kind)
         if req.stream:
             await self._stream(req, events, ChunkRenderer(req, response_id=response_id,
@@ -96,15 +69,13 @@ class OpenAIHandler(BaseHandler):
         else:
             await self._json(req, events, response_id)
 
-    def _submit(self, req: OpenAIRequest, listener: Any) -> RequestHandle:
+    def _submit(self, req: OpenAIRequest, listener: Listener) -> RequestHandle:
         prompt = self.ctx.backend.apply_chat_template(req.messages) if self.kind == "chat" else req.prompt
         return self.ctx.backend.submit(prompt, req.params, listener)
 
     async def _json(self, req: OpenAIRequest, events: tornado.queues.Queue, response_id: str) -> None:
         while True:
-            event = await events.get()
-            if isinstance(event, BackendError):
-                raise from_backend_error(event)
+            event = await self.next_event(events)
             if isinstance(event, GenerationResult):
                 self.write_json(render_completion(req, event, response_id=response_id,
                                                   model=self.ctx.backend.model_name))
@@ -113,12 +84,13 @@ class OpenAIHandler(BaseHandler):
     async def _stream(self, req: OpenAIRequest, events: tornado.queues.Queue, chunks: ChunkRenderer) -> None:
         sent = ""  # text sent so far; the result's generated_text may hold a tail not yet sent
         started = False
-        while True:
-            event = await events.get()
-            if isinstance(event, BackendError):
+        while not self._closed:
+            try:
+                event = await self.next_event(events)
+            except ServiceError as exc:
                 if not started:
-                    raise from_backend_error(event)
-                await self._send(sse.event(openai_error(from_backend_error(event))[1]))
+                    raise
+                await self.send(sse.event(openai_error(exc)[1]))
                 return
             if not started:
                 started = True
@@ -126,36 +98,21 @@ class OpenAIHandler(BaseHandler):
                     self.set_header(name, value)
                 opening = chunks.opening()
                 if opening is not None:
-                    await self._send(sse.event(opening))
+                    await self.send(sse.event(opening))
             if isinstance(event, TokenEvent):
                 text = event.text  # what this token adds to the generated text
                 if text:
                     sent += text
-                    await self._send(sse.event(chunks.text(text)))
+                    await self.send(sse.event(chunks.text(text)))
             elif isinstance(event, GenerationResult):
                 tail = event.generated_text[len(sent):] if event.generated_text.startswith(sent) else ""
                 if tail:
-                    await self._send(sse.event(chunks.text(tail)))
-                await self._send(sse.event(chunks.finish(event)))
+                    await self.send(sse.event(chunks.text(tail)))
+                await self.send(sse.event(chunks.finish(event)))
                 if req.include_usage:
-                    await self._send(sse.event(chunks.usage(event)))
-                await self._send(DONE_EVENT)
+                    await self.send(sse.event(chunks.usage(event)))
+                await self.send(DONE_EVENT)
                 return
-
-    async def _send(self, chunk: str) -> None:
-        self.write(chunk)
-        try:
-            await self.flush()
-        except tornado.iostream.StreamClosedError:
-            self.on_connection_close()
-
-    def on_connection_close(self) -> None:
-        self._closed = True
-        if self.observer is not None:
-            self.observer.client_gone()
-        if self._handle is not None:
-            self._handle.cancel()
-
 
 
 class CompletionsHandler(OpenAIHandler):

@@ -35,6 +35,7 @@ _OPENAI_STATUS: dict[int, tuple[int, str]] = {
     404: (404, "invalid_request_error"),
     405: (405, "invalid_request_error"),
     413: (413, "invalid_request_error"),
+    415: (415, "invalid_request_error"),
     422: (400, "invalid_request_error"),
     429: (429, "rate_limit_error"),
     503: (503, "service_unavailable_error"),

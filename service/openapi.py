@@ -16,8 +16,8 @@ from service.validation import Schemas
 
 COMPONENT_PREFIX = "#/components/schemas/"
 BUSINESS, MANAGEMENT, METRICS = "business", "management", "metrics"
-_GENERATION_ERRORS = (400, 413, 422, 424, 429, 500, 503)
-_OPENAI_ERRORS = (400, 404, 413, 429, 500, 503)
+_GENERATION_ERRORS = (400, 413, 415, 422, 424, 429, 500, 503)
+_OPENAI_ERRORS = (400, 404, 413, 415, 429, 500, 503)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +50,7 @@ ROUTES: tuple[RouteDoc, ...] = (
              request="openai_chat_request", stream=True, event="openai_chat_chunk",
              errors=_OPENAI_ERRORS, error_schema="openai_error"),
     RouteDoc("post", "/v1/tokenizer", "Tokenize text as POST / would", request="tokenizer_request",
-             response="tokenizer_response", errors=(400, 413, 422)),
+             response="tokenizer_response", errors=(400, 413, 415, 422)),
     RouteDoc("get", "/v1/models", "The served model (OpenAI list shape)", response="model_list"),
     RouteDoc("get", "/v1/models/{model_id}", "One model (OpenAI shape)", response="model_list/$defs/model",
              errors=(404,)),

@@ -4,14 +4,12 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
-from service.errors import NotFound, PayloadTooLarge, ServiceUnavailable
-from service.handlers import BaseHandler
+from service.errors import NotFound, ServiceUnavailable
+from service.handlers import BaseHandler, JsonBodyHandler
 from service.info import model_card, model_list, server_info
 from service.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from service.openapi import build_openapi
-from service.validation import parse_json_body
 
 
 class _EmptyOkHandler(BaseHandler):
@@ -42,11 +40,11 @@ class InfoHandler(BaseHandler):
         self.write_json(server_info(self.ctx))
 
 
-class TokenizerHandler(BaseHandler):
+class TokenizerHandler(JsonBodyHandler):
     """``POST /v1/tokenizer``: ``{"inputs": str}`` → ``{"token_number": n, "tokens": [ids]}``."""
 
     async def post(self) -> None:
-        body = read_json_body(self)
+        body = self.json_body()
         self.ctx.schemas.validate("tokenizer_request", body)
         loop = asyncio.get_running_loop()
         ids = await loop.run_in_executor(None, self.ctx.backend.tokenize, body["inputs"])
@@ -74,11 +72,3 @@ class MetricsHandler(BaseHandler):
 class OpenAPIHandler(BaseHandler):
     def get(self) -> None:
         self.write_json(build_openapi(self.ctx.schemas))
-
-
-def read_json_body(handler: BaseHandler) -> Any:
-    """The request body as JSON, within ``maxRequestLength`` (413) and strictly parsed (400)."""
-    size, limit = len(handler.request.body), handler.ctx.settings.max_request_bytes
-    if size > limit:
-        raise PayloadTooLarge(f"request body of {size} bytes is over maxRequestLength ({limit} bytes)")
-    return parse_json_body(handler.request.body)

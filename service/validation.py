@@ -9,6 +9,7 @@ import difflib
 import functools
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Callable
@@ -80,25 +81,101 @@ def validate(name: str, instance: Any, *, root: str = REQUEST_BODY) -> None:
     default_schemas().validate(name, instance, root=root)
 
 
+MAX_JSON_DEPTH = 64  # nesting levels of arrays/objects; real requests use fewer than 10
+_LONE_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # only \\uD800-\\uDFFF escapes can leave one
+
+
+_TOO_DEEP = f"request body JSON is rejected: nested deeper than {MAX_JSON_DEPTH} levels"
+
+
+class _JsonRejected(ValueError):
+    """Raised by the parse hooks: the message is the whole client-facing reason."""
+
+
 def parse_json_body(body: bytes | str) -> Any:
-    """Decode a request body; not JSON (or NaN/Infinity, or a number overflowing a float) → ``BadRequest``."""
+    """Decode a request body strictly; anything but one well-formed JSON document → ``BadRequest``.
+
+    Rejected: invalid UTF-8, NaN/Infinity, numbers that overflow a float, duplicate keys, nesting deeper
+    than ``MAX_JSON_DEPTH``, and ``\\u`` escapes that leave a lone UTF-16 surrogate.
+    """
+    if isinstance(body, bytes):
+        try:
+            body = body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BadRequest(f"request body is not valid JSON: not UTF-8 ({exc.reason} at byte {exc.start})") from None
     try:
-        return json.loads(body, parse_constant=_reject_constant, parse_float=_finite_float)
+        value = json.loads(body, parse_constant=_reject_constant, parse_float=_finite_float,
+                           parse_int=_float_range_int, object_pairs_hook=_unique_keys)
     except RecursionError:
-        raise BadRequest("request body is not valid JSON: nested too deeply") from None
-    except ValueError as exc:  # includes JSONDecodeError and UnicodeDecodeError
+        raise BadRequest(_TOO_DEEP) from None
+    except _JsonRejected as exc:
+        raise BadRequest(f"request body JSON is rejected: {exc}") from None
+    except ValueError as exc:  # JSONDecodeError
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    _check_tree(value, check_strings=_LONE_SURROGATE_ESCAPE.search(body) is not None)
+    return value
 
 
 def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
+    raise _JsonRejected(f"{name} is not a JSON number")
 
 
 def _finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
-        raise ValueError(f"number {text[:MAX_SHOWN_CHARS]} is out of range")
+        raise _JsonRejected(f"number {text[:MAX_SHOWN_CHARS]} is out of range")
     return value
+
+
+def _float_range_int(text: str) -> int:
+    """An integer literal; one a float cannot hold (over ~1.8e308) is out of range for every field."""
+    if len(text.lstrip("-")) > 309:
+        raise _JsonRejected(f"integer {text[:20]}… ({len(text.lstrip('-'))} digits) is out of range")
+    value = int(text)
+    try:
+        float(value)
+    except OverflowError:
+        raise _JsonRejected(f"integer {text[:20]}… ({len(text.lstrip('-'))} digits) is out of range") from None
+    return value
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _JsonRejected(f"duplicate key {show(key)} in one object")
+            seen.add(key)
+    return obj
+
+
+def _check_tree(value: Any, *, check_strings: bool) -> None:
+    """Depth limit (the validators recurse per level) and, if asked, no lone surrogates in strings."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            items: Iterable[Any] = node.values()
+            if check_strings:
+                items = [*node.keys(), *node.values()]
+        elif isinstance(node, list):
+            items = node
+        else:
+            if check_strings and isinstance(node, str):
+                _check_text(node)
+            continue
+        if depth >= MAX_JSON_DEPTH:
+            raise BadRequest(_TOO_DEEP)
+        stack.extend((item, depth + 1) for item in items)
+
+
+def _check_text(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise BadRequest(f"request body JSON is rejected: an unpaired UTF-16 surrogate "
+                         f"\\u{ord(text[exc.start]):04x} in a string") from None
 
 
 def _read_schemas(schema_dir: Path) -> dict[str, dict[str, Any]]:
