@@ -182,7 +182,12 @@ def build_prompt_sets(tok) -> tuple[list[str], list[str], list[int]]:
 
 
 class CpuMeter:
-    """Cores used by processes other than the server and this script while a scenario ran."""
+    """Cores used by processes other than the server and this script while a scenario ran.
+
+    Two estimates, the larger is reported: busy time in /proc/stat minus the server's and this
+    script's CPU time, and the sum of every other process's CPU time (psutil; processes that exit
+    during the scenario are missed). In a VM the two disagree: /proc/stat is tick-sampled.
+    """
 
     def __init__(self, server: psutil.Process | None):
         self.server = server
@@ -191,34 +196,60 @@ class CpuMeter:
     @staticmethod
     def _busy() -> float:
         t = psutil.cpu_times()
-        return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+        return t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
+
+    @staticmethod
+    def _tree(p: psutil.Process | None) -> list[psutil.Process]:
+        if p is None:
+            return []
+        try:
+            return [p] + p.children(recursive=True)
+        except psutil.Error:
+            return [p]
 
     def _proc_cpu(self, p: psutil.Process | None) -> float:
-        if p is None:
-            return 0.0
         total = 0.0
-        try:
-            for q in [p] + p.children(recursive=True):
-                try:
-                    c = q.cpu_times()
-                    total += c.user + c.system
-                except psutil.Error:
-                    pass
-        except psutil.Error:
-            pass
+        for q in self._tree(p):
+            try:
+                c = q.cpu_times()
+                total += c.user + c.system
+            except psutil.Error:
+                pass
         return total
+
+    @staticmethod
+    def _all() -> dict[int, tuple[float, float]]:
+        out = {}
+        for q in psutil.process_iter():
+            try:
+                c = q.cpu_times()
+                out[q.pid] = (q.create_time(), c.user + c.system)
+            except psutil.Error:
+                pass
+        return out
 
     def start(self) -> None:
         self.t0, self.b0 = time.perf_counter(), self._busy()
         self.s0, self.m0 = self._proc_cpu(self.server), self._proc_cpu(self.me)
+        self.a0 = self._all()
 
     def stop(self) -> dict:
         dt = time.perf_counter() - self.t0
+        a1 = self._all()
         busy = self._busy() - self.b0
         server = self._proc_cpu(self.server) - self.s0
         me = self._proc_cpu(self.me) - self.m0
-        return {"server_cores": server / dt, "bench_cores": me / dt,
-                "other_cores": max(0.0, (busy - server - me) / dt)}
+        mine = {q.pid for q in self._tree(self.server) + self._tree(self.me)}
+        others = 0.0
+        for pid, (created, cpu) in a1.items():
+            if pid in mine:
+                continue
+            before = self.a0.get(pid)
+            others += cpu - (before[1] if before and before[0] == created else 0.0)
+        by_stat = max(0.0, (busy - server - me) / dt)
+        by_proc = max(0.0, others / dt)
+        return {"server_cores": server / dt, "bench_cores": me / dt, "other_cores": max(by_stat, by_proc),
+                "other_cores_stat": by_stat, "other_cores_procs": by_proc}
 
 
 class RssSampler(threading.Thread):
@@ -561,14 +592,15 @@ def print_table(scenario: Scenario, rows: list[dict], prompt_desc: str, max_new:
     print(f"== {scenario.name}: {scenario.concurrency} concurrent client(s), {scenario.requests} requests, "
           f"{prompt_desc}, max_new_tokens {max_new}, greedy")
     head = (f"{'server':<16} {'tok/s':>7} {'TTFT p50':>9} {'TTFT p95':>9} {'ITL p50':>8} {'ITL p95':>8} "
-            f"{'ok/fail':>8} {'tok/req':>7} {'wall s':>7} {'max gen':>7} {'RSS MiB':>8} {'others':>6}")
+            f"{'ok/fail':>8} {'tok/req':>7} {'wall s':>7} {'max gen':>7} {'RSS MiB':>8} {'srv cpu':>7} {'others':>6}")
     print(head)
     print("-" * len(head))
     for r in rows:
         print(f"{r['server']:<16} {fmt(r['tok_per_s'], '7.1f')} {fmt(r['ttft_p50_ms'], '7.0f')}ms "
               f"{fmt(r['ttft_p95_ms'], '7.0f')}ms {fmt(r['itl_p50_ms'], '6.1f')}ms {fmt(r['itl_p95_ms'], '6.1f')}ms "
               f"{r['completed']:>4}/{r['failed']:<3} {fmt(r['tokens_per_request'], '7.1f')} {fmt(r['wall_s'], '7.1f')} "
-              f"{r['max_streams_generating']:>7} {fmt(r['peak_rss_mib'], '8.0f')} {fmt(r['other_cores'], '6.2f')}")
+              f"{r['max_streams_generating']:>7} {fmt(r['peak_rss_mib'], '8.0f')} {fmt(r['server_cores'], '7.2f')} "
+              f"{fmt(r['other_cores'], '6.2f')}")
         if r["stopped_early"]:
             print(f"    {r['stopped_early']} request(s) ended on EOS before max_new_tokens")
         for e in r["errors"]:
@@ -703,7 +735,7 @@ def main(argv: list[str] | None = None) -> int:
     print("tok/s = generated tokens received ÷ scenario wall time; TTFT = request sent → first token received; "
           "ITL = gap between consecutive tokens of one stream;")
     print("max gen = most streams generating tokens at the same moment; RSS = server peak RSS during the "
-          "scenario; others = cores used by other processes meanwhile.")
+          "scenario; srv cpu = cores the server used; others = cores used by other processes meanwhile.")
     for sc in scenarios:
         rows = [results[sc.name][s.name] for s in servers if s.name in results[sc.name]]
         print_table(sc, rows, prompt_desc[sc.fixed_prompt_tokens], max_new)
