@@ -8,8 +8,10 @@ decode ceiling it implies), a per-op profile of a decode step, and peak RSS.
     python bench/engine_speed.py [--rounds N] [--json out.json]
 
 The box is small (2 vCPU) and often shared, so every timed measurement records how many cores
-*other* processes used meanwhile (busy jiffies in /proc/stat minus this process's CPU time) and
-results are medians over interleaved rounds; "best" is the fastest round.
+*other* processes used meanwhile (busy jiffies in /proc/stat minus this process's CPU time);
+results are medians over interleaved rounds, "best" is the fastest round, and the ceiling/ratios
+use the median of the "clean" samples (other processes < CLEAN_CORES) when there are any.
+See docs/performance.md for the method and a reference run.
 """
 from __future__ import annotations
 
@@ -42,8 +44,6 @@ RAW_BATCH_STEPS = 48
 RAW_WINDOW_STEPS = 24
 MATMUL_OPS = ("MatMul", "Custom")  # Custom = the AOT matmul kernel
 WEIGHT_SUFFIXES = ("wqkv", "bqkv", "wo", "w_gate_up", "w_down", "lm_head")
-# Reference anchors (docs/performance.md explains where they come from).
-ANCHORS = {"llama.cpp f32": 56.7, "HF fp32 (torch eager)": 17.6, "MindSpore prototype": "17-20"}
 
 # Prose used to build prompts of an exact token length (written for this benchmark).
 PROSE = (
@@ -416,7 +416,6 @@ class Bench:
         self.s("eng1", "engine decode B=1", "tok/s").add((n - 1) / (rec.times[-1] - rec.times[0]), m)
         self.s("eng1_ttft", "engine TTFT, 32-token prompt", "ms", lower=True).add(
             (rec.times[0] - rec.submitted) * 1e3, m)
-        self.first_text = rec.result.generated_text
 
     def raw_single(self) -> None:
         from backends.mindspore.runner import DecodeRow

@@ -207,9 +207,9 @@ class CpuMeter:
         except psutil.Error:
             return [p]
 
-    def _proc_cpu(self, p: psutil.Process | None) -> float:
+    def _proc_cpu(self, p: psutil.Process | None, tree: bool = True) -> float:
         total = 0.0
-        for q in self._tree(p):
+        for q in (self._tree(p) if tree else [p] if p is not None else []):
             try:
                 c = q.cpu_times()
                 total += c.user + c.system
@@ -230,7 +230,7 @@ class CpuMeter:
 
     def start(self) -> None:
         self.t0, self.b0 = time.perf_counter(), self._busy()
-        self.s0, self.m0 = self._proc_cpu(self.server), self._proc_cpu(self.me)
+        self.s0, self.m0 = self._proc_cpu(self.server), self._proc_cpu(self.me, tree=False)
         self.a0 = self._all()
 
     def stop(self) -> dict:
@@ -238,8 +238,8 @@ class CpuMeter:
         a1 = self._all()
         busy = self._busy() - self.b0
         server = self._proc_cpu(self.server) - self.s0
-        me = self._proc_cpu(self.me) - self.m0
-        mine = {q.pid for q in self._tree(self.server) + self._tree(self.me)}
+        me = self._proc_cpu(self.me, tree=False) - self.m0  # the server is our child: not in here
+        mine = {q.pid for q in self._tree(self.server)} | {self.me.pid}
         others = 0.0
         for pid, (created, cpu) in a1.items():
             if pid in mine:
