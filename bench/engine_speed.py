@@ -443,14 +443,15 @@ class Bench:
     def graph_only(self, blocks: list[int]) -> None:
         """The bare compiled-graph call (inputs pre-built as Tensors) + the logits copy to host."""
         import mindspore as ms
-        from backends.mindspore.runner import _mask
+        from backends.mindspore.runner import net_inputs
         from backends.mindspore.kv_cache import block_table, token_slots
 
         bs = self.runner.shapes.block_size
         window = self.runner.shapes.window_for(PROMPT_SHORT + NEW_TOKENS)
         pos = np.array([[PROMPT_SHORT + NEW_TOKENS - 1]], np.int32)
-        args = (np.array([[7]], np.int32), pos, token_slots(blocks, pos[0], bs).astype(np.int32),
-                block_table([blocks], window // bs), _mask(pos, window), np.zeros(1, np.int32))
+        args = net_inputs(np.array([[7]], np.int32), pos, token_slots(blocks, pos[0], bs).astype(np.int32),
+                          block_table([blocks], window // bs), np.zeros(1, np.int32), bs,
+                          self.runner.spec.num_kv_heads, self.runner.num_slots)
         tensors = [ms.Tensor(a) for a in args]
         self.runner.net(*tensors)[0].asnumpy()
         steps = []

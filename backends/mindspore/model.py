@@ -46,7 +46,7 @@ class RMSNorm(nn.Cell):
 
 
 class DecoderLayer(nn.Cell):
-    """Attention + MLP for one layer; owns the layer's K/V cache ``[num_slots, kv_heads, head_dim]``."""
+    """Attention + MLP for one layer; owns the layer's K/V cache ``[kv_heads * num_slots, head_dim]``."""
 
     def __init__(self, spec: ModelSpec, w: dict[str, np.ndarray], i: int, num_slots: int, block_size: int,
                  fast_mm=None) -> None:
@@ -70,7 +70,10 @@ class DecoderLayer(nn.Cell):
         self.ffn = spec.intermediate_size
         self.attn_norm = RMSNorm(w[p + "input_layernorm.weight"], spec.rms_norm_eps, p + "attn_norm")
         self.ffn_norm = RMSNorm(w[p + "post_attention_layernorm.weight"], spec.rms_norm_eps, p + "ffn_norm")
-        cache_shape = (num_slots, spec.num_kv_heads, spec.head_dim)
+        # Row kv_head * num_slots + slot holds one head's K (or V) of one token. Kv-head-major, so one
+        # gather of rows is already the [kv, B, W, D] that attention multiplies; 2-D, so ScatterUpdate
+        # writes it in place (ScatterNdUpdate and any reshape of the Parameter copy the whole cache).
+        cache_shape = (spec.num_kv_heads * num_slots, spec.head_dim)
         self.k_cache = _param(np.zeros(cache_shape, np.float32), p + "k_cache")
         self.v_cache = _param(np.zeros(cache_shape, np.float32), p + "v_cache")
         self.scatter = ops.ScatterUpdate()
@@ -90,16 +93,7 @@ class DecoderLayer(nn.Cell):
         rotated = ops.concat((-x[..., half:], x[..., :half]), -1)
         return x * cos + rotated * sin
 
-    def _cached(self, cache, new, slots, block_table):
-        """Write ``new`` [B*T, kv, D] at ``slots``, then read the window of each row: [B, kv, W, D]."""
-        cache = self.scatter(cache, slots, new)
-        blocks = ops.reshape(cache, (-1, self.block_size, self.kv_heads, self.head_dim))
-        b, nb = block_table.shape
-        window = ops.gather(blocks, block_table, 0)  # [B, NB, bs, kv, D]
-        window = ops.reshape(window, (b, nb * self.block_size, self.kv_heads, self.head_dim))
-        return ops.transpose(window, (0, 2, 1, 3))
-
-    def _attention(self, x, cos, sin, slots, block_table, mask):
+    def _attention(self, x, cos, sin, write_idx, read_rows, mask):
         b, t, _ = x.shape
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
         g = h // kvh
@@ -108,24 +102,26 @@ class DecoderLayer(nn.Cell):
             qkv = qkv + self.bqkv
         q = ops.reshape(qkv[:, : h * d], (b, t, h, d))
         k = ops.reshape(qkv[:, h * d: (h + kvh) * d], (b, t, kvh, d))
-        v = ops.reshape(qkv[:, (h + kvh) * d:], (b * t, kvh, d))
+        v = ops.reshape(qkv[:, (h + kvh) * d:], (b * t * kvh, d))
         q = self._rope(q, cos, sin)
-        k = ops.reshape(self._rope(k, cos, sin), (b * t, kvh, d))
-        keys = self._cached(self.k_cache, k, slots, block_table)  # [B, kv, W, D]
-        values = self._cached(self.v_cache, v, slots, block_table)
-        # GQA without repeating K/V: group query heads under their kv head. q: [B, kv, G*T, D]
-        q = ops.transpose(ops.reshape(q, (b, t, kvh, g, d)), (0, 2, 3, 1, 4))
-        q = ops.reshape(q, (b, kvh, g * t, d))
-        scores = self.bmm_t(q, keys) * self.scale  # [B, kv, G*T, W]
-        scores = ops.reshape(scores, (b, kvh, g, t, -1)) + mask  # mask: [B, 1, 1, T, W]
-        probs = ops.reshape(ops.softmax(scores, -1), (b, kvh, g * t, -1))
-        out = self.bmm(probs, values)  # [B, kv, G*T, D]
-        out = ops.transpose(ops.reshape(out, (b, kvh, g, t, d)), (0, 3, 1, 2, 4))
+        k = ops.reshape(self._rope(k, cos, sin), (b * t * kvh, d))
+        # Write this step's K/V rows in place, then gather each row's window straight out of the
+        # updated Parameter: [kv, B, W, D]. Never reshape the cache itself (MindSpore copies it).
+        keys = ops.gather(self.scatter(self.k_cache, write_idx, k), read_rows, 0)
+        values = ops.gather(self.scatter(self.v_cache, write_idx, v), read_rows, 0)
+        # GQA without repeating K/V: group query heads under their kv head. q: [kv, B, G*T, D]
+        q = ops.transpose(ops.reshape(q, (b, t, kvh, g, d)), (2, 0, 3, 1, 4))
+        q = ops.reshape(q, (kvh, b, g * t, d))
+        scores = self.bmm_t(q, keys) * self.scale  # [kv, B, G*T, W]
+        scores = ops.reshape(scores, (kvh, b, g, t, -1)) + mask  # mask: [B, 1, T, W]
+        probs = ops.reshape(ops.softmax(scores, -1), (kvh, b, g * t, -1))
+        out = self.bmm(probs, values)  # [kv, B, G*T, D]
+        out = ops.transpose(ops.reshape(out, (kvh, b, g, t, d)), (1, 3, 0, 2, 4))
         return self._mm(ops.reshape(out, (b * t, h * d)), self.wo)
 
-    def construct(self, x, cos, sin, slots, block_table, mask):
+    def construct(self, x, cos, sin, write_idx, read_rows, mask):
         b, t, dim = x.shape
-        attn = self._attention(self.attn_norm(x), cos, sin, slots, block_table, mask)
+        attn = self._attention(self.attn_norm(x), cos, sin, write_idx, read_rows, mask)
         x = x + ops.reshape(attn, (b, t, dim))
         gate_up = self._mm(ops.reshape(self.ffn_norm(x), (b * t, dim)), self.w_gate_up)
         act = ops.silu(gate_up[:, : self.ffn]) * gate_up[:, self.ffn:]
@@ -135,9 +131,11 @@ class DecoderLayer(nn.Cell):
 class LlamaModel(nn.Cell):
     """ids/positions in, logits of one chosen row per sequence and the final-normed hidden states out.
 
-    Inputs: ids, pos [B, T] int32; slots [B*T] int32 (cache slot of each token; padding -> scratch slot 0);
-    block_table [B, NB] int32 (the sequence's cache blocks, padded with 0); mask [B, 1, 1, T, NB*bs] float32
-    (0 where key j <= pos, else -1e9); last_rows [B] int32 (flat row in B*T whose logits to return).
+    Inputs: ids, pos [B, T] int32; write_idx [B*T*kv] int32 (cache row ``head * num_slots + slot`` of each
+    new K/V head row, token-major; padding -> scratch slot 0); read_rows [kv, B, W] int32 (cache row of
+    each head and key position of a row's window, padded with slot 0); mask [B, 1, T, W] float32 (0 where
+    key j <= pos, else -1e9);
+    last_rows [B] int32 (flat row in B*T whose logits to return).
     """
 
     def __init__(self, spec: ModelSpec, w: dict[str, np.ndarray], num_blocks: int, block_size: int,
@@ -155,13 +153,13 @@ class LlamaModel(nn.Cell):
                                    for i in range(spec.num_layers)])
         self.norm = RMSNorm(w["model.norm.weight"], spec.rms_norm_eps, "norm")
 
-    def construct(self, ids, pos, slots, block_table, mask, last_rows):
+    def construct(self, ids, pos, write_idx, read_rows, mask, last_rows):
         b, t = ids.shape
         x = ops.gather(self.embed, ids, 0)  # [B, T, D]
         cos = ops.expand_dims(ops.gather(self.cos, pos, 0), 2)  # [B, T, 1, hd]
         sin = ops.expand_dims(ops.gather(self.sin, pos, 0), 2)
         for layer in self.layers:
-            x = layer(x, cos, sin, slots, block_table, mask)
+            x = layer(x, cos, sin, write_idx, read_rows, mask)
         hidden = self.norm(ops.reshape(x, (b * t, self.dim)))
         last = ops.gather(hidden, last_rows, 0)
         logits = self.fast_mm(last, self.head) if self.use_fast else ops.matmul(last, self.head)  # [B, V]

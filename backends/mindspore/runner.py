@@ -66,9 +66,26 @@ class DecodeRow:
 
 
 def _mask(pos: np.ndarray, window: int) -> np.ndarray:
-    """Additive attention mask [B, 1, 1, T, W]: key j is visible to the token at position p iff j <= p."""
+    """Additive attention mask [B, 1, T, W]: key j is visible to the token at position p iff j <= p."""
     visible = np.arange(window)[None, None, :] <= pos[:, :, None]
-    return np.where(visible, np.float32(0), _NEG)[:, None, None].astype(np.float32)
+    return np.where(visible, np.float32(0), _NEG)[:, None].astype(np.float32)
+
+
+def net_inputs(ids: np.ndarray, pos: np.ndarray, slots: np.ndarray, table: np.ndarray, last_rows: np.ndarray,
+               block_size: int, kv_heads: int, num_slots: int) -> tuple[np.ndarray, ...]:
+    """The network's inputs from ids/pos/slots [B, T], the block table [B, NB] and last_rows [B].
+
+    The cache holds head h of slot s in row ``h * num_slots + s``. write_idx lists the rows of every new
+    token's heads (token-major); read_rows [kv, B, W] the rows of every head and key position of each
+    row's window (the table's blocks, each expanded to its block_size slots).
+    """
+    heads = np.arange(kv_heads, dtype=np.int64) * num_slots
+    write_idx = slots.reshape(-1, 1).astype(np.int64) + heads
+    window_slots = (table[:, :, None].astype(np.int64) * block_size + np.arange(block_size)).reshape(len(table), -1)
+    read_rows = heads[:, None, None] + window_slots[None]
+    window = table.shape[1] * block_size
+    return (ids, pos, write_idx.reshape(-1).astype(np.int32), read_rows.astype(np.int32), _mask(pos, window),
+            last_rows)
 
 
 def _fast_matmul():
@@ -92,14 +109,18 @@ class ModelRunner:
         if matmul not in ("ms", "fast", "auto"):
             raise ValueError(f"matmul must be 'auto', 'fast' or 'ms', got {matmul!r}")
         log.info("matmul: %s", "AOT kernel (row-deterministic)" if fast_mm is not None else "MindSpore MatMul")
+        self.num_slots = num_blocks * shapes.block_size
+        if spec.num_kv_heads * self.num_slots >= 2**31:
+            raise ValueError(f"a KV cache of {num_blocks} blocks x {shapes.block_size} tokens x {spec.num_kv_heads} "
+                             "kv heads has more rows than int32 indices address; lower cacheBlockNum")
         self.net = LlamaModel(spec, weights, num_blocks, shapes.block_size, shapes.max_window, fast_mm)
         self.net.set_train(False)
         self.head = LMHead(self.net)
         self.compiled: set[tuple] = set()
 
     def _call(self, key: tuple, ids, pos, slots, table, last_rows):
-        window = table.shape[1] * self.shapes.block_size
-        args = (ids, pos, slots, table, _mask(pos, window), last_rows)
+        args = net_inputs(ids, pos, slots, table, last_rows, self.shapes.block_size, self.spec.num_kv_heads,
+                          self.num_slots)
         started = time.perf_counter()
         logits, hidden = self.net(*(ms.Tensor(a) for a in args))
         out = logits.asnumpy(), hidden.asnumpy()
