@@ -4,12 +4,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from service.config import DEFAULT_MODEL_NAME, ConfigFileError, ServerConfig, load_server_config
+from service.config import DEFAULT_MODEL_NAME, ConfigFileError, ServerConfig, load_server_config, with_port
+from service.loading import LOAD_THREAD
+
+if TYPE_CHECKING:
+    import ssl
+
+    import tornado.web
 
 log = logging.getLogger("mindserve")
 DEFAULT_CONFIG = Path("configs/server.yaml")
@@ -22,60 +32,113 @@ def setup_logging(level: str = "INFO") -> None:
 
 def prepare_model(cfg: ServerConfig) -> Path:
     """The model directory; the default model is downloaded and converted on first use."""
+    from service.preflight import MODEL_KEY, is_model_dir
+
     path = cfg.model.weight_path
-    if path.is_dir() and any(path.glob("*.yaml")):
+    if is_model_dir(path):
         return path
     if path.name == DEFAULT_MODEL_NAME:
         from backends.mindspore.default_model import ensure_default_model
 
         log.info("default model not found at %s: preparing it (download + conversion)", path)
         return ensure_default_model(path.parent)
-    raise ConfigFileError(f"{cfg.path}: BackendConfig.ModelDeployConfig.ModelConfig[0].modelWeightPath: "
-                          f"{path} is not a model directory (no .yaml inside)")
+    raise ConfigFileError(f"{cfg.path}: {MODEL_KEY}: {path} is not a model directory (no .yaml inside)")
+
+
+class StartupFailed(Exception):
+    """The model could not be loaded or warmed up (logged already); ``serve`` exits 1."""
 
 
 async def serve(cfg: ServerConfig) -> None:
-    from service.tls import server_ssl_context
+    """Check what can be checked, bind every listener (``/health`` 503, ``/v2/health/live`` 200), load and
+    warm up the model in the background, then turn ready; on SIGTERM/SIGINT drain and stop."""
+    from service.preflight import check_model, check_tls
 
-    ssl_context = server_ssl_context(cfg.server, cfg.path)  # before loading: a bad key stops start-up at once
-
-    import tornado.httpserver
-    import tornado.netutil
+    ssl_context = check_tls(cfg)  # before anything slow: a bad key or model directory stops start-up at once
+    check_model(cfg)
 
     from backends.loader import load_backend
     from service.admission import Admission
-    from service.app import make_app, planes_by_port
+    from service.app import make_app
+    from service.loading import LoadingBackend, load_in_background
     from service.metrics import ServiceMetrics
     from service.state import ServerState
-    backend = load_backend(cfg.model.backend_type, prepare_model(cfg), cfg.engine, model_name=cfg.model.name,
-                           progress=True)
+
+    backend = LoadingBackend(cfg.model.name, cfg.engine)
     state, metrics = ServerState(), ServiceMetrics.for_backend(backend)
     admission = Admission(cfg.server.max_link_num)
-    scheme = "https" if ssl_context is not None else "http"
-    servers = []
-    for port, planes in planes_by_port(cfg.server).items():  # the business port first
-        app = make_app(backend, cfg.server, state=state, metrics=metrics, admission=admission, planes=planes)
-        server = tornado.httpserver.HTTPServer(app, ssl_options=ssl_context,
-                                               max_body_size=cfg.server.max_request_bytes + (1 << 20))
-        sockets = tornado.netutil.bind_sockets(port, cfg.server.ip_address)
-        server.add_sockets(sockets)
-        servers.append(server)
-        log.info("listening on %s://%s:%d (%s; model %s)", scheme, cfg.server.ip_address,
-                 sockets[0].getsockname()[1], ", ".join(sorted(planes)), backend.model_name)
-    state.mark_ready()  # the backend is warmed up and every plane listens: /health turns 200
+    servers, business_url = listen(cfg, ssl_context, lambda planes: make_app(
+        backend, cfg.server, state=state, metrics=metrics, admission=admission, planes=planes))
+    started = time.monotonic()
+    log.info("loading model %s; /health answers 503 until it is loaded and warmed up", cfg.model.name)
+    loading = load_in_background(lambda: load_backend(cfg.model.backend_type, prepare_model(cfg), cfg.engine,
+                                                      model_name=cfg.model.name, progress=True), into=backend)
     stop, force = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal cuts the grace period short
         loop.add_signal_handler(sig, lambda: (force if stop.is_set() else stop).set())
-    await stop.wait()
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if loading.done() and loading.exception() is not None:
+        stopping.cancel()
+        await _close(servers)
+        raise _startup_failed(loading.exception())
+    if loading.done():
+        state.mark_ready()
+        log.info("ready: model %s loaded and warmed up in %.1fs; listening on %s", cfg.model.name,
+                 time.monotonic() - started, business_url)
+    else:
+        loading.cancel()  # the load thread is left behind; cmd_serve ends the process without waiting for it
+        log.info("stopping before the model finished loading")
+    await stopping
     await drain(cfg.server.shutdown_grace_period, state=state, admission=admission, force=force)
     for server in servers:
         server.stop()
     await loop.run_in_executor(None, backend.close)  # fails what is left in the engine: those clients hear so
     await _wait_until(lambda: admission.in_flight == 0, seconds=2.0)
-    for server in servers:
-        await server.close_all_connections()
+    await _close(servers)
     log.info("stopped")
+
+
+def listen(cfg: ServerConfig, ssl_context: ssl.SSLContext | None,
+           app_for: Callable[[frozenset[str]], tornado.web.Application]) -> tuple[list, str]:
+    """One HTTP server per (address, port) with ``app_for(its planes)``, bound now; (servers, business URL)."""
+    import tornado.httpserver
+    import tornado.netutil
+
+    from service.config import planes_by_listener
+    from service.preflight import bind_error
+
+    scheme = "https" if ssl_context is not None else "http"
+    servers, urls = [], []
+    for (address, port), planes in planes_by_listener(cfg.server).items():  # the business listener first
+        try:
+            sockets = tornado.netutil.bind_sockets(port, address)
+        except OSError as exc:
+            for server in servers:
+                server.stop()
+            raise bind_error(cfg, address, port, planes, exc) from None
+        server = tornado.httpserver.HTTPServer(app_for(planes), ssl_options=ssl_context,
+                                               max_body_size=cfg.server.max_request_bytes + (1 << 20))
+        server.add_sockets(sockets)
+        servers.append(server)
+        host = f"[{address}]" if ":" in address else address
+        urls.append(f"{scheme}://{host}:{sockets[0].getsockname()[1]}")
+        log.info("listening on %s (%s; model %s)", urls[-1], ", ".join(sorted(planes)), cfg.model.name)
+    return servers, urls[0]
+
+
+def _startup_failed(exc: BaseException) -> StartupFailed:
+    expected = isinstance(exc, (ValueError, OSError, ConfigFileError))
+    log.error("start-up failed: the model could not be loaded or warmed up: %s: %s", type(exc).__name__, exc,
+              exc_info=None if expected else exc)
+    return StartupFailed(str(exc))
+
+
+async def _close(servers: list) -> None:
+    for server in servers:
+        server.stop()
+        await server.close_all_connections()
 
 
 async def drain(grace: float, *, state, admission, force: asyncio.Event) -> None:
@@ -100,10 +163,15 @@ async def _wait_until(done, *, seconds: float, poll: float = 0.05) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     cfg = load_server_config(args.config)
     if args.port is not None:
-        from dataclasses import replace
-
-        cfg = replace(cfg, server=replace(cfg.server, port=args.port))
-    asyncio.run(serve(cfg))
+        cfg = with_port(cfg, args.port)
+    try:
+        asyncio.run(serve(cfg))
+    except StartupFailed:
+        return 1
+    if any(thread.name == LOAD_THREAD and thread.is_alive() for thread in threading.enumerate()):
+        # Stopped during warm-up: end now rather than tear the interpreter down under a running compile.
+        logging.shutdown()
+        os._exit(0)
     return 0
 
 
@@ -116,8 +184,16 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    """Every check ``serve`` makes before loading weights; busy ports are reported, not failed."""
+    from service.preflight import busy_listeners, check_model, check_tls
+
     cfg = load_server_config(args.config)
-    print(f"{args.config}: OK (model {cfg.model.name} at {cfg.model.weight_path}, "
+    check_tls(cfg)
+    model = check_model(cfg)
+    for problem in busy_listeners(cfg):
+        print(f"mindserve: warning: {args.config}: cannot listen on {problem} right now", file=sys.stderr)
+    what = model.arch if model.prepared else "not prepared yet: serve downloads and converts it"
+    print(f"{args.config}: OK (model {cfg.model.name} at {cfg.model.weight_path}: {what}; "
           f"listening on {cfg.server.ip_address}:{cfg.server.port})")
     return 0
 
@@ -139,7 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default=None, help="model name used for the yaml file (default: from the file name)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_convert)
-    p = sub.add_parser("validate-config", help="check a server config file against schemas/ and exit")
+    p = sub.add_parser("validate-config", help="check a server config file as serve would, without loading "
+                       "weights (schema, rules across keys, listen addresses, TLS files, model directory, "
+                       "buckets), and exit: 0 if it is usable, 2 if not")
     p.add_argument("config", type=Path, help="the server config file")
     p.set_defaults(func=cmd_validate)
     return parser

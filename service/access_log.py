@@ -40,7 +40,8 @@ def log_request(handler: tornado.web.RequestHandler) -> None:
         "latency_ms": f"{1000.0 * handler.request.request_time():.1f}",
         "client": handler.request.remote_ip,
     }
-    log.log(logging.ERROR if status >= 500 else logging.INFO, format_fields(fields))
+    # 503 is a state the server announces (still warming up, or draining), not a fault: probes poll it
+    log.log(logging.ERROR if status >= 500 and status != 503 else logging.INFO, format_fields(fields))
 
 
 def format_fields(fields: dict[str, Any]) -> str:

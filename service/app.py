@@ -10,7 +10,7 @@ import tornado.web
 from backends.base import Backend
 from service.access_log import log_request
 from service.admission import Admission
-from service.config import ServerSettings
+from service.config import BUSINESS, MANAGEMENT, METRICS, ServerSettings
 from service.handlers import GenerateHandler, NotFoundHandler
 from service.metrics import ServiceMetrics
 from service.openai_api import openai_routes
@@ -21,7 +21,6 @@ from service.state import ServerState
 from service.tgi_handlers import GenerateObjectHandler, GenerateStreamHandler
 from service.validation import Schemas, default_schemas
 
-BUSINESS, MANAGEMENT, METRICS = "business", "management", "metrics"
 ALL_PLANES = frozenset({BUSINESS, MANAGEMENT, METRICS})
 Route = tuple[str, type[tornado.web.RequestHandler], dict[str, Any]]
 
@@ -71,18 +70,6 @@ def metrics_routes(ctx: AppContext) -> list[Route]:
 
 
 _PLANE_ROUTES = {BUSINESS: business_routes, MANAGEMENT: management_routes, METRICS: metrics_routes}
-
-
-def planes_by_port(settings: ServerSettings) -> dict[int, frozenset[str]]:
-    """The planes each listening port serves, business port first; an unset or equal port shares a server."""
-    def port_of(value: int | None) -> int:
-        return settings.port if value is None else value
-
-    grouped: dict[int, set[str]] = {}
-    for plane, port in ((BUSINESS, settings.port), (MANAGEMENT, port_of(settings.management_port)),
-                        (METRICS, port_of(settings.metrics_port))):
-        grouped.setdefault(port, set()).add(plane)
-    return {port: frozenset(planes) for port, planes in grouped.items()}
 
 
 def make_app(backend: Backend, settings: ServerSettings = ServerSettings(), *,

@@ -1,8 +1,10 @@
 """The server configuration file (YAML or the reference server's config.json) -> frozen settings."""
 from __future__ import annotations
 
+import functools
+import ipaddress
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ from service.validation import default_schemas
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 MAX_CONFIG_BYTES = 10 * 1024 * 1024  # the reference server's limit
+PREFILL_CHUNK = 64  # most prompt tokens per prefill chunk (the chunk is min(maxPrefillTokens, this))
 
 
 class ConfigFileError(ValueError):
@@ -22,10 +25,15 @@ class ConfigFileError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class ServerSettings:
+    """``ServerConfig`` as the server applies it. The defaults equal the schema's ``default``s (a test
+    checks it); ``load_server_config`` takes its defaults from the schema itself."""
+
     ip_address: str = "127.0.0.1"
     port: int = 1025
-    management_port: int | None = None
-    metrics_port: int | None = None
+    management_ip_address: str | None = None  # None: ip_address
+    management_port: int | None = None  # None: port
+    metrics_port: int | None = None  # None: port
+    allow_all_zero_ip_listening: bool = False
     https_enabled: bool = False
     tls_cert: Path | None = None
     tls_pk: Path | None = None
@@ -37,6 +45,11 @@ class ServerSettings:
     max_request_bytes: int = 40 * 1024 * 1024
     token_id_format: str = "list"
     shutdown_grace_period: float = 30.0  # seconds in-flight requests get to finish after SIGTERM/SIGINT
+
+    @property
+    def management_address(self) -> str:
+        """Where the management and metrics planes listen."""
+        return self.management_ip_address or self.ip_address
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,50 +90,147 @@ def _resolve(base: Path, value: str | None) -> Path | None:
     return path if path.is_absolute() else (base / path)
 
 
+@functools.cache
+def schema_defaults() -> dict[str, dict[str, Any]]:
+    """``{section: {key: default}}`` from the ``default`` keywords of ``schemas/server_config.schema.json``:
+    the one place the defaults are written down."""
+    defs = default_schemas().schema("server_config")["$defs"]
+    return {section: {key: prop["default"] for key, prop in defs[section]["properties"].items() if "default" in prop}
+            for section in _SECTIONS}
+
+
+_SECTIONS = ("ServerConfig", "ModelDeployConfig", "ModelConfig", "ScheduleConfig")
+
+
+class _Section:
+    """One section of the file; a key it lacks reads as the schema's default (None without one)."""
+
+    def __init__(self, name: str, data: dict | None) -> None:
+        self.data, self.defaults = data or {}, schema_defaults()[name]
+
+    def __getitem__(self, key: str) -> Any:
+        value = self.data.get(key)
+        return self.defaults.get(key) if value is None else value
+
+
 def _server(data: dict, base: Path) -> ServerSettings:
-    s = data.get("ServerConfig") or {}
-    ca = s.get("tlsCaFile") or []
-    ca_dir = _resolve(base, s.get("tlsCaPath")) or base
+    s = _Section("ServerConfig", data.get("ServerConfig"))
+    ca = s["tlsCaFile"] or []
+    ca_dir = _resolve(base, s["tlsCaPath"]) or base
     return ServerSettings(
-        ip_address=s.get("ipAddress", "127.0.0.1"), port=s.get("port", 1025),
-        management_port=s.get("managementPort"), metrics_port=s.get("metricsPort"),
-        https_enabled=s.get("httpsEnabled", False),
-        tls_cert=_resolve(base, s.get("tlsCert")), tls_pk=_resolve(base, s.get("tlsPk")),
+        ip_address=s["ipAddress"], port=s["port"], management_ip_address=s["managementIpAddress"],
+        management_port=s["managementPort"], metrics_port=s["metricsPort"],
+        allow_all_zero_ip_listening=s["allowAllZeroIpListening"], https_enabled=s["httpsEnabled"],
+        tls_cert=_resolve(base, s["tlsCert"]), tls_pk=_resolve(base, s["tlsPk"]),
         tls_ca_files=tuple(_resolve(ca_dir, f) for f in ([ca] if isinstance(ca, str) else ca)),
-        max_link_num=s.get("maxLinkNum", 1000), full_text_enabled=s.get("fullTextEnabled", False),
-        token_timeout=float(s.get("tokenTimeout", 600)), e2e_timeout=float(s.get("e2eTimeout", 600)),
-        max_request_bytes=int(s.get("maxRequestLength", 40)) * 1024 * 1024,
-        token_id_format=s.get("tokenIdFormat", "list"),
-        shutdown_grace_period=float(s.get("shutdownGracePeriod", 30)),
+        max_link_num=s["maxLinkNum"], full_text_enabled=s["fullTextEnabled"],
+        token_timeout=float(s["tokenTimeout"]), e2e_timeout=float(s["e2eTimeout"]),
+        max_request_bytes=int(s["maxRequestLength"]) * 1024 * 1024,
+        token_id_format=s["tokenIdFormat"], shutdown_grace_period=float(s["shutdownGracePeriod"]),
     )
 
 
-def _engine(data: dict, path: Path) -> EngineConfig:
-    deploy = data["BackendConfig"].get("ModelDeployConfig") or {}
-    sched = data["BackendConfig"].get("ScheduleConfig") or {}
-    max_seq = deploy.get("maxSeqLen", 2560)
-    max_batch = sched.get("maxBatchSize", 200)
-    if sched.get("maxPrefillBatchSize", 1) > max_batch:
-        raise ConfigFileError(f"{path}: BackendConfig.ScheduleConfig.maxPrefillBatchSize "
-                              f"{sched['maxPrefillBatchSize']} must be <= maxBatchSize {max_batch}")
-    if sched.get("maxIterTimes", 1) > max_seq:
-        raise ConfigFileError(f"{path}: BackendConfig.ScheduleConfig.maxIterTimes {sched['maxIterTimes']} "
-                              f"must be <= maxSeqLen {max_seq}")
-    truncation = deploy.get("truncation", 0)
-    buckets = {k: tuple(sorted(sched[k])) for k in ("batchBuckets", "windowBuckets") if k in sched}
+def _engine(data: dict) -> EngineConfig:
+    deploy = _Section("ModelDeployConfig", data["BackendConfig"].get("ModelDeployConfig"))
+    sched = _Section("ScheduleConfig", data["BackendConfig"].get("ScheduleConfig"))
+    truncation = deploy["truncation"]
+    buckets = {k: tuple(sorted(sched[k])) if sched[k] else None for k in ("batchBuckets", "windowBuckets")}
     return EngineConfig(
-        max_seq_len=max_seq, max_input_tokens=deploy.get("maxInputTokenLen", 2048),
+        max_seq_len=deploy["maxSeqLen"], max_input_tokens=deploy["maxInputTokenLen"],
         truncation=int(truncation) if not isinstance(truncation, bool) else (-1 if truncation else 0),
-        max_batch_size=max_batch, max_iter_times=sched.get("maxIterTimes", 512),
-        block_size=sched.get("cacheBlockSize", 128),
-        prefill_chunk=min(sched.get("maxPrefillTokens", 64), 64),
-        max_prefill_batch=sched.get("maxPrefillBatchSize", 4), max_prefill_tokens=sched.get("maxPrefillTokens", 256),
-        batch_buckets=buckets.get("batchBuckets"), window_buckets=buckets.get("windowBuckets"),
+        max_batch_size=sched["maxBatchSize"], max_iter_times=sched["maxIterTimes"],
+        block_size=sched["cacheBlockSize"], prefill_chunk=min(sched["maxPrefillTokens"], PREFILL_CHUNK),
+        max_prefill_batch=sched["maxPrefillBatchSize"], max_prefill_tokens=sched["maxPrefillTokens"],
+        batch_buckets=buckets["batchBuckets"], window_buckets=buckets["windowBuckets"],
     )
+
+
+_SCHEDULE = "BackendConfig.ScheduleConfig"
+
+
+def check_engine(engine: EngineConfig) -> None:
+    """Rules across keys, on the values applied (defaults included); raises ValueError naming the key."""
+    if engine.max_prefill_batch > engine.max_batch_size:
+        raise ValueError(f"{_SCHEDULE}.maxPrefillBatchSize {engine.max_prefill_batch} must be <= "
+                         f"maxBatchSize {engine.max_batch_size}")
+    if engine.max_iter_times > engine.max_seq_len:
+        raise ValueError(f"{_SCHEDULE}.maxIterTimes {engine.max_iter_times} must be <= "
+                         f"BackendConfig.ModelDeployConfig.maxSeqLen {engine.max_seq_len}")
+    if engine.batch_buckets and engine.batch_buckets[-1] < engine.max_batch_size:
+        raise ValueError(f"{_SCHEDULE}.batchBuckets {list(engine.batch_buckets)}: the largest must be >= "
+                         f"maxBatchSize {engine.max_batch_size}")
+    odd = [w for w in engine.window_buckets or () if w % engine.block_size]
+    if odd:
+        raise ValueError(f"{_SCHEDULE}.windowBuckets {list(engine.window_buckets)}: {odd[0]} is not a multiple "
+                         f"of cacheBlockSize {engine.block_size}")
+
+
+def check_window_coverage(engine: EngineConfig, max_position_embeddings: int | None = None) -> None:
+    """The largest window must hold min(maxSeqLen, the model's max_position_embeddings) tokens."""
+    longest = engine.max_seq_len if max_position_embeddings is None else min(engine.max_seq_len,
+                                                                             max_position_embeddings)
+    if engine.window_buckets and engine.window_buckets[-1] < longest:
+        model = "" if max_position_embeddings is None else f" (the model's max_position_embeddings is " \
+                                                               f"{max_position_embeddings})"
+        raise ValueError(f"{_SCHEDULE}.windowBuckets {list(engine.window_buckets)}: the largest must be >= "
+                         f"{longest}, the longest sequence{model}; raise it or lower "
+                         f"BackendConfig.ModelDeployConfig.maxSeqLen")
+
+
+def check_listeners(server: ServerSettings) -> None:
+    """Unspecified listen addresses need allowAllZeroIpListening; no two planes may want one socket."""
+    for key, address in (("ipAddress", server.ip_address), ("managementIpAddress", server.management_ip_address)):
+        if address is not None and _unspecified(address) and not server.allow_all_zero_ip_listening:
+            raise ValueError(f"ServerConfig.{key} {address} listens on every network interface; set "
+                             f"ServerConfig.allowAllZeroIpListening: true to allow that, or give one address")
+    listeners = list(planes_by_listener(server))
+    for i, (address, port) in enumerate(listeners):
+        for other, other_port in listeners[i + 1:]:
+            if port and port == other_port and (_unspecified(address) or _unspecified(other)):
+                raise ValueError(f"ServerConfig: port {port} is wanted on {address} and on {other}; an "
+                                 f"address that listens on every interface cannot share a port with another "
+                                 f"address: give managementPort/metricsPort their own ports")
+
+
+def _unspecified(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_unspecified
+    except ValueError:  # "localhost"
+        return False
+
+
+BUSINESS, MANAGEMENT, METRICS = "business", "management", "metrics"
+
+
+def planes_by_listener(settings: ServerSettings) -> dict[tuple[str, int], frozenset[str]]:
+    """The planes each (address, port) serves, the business listener first. The management and metrics
+    planes listen on ``management_address``; an unset port is ``port``, and planes at one (address, port)
+    share one server."""
+    def port_of(value: int | None) -> int:
+        return settings.port if value is None else value
+
+    grouped: dict[tuple[str, int], set[str]] = {}
+    for plane, address, port in (
+            (BUSINESS, settings.ip_address, settings.port),
+            (MANAGEMENT, settings.management_address, port_of(settings.management_port)),
+            (METRICS, settings.management_address, port_of(settings.metrics_port))):
+        grouped.setdefault((address, port), set()).add(plane)
+    return {listener: frozenset(planes) for listener, planes in grouped.items()}
+
+
+def with_port(config: ServerConfig, port: int) -> ServerConfig:
+    """``config`` with the business port replaced (``serve --port``), checked again."""
+    config = replace(config, server=replace(config.server, port=port))
+    try:
+        check_listeners(config.server)
+    except ValueError as exc:
+        raise ConfigFileError(f"{config.path} with --port {port}: {exc}") from None
+    return config
 
 
 def load_server_config(path: Path | str) -> ServerConfig:
-    """Read, schema-check and convert a server config; raises ConfigFileError naming the key."""
+    """Read, schema-check and convert a server config, then check the rules across keys; raises
+    ConfigFileError naming the file and the key. Checks that need other files are in ``preflight``."""
     path = Path(path)
     data = read_config_file(path)
     try:
@@ -128,10 +238,16 @@ def load_server_config(path: Path | str) -> ServerConfig:
     except ValidationError as exc:
         raise ConfigFileError(f"{path}: {exc.message}") from None
     model = data["BackendConfig"]["ModelDeployConfig"]["ModelConfig"][0]
+    model_cfg = _Section("ModelConfig", model)
     base = path.resolve().parent
-    return ServerConfig(
+    config = ServerConfig(
         path=path, server=_server(data, base),
-        model=ModelSettings(model["modelName"], _resolve(base, model["modelWeightPath"]),
-                            model.get("backendType", "ms")),
-        engine=_engine(data, path),
+        model=ModelSettings(model["modelName"], _resolve(base, model["modelWeightPath"]), model_cfg["backendType"]),
+        engine=_engine(data),
     )
+    try:
+        check_engine(config.engine)
+        check_listeners(config.server)
+    except ValueError as exc:
+        raise ConfigFileError(f"{path}: {exc}") from None
+    return config

@@ -61,6 +61,8 @@ class BaseHandler(tornado.web.RequestHandler):
         exc = kwargs.get("exc_info", (None, None, None))[1]
         if isinstance(exc, ServiceError):
             err: BaseException = exc
+        elif isinstance(exc, BackendError):
+            err = from_backend_error(exc)
         elif isinstance(exc, tornado.web.HTTPError) and exc.status_code == 405:
             err = MethodNotAllowed(f"method {self.request.method} is not allowed on {self.request.path}")
         elif isinstance(exc, tornado.web.HTTPError):

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urldefrag, urljoin
 
+from service.config import BUSINESS, MANAGEMENT, METRICS
 from service.errors import for_status
 from service.info import version
 from service.validation import Schemas
 
 COMPONENT_PREFIX = "#/components/schemas/"
-BUSINESS, MANAGEMENT, METRICS = "business", "management", "metrics"
 _GENERATION_ERRORS = (400, 413, 415, 422, 424, 429, 500, 503)
 _OPENAI_ERRORS = (400, 404, 413, 415, 429, 500, 503)
 
@@ -65,8 +65,9 @@ ROUTES: tuple[RouteDoc, ...] = (
 )
 
 _PLANE_NOTE = {
-    MANAGEMENT: "Management plane: served on ServerConfig.managementPort when it differs from port.",
-    METRICS: "Metrics plane: served on ServerConfig.metricsPort when it differs from port.",
+    MANAGEMENT: "Management plane: served at ServerConfig.managementIpAddress:managementPort (defaults: "
+                "ipAddress, port).",
+    METRICS: "Metrics plane: served at ServerConfig.managementIpAddress:metricsPort (defaults: ipAddress, port).",
 }
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from service.errors import NotFound, ServiceUnavailable
+from backends.errors import BackendError
+from service.errors import NotFound, ServiceUnavailable, from_backend_error
 from service.handlers import BaseHandler, JsonBodyHandler
 from service.info import model_card, model_list, server_info
 from service.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -47,7 +48,10 @@ class TokenizerHandler(JsonBodyHandler):
         body = self.json_body()
         self.ctx.schemas.validate("tokenizer_request", body)
         loop = asyncio.get_running_loop()
-        ids = await loop.run_in_executor(None, self.ctx.backend.tokenize, body["inputs"])
+        try:
+            ids = await loop.run_in_executor(None, self.ctx.backend.tokenize, body["inputs"])
+        except BackendError as exc:  # 503 while the model loads
+            raise from_backend_error(exc) from None
         self.write_json({"token_number": len(ids), "tokens": ids})
 
 

@@ -292,7 +292,10 @@ def _render_pattern(where: str, e: _JsonError) -> str:
 
 
 def _render_not(where: str, e: _JsonError) -> str:
-    if e.validator_value == {}:  # {"not": {}} forbids the key outright
+    if e.validator_value == {}:  # {"not": {}} forbids the key outright; its description says why
+        description = e.schema.get("description") if isinstance(e.schema, Mapping) else None
+        if description:
+            return f"{where} is not allowed: {description.rstrip('.')}"
         return f"{where} is not allowed here, got {show(e.instance)}"
     return f"{where} must not be {show(e.instance)}"
 

@@ -94,10 +94,11 @@ def test_serve_answers_then_exits_cleanly_on_sigterm(tmp_path, tiny_model_dir):
         deadline = time.monotonic() + 240
         while url is None and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.2)
-            found = [re.search(r"listening on (http://\S+)", line) for line in list(log)]
+            found = [re.search(r"ready: .* listening on (http://\S+)", line) for line in list(log)]
             url = next((m.group(1) for m in found if m), None)
         assert url, "".join(log)[-3000:]
         assert any("warm-up done" in line for line in log)
+        assert requests.get(url + "/health", timeout=10).status_code == 200
         reply = requests.post(url + "/", json={"inputs": "hello", "parameters": {"max_new_tokens": 3}}, timeout=60)
         assert reply.status_code == 200 and isinstance(reply.json(), list)
         proc.send_signal(signal.SIGTERM)

@@ -311,6 +311,11 @@ def test_serve_listens_on_one_port_per_plane(tmp_path, tiny_model_dir):
                 urls[match.group(2)] = match.group(1)
         assert urls == {"business": f"http://127.0.0.1:{port}", "management": f"http://127.0.0.1:{management_port}",
                         "metrics": f"http://127.0.0.1:{metrics_port}"}, "".join(log)[-3000:]
+        while not any("ready:" in line for line in log) and time.monotonic() < deadline and proc.poll() is None:
+            try:
+                log.append(lines.get(timeout=1))
+            except queue.Empty:
+                continue
         assert requests.get(urls["management"] + "/health", timeout=10).status_code == 200
         assert requests.post(urls["business"] + "/generate", json={"inputs": "hello"}, timeout=60).status_code == 200
         scrape = requests.get(urls["metrics"] + "/metrics", timeout=10).text

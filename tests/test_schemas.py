@@ -268,7 +268,7 @@ REFERENCE_CONFIG: dict[str, Any] = {
     "EnableDynamicAdjustTimeoutConfig": False,
 }
 MINIMAL_CONFIG: dict[str, Any] = {
-    "ServerConfig": {"port": 0, "tokenIdFormat": "int", "maxRequestLength": 1, "adapters": {"sql-lora/v1": "/a"}},
+    "ServerConfig": {"port": 0, "tokenIdFormat": "int", "maxRequestLength": 1},
     "BackendConfig": {
         "ModelDeployConfig": {"ModelConfig": [{"modelName": "smollm2", "modelWeightPath": "models/smollm2"}]},
         "ScheduleConfig": {"batchBuckets": [1, 2, 4], "windowBuckets": [256, 512]},
@@ -300,8 +300,8 @@ def test_example_config_validates(schemas: Schemas, config: dict[str, Any]) -> N
     ("ServerConfig.maxRequestLength", 101, "ServerConfig.maxRequestLength must be <= 100, got 101"),
     ("ServerConfig.maxLinkNum", 0, "ServerConfig.maxLinkNum must be >= 1, got 0"),
     ("ServerConfig.tokenTimeout", 3601, "ServerConfig.tokenTimeout must be <= 3600, got 3601"),
-    ("ServerConfig.adapters", {"None": "/a"}, 'ServerConfig.adapters key must not be "None"'),
-    ("ServerConfig.adapters", {"bad id": "/a"}, 'ServerConfig.adapters key must match'),
+    ("ServerConfig.adapters", {"sql-lora/v1": "/a"}, "ServerConfig.adapters is not allowed: LoRA adapters"),
+    ("ServerConfig.adapters", {}, "ServerConfig.adapters is not allowed: LoRA adapters"),
     ("BackendConfig.ModelDeployConfig.ModelConfig", [], "ModelConfig must not be empty"),
     ("BackendConfig.ModelDeployConfig.ModelConfig.0.backendType", "atb", 'backendType must be "ms", got "atb"'),
     ("BackendConfig.ModelDeployConfig.ModelConfig.0.modelName", "-x", "modelName must match"),

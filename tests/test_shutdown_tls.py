@@ -56,9 +56,10 @@ class Served:
         threading.Thread(target=lambda: self.log.extend(iter(self.proc.stderr.readline, "")), daemon=True).start()
 
     def wait_url(self, timeout: float = 240) -> str:
+        """The business URL, once the model is warmed up (the "ready: ... listening on URL" line)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self.proc.poll() is None:
-            found = [re.search(r"listening on (https?://\S+)", line) for line in list(self.log)]
+            found = [re.search(r"ready: .* listening on (https?://\S+)", line) for line in list(self.log)]
             url = next((m.group(1) for m in found if m), None)
             if url:
                 return url

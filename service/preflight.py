@@ -1,0 +1,105 @@
+"""Start-up checks that read files other than the config, but load no weights: the model directory,
+the bucket coverage against the model, the TLS files, and (``validate-config`` only) busy ports.
+
+``serve`` runs them before it binds its ports, ``validate-config`` runs them all; each failure is a
+``ConfigFileError`` naming the config file and the key.
+"""
+from __future__ import annotations
+
+import errno
+import socket
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+
+from service.config import (BUSINESS, DEFAULT_MODEL_NAME, MANAGEMENT, METRICS, ConfigFileError, ServerConfig,
+                            check_window_coverage, planes_by_listener)
+from service.tls import server_ssl_context
+
+MODEL_KEY = "BackendConfig.ModelDeployConfig.ModelConfig[0].modelWeightPath"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCheck:
+    """What the model directory holds (``None`` fields: the default model, not prepared yet)."""
+
+    directory: Path
+    arch: str | None = None
+    max_position_embeddings: int | None = None
+
+    @property
+    def prepared(self) -> bool:
+        return self.arch is not None
+
+
+def is_model_dir(path: Path) -> bool:
+    return path.is_dir() and any(path.glob("*.yaml"))
+
+
+def check_model(cfg: ServerConfig) -> ModelCheck:
+    """The model directory's yaml, config.json, weights file and tokenizer, and the window buckets against
+    the model's ``max_position_embeddings``. The default model's directory may be absent: serve prepares it."""
+    path = cfg.model.weight_path
+    if not is_model_dir(path):
+        if path.name == DEFAULT_MODEL_NAME:
+            _check_windows(cfg, None)
+            return ModelCheck(path)
+        raise ConfigFileError(f"{cfg.path}: {MODEL_KEY}: {path} is not a model directory (no .yaml inside)")
+    # The ms backend's model files; reading them imports no MindSpore.
+    from backends.mindspore.config import ConfigError, load_model_spec
+    from backends.mindspore.tokenizer import Tokenizer
+
+    try:
+        spec = load_model_spec(path)
+    except (ConfigError, OSError, ValueError) as exc:
+        raise ConfigFileError(f"{cfg.path}: {MODEL_KEY}: {exc}") from None
+    if not spec.checkpoint.exists():
+        raise ConfigFileError(f"{cfg.path}: {MODEL_KEY}: weights {spec.checkpoint} not found "
+                              f"(load_checkpoint in {spec.yaml_path.name})")
+    try:
+        Tokenizer.from_model_dir(spec.model_dir, spec.tokenizer)
+    except Exception as exc:  # noqa: BLE001 - tokenizers and mindformers raise plain exceptions
+        raise ConfigFileError(f"{cfg.path}: {MODEL_KEY}: cannot load the tokenizer: {exc}") from None
+    _check_windows(cfg, spec.max_position_embeddings)
+    return ModelCheck(spec.model_dir, spec.arch, spec.max_position_embeddings)
+
+
+def _check_windows(cfg: ServerConfig, max_position_embeddings: int | None) -> None:
+    try:
+        check_window_coverage(cfg.engine, max_position_embeddings)
+    except ValueError as exc:
+        raise ConfigFileError(f"{cfg.path}: {exc}") from None
+
+
+def check_tls(cfg: ServerConfig) -> ssl.SSLContext | None:
+    """The server's TLS context: the certificate, key (owner-only mode) and CA files load (None without
+    httpsEnabled)."""
+    return server_ssl_context(cfg.server, cfg.path)
+
+
+def busy_listeners(cfg: ServerConfig) -> list[str]:
+    """The listen addresses that cannot be bound right now, each with the reason (port 0 is never busy).
+    Not an error of the file: the port may be held by a server this config is about to replace."""
+    problems = []
+    for (address, port), planes in planes_by_listener(cfg.server).items():
+        if port == 0:
+            continue
+        try:
+            infos = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+            for family, kind, proto, _, sockaddr in infos:
+                with socket.socket(family, kind, proto) as sock:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    sock.bind(sockaddr)
+        except OSError as exc:
+            reason = "in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+            problems.append(f"{address}:{port} ({', '.join(sorted(planes))}): {reason}")
+    return problems
+
+
+def bind_error(cfg: ServerConfig, address: str, port: int, planes: frozenset[str], exc: OSError) -> ConfigFileError:
+    """The config error for a listener ``serve`` could not bind, naming the keys that chose it."""
+    ports = [key for plane, key in ((MANAGEMENT, "managementPort"), (METRICS, "metricsPort")) if plane in planes]
+    keys = "ipAddress/port" if BUSINESS in planes else "/".join(["managementIpAddress", *ports])
+    reason = "the port is in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+    return ConfigFileError(f"{cfg.path}: ServerConfig.{keys}: cannot listen on {address}:{port} "
+                           f"({', '.join(sorted(planes))}): {reason}")
