@@ -78,7 +78,10 @@ def build_openapi(schemas: Schemas) -> dict[str, Any]:
     for route in ROUTES:
         if route.request is not None and route.request not in components:
             continue
-        paths.setdefault(route.path, {})[route.method] = _operation(route, components)
+        operations = paths.setdefault(route.path, {})
+        operations[route.method] = _operation(route, components)
+        if route.method == "get":
+            operations["head"] = _head_operation(operations["get"])
     statuses = sorted({s for route in ROUTES for s in route.errors})
     return {
         "openapi": "3.1.0",
@@ -142,6 +145,17 @@ def _operation(route: RouteDoc, components: dict[str, Any]) -> dict[str, Any]:
         op["responses"][str(status)] = (_error_response(status, route.error_schema)
                                         if route.error_schema != "error"
                                         else {"$ref": "#/components/responses/" + _error_response_name(status)})
+    return op
+
+
+def _head_operation(get: dict[str, Any]) -> dict[str, Any]:
+    """HEAD on a GET route (what probes send): the same statuses and headers, never a body."""
+    op = {key: value for key, value in get.items() if key != "responses"}
+    op["operationId"] = "head" + get["operationId"].removeprefix("get")
+    op["summary"] = "Same as GET, without the body"
+    op["responses"] = {status: {"description": response.get("description")
+                                or for_status(int(status), "").error_type.value}
+                       for status, response in get["responses"].items()}
     return op
 
 

@@ -13,7 +13,14 @@ from service.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from service.openapi import build_openapi
 
 
-class _EmptyOkHandler(BaseHandler):
+class GetHandler(BaseHandler):
+    """A GET route that also answers HEAD: the same status and headers, no body (Tornado drops it)."""
+
+    def head(self, *args: str) -> None:
+        return self.get(*args)
+
+
+class _EmptyOkHandler(GetHandler):
     def ok(self) -> None:
         """200 with an empty body (no Content-Type), as TGI's ``/health``."""
         self.clear_header("Content-Type")
@@ -36,7 +43,7 @@ class LiveHandler(_EmptyOkHandler):
         self.ok()
 
 
-class InfoHandler(BaseHandler):
+class InfoHandler(GetHandler):
     def get(self) -> None:
         self.write_json(server_info(self.ctx))
 
@@ -55,24 +62,24 @@ class TokenizerHandler(JsonBodyHandler):
         self.write_json({"token_number": len(ids), "tokens": ids})
 
 
-class ModelsHandler(BaseHandler):
+class ModelsHandler(GetHandler):
     def get(self) -> None:
         self.write_json(model_list(self.ctx))
 
 
-class ModelHandler(BaseHandler):
+class ModelHandler(GetHandler):
     def get(self, model_id: str) -> None:
         if model_id != self.ctx.backend.model_name:
             raise NotFound(f"model {model_id!r} is not served here (served: {self.ctx.backend.model_name!r})")
         self.write_json(model_card(self.ctx))
 
 
-class MetricsHandler(BaseHandler):
+class MetricsHandler(GetHandler):
     def get(self) -> None:
         self.set_header("Content-Type", METRICS_CONTENT_TYPE)
         self.write(self.ctx.metrics.exposition())
 
 
-class OpenAPIHandler(BaseHandler):
+class OpenAPIHandler(GetHandler):
     def get(self) -> None:
         self.write_json(build_openapi(self.ctx.schemas))

@@ -62,6 +62,28 @@ def test_health_is_503_before_ready_and_while_draining_and_live_stays_200(live_s
     assert requests.get(url + "/v2/health/live", timeout=10).status_code == 200
 
 
+GET_ROUTES = ["/health", "/v2/health/live", "/v2/health/ready", "/info", "/metrics", "/v1/models",
+              "/v1/models/{model}", "/v1/models/nope", "/openapi.json"]
+
+
+@pytest.mark.parametrize("path", GET_ROUTES)
+def test_head_answers_like_get_without_a_body(server_url, default_engine, path):
+    url = server_url + path.format(model=default_engine.model_name)
+    got, head = requests.get(url, timeout=10), requests.head(url, timeout=10)
+    assert head.status_code == got.status_code
+    assert head.content == b""
+    assert head.headers.get("Content-Type") == got.headers.get("Content-Type")
+    assert head.headers["X-Request-Id"]
+    if path != "/metrics":  # a scrape's text changes between two scrapes
+        assert head.headers.get("Content-Length") == got.headers.get("Content-Length")
+
+
+@pytest.mark.parametrize("path", ["/", "/generate", "/v1/tokenizer", "/v1/completions"])
+def test_head_on_post_routes_is_405(server_url, path):
+    reply = requests.head(server_url + path, timeout=10)
+    assert reply.status_code == 405 and reply.content == b""
+
+
 # --- /info -----------------------------------------------------------------------------------------
 
 def test_info_has_the_reference_shape_and_our_figures(server_url, default_engine):

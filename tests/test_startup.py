@@ -106,6 +106,7 @@ def test_health_is_503_during_load_and_warm_up_then_200(tmp_path, tiny_model_dir
             reply = requests.get(url + path, timeout=10)
             assert reply.status_code == 503, path
             assert reply.json() == {"error": NOT_LOADED, "error_type": "Service Unavailable"}
+            assert requests.head(url + path, timeout=10).status_code == 503
         assert requests.get(url + "/v2/health/live", timeout=10).status_code == 200
         reply = requests.post(url + "/", json={"inputs": "hello"}, timeout=10)
         assert (reply.status_code, reply.json()) == (503, {"error": NOT_LOADED, "error_type": "Service Unavailable"})
@@ -126,6 +127,7 @@ def test_health_is_503_during_load_and_warm_up_then_200(tmp_path, tiny_model_dir
         gate.write_text("go")
         seen = poll_health(url)
         assert seen[0] == 503 and seen[-1] == 200 and set(seen) == {503, 200}
+        assert requests.head(url + "/health", timeout=10).status_code == 200
         assert requests.get(url + "/info", timeout=10).json()["mindserve"]["ready"] is True
         reply = requests.post(url + "/", json={"inputs": "hello", "parameters": {"max_new_tokens": 3}}, timeout=60)
         assert reply.status_code == 200 and reply.json()[0]["generated_text"]
