@@ -23,4 +23,7 @@ class EngineConfig:
     window_buckets: tuple[int, ...] | None = None  # default: 256, 1024, ... up to max_seq_len
     num_blocks: int | None = None  # default: enough for max_batch_size full sequences (+ scratch)
     threads: int = 2
-    matmul: str = "auto"  # "fast": the AOT kernel (rows batch-independent); "ms": MindSpore MatMul; "auto": fast if it builds
+    # "aot": the AOT matmul + paged attention kernels (rows batch-independent; attention reads only each
+    # row's real keys, so one window serves every length); "ms": MindSpore MatMul and ops attention over
+    # bucketed windows; "auto": aot if the kernels build (g++ and an AVX-512 CPU), else ms
+    kernels: str = "auto"

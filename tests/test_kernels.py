@@ -225,3 +225,108 @@ def test_graph_rows_bitwise_independent_of_batch(ms_graph, cache_dir):
     for m, i in [(1, 7), (16, 7), (20, 19)]:
         part = net(Tensor(x[:m] if m > 1 else x[i:i + 1])).asnumpy()
         assert np.array_equal(part[i if m > 1 else 0], batched[i]), (m, i)
+
+
+# --- paged attention --------------------------------------------------------------------------
+
+def _attention_ref(q, k, v, table, pos, kv, bs):
+    """float64 NumPy: every query (b, t, h) attends keys 0..pos[b, t] of its row's blocks."""
+    b_, t_, h_, d = q.shape
+    s = k.shape[0] // kv
+    out = np.zeros((b_, t_, h_ * d))
+    for b in range(b_):
+        for t in range(t_):
+            n = min(int(pos[b, t]) + 1, table.shape[1] * bs)
+            slots = table[b, np.arange(n) // bs].astype(np.int64) * bs + np.arange(n) % bs
+            for h in range(h_):
+                rows = (h // (h_ // kv)) * s + slots
+                scores = k[rows].astype(np.float64) @ q[b, t, h] / np.sqrt(d)
+                p = np.exp(scores - scores.max())
+                out[b, t, h * d:(h + 1) * d] = (p / p.sum()) @ v[rows]
+    return out
+
+
+def _attention(lib, q, k, v, table, pos, kv, bs):
+    b, t, h, d = q.shape
+    out = np.full((b, t, h * d), np.nan, np.float32)
+    rc = lib.mindserve_attention_raw(q.ctypes.data, k.ctypes.data, v.ctypes.data, table.ctypes.data,
+                                     pos.ctypes.data, out.ctypes.data, b, t, h, d, kv, k.shape[0] // kv,
+                                     table.shape[1], bs)
+    return rc, out
+
+
+def _attention_case(seed, b, t, h, kv, d, bs, nb, num_blocks, scale=1.0):
+    rng = np.random.default_rng(seed)
+    slots = num_blocks * bs
+    k = (rng.standard_normal((kv * slots, d)) * scale).astype(np.float32)
+    v = rng.standard_normal((kv * slots, d)).astype(np.float32)
+    q = (rng.standard_normal((b, t, h, d)) * scale).astype(np.float32)
+    table = rng.integers(0, num_blocks, (b, nb)).astype(np.int32)
+    pos = rng.integers(0, nb * bs, (b, t)).astype(np.int32)
+    return q, k, v, table, pos
+
+
+# (batch, tokens, heads, kv heads, head dim, block size, table width): GQA 3:1 like SmolLM2, MHA,
+# 7:1 like Qwen2.5-7B; head dims with a partial last vector; one block; keys past the table.
+ATTN_CASES = [(1, 1, 9, 3, 64, 16, 4), (4, 1, 9, 3, 64, 16, 8), (2, 8, 4, 4, 32, 8, 5), (3, 5, 28, 4, 128, 16, 3),
+              (2, 3, 6, 2, 40, 4, 7), (1, 4, 2, 1, 8, 1, 30), (5, 2, 3, 3, 17, 32, 1)]
+
+
+@pytest.mark.parametrize("case", ATTN_CASES, ids=str)
+def test_paged_attention_matches_numpy(lib, case):
+    b, t, h, kv, d, bs, nb = case
+    q, k, v, table, pos = _attention_case(sum(case), b, t, h, kv, d, bs, nb, num_blocks=nb * b + 2)
+    rc, out = _attention(lib, q, k, v, table, pos, kv, bs)
+    assert rc == 0
+    np.testing.assert_allclose(out, _attention_ref(q, k, v, table, pos, kv, bs), atol=2e-5, rtol=0)
+
+
+def test_paged_attention_softmax_is_stable_for_large_scores(lib):
+    """Scores in the hundreds (exp would overflow without the max shift) still give the exact softmax."""
+    q, k, v, table, pos = _attention_case(5, 2, 3, 4, 2, 64, 16, 4, num_blocks=10, scale=6.0)
+    rc, out = _attention(lib, q, k, v, table, pos, 2, 16)
+    assert rc == 0 and np.isfinite(out).all()
+    np.testing.assert_allclose(out, _attention_ref(q, k, v, table, pos, 2, 16), atol=2e-5, rtol=0)
+
+
+def test_paged_attention_reads_only_keys_up_to_pos(lib):
+    """Keys after pos, and blocks the row does not own, may hold anything (even NaN): never read."""
+    q, k, v, table, pos = _attention_case(9, 2, 2, 4, 2, 32, 8, 4, num_blocks=12)
+    table[:] = [[1, 2, 3, 4], [5, 6, 7, 8]]
+    pos[:] = [[0, 13], [7, 20]]
+    expected = _attention_ref(q, k, v, table, pos, 2, 8)
+    s = k.shape[0] // 2
+    for head in range(2):
+        for blk, last in ((1, None), (2, 13), (5, 7), (7, 20)):
+            start = head * s + blk * 8 + ((last % 8) + 1 if last is not None else 8)
+            k[start:head * s + (blk + 1) * 8] = np.nan
+            v[start:head * s + (blk + 1) * 8] = np.nan
+        for blk in (0, 3, 4, 8, 9, 10, 11):
+            k[head * s + blk * 8: head * s + (blk + 1) * 8] = np.nan
+            v[head * s + blk * 8: head * s + (blk + 1) * 8] = np.nan
+    rc, out = _attention(lib, q, k, v, table, pos, 2, 8)
+    assert rc == 0
+    np.testing.assert_allclose(out, expected, atol=2e-5, rtol=0)
+
+
+def test_paged_attention_rows_are_bit_identical_whatever_the_batch_and_threads(lib):
+    q, k, v, table, pos = _attention_case(3, 6, 4, 9, 3, 64, 16, 6, num_blocks=40)
+    _, batched = _attention(lib, q, k, v, table, pos, 3, 16)
+    try:
+        for threads in (1, 2, 3):
+            lib.mindserve_matmul_set_threads(threads)
+            for row in range(6):
+                sl = slice(row, row + 1)
+                _, alone = _attention(lib, np.ascontiguousarray(q[sl]), k, v, np.ascontiguousarray(table[sl]),
+                                      np.ascontiguousarray(pos[sl]), 3, 16)
+                assert np.array_equal(alone[0], batched[row])
+    finally:
+        lib.mindserve_matmul_set_threads(2)
+
+
+def test_paged_attention_refuses_a_block_outside_the_cache(lib):
+    q, k, v, table, pos = _attention_case(4, 2, 1, 4, 2, 16, 8, 3, num_blocks=5)
+    for bad in (5, -1):
+        table[1, 2] = bad
+        rc, _ = _attention(lib, q, k, v, table, pos, 2, 8)
+        assert rc == 8

@@ -19,18 +19,18 @@ SHAPES = Shapes(block_size=16, prefill_chunk=8, batch_buckets=(1, 4), window_buc
                 prefill_batch_buckets=(1, 2))
 
 
-def make_runner(model_dir: Path, num_blocks: int = 24, mode: int = 0, matmul: str = "ms") -> ModelRunner:
+def make_runner(model_dir: Path, num_blocks: int = 24, mode: int = 0, kernels: str = "ms") -> ModelRunner:
     spec = load_model_spec(model_dir)
     set_mode(mode, "CPU", 2)
-    return ModelRunner(spec, load_weights(spec.checkpoint, spec.checkpoint_format), SHAPES, num_blocks, matmul)
+    return ModelRunner(spec, load_weights(spec.checkpoint, spec.checkpoint_format), SHAPES, num_blocks, kernels)
 
 
 @pytest.fixture(scope="module", params=[("tiny_model_dir", "ms"), ("tiny_qwen2_dir", "ms"),
-                                        ("tiny_model_dir", "fast"), ("tiny_qwen2_dir", "fast")],
+                                        ("tiny_model_dir", "aot"), ("tiny_qwen2_dir", "aot")],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def model(request):
     model_dir = request.getfixturevalue(request.param[0])
-    return make_runner(model_dir, matmul=request.param[1]), RefModel.from_dir(model_dir)
+    return make_runner(model_dir, kernels=request.param[1]), RefModel.from_dir(model_dir)
 
 
 def prompt(n: int, seed: int, vocab: int) -> list[int]:
@@ -94,8 +94,8 @@ def test_batched_prefill_rows_match_reference(model):
         assert h.shape[0] == len(ids)
 
 
-def test_fast_matmul_rows_are_bit_identical_whatever_the_batch(tiny_model_dir):
-    runner = make_runner(tiny_model_dir, matmul="fast")
+def test_aot_kernel_rows_are_bit_identical_whatever_the_batch(tiny_model_dir):
+    runner = make_runner(tiny_model_dir, kernels="aot")
     ids = prompt(7, 11, runner.spec.vocab_size)
     others = [prompt(n, 300 + n, runner.spec.vocab_size) for n in (4, 8, 6)]
     alone, _ = runner.prefill([PrefillChunk(ids, 0, [1, 2])])
@@ -108,14 +108,18 @@ def test_fast_matmul_rows_are_bit_identical_whatever_the_batch(tiny_model_dir):
     assert np.array_equal(solo, runner.decode(rows)[0])
 
 
-def test_warmup_compiles_each_planned_shape_once(tiny_model_dir):
-    runner = make_runner(tiny_model_dir)
+@pytest.mark.parametrize("kernels", ["ms", "aot"])
+def test_warmup_compiles_each_planned_shape_once(tiny_model_dir, kernels):
+    runner = make_runner(tiny_model_dir, kernels=kernels)
     runner.warmup()
     plan = set(runner.warmup_plan())
     assert runner.compiled == plan
     prefill(runner, prompt(20, 1, runner.spec.vocab_size), [1, 2])
     runner.decode([DecodeRow(5, 20, [1, 2])] * 3)
+    runner.decode([DecodeRow(5, 40, [3, 4, 5])])
     assert runner.compiled == plan, "a request shape fell outside the warmed-up set"
+    windows = SHAPES.window_buckets if kernels == "ms" else SHAPES.window_buckets[-1:]
+    assert len(plan) == len(SHAPES.prefill_batch_buckets + SHAPES.batch_buckets) * len(windows) + 1
 
 
 PYNATIVE_SCRIPT = """
@@ -123,16 +127,18 @@ import sys, numpy as np
 sys.path.insert(0, {root!r})
 from tests.test_model import make_runner, prefill, prompt
 from tests.reference_numpy import RefModel
-runner = make_runner({path!r}, mode=1)
+runner = make_runner({path!r}, mode=1, kernels={kernels!r})
 ids = prompt(9, 1, runner.spec.vocab_size)
 diff = np.abs(prefill(runner, ids, [1, 2]) - RefModel.from_dir({path!r}).logits(ids)[-1]).max()
 print("DIFF", diff)
 """
 
 
-def test_pynative_mode_gives_the_same_logits(tiny_model_dir):
+@pytest.mark.parametrize("kernels", ["ms", "aot"])
+def test_pynative_mode_gives_the_same_logits(tiny_model_dir, kernels):
     root = str(Path(__file__).resolve().parents[1])
-    out = subprocess.run([sys.executable, "-c", PYNATIVE_SCRIPT.format(root=root, path=str(tiny_model_dir))],
+    script = PYNATIVE_SCRIPT.format(root=root, path=str(tiny_model_dir), kernels=kernels)
+    out = subprocess.run([sys.executable, "-c", script],
                          capture_output=True, text=True, timeout=300)
     line = [ln for ln in out.stdout.splitlines() if ln.startswith("DIFF")]
     assert line, out.stderr[-2000:]

@@ -87,7 +87,8 @@ class Engine:
         set_mode(self.spec.mode, self.spec.device_target if self.spec.device_target == "CPU" else "CPU",
                  config.threads)
         weights = load_weights(self.spec.checkpoint, self.spec.checkpoint_format)
-        self.runner = ModelRunner(self.spec, weights, self.shapes, num_blocks, config.matmul)
+        self.runner = ModelRunner(self.spec, weights, self.shapes, num_blocks, config.kernels)
+        self.shapes = self.runner.shapes  # the paged attention kernel needs one window only
         del weights
         self.allocator = BlockAllocator(num_blocks, self.shapes.block_size)
         self.scheduler = Scheduler(self.allocator, config.max_batch_size, config.max_waiting,

@@ -49,11 +49,14 @@ class DecoderLayer(nn.Cell):
     """Attention + MLP for one layer; owns the layer's K/V cache ``[kv_heads * num_slots, head_dim]``."""
 
     def __init__(self, spec: ModelSpec, w: dict[str, np.ndarray], i: int, num_slots: int, block_size: int,
-                 fast_mm=None) -> None:
+                 fast_mm=None, attn_op=None) -> None:
         super().__init__()
         p = f"model.layers.{i}."
         self.use_fast = fast_mm is not None
         self.fast_mm = fast_mm
+        self.paged = attn_op is not None
+        self.attn_op = attn_op
+        self.attn_meta = Tensor(np.array([spec.num_kv_heads, block_size], np.int32))
         self.heads, self.kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.block_size = block_size
         q, k, v = (w[p + f"self_attn.{n}_proj.weight"] for n in "qkv")
@@ -93,7 +96,7 @@ class DecoderLayer(nn.Cell):
         rotated = ops.concat((-x[..., half:], x[..., :half]), -1)
         return x * cos + rotated * sin
 
-    def _attention(self, x, cos, sin, write_idx, read_rows, mask):
+    def _attention(self, x, cos, sin, pos, write_idx, index, mask):
         b, t, _ = x.shape
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
         g = h // kvh
@@ -105,10 +108,16 @@ class DecoderLayer(nn.Cell):
         v = ops.reshape(qkv[:, (h + kvh) * d:], (b * t * kvh, d))
         q = self._rope(q, cos, sin)
         k = ops.reshape(self._rope(k, cos, sin), (b * t * kvh, d))
-        # Write this step's K/V rows in place, then gather each row's window straight out of the
-        # updated Parameter: [kv, B, W, D]. Never reshape the cache itself (MindSpore copies it).
-        keys = ops.gather(self.scatter(self.k_cache, write_idx, k), read_rows, 0)
-        values = ops.gather(self.scatter(self.v_cache, write_idx, v), read_rows, 0)
+        # Write this step's K/V rows in place; attention then reads the updated Parameters directly.
+        # Never reshape the cache itself (MindSpore would copy all of it).
+        keys = self.scatter(self.k_cache, write_idx, k)
+        values = self.scatter(self.v_cache, write_idx, v)
+        if self.paged:  # index: block table [B, NB]; the AOT kernel reads each row's keys 0..pos
+            out = self.attn_op(q, keys, values, index, pos, self.attn_meta)
+            return self._mm(ops.reshape(out, (b * t, h * d)), self.wo)
+        # index: cache rows [kv, B, W] of every head and key position of each row's window
+        keys = ops.gather(keys, index, 0)  # [kv, B, W, D]
+        values = ops.gather(values, index, 0)
         # GQA without repeating K/V: group query heads under their kv head. q: [kv, B, G*T, D]
         q = ops.transpose(ops.reshape(q, (b, t, kvh, g, d)), (2, 0, 3, 1, 4))
         q = ops.reshape(q, (kvh, b, g * t, d))
@@ -119,9 +128,9 @@ class DecoderLayer(nn.Cell):
         out = ops.transpose(ops.reshape(out, (kvh, b, g, t, d)), (1, 3, 0, 2, 4))
         return self._mm(ops.reshape(out, (b * t, h * d)), self.wo)
 
-    def construct(self, x, cos, sin, write_idx, read_rows, mask):
+    def construct(self, x, cos, sin, pos, write_idx, index, mask):
         b, t, dim = x.shape
-        attn = self._attention(self.attn_norm(x), cos, sin, write_idx, read_rows, mask)
+        attn = self._attention(self.attn_norm(x), cos, sin, pos, write_idx, index, mask)
         x = x + ops.reshape(attn, (b, t, dim))
         gate_up = self._mm(ops.reshape(self.ffn_norm(x), (b * t, dim)), self.w_gate_up)
         act = ops.silu(gate_up[:, : self.ffn]) * gate_up[:, self.ffn:]
@@ -132,14 +141,15 @@ class LlamaModel(nn.Cell):
     """ids/positions in, logits of one chosen row per sequence and the final-normed hidden states out.
 
     Inputs: ids, pos [B, T] int32; write_idx [B*T*kv] int32 (cache row ``head * num_slots + slot`` of each
-    new K/V head row, token-major; padding -> scratch slot 0); read_rows [kv, B, W] int32 (cache row of
-    each head and key position of a row's window, padded with slot 0); mask [B, 1, T, W] float32 (0 where
-    key j <= pos, else -1e9);
+    new K/V head row, token-major; padding -> scratch slot 0); then, with the paged attention kernel,
+    index = the block table [B, NB] int32 (padded with the scratch block 0) and mask = None; without it,
+    index = read rows [kv, B, W] int32 (cache row of each head and key position of a row's window,
+    padded with slot 0) and mask [B, 1, T, W] float32 (0 where key j <= pos, else -1e9);
     last_rows [B] int32 (flat row in B*T whose logits to return).
     """
 
     def __init__(self, spec: ModelSpec, w: dict[str, np.ndarray], num_blocks: int, block_size: int,
-                 max_positions: int, fast_mm=None) -> None:
+                 max_positions: int, fast_mm=None, attn_op=None) -> None:
         super().__init__()
         self.dim = spec.hidden_size
         self.use_fast = fast_mm is not None
@@ -149,17 +159,17 @@ class LlamaModel(nn.Cell):
         self.head = _weight(head.T, "lm_head", self.use_fast)  # [D, V]: a separate copy even when tied
         cos, sin = rope_tables(spec.head_dim, max_positions, spec.rope_theta)
         self.cos, self.sin = _param(cos, "rope_cos"), _param(sin, "rope_sin")
-        self.layers = nn.CellList([DecoderLayer(spec, w, i, num_blocks * block_size, block_size, fast_mm)
+        self.layers = nn.CellList([DecoderLayer(spec, w, i, num_blocks * block_size, block_size, fast_mm, attn_op)
                                    for i in range(spec.num_layers)])
         self.norm = RMSNorm(w["model.norm.weight"], spec.rms_norm_eps, "norm")
 
-    def construct(self, ids, pos, write_idx, read_rows, mask, last_rows):
+    def construct(self, ids, pos, write_idx, index, mask, last_rows):
         b, t = ids.shape
         x = ops.gather(self.embed, ids, 0)  # [B, T, D]
         cos = ops.expand_dims(ops.gather(self.cos, pos, 0), 2)  # [B, T, 1, hd]
         sin = ops.expand_dims(ops.gather(self.sin, pos, 0), 2)
         for layer in self.layers:
-            x = layer(x, cos, sin, write_idx, read_rows, mask)
+            x = layer(x, cos, sin, pos, write_idx, index, mask)
         hidden = self.norm(ops.reshape(x, (b * t, self.dim)))
         last = ops.gather(hidden, last_rows, 0)
         logits = self.fast_mm(last, self.head) if self.use_fast else ops.matmul(last, self.head)  # [B, V]

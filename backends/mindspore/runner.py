@@ -1,6 +1,7 @@
 """Runs the network on a fixed set of shapes: builds padded inputs, picks buckets, warms every graph up."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -72,57 +73,68 @@ def _mask(pos: np.ndarray, window: int) -> np.ndarray:
 
 
 def net_inputs(ids: np.ndarray, pos: np.ndarray, slots: np.ndarray, table: np.ndarray, last_rows: np.ndarray,
-               block_size: int, kv_heads: int, num_slots: int) -> tuple[np.ndarray, ...]:
+               block_size: int, kv_heads: int, num_slots: int, paged: bool) -> tuple:
     """The network's inputs from ids/pos/slots [B, T], the block table [B, NB] and last_rows [B].
 
-    The cache holds head h of slot s in row ``h * num_slots + s``. write_idx lists the rows of every new
-    token's heads (token-major); read_rows [kv, B, W] the rows of every head and key position of each
-    row's window (the table's blocks, each expanded to its block_size slots).
+    The cache holds head h of slot s in row ``h * num_slots + s``; write_idx lists the rows of every new
+    token's heads (token-major). The paged attention kernel takes the block table itself; the MindSpore
+    ops path takes read rows [kv, B, W] (every head and key position of each row's window: the table's
+    blocks, each expanded to its block_size slots) and an additive mask.
     """
     heads = np.arange(kv_heads, dtype=np.int64) * num_slots
-    write_idx = slots.reshape(-1, 1).astype(np.int64) + heads
+    write_idx = (slots.reshape(-1, 1).astype(np.int64) + heads).reshape(-1).astype(np.int32)
+    if paged:
+        return ids, pos, write_idx, table, None, last_rows
     window_slots = (table[:, :, None].astype(np.int64) * block_size + np.arange(block_size)).reshape(len(table), -1)
-    read_rows = heads[:, None, None] + window_slots[None]
-    window = table.shape[1] * block_size
-    return (ids, pos, write_idx.reshape(-1).astype(np.int32), read_rows.astype(np.int32), _mask(pos, window),
-            last_rows)
+    read_rows = (heads[:, None, None] + window_slots[None]).astype(np.int32)
+    return ids, pos, write_idx, read_rows, _mask(pos, table.shape[1] * block_size), last_rows
 
 
-def _fast_matmul():
-    """The AOT matmul op, or None (with a warning) where it cannot be built (no compiler, no AVX-512)."""
-    from backends.mindspore.kernels import KernelBuildError, fast_matmul
+def _aot_kernels():
+    """(matmul op, attention op), or (None, None) with a warning where they cannot be built."""
+    from backends.mindspore.kernels import KernelBuildError, fast_matmul, paged_attention
 
     try:
-        return fast_matmul()
+        return fast_matmul(), paged_attention()
     except KernelBuildError as exc:
-        log.warning("fast matmul kernel unavailable, using MindSpore MatMul: %s", exc)
-        return None
+        log.warning("AOT kernels unavailable, using MindSpore MatMul and ops attention: %s", exc)
+        return None, None
+
+
+KERNELS = ("auto", "aot", "ms")
 
 
 class ModelRunner:
     def __init__(self, spec: ModelSpec, weights: dict[str, np.ndarray], shapes: Shapes, num_blocks: int,
-                 matmul: str = "ms") -> None:
-        self.spec, self.shapes = spec, shapes
-        fast_mm = _fast_matmul() if matmul in ("fast", "auto") else None
-        if matmul == "fast" and fast_mm is None:
-            raise RuntimeError("matmul 'fast' asked for, but the AOT kernel could not be built (see the log)")
-        if matmul not in ("ms", "fast", "auto"):
-            raise ValueError(f"matmul must be 'auto', 'fast' or 'ms', got {matmul!r}")
-        log.info("matmul: %s", "AOT kernel (row-deterministic)" if fast_mm is not None else "MindSpore MatMul")
+                 kernels: str = "ms") -> None:
+        if kernels not in KERNELS:
+            raise ValueError(f"kernels must be one of {', '.join(KERNELS)}, got {kernels!r}")
+        self.spec = spec
+        fast_mm, attn_op = _aot_kernels() if kernels != "ms" else (None, None)
+        if kernels == "aot" and fast_mm is None:
+            raise RuntimeError("kernels 'aot' asked for, but the AOT kernels could not be built (see the log)")
+        self.paged = attn_op is not None
+        if self.paged:
+            # The kernel reads each row's real keys whatever the table width: one window (the largest)
+            # serves every length, so the graphs are per batch size only.
+            shapes = dataclasses.replace(shapes, window_buckets=(shapes.max_window,))
+        self.shapes = shapes
+        log.info("kernels: %s", "AOT matmul + paged attention (row-deterministic)" if self.paged
+                 else "MindSpore MatMul + ops attention")
         self.num_slots = num_blocks * shapes.block_size
         if spec.num_kv_heads * self.num_slots >= 2**31:
             raise ValueError(f"a KV cache of {num_blocks} blocks x {shapes.block_size} tokens x {spec.num_kv_heads} "
                              "kv heads has more rows than int32 indices address; lower cacheBlockNum")
-        self.net = LlamaModel(spec, weights, num_blocks, shapes.block_size, shapes.max_window, fast_mm)
+        self.net = LlamaModel(spec, weights, num_blocks, shapes.block_size, shapes.max_window, fast_mm, attn_op)
         self.net.set_train(False)
         self.head = LMHead(self.net)
         self.compiled: set[tuple] = set()
 
     def _call(self, key: tuple, ids, pos, slots, table, last_rows):
         args = net_inputs(ids, pos, slots, table, last_rows, self.shapes.block_size, self.spec.num_kv_heads,
-                          self.num_slots)
+                          self.num_slots, self.paged)
         started = time.perf_counter()
-        logits, hidden = self.net(*(ms.Tensor(a) for a in args))
+        logits, hidden = self.net(*(None if a is None else ms.Tensor(a) for a in args))
         out = logits.asnumpy(), hidden.asnumpy()
         if key not in self.compiled:
             self.compiled.add(key)

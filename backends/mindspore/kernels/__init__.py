@@ -1,5 +1,11 @@
 """Hand-written CPU kernels for MindSpore, exposed as ``ops.Custom(func_type="aot")`` operators.
 
+``paged_attention()`` returns an operator computing causal attention of query rows straight out of
+the layer's paged K/V cache (see attention.cc): ``op(q [B, T, H, D], k_cache, v_cache [KV*S, D],
+table [B, NB] int32, pos [B, T] int32, meta [2] int32 = (KV, block_size)) -> [B, T, H*D]``. It
+reads only each row's real keys (0..pos), so its cost follows the sequence lengths, and each query's
+result is computed the same way whatever else is in the batch.
+
 ``fast_matmul()`` returns an operator computing ``y[..., N] = x[..., K] @ W[K, N]`` (float32). The
 weight is packed once at load time by ``prepare_weight(W)`` (``W`` given ``[in, out]`` like the
 model's weights) into contiguous column panels, shape ``[1, K, N]``. It works in GRAPH_MODE Cells
@@ -21,10 +27,11 @@ import numpy as np
 
 from backends.mindspore.kernels.build import KernelBuildError, build_kernel, default_cache_dir
 
-__all__ = ["fast_matmul", "prepare_weight", "PANEL", "build_kernel", "set_kernel_threads", "kernel_library", "kernel_stats", "KernelBuildError",
+__all__ = ["fast_matmul", "paged_attention", "prepare_weight", "PANEL", "build_kernel", "set_kernel_threads", "kernel_library", "kernel_stats", "KernelBuildError",
            "default_cache_dir", "ENTRY"]
 
 ENTRY = "MindserveMatMul"
+ATTENTION_ENTRY = "MindservePagedAttention"
 _lib: dict[str, ctypes.CDLL] = {}
 _active: list[str] = []  # the library the last fast_matmul() op uses; the default for the helpers
 
@@ -76,6 +83,8 @@ def kernel_library(cache_dir: str | os.PathLike | None = None) -> ctypes.CDLL:
         lib.mindserve_matmul_tune.argtypes = [ctypes.c_int64, ctypes.c_int]
         lib.mindserve_matmul_panel_width.restype = ctypes.c_int
         lib.mindserve_matmul_raw.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
+        lib.mindserve_attention_raw.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 8
+        lib.mindserve_attention_raw.restype = ctypes.c_int
         lib.mindserve_matmul_stats.argtypes = [ctypes.POINTER(ctypes.c_uint64)] * 2 + [ctypes.c_int]
         _lib[path] = lib
     return _lib[path]
@@ -106,3 +115,21 @@ def fast_matmul(cache_dir: str | os.PathLike | None = None, threads: int | None 
     if threads is not None:
         set_kernel_threads(threads)
     return ops.Custom(f"{path}:{ENTRY}", out_shape=_out_shape, out_dtype=_out_dtype, func_type="aot")
+
+
+def _attention_shape(q_shape, *_):
+    return [q_shape[0], q_shape[1], q_shape[2] * q_shape[3]]
+
+
+def _attention_dtype(q_dtype, *_):
+    return q_dtype
+
+
+def paged_attention(cache_dir: str | os.PathLike | None = None):
+    """An ``ops.Custom`` AOT operator for paged causal attention (module docstring); same library,
+    hence the same thread pool, as ``fast_matmul``."""
+    from mindspore import ops
+
+    path: Path = build_kernel(cache_dir)
+    _active.append(str(path))
+    return ops.Custom(f"{path}:{ATTENTION_ENTRY}", out_shape=_attention_shape, out_dtype=_attention_dtype, func_type="aot")

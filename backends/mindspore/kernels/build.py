@@ -1,6 +1,7 @@
-"""Compile ``matmul.cc`` into a shared library on first use, cached by content.
+"""Compile the kernels (``matmul.cc``, ``attention.cc``, ``pool.h``) into one shared library on first
+use, cached by content (one library, so every kernel shares the one thread pool).
 
-The cache key hashes the source, the compiler command and version, and the CPU's model and flag
+The cache key hashes the sources, the compiler command and version, and the CPU's model and flag
 list (the build uses ``-march=native``, so a library built on one CPU must not be reused on a
 different one). The library is written to a temporary file in the cache directory and renamed
 into place, so concurrent builders never see a half-written file.
@@ -14,7 +15,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("matmul.cc")
+_HERE = Path(__file__).parent
+SOURCES = (_HERE / "matmul.cc", _HERE / "attention.cc")
+HEADERS = (_HERE / "pool.h",)
 CXXFLAGS = ("-O3", "-march=native", "-std=c++20", "-fPIC", "-shared", "-pthread", "-Wall")
 
 
@@ -30,7 +33,7 @@ def _compiler(cxx: str | None) -> str:
     found = shutil.which(cxx) if cxx else (shutil.which("g++") or shutil.which("c++"))
     if not found:
         raise KernelBuildError(
-            f"cannot build the mindserve fast matmul kernel: no C++ compiler found ({cxx or 'g++/c++'}; "
+            f"cannot build the mindserve fast kernels: no C++ compiler found ({cxx or 'g++/c++'}; "
             "install g++, e.g. `apt-get install g++`)")
     return found
 
@@ -66,9 +69,9 @@ def build_kernel(cache_dir: str | os.PathLike | None = None, cxx: str | None = N
     (default: ``g++``, else ``c++``, from PATH).
     """
     if not _has_avx512():
-        raise KernelBuildError("the mindserve fast matmul kernel needs an AVX-512 CPU (avx512f)")
+        raise KernelBuildError("the mindserve fast kernels need an AVX-512 CPU (avx512f)")
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    source = SOURCE.read_bytes()
+    source = b"\0".join(path.read_bytes() for path in (*SOURCES, *HEADERS))
     cxx = _compiler(cxx)
     try:
         version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
@@ -85,9 +88,10 @@ def build_kernel(cache_dir: str | os.PathLike | None = None, cxx: str | None = N
     fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=cache)
     os.close(fd)
     try:
-        proc = subprocess.run([cxx, *CXXFLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True)
+        proc = subprocess.run([cxx, *CXXFLAGS, "-o", tmp, *map(str, SOURCES)], capture_output=True, text=True)
         if proc.returncode != 0:
-            raise KernelBuildError(f"compiling {SOURCE.name} failed ({cxx}):\n{proc.stderr.strip()}")
+            names = ", ".join(path.name for path in SOURCES)
+            raise KernelBuildError(f"compiling {names} failed ({cxx}):\n{proc.stderr.strip()}")
         os.chmod(tmp, 0o755)
         os.replace(tmp, target)  # atomic: readers see either no file or the complete library
     finally:

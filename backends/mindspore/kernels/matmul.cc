@@ -33,10 +33,9 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
-#include <mutex>
 #include <utility>
-#include <thread>
-#include <vector>
+
+#include "pool.h"
 
 #if !defined(__AVX512F__)
 #error "matmul.cc needs AVX-512F (build with -march=native on an AVX-512 CPU)"
@@ -132,13 +131,7 @@ void compute_panels(const float *x, const float *w, float *y, int64_t M, int64_t
 }
 
 // ---------------------------------------------------------------------------------------------
-// A tiny persistent thread pool. The caller always works too. The panels are cut into a few
-// chunks per thread and every thread (caller included) claims chunks until none are left, so a
-// worker that the OS has descheduled (the box is shared) only delays the chunk it already holds.
-// Idle workers spin for a short while (kernels come in bursts inside a graph) and then sleep on
-// a futex, so they do not keep a core away from MindSpore's own kernels.
-constexpr int64_t kMaxChunks = 4096;  // must fit the ticket's 20-bit fields
-
+// Work split: the panels are cut into a few chunks per thread of the shared pool (pool.h).
 struct Job {
   const float *x;
   const float *w;
@@ -148,7 +141,8 @@ struct Job {
   int64_t nchunks;  // chunk c covers panels [panels*c/nchunks, panels*(c+1)/nchunks)
 };
 
-void run_chunk(const Job &j, int64_t c) {
+void run_chunk(const void *ctx, int64_t c) {
+  const Job &j = *static_cast<const Job *>(ctx);
   compute_panels(j.x, j.w, j.y, j.M, j.K, j.N, j.panels * c / j.nchunks, j.panels * (c + 1) / j.nchunks);
 }
 
@@ -160,122 +154,10 @@ int64_t chunk_count(const Job &j, int nthreads) {
     const int64_t bytes = j.K * j.N * 4;
     per = std::clamp<int64_t>(bytes / (int64_t{256} << 10) / std::max(1, nthreads), 1, 8);
   }
-  return std::max<int64_t>(1, std::min<int64_t>({j.panels, nthreads * per, kMaxChunks}));
+  return std::max<int64_t>(1, std::min<int64_t>({j.panels, nthreads * per, mindserve::kMaxChunks}));
 }
 
-class Pool {
- public:
-  void set_threads(int n) {
-    std::lock_guard<std::mutex> g(busy_);
-    stop();
-    n = std::max(1, std::min(n, 64));
-    nthreads_ = n;
-    quit_.store(false);
-    // Workers start from the current wake generation: a job published before a worker first
-    // runs must still be seen as new by it.
-    const uint32_t g0 = wake_.load();
-    for (int t = 1; t < n; ++t) workers_.emplace_back([this, g0] { loop(g0); });
-  }
-  int threads() const { return nthreads_; }
-  void set_spin_us(int us) { spin_us_.store(std::max(0, us)); }
-
-  void run(const Job &in) {
-    Job job = in;
-    job.nchunks = chunk_count(job, nthreads_);
-    std::unique_lock<std::mutex> lock(busy_, std::try_to_lock);
-    if (nthreads_ <= 1 || job.nchunks == 1 || !lock.owns_lock()) {
-      // Single thread, or a concurrent kernel owns the pool: do it here (same arithmetic).
-      for (int64_t c = 0; c < job.nchunks; ++c) run_chunk(job, c);
-      return;
-    }
-    job_ = job;
-    done_.store(0, std::memory_order_relaxed);
-    const uint64_t g = ((ticket_.load(std::memory_order_relaxed) >> 40) + 1) & 0xFFFFFFu;
-    ticket_.store((g << 40) | (static_cast<uint64_t>(job.nchunks) << 20),
-                  std::memory_order_release);  // publishes job_ and done_
-    wake_.fetch_add(1);
-    if (sleepers_.load() > 0) wake_.notify_all();
-    work();
-    int spins = 0;
-    while (done_.load(std::memory_order_acquire) != job.nchunks) {
-      _mm_pause();
-      if (++spins > 4096) std::this_thread::yield();  // a preempted worker holds a chunk
-    }
-  }
-
- private:
-  // Claim and run chunks of the current job until none are left.
-  void work() {
-    for (;;) {
-      // ticket_ = (generation << 40) | (nchunks << 20) | next index, all in one word: a claim
-      // (CAS) succeeds only on the live ticket of the current job, and a chunk that is not yet
-      // done keeps that job (and job_) alive until we report it.
-      uint64_t t = ticket_.load(std::memory_order_acquire);
-      const int64_t n = static_cast<int64_t>((t >> 20) & 0xFFFFFu);
-      const int64_t idx = static_cast<int64_t>(t & 0xFFFFFu);
-      if (idx >= n) return;
-      if (!ticket_.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel)) continue;
-      run_chunk(job_, idx);
-      done_.fetch_add(1, std::memory_order_release);
-    }
-  }
-
-  void loop(uint32_t seen) {
-    for (;;) {
-      uint32_t g = wake_.load(std::memory_order_acquire);
-      if (g == seen) {
-        const auto start = std::chrono::steady_clock::now();
-        const auto budget = std::chrono::microseconds(spin_us_.load());
-        int iter = 0;
-        while ((g = wake_.load(std::memory_order_acquire)) == seen) {
-          _mm_pause();
-          if (++iter == 64) {
-            iter = 0;
-            if (std::chrono::steady_clock::now() - start > budget) break;
-          }
-        }
-        if (g == seen) {
-          sleepers_.fetch_add(1);
-          wake_.wait(seen);
-          sleepers_.fetch_sub(1);
-          continue;
-        }
-      }
-      seen = g;
-      if (quit_.load()) return;
-      work();
-    }
-  }
-
-  void stop() {
-    if (workers_.empty()) return;
-    quit_.store(true);
-    wake_.fetch_add(1);
-    wake_.notify_all();
-    for (auto &th : workers_) th.join();
-    workers_.clear();
-  }
-
-  std::mutex busy_;
-  std::vector<std::thread> workers_;
-  std::atomic<uint32_t> wake_{0};      // 32-bit: std::atomic::wait is a plain futex
-  std::atomic<uint64_t> ticket_{0};    // (job generation << 40) | (nchunks << 20) | next index
-  std::atomic<int64_t> done_{0};
-  std::atomic<int> sleepers_{0};
-  std::atomic<int> spin_us_{50};
-  std::atomic<bool> quit_{false};
-  int nthreads_ = 1;
-  Job job_{};
-};
-
-Pool &pool() {
-  static Pool *p = [] {
-    auto *q = new Pool();  // leaked on purpose: no teardown ordering issues at process exit
-    q->set_threads(2);     // the default; fast_matmul(threads=...) / set_kernel_threads change it
-    return q;
-  }();
-  return *p;
-}
+using mindserve::pool;
 
 std::atomic<uint64_t> g_calls{0}, g_ns{0};  // kernel-side accounting (cheap; for benchmarks)
 
@@ -293,7 +175,9 @@ void matmul(const float *x, const float *w, float *y, int64_t M, int64_t K, int6
     std::memset(y, 0, sizeof(float) * M * N);
     return;
   }
-  pool().run(Job{x, w, y, M, K, N, (N + kPanel - 1) / kPanel, 1});
+  Job job{x, w, y, M, K, N, (N + kPanel - 1) / kPanel, 1};
+  job.nchunks = chunk_count(job, pool().threads());
+  pool().run(mindserve::Task{&run_chunk, &job, job.nchunks});
 }
 
 }  // namespace

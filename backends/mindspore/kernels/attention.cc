@@ -1,0 +1,203 @@
+// mindserve paged attention for MindSpore AOT custom ops on CPU (AVX-512).
+//
+// For every query row (b, t) and head h, with G = H / KV query heads per kv head, kvh = h / G,
+// n = min(pos[b, t] + 1, NB * bs) visible keys and slot(b, j) = table[b, j / bs] * bs + j % bs:
+//
+//   s_j = dot(q[b, t, h], K[kvh * S + slot(b, j)]) / sqrt(D)          for j in [0, n)
+//   out[b, t, h * D : (h + 1) * D] = sum_j softmax(s)_j * V[kvh * S + slot(b, j)]
+//
+// K and V are the layer's cache Parameters, [KV * S, D] with row kvh * S + slot (S = num_blocks
+// * bs slots), exactly as the graph's ScatterUpdate has just written them. The causal mask is the
+// key count n, so the work follows each row's real length, not a padded window, and no mask,
+// gathered window or score tensor is ever materialised.
+//
+// Determinism contract: a query's output depends only on its own q, its keys and values, read
+// in key order with a fixed sequence of floating-point operations (dots in 16-lane FMA vectors
+// reduced by _mm512_reduce_add_ps; the softmax sum in one fixed vector order; the weighted sum
+// in key order). Nothing depends on the batch, the other rows, the thread count or the chunking,
+// so a request's tokens are bit-identical alone or batched.
+//
+// Exported entry points:
+//   int MindservePagedAttention(int nparam, void **params, int *ndims, int64_t **shapes,
+//                               const char **dtypes, void *stream, void *extra)  -- the AOT kernel
+//       inputs q [B, T, H, D] f32, k [KV*S, D] f32, v [KV*S, D] f32, table [B, NB] i32,
+//       pos [B, T] i32, meta [2] i32 = (KV, bs); output [B, T, H*D] f32.
+//       Returns non-zero (MindSpore raises) on a shape/dtype mismatch or a block id out of range.
+//   int mindserve_attention_raw(...)  -- the same on plain pointers, for the tests
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "pool.h"
+
+#if !defined(__AVX512F__)
+#error "attention.cc needs AVX-512F (build with -march=native on an AVX-512 CPU)"
+#endif
+
+namespace {
+
+constexpr int64_t kMaxHeadDim = 512;
+
+inline __mmask16 tail_mask(int64_t rem) {
+  return static_cast<__mmask16>(rem >= 16 ? 0xFFFF : ((1u << rem) - 1));
+}
+
+// exp(x) for x <= 0 (softmax arguments after subtracting the max): x = n ln2 + r, |r| <= ln2/2,
+// exp(r) by its degree-7 Taylor polynomial (relative error < 2e-8 on that range), times 2^n.
+inline __m512 exp_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-103.0f));  // below this exp underflows to 0 anyway
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);  // ln2 split in two parts
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 5040);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// dot(a, b) over D floats: 16-lane FMAs in order, then one fixed reduction.
+inline float dot(const float *a, const float *b, int64_t D) {
+  __m512 acc = _mm512_setzero_ps();
+  int64_t d = 0;
+  for (; d + 16 <= D; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), _mm512_loadu_ps(b + d), acc);
+  if (d < D) {
+    const __mmask16 m = tail_mask(D - d);
+    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + d), _mm512_maskz_loadu_ps(m, b + d), acc);
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+
+struct Job {
+  const float *q, *k, *v;
+  const int32_t *table, *pos;
+  float *out;
+  int64_t B, T, H, D, KV, S, NB, bs;
+  int64_t queries;  // B * T * H
+  int64_t nchunks;
+};
+
+// One query row: (b, t, h) = index. scores is scratch of at least NB * bs floats.
+void attend(const Job &j, int64_t index, float *scores) {
+  const int64_t h = index % j.H, bt = index / j.H, b = bt / j.T;
+  const int64_t kvh = h / (j.H / j.KV);
+  const float *q = j.q + index * j.D;
+  float *out = j.out + index * j.D;
+  const int64_t n = std::clamp<int64_t>(int64_t{j.pos[bt]} + 1, 1, j.NB * j.bs);
+  const int32_t *blocks = j.table + b * j.NB;
+  const float *kbase = j.k + kvh * j.S * j.D;
+  const float *vbase = j.v + kvh * j.S * j.D;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(j.D));
+
+  // scores, block by block (rows of one block are contiguous)
+  for (int64_t k0 = 0; k0 < n; k0 += j.bs) {
+    const float *rows = kbase + int64_t{blocks[k0 / j.bs]} * j.bs * j.D;
+    const int64_t count = std::min(j.bs, n - k0);
+    for (int64_t i = 0; i < count; ++i) scores[k0 + i] = dot(q, rows + i * j.D, j.D) * scale;
+  }
+  // softmax: max, exp, sum (vector lanes in fixed order, then one reduction)
+  __m512 vmax = _mm512_set1_ps(-INFINITY);
+  for (int64_t i = 0; i < n; i += 16)
+    vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tail_mask(n - i), scores + i));
+  const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+  __m512 vsum = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = tail_mask(n - i);
+    const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + i), mx));
+    _mm512_mask_storeu_ps(scores + i, m, e);
+    vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(m, e));
+  }
+  const float inv = 1.0f / _mm512_reduce_add_ps(vsum);
+  // weighted sum of the values, in key order
+  const int64_t nv = (j.D + 15) / 16;
+  __m512 acc[kMaxHeadDim / 16];
+  for (int64_t c = 0; c < nv; ++c) acc[c] = _mm512_setzero_ps();
+  const __mmask16 last = tail_mask(j.D - 16 * (nv - 1));
+  for (int64_t k0 = 0; k0 < n; k0 += j.bs) {
+    const float *rows = vbase + int64_t{blocks[k0 / j.bs]} * j.bs * j.D;
+    const int64_t count = std::min(j.bs, n - k0);
+    for (int64_t i = 0; i < count; ++i) {
+      const __m512 p = _mm512_set1_ps(scores[k0 + i]);
+      const float *vr = rows + i * j.D;
+      for (int64_t c = 0; c < nv - 1; ++c) acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * c), acc[c]);
+      acc[nv - 1] = _mm512_fmadd_ps(p, _mm512_maskz_loadu_ps(last, vr + 16 * (nv - 1)), acc[nv - 1]);
+    }
+  }
+  const __m512 vinv = _mm512_set1_ps(inv);
+  for (int64_t c = 0; c < nv - 1; ++c) _mm512_storeu_ps(out + 16 * c, _mm512_mul_ps(acc[c], vinv));
+  _mm512_mask_storeu_ps(out + 16 * (nv - 1), last, _mm512_mul_ps(acc[nv - 1], vinv));
+}
+
+void run_chunk(const void *ctx, int64_t c) {
+  const Job &j = *static_cast<const Job *>(ctx);
+  thread_local std::vector<float> scores;
+  if (static_cast<int64_t>(scores.size()) < j.NB * j.bs + 16) scores.resize(j.NB * j.bs + 16);
+  const int64_t q0 = j.queries * c / j.nchunks, q1 = j.queries * (c + 1) / j.nchunks;
+  for (int64_t i = q0; i < q1; ++i) attend(j, i, scores.data());
+}
+
+// 0 on success; the error codes of the AOT entry otherwise.
+int paged_attention(Job j) {
+  if (j.B <= 0 || j.T <= 0 || j.H <= 0) return 0;
+  if (j.D <= 0 || j.D > kMaxHeadDim) return 6;
+  if (j.KV <= 0 || j.H % j.KV != 0 || j.bs <= 0 || j.NB <= 0 || j.S % j.bs != 0) return 7;
+  const int64_t num_blocks = j.S / j.bs;
+  for (int64_t i = 0; i < j.B * j.NB; ++i)
+    if (j.table[i] < 0 || j.table[i] >= num_blocks) return 8;  // never read outside the cache
+  j.queries = j.B * j.T * j.H;
+  // A few chunks per thread, so a thread that keeps its core takes over from one that lost it;
+  // chunks hold at least a few queries (a chunk is a pool round trip).
+  const int threads = mindserve::pool().threads();
+  j.nchunks = std::max<int64_t>(1, std::min<int64_t>(j.queries / 4, threads * 4));
+  mindserve::pool().run(mindserve::Task{&run_chunk, &j, j.nchunks});
+  return 0;
+}
+
+bool is_f32(const char *t) { return std::strcmp(t, "float32") == 0 || std::strcmp(t, "float") == 0; }
+bool is_i32(const char *t) { return std::strcmp(t, "int32") == 0; }
+
+}  // namespace
+
+extern "C" {
+
+int mindserve_attention_raw(const float *q, const float *k, const float *v, const int32_t *table,
+                            const int32_t *pos, float *out, int64_t B, int64_t T, int64_t H, int64_t D,
+                            int64_t KV, int64_t S, int64_t NB, int64_t bs) {
+  return paged_attention(Job{q, k, v, table, pos, out, B, T, H, D, KV, S, NB, bs, 0, 1});
+}
+
+int MindservePagedAttention(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                            void *stream, void *extra) {
+  (void)stream;
+  (void)extra;
+  if (nparam != 7) return 1;
+  if (!is_f32(dtypes[0]) || !is_f32(dtypes[1]) || !is_f32(dtypes[2]) || !is_i32(dtypes[3]) ||
+      !is_i32(dtypes[4]) || !is_i32(dtypes[5]) || !is_f32(dtypes[6]))
+    return 2;
+  if (ndims[0] != 4 || ndims[1] != 2 || ndims[2] != 2 || ndims[3] != 2 || ndims[4] != 2 || ndims[5] != 1 ||
+      shapes[5][0] != 2)
+    return 3;
+  const int64_t B = shapes[0][0], T = shapes[0][1], H = shapes[0][2], D = shapes[0][3];
+  if (shapes[1][1] != D || shapes[2][1] != D || shapes[1][0] != shapes[2][0] || shapes[3][0] != B ||
+      shapes[4][0] != B || shapes[4][1] != T)
+    return 4;
+  const int32_t *meta = static_cast<const int32_t *>(params[5]);
+  const int64_t KV = meta[0], bs = meta[1];
+  if (KV <= 0 || shapes[1][0] % KV != 0) return 5;
+  const int64_t S = shapes[1][0] / KV;
+  return paged_attention(Job{static_cast<const float *>(params[0]), static_cast<const float *>(params[1]),
+                             static_cast<const float *>(params[2]), static_cast<const int32_t *>(params[3]),
+                             static_cast<const int32_t *>(params[4]), static_cast<float *>(params[6]), B, T, H, D,
+                             KV, S, shapes[3][1], bs, 0, 1});
+}
+
+}  // extern "C"
