@@ -330,3 +330,94 @@ def test_paged_attention_refuses_a_block_outside_the_cache(lib):
         table[1, 2] = bad
         rc, _ = _attention(lib, q, k, v, table, pos, 2, 8)
         assert rc == 8
+
+
+# --- fused row kernels, called through their AOT entry points ------------------------------------
+
+def _aot_call(lib, entry: str, inputs: list[np.ndarray], outputs: list[np.ndarray]) -> int:
+    """Call an AOT entry as MindSpore does: (nparam, params, ndims, shapes, dtypes, stream, extra)."""
+    arrays = [np.ascontiguousarray(a) for a in inputs] + outputs
+    n = len(arrays)
+    params = (ctypes.c_void_p * n)(*[a.ctypes.data for a in arrays])
+    ndims = (ctypes.c_int * n)(*[a.ndim for a in arrays])
+    shape_arrays = [(ctypes.c_int64 * max(1, a.ndim))(*a.shape) for a in arrays]
+    shapes = (ctypes.POINTER(ctypes.c_int64) * n)(*[ctypes.cast(s, ctypes.POINTER(ctypes.c_int64))
+                                                     for s in shape_arrays])
+    names = {np.dtype(np.float32): b"float32", np.dtype(np.int32): b"int32", np.dtype(np.float64): b"float64"}
+    dtypes = (ctypes.c_char_p * n)(*[names[a.dtype] for a in arrays])
+    fn = getattr(lib, entry)
+    fn.restype = ctypes.c_int
+    return fn(n, params, ndims, shapes, dtypes, None, None)
+
+
+def _rope_ref(x, cos, sin):
+    half = x.shape[-1] // 2
+    return x * cos + np.concatenate([-x[..., half:], x[..., :half]], -1) * sin
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 576), (7, 33), (64, 576), (3, 16), (2, 5)])
+def test_rmsnorm_kernel_matches_numpy(lib, rows, cols):
+    rng = np.random.default_rng(rows * cols)
+    x = (rng.standard_normal((rows, cols)) * 3).astype(np.float32)
+    w = rng.standard_normal(cols).astype(np.float32)
+    y = np.full_like(x, np.nan)
+    assert _aot_call(lib, "MindserveRMSNorm", [x, w, np.array([1e-5], np.float32)], [y]) == 0
+    xd = x.astype(np.float64)
+    np.testing.assert_allclose(y, xd / np.sqrt((xd * xd).mean(-1, keepdims=True) + 1e-5) * w, rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("rows,ffn", [(1, 1536), (5, 37), (64, 1536), (2, 16)])
+def test_swiglu_kernel_matches_numpy(lib, rows, ffn):
+    rng = np.random.default_rng(rows + ffn)
+    gu = (rng.standard_normal((rows, 2 * ffn)) * 6).astype(np.float32)
+    gu[0, :4] = [-120.0, 120.0, 0.0, -0.0]  # saturated and zero gates
+    y = np.full((rows, ffn), np.nan, np.float32)
+    assert _aot_call(lib, "MindserveSwiGLU", [gu], [y]) == 0
+    g, u = gu[:, :ffn].astype(np.float64), gu[:, ffn:].astype(np.float64)
+    np.testing.assert_allclose(y, g / (1 + np.exp(-g)) * u, rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("rows,heads,kv,d", [(1, 9, 3, 64), (6, 4, 4, 32), (3, 28, 4, 128), (2, 3, 1, 40), (4, 2, 2, 6)])
+def test_qkv_rope_kernel_matches_numpy(lib, rows, heads, kv, d):
+    from backends.mindspore.model import rope_tables
+
+    rng = np.random.default_rng(rows * heads + d)
+    qkv = rng.standard_normal((rows, (heads + 2 * kv) * d)).astype(np.float32)
+    cos_t, sin_t = rope_tables(d, 4096, 10000.0)
+    pos = rng.integers(0, 4096, rows)
+    cos, sin = cos_t[pos], sin_t[pos]
+    q = np.full((rows, heads, d), np.nan, np.float32)
+    k = np.full((rows * kv, d), np.nan, np.float32)
+    v = np.full((rows * kv, d), np.nan, np.float32)
+    assert _aot_call(lib, "MindserveQKVRope", [qkv, cos, sin], [q, k, v]) == 0
+    split = qkv.astype(np.float64).reshape(rows, heads + 2 * kv, d)
+    np.testing.assert_allclose(q, _rope_ref(split[:, :heads], cos[:, None], sin[:, None]), rtol=0, atol=2e-6)
+    np.testing.assert_allclose(k.reshape(rows, kv, d), _rope_ref(split[:, heads:heads + kv], cos[:, None], sin[:, None]),
+                               rtol=0, atol=2e-6)
+    assert np.array_equal(v.reshape(rows, kv, d), qkv.reshape(rows, heads + 2 * kv, d)[:, heads + kv:])
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 576, 576), (16, 1536, 576), (5, 37, 53), (20, 64, 100)])
+def test_matmul_add_is_the_residual_plus_the_same_product(lib, m, k, n):
+    rng = np.random.default_rng(m + k + n)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    packed = prepare_weight(rng.standard_normal((k, n)).astype(np.float32))
+    res = rng.standard_normal((m, n)).astype(np.float32)
+    y = np.full((m, n), np.nan, np.float32)
+    assert _aot_call(lib, "MindserveMatMulAdd", [x, packed, res], [y]) == 0
+    assert np.array_equal(y, res + _mm(lib, x, packed))  # one float add after the identical product
+
+
+def test_aot_entries_refuse_bad_shapes_and_dtypes(lib):
+    f32 = np.zeros((2, 8), np.float32)
+    assert _aot_call(lib, "MindserveRMSNorm", [f32, np.zeros(7, np.float32), np.zeros(1, np.float32)],
+                     [np.zeros((2, 8), np.float32)]) == 4
+    assert _aot_call(lib, "MindserveRMSNorm", [f32.astype(np.float64), np.zeros(8, np.float32),
+                                              np.zeros(1, np.float32)], [np.zeros((2, 8), np.float32)]) == 2
+    assert _aot_call(lib, "MindserveSwiGLU", [f32], [np.zeros((2, 3), np.float32)]) == 4
+    assert _aot_call(lib, "MindserveQKVRope", [np.zeros((2, 40), np.float32), np.zeros((2, 4), np.float32),
+                                              np.zeros((2, 4), np.float32)],
+                     [np.zeros((2, 3, 4), np.float32), np.zeros((2, 4), np.float32), np.zeros((2, 4), np.float32)]) == 4
+    packed = prepare_weight(np.zeros((8, 5), np.float32))
+    assert _aot_call(lib, "MindserveMatMulAdd", [f32, packed, np.zeros((3, 5), np.float32)],
+                     [np.zeros((2, 5), np.float32)]) == 6

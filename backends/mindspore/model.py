@@ -1,7 +1,9 @@
-"""The Llama-family network (Llama 2/3, Qwen2, Mistral, SmolLM2) in plain MindSpore ops, with a paged KV cache.
+"""The Llama-family network (Llama 2/3, Qwen2, Mistral, SmolLM2) with a paged KV cache, in MindSpore
+GRAPH mode: built on the AOT kernels of ``backends.mindspore.kernels`` where they build, else on stock ops.
 
 One ``construct`` serves prefill chunks and decode steps: tokens are written into the cache first,
-then attend through it, so the graph depends only on the shapes (batch, tokens, window).
+then attend through it, so the graph depends only on the shapes (batch, tokens, and, for the stock-op
+path, the attention window).
 """
 from __future__ import annotations
 
@@ -36,46 +38,53 @@ def rope_tables(head_dim: int, max_pos: int, theta: float) -> tuple[np.ndarray, 
 
 
 class RMSNorm(nn.Cell):
-    def __init__(self, weight: np.ndarray, eps: float, name: str) -> None:
+    def __init__(self, weight: np.ndarray, eps: float, name: str, aot=None) -> None:
         super().__init__()
         self.weight = _param(weight, name)
         self.eps = eps
+        self.aot = aot
+        self.eps_t = Tensor(np.array([eps], np.float32))
 
     def construct(self, x):
+        if self.aot is not None:
+            return self.aot.rmsnorm(x, self.weight, self.eps_t)
         return x * ops.rsqrt(ops.mean(x * x, -1, keep_dims=True) + self.eps) * self.weight
 
 
 class DecoderLayer(nn.Cell):
-    """Attention + MLP for one layer; owns the layer's K/V cache ``[kv_heads * num_slots, head_dim]``."""
+    """Attention + MLP for one layer; owns the layer's K/V cache ``[kv_heads * num_slots, head_dim]``.
+
+    With the AOT kernels (``aot``, an ``AotOps``) a layer is 10 ops: norm, qkv matmul, split + rotary,
+    two in-place cache writes, paged attention, o matmul + residual, norm, gate/up matmul, SwiGLU,
+    down matmul + residual. Without them it is the same maths in stock MindSpore ops, attending over
+    a gathered window with an additive mask.
+    """
 
     def __init__(self, spec: ModelSpec, w: dict[str, np.ndarray], i: int, num_slots: int, block_size: int,
-                 fast_mm=None, attn_op=None) -> None:
+                 aot=None) -> None:
         super().__init__()
         p = f"model.layers.{i}."
-        self.use_fast = fast_mm is not None
-        self.fast_mm = fast_mm
-        self.paged = attn_op is not None
-        self.attn_op = attn_op
+        self.aot = aot
+        self.fused = aot is not None
         self.attn_meta = Tensor(np.array([spec.num_kv_heads, block_size], np.int32))
         self.heads, self.kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
-        self.block_size = block_size
         q, k, v = (w[p + f"self_attn.{n}_proj.weight"] for n in "qkv")
         # Fused, stored [in, out] so a plain matmul streams it (the fastest CPU layout).
-        self.wqkv = _weight(np.concatenate([q, k, v], axis=0).T, p + "wqkv", self.use_fast)
+        self.wqkv = _weight(np.concatenate([q, k, v], axis=0).T, p + "wqkv", self.fused)
         self.has_bias = spec.qkv_has_bias
         if self.has_bias:
             bias = np.concatenate([w[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
             self.bqkv = _param(bias, p + "bqkv")
-        self.wo = _weight(w[p + "self_attn.o_proj.weight"].T, p + "wo", self.use_fast)
+        self.wo = _weight(w[p + "self_attn.o_proj.weight"].T, p + "wo", self.fused)
         self.w_gate_up = _weight(np.concatenate([w[p + "mlp.gate_proj.weight"],
-                                                 w[p + "mlp.up_proj.weight"]], axis=0).T, p + "w_gate_up", self.use_fast)
-        self.w_down = _weight(w[p + "mlp.down_proj.weight"].T, p + "w_down", self.use_fast)
+                                                 w[p + "mlp.up_proj.weight"]], axis=0).T, p + "w_gate_up", self.fused)
+        self.w_down = _weight(w[p + "mlp.down_proj.weight"].T, p + "w_down", self.fused)
         self.ffn = spec.intermediate_size
-        self.attn_norm = RMSNorm(w[p + "input_layernorm.weight"], spec.rms_norm_eps, p + "attn_norm")
-        self.ffn_norm = RMSNorm(w[p + "post_attention_layernorm.weight"], spec.rms_norm_eps, p + "ffn_norm")
-        # Row kv_head * num_slots + slot holds one head's K (or V) of one token. Kv-head-major, so one
-        # gather of rows is already the [kv, B, W, D] that attention multiplies; 2-D, so ScatterUpdate
-        # writes it in place (ScatterNdUpdate and any reshape of the Parameter copy the whole cache).
+        self.attn_norm = RMSNorm(w[p + "input_layernorm.weight"], spec.rms_norm_eps, p + "attn_norm", aot)
+        self.ffn_norm = RMSNorm(w[p + "post_attention_layernorm.weight"], spec.rms_norm_eps, p + "ffn_norm", aot)
+        # Row kv_head * num_slots + slot holds one head's K (or V) of one token. 2-D, so ScatterUpdate
+        # writes it in place (ScatterNdUpdate, or any reshape of the Parameter, copies the whole cache);
+        # kv-head-major, so a gather of rows is already the [kv, B, W, D] the ops path multiplies.
         cache_shape = (spec.num_kv_heads * num_slots, spec.head_dim)
         self.k_cache = _param(np.zeros(cache_shape, np.float32), p + "k_cache")
         self.v_cache = _param(np.zeros(cache_shape, np.float32), p + "v_cache")
@@ -85,9 +94,9 @@ class DecoderLayer(nn.Cell):
         self.scale = 1.0 / float(np.sqrt(spec.head_dim))
 
     def _mm(self, x, w):
-        """x [M, K] @ w [K, N]: MindSpore's MatMul, or the row-deterministic AOT kernel."""
-        if self.use_fast:
-            return self.fast_mm(x, w)
+        """x [M, K] @ w [K, N]: the row-deterministic AOT kernel, or MindSpore's MatMul."""
+        if self.fused:
+            return self.aot.matmul(x, w)
         return ops.matmul(x, w)
 
     def _rope(self, x, cos, sin):
@@ -96,11 +105,23 @@ class DecoderLayer(nn.Cell):
         rotated = ops.concat((-x[..., half:], x[..., :half]), -1)
         return x * cos + rotated * sin
 
-    def _attention(self, x, cos, sin, pos, write_idx, index, mask):
+    def _attention_aot(self, h, cos, sin, pos, write_idx, table):
+        """h [N, dim] (N = B*T); cos/sin [N, D]; table [B, NB]. Returns [N, H*D] before the o projection."""
+        qkv = self.aot.matmul(h, self.wqkv)
+        if self.has_bias:
+            qkv = qkv + self.bqkv
+        q, k, v = self.aot.qkv_rope(qkv, cos, sin)  # [N, H, D], [N*KV, D], [N*KV, D]
+        # Write this step's K/V rows in place; the kernel then reads the updated Parameters directly.
+        keys = self.scatter(self.k_cache, write_idx, k)
+        values = self.scatter(self.v_cache, write_idx, v)
+        return self.aot.attention(q, keys, values, table, pos, self.attn_meta)
+
+    def _attention_ops(self, x, cos, sin, write_idx, read_rows, mask):
+        """x [B, T, dim]; cos/sin [B, T, 1, D]; read_rows [kv, B, W]; mask [B, 1, T, W]."""
         b, t, _ = x.shape
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
         g = h // kvh
-        qkv = self._mm(ops.reshape(x, (b * t, -1)), self.wqkv)
+        qkv = ops.matmul(ops.reshape(x, (b * t, -1)), self.wqkv)
         if self.has_bias:
             qkv = qkv + self.bqkv
         q = ops.reshape(qkv[:, : h * d], (b, t, h, d))
@@ -108,71 +129,72 @@ class DecoderLayer(nn.Cell):
         v = ops.reshape(qkv[:, (h + kvh) * d:], (b * t * kvh, d))
         q = self._rope(q, cos, sin)
         k = ops.reshape(self._rope(k, cos, sin), (b * t * kvh, d))
-        # Write this step's K/V rows in place; attention then reads the updated Parameters directly.
-        # Never reshape the cache itself (MindSpore would copy all of it).
-        keys = self.scatter(self.k_cache, write_idx, k)
-        values = self.scatter(self.v_cache, write_idx, v)
-        if self.paged:  # index: block table [B, NB]; the AOT kernel reads each row's keys 0..pos
-            out = self.attn_op(q, keys, values, index, pos, self.attn_meta)
-            return self._mm(ops.reshape(out, (b * t, h * d)), self.wo)
-        # index: cache rows [kv, B, W] of every head and key position of each row's window
-        keys = ops.gather(keys, index, 0)  # [kv, B, W, D]
-        values = ops.gather(values, index, 0)
+        keys = ops.gather(self.scatter(self.k_cache, write_idx, k), read_rows, 0)  # [kv, B, W, D]
+        values = ops.gather(self.scatter(self.v_cache, write_idx, v), read_rows, 0)
         # GQA without repeating K/V: group query heads under their kv head. q: [kv, B, G*T, D]
         q = ops.transpose(ops.reshape(q, (b, t, kvh, g, d)), (2, 0, 3, 1, 4))
         q = ops.reshape(q, (kvh, b, g * t, d))
         scores = self.bmm_t(q, keys) * self.scale  # [kv, B, G*T, W]
-        scores = ops.reshape(scores, (kvh, b, g, t, -1)) + mask  # mask: [B, 1, T, W]
+        scores = ops.reshape(scores, (kvh, b, g, t, -1)) + mask
         probs = ops.reshape(ops.softmax(scores, -1), (kvh, b, g * t, -1))
         out = self.bmm(probs, values)  # [kv, B, G*T, D]
         out = ops.transpose(ops.reshape(out, (kvh, b, g, t, d)), (1, 3, 0, 2, 4))
-        return self._mm(ops.reshape(out, (b * t, h * d)), self.wo)
+        return ops.reshape(out, (b * t, h * d))
 
     def construct(self, x, cos, sin, pos, write_idx, index, mask):
+        """x [B*T, dim] with the AOT kernels, else [B, T, dim]; same shape out."""
+        if self.fused:
+            x = self.aot.matmul_add(self._attention_aot(self.attn_norm(x), cos, sin, pos, write_idx, index), self.wo, x)
+            return self.aot.matmul_add(self.aot.swiglu(self.aot.matmul(self.ffn_norm(x), self.w_gate_up)), self.w_down, x)
         b, t, dim = x.shape
-        attn = self._attention(self.attn_norm(x), cos, sin, pos, write_idx, index, mask)
+        attn = ops.matmul(self._attention_ops(self.attn_norm(x), cos, sin, write_idx, index, mask), self.wo)
         x = x + ops.reshape(attn, (b, t, dim))
-        gate_up = self._mm(ops.reshape(self.ffn_norm(x), (b * t, dim)), self.w_gate_up)
+        gate_up = ops.matmul(ops.reshape(self.ffn_norm(x), (b * t, dim)), self.w_gate_up)
         act = ops.silu(gate_up[:, : self.ffn]) * gate_up[:, self.ffn:]
-        return x + ops.reshape(self._mm(act, self.w_down), (b, t, dim))
+        return x + ops.reshape(ops.matmul(act, self.w_down), (b, t, dim))
 
 
 class LlamaModel(nn.Cell):
     """ids/positions in, logits of one chosen row per sequence and the final-normed hidden states out.
 
     Inputs: ids, pos [B, T] int32; write_idx [B*T*kv] int32 (cache row ``head * num_slots + slot`` of each
-    new K/V head row, token-major; padding -> scratch slot 0); then, with the paged attention kernel,
-    index = the block table [B, NB] int32 (padded with the scratch block 0) and mask = None; without it,
-    index = read rows [kv, B, W] int32 (cache row of each head and key position of a row's window,
-    padded with slot 0) and mask [B, 1, T, W] float32 (0 where key j <= pos, else -1e9);
+    new K/V head row, token-major; padding -> scratch slot 0); then, with the AOT kernels, index = the
+    block table [B, NB] int32 (padded with the scratch block 0) and mask = None; without them, index =
+    read rows [kv, B, W] int32 (cache row of each head and key position of a row's window, padded with
+    slot 0) and mask [B, 1, T, W] float32 (0 where key j <= pos, else -1e9);
     last_rows [B] int32 (flat row in B*T whose logits to return).
     """
 
     def __init__(self, spec: ModelSpec, w: dict[str, np.ndarray], num_blocks: int, block_size: int,
-                 max_positions: int, fast_mm=None, attn_op=None) -> None:
+                 max_positions: int, aot=None) -> None:
         super().__init__()
-        self.dim = spec.hidden_size
-        self.use_fast = fast_mm is not None
-        self.fast_mm = fast_mm
+        self.dim, self.head_dim = spec.hidden_size, spec.head_dim
+        self.aot = aot
+        self.fused = aot is not None
         self.embed = _param(w["model.embed_tokens.weight"], "embed")
         head = w["model.embed_tokens.weight"] if spec.tie_word_embeddings else w["lm_head.weight"]
-        self.head = _weight(head.T, "lm_head", self.use_fast)  # [D, V]: a separate copy even when tied
+        self.head = _weight(head.T, "lm_head", self.fused)  # [D, V]: a separate copy even when tied
         cos, sin = rope_tables(spec.head_dim, max_positions, spec.rope_theta)
         self.cos, self.sin = _param(cos, "rope_cos"), _param(sin, "rope_sin")
-        self.layers = nn.CellList([DecoderLayer(spec, w, i, num_blocks * block_size, block_size, fast_mm, attn_op)
+        self.layers = nn.CellList([DecoderLayer(spec, w, i, num_blocks * block_size, block_size, aot)
                                    for i in range(spec.num_layers)])
-        self.norm = RMSNorm(w["model.norm.weight"], spec.rms_norm_eps, "norm")
+        self.norm = RMSNorm(w["model.norm.weight"], spec.rms_norm_eps, "norm", aot)
 
     def construct(self, ids, pos, write_idx, index, mask, last_rows):
         b, t = ids.shape
-        x = ops.gather(self.embed, ids, 0)  # [B, T, D]
-        cos = ops.expand_dims(ops.gather(self.cos, pos, 0), 2)  # [B, T, 1, hd]
-        sin = ops.expand_dims(ops.gather(self.sin, pos, 0), 2)
+        if self.fused:  # rows stay flat [B*T, ...] all the way through
+            x = ops.gather(self.embed, ops.reshape(ids, (b * t,)), 0)
+            flat_pos = ops.reshape(pos, (b * t,))
+            cos, sin = ops.gather(self.cos, flat_pos, 0), ops.gather(self.sin, flat_pos, 0)  # [N, hd]
+        else:
+            x = ops.gather(self.embed, ids, 0)  # [B, T, D]
+            cos = ops.expand_dims(ops.gather(self.cos, pos, 0), 2)  # [B, T, 1, hd]
+            sin = ops.expand_dims(ops.gather(self.sin, pos, 0), 2)
         for layer in self.layers:
             x = layer(x, cos, sin, pos, write_idx, index, mask)
         hidden = self.norm(ops.reshape(x, (b * t, self.dim)))
         last = ops.gather(hidden, last_rows, 0)
-        logits = self.fast_mm(last, self.head) if self.use_fast else ops.matmul(last, self.head)  # [B, V]
+        logits = self.aot.matmul(last, self.head) if self.fused else ops.matmul(last, self.head)  # [B, V]
         return logits, hidden
 
 
@@ -182,11 +204,11 @@ class LMHead(nn.Cell):
     def __init__(self, model: LlamaModel) -> None:
         super().__init__()
         self.head = model.head
-        self.use_fast, self.fast_mm = model.use_fast, model.fast_mm
+        self.aot, self.fused = model.aot, model.fused
 
     def construct(self, hidden):
-        if self.use_fast:
-            return self.fast_mm(hidden, self.head)
+        if self.fused:
+            return self.aot.matmul(hidden, self.head)
         return ops.matmul(hidden, self.head)
 
 

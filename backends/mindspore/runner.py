@@ -90,15 +90,15 @@ def net_inputs(ids: np.ndarray, pos: np.ndarray, slots: np.ndarray, table: np.nd
     return ids, pos, write_idx, read_rows, _mask(pos, table.shape[1] * block_size), last_rows
 
 
-def _aot_kernels():
-    """(matmul op, attention op), or (None, None) with a warning where they cannot be built."""
-    from backends.mindspore.kernels import KernelBuildError, fast_matmul, paged_attention
+def _aot_ops(spec: ModelSpec):
+    """The AOT kernels (an ``AotOps``), or None with a warning where they cannot be built."""
+    from backends.mindspore.kernels import KernelBuildError, aot_ops
 
     try:
-        return fast_matmul(), paged_attention()
+        return aot_ops(spec.num_heads, spec.num_kv_heads, spec.head_dim)
     except KernelBuildError as exc:
-        log.warning("AOT kernels unavailable, using MindSpore MatMul and ops attention: %s", exc)
-        return None, None
+        log.warning("AOT kernels unavailable, using stock MindSpore ops: %s", exc)
+        return None
 
 
 KERNELS = ("auto", "aot", "ms")
@@ -110,22 +110,22 @@ class ModelRunner:
         if kernels not in KERNELS:
             raise ValueError(f"kernels must be one of {', '.join(KERNELS)}, got {kernels!r}")
         self.spec = spec
-        fast_mm, attn_op = _aot_kernels() if kernels != "ms" else (None, None)
-        if kernels == "aot" and fast_mm is None:
+        aot = _aot_ops(spec) if kernels != "ms" else None
+        if kernels == "aot" and aot is None:
             raise RuntimeError("kernels 'aot' asked for, but the AOT kernels could not be built (see the log)")
-        self.paged = attn_op is not None
+        self.paged = aot is not None
         if self.paged:
             # The kernel reads each row's real keys whatever the table width: one window (the largest)
             # serves every length, so the graphs are per batch size only.
             shapes = dataclasses.replace(shapes, window_buckets=(shapes.max_window,))
         self.shapes = shapes
-        log.info("kernels: %s", "AOT matmul + paged attention (row-deterministic)" if self.paged
-                 else "MindSpore MatMul + ops attention")
+        log.info("kernels: %s", "AOT (matmul, paged attention, fused norm/rope/SwiGLU; row-deterministic)"
+                 if self.paged else "stock MindSpore ops (MatMul, windowed attention)")
         self.num_slots = num_blocks * shapes.block_size
         if spec.num_kv_heads * self.num_slots >= 2**31:
             raise ValueError(f"a KV cache of {num_blocks} blocks x {shapes.block_size} tokens x {spec.num_kv_heads} "
                              "kv heads has more rows than int32 indices address; lower cacheBlockNum")
-        self.net = LlamaModel(spec, weights, num_blocks, shapes.block_size, shapes.max_window, fast_mm, attn_op)
+        self.net = LlamaModel(spec, weights, num_blocks, shapes.block_size, shapes.max_window, aot)
         self.net.set_train(False)
         self.head = LMHead(self.net)
         self.compiled: set[tuple] = set()

@@ -1,10 +1,18 @@
 """Hand-written CPU kernels for MindSpore, exposed as ``ops.Custom(func_type="aot")`` operators.
 
-``paged_attention()`` returns an operator computing causal attention of query rows straight out of
-the layer's paged K/V cache (see attention.cc): ``op(q [B, T, H, D], k_cache, v_cache [KV*S, D],
-table [B, NB] int32, pos [B, T] int32, meta [2] int32 = (KV, block_size)) -> [B, T, H*D]``. It
-reads only each row's real keys (0..pos), so its cost follows the sequence lengths, and each query's
-result is computed the same way whatever else is in the batch.
+``aot_ops(heads, kv_heads, head_dim)`` returns every operator the network uses (``AotOps``):
+
+* ``matmul`` -- ``fast_matmul()`` above; ``matmul_add(x, w, res)`` = ``res + x @ W`` (a residual
+  connection without a separate Add; the residual is added once, after the product);
+* ``attention(q [B*T, H, D], k_cache, v_cache [KV*S, D], table [B, NB] int32, pos [B, T] int32,
+  meta [2] int32 = (KV, block_size)) -> [B*T, H*D]``: causal attention straight out of the layer's
+  paged K/V cache (attention.cc). It reads only each row's real keys (0..pos), so its cost follows
+  the sequence lengths;
+* ``rmsnorm(x [..., C], w [C], eps [1]) -> [..., C]``, ``swiglu(gu [..., 2F]) -> [..., F]`` and
+  ``qkv_rope(qkv [N, (H+2KV)*D], cos, sin [N, D]) -> (q [N, H, D], k [N*KV, D], v [N*KV, D])``
+  (fused.cc): each replaces a chain of small MindSpore ops.
+
+All of them compute each row the same way whatever else is in the batch.
 
 ``fast_matmul()`` returns an operator computing ``y[..., N] = x[..., K] @ W[K, N]`` (float32). The
 weight is packed once at load time by ``prepare_weight(W)`` (``W`` given ``[in, out]`` like the
@@ -21,13 +29,15 @@ from __future__ import annotations
 
 import ctypes
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from backends.mindspore.kernels.build import KernelBuildError, build_kernel, default_cache_dir
 
-__all__ = ["fast_matmul", "paged_attention", "prepare_weight", "PANEL", "build_kernel", "set_kernel_threads", "kernel_library", "kernel_stats", "KernelBuildError",
+__all__ = ["fast_matmul", "aot_ops", "AotOps", "prepare_weight", "PANEL", "build_kernel", "set_kernel_threads", "kernel_library", "kernel_stats", "KernelBuildError",
            "default_cache_dir", "ENTRY"]
 
 ENTRY = "MindserveMatMul"
@@ -83,6 +93,7 @@ def kernel_library(cache_dir: str | os.PathLike | None = None) -> ctypes.CDLL:
         lib.mindserve_matmul_tune.argtypes = [ctypes.c_int64, ctypes.c_int]
         lib.mindserve_matmul_panel_width.restype = ctypes.c_int
         lib.mindserve_matmul_raw.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
+        lib.mindserve_matmul_add_raw.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
         lib.mindserve_attention_raw.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 8
         lib.mindserve_attention_raw.restype = ctypes.c_int
         lib.mindserve_matmul_stats.argtypes = [ctypes.POINTER(ctypes.c_uint64)] * 2 + [ctypes.c_int]
@@ -117,19 +128,39 @@ def fast_matmul(cache_dir: str | os.PathLike | None = None, threads: int | None 
     return ops.Custom(f"{path}:{ENTRY}", out_shape=_out_shape, out_dtype=_out_dtype, func_type="aot")
 
 
-def _attention_shape(q_shape, *_):
-    return [q_shape[0], q_shape[1], q_shape[2] * q_shape[3]]
+def _first_dtype(dtype, *_):
+    return dtype
 
 
-def _attention_dtype(q_dtype, *_):
-    return q_dtype
+@dataclass(frozen=True)
+class AotOps:
+    """The network's AOT operators (module docstring), all from one library and one thread pool."""
+
+    matmul: Any
+    matmul_add: Any
+    attention: Any
+    rmsnorm: Any
+    swiglu: Any
+    qkv_rope: Any
 
 
-def paged_attention(cache_dir: str | os.PathLike | None = None):
-    """An ``ops.Custom`` AOT operator for paged causal attention (module docstring); same library,
-    hence the same thread pool, as ``fast_matmul``."""
+def aot_ops(heads: int, kv_heads: int, head_dim: int, cache_dir: str | os.PathLike | None = None) -> AotOps:
     from mindspore import ops
 
     path: Path = build_kernel(cache_dir)
     _active.append(str(path))
-    return ops.Custom(f"{path}:{ATTENTION_ENTRY}", out_shape=_attention_shape, out_dtype=_attention_dtype, func_type="aot")
+
+    def custom(entry: str, out_shape, out_dtype=_first_dtype):
+        return ops.Custom(f"{path}:{entry}", out_shape=out_shape, out_dtype=out_dtype, func_type="aot")
+
+    def qkv_shapes(qkv, *_):
+        return [qkv[0], heads, head_dim], [qkv[0] * kv_heads, head_dim], [qkv[0] * kv_heads, head_dim]
+
+    return AotOps(
+        matmul=custom(ENTRY, _out_shape, _out_dtype),
+        matmul_add=custom("MindserveMatMulAdd", lambda x, w, r: _out_shape(x, w), _first_dtype),
+        attention=custom(ATTENTION_ENTRY, lambda q, *_: [q[0], q[1] * q[2]]),
+        rmsnorm=custom("MindserveRMSNorm", lambda x, *_: list(x)),
+        swiglu=custom("MindserveSwiGLU", lambda gu: list(gu[:-1]) + [gu[-1] // 2]),
+        qkv_rope=custom("MindserveQKVRope", qkv_shapes, lambda dtype, *_: (dtype, dtype, dtype)),
+    )

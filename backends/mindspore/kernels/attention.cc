@@ -20,8 +20,8 @@
 // Exported entry points:
 //   int MindservePagedAttention(int nparam, void **params, int *ndims, int64_t **shapes,
 //                               const char **dtypes, void *stream, void *extra)  -- the AOT kernel
-//       inputs q [B, T, H, D] f32, k [KV*S, D] f32, v [KV*S, D] f32, table [B, NB] i32,
-//       pos [B, T] i32, meta [2] i32 = (KV, bs); output [B, T, H*D] f32.
+//       inputs q [B*T, H, D] f32, k [KV*S, D] f32, v [KV*S, D] f32, table [B, NB] i32,
+//       pos [B, T] i32, meta [2] i32 = (KV, bs); output [B*T, H*D] f32.
 //       Returns non-zero (MindSpore raises) on a shape/dtype mismatch or a block id out of range.
 //   int mindserve_attention_raw(...)  -- the same on plain pointers, for the tests
 #include <immintrin.h>
@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "pool.h"
+#include "simd.h"
 
 #if !defined(__AVX512F__)
 #error "attention.cc needs AVX-512F (build with -march=native on an AVX-512 CPU)"
@@ -42,28 +43,8 @@ namespace {
 
 constexpr int64_t kMaxHeadDim = 512;
 
-inline __mmask16 tail_mask(int64_t rem) {
-  return static_cast<__mmask16>(rem >= 16 ? 0xFFFF : ((1u << rem) - 1));
-}
-
-// exp(x) for x <= 0 (softmax arguments after subtracting the max): x = n ln2 + r, |r| <= ln2/2,
-// exp(r) by its degree-7 Taylor polynomial (relative error < 2e-8 on that range), times 2^n.
-inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-103.0f));  // below this exp underflows to 0 anyway
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);  // ln2 split in two parts
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 5040);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
+using mindserve::exp_nonpositive;
+using mindserve::tail_mask;
 
 // dot(a, b) over D floats: 16-lane FMAs in order, then one fixed reduction.
 inline float dot(const float *a, const float *b, int64_t D) {
@@ -183,12 +164,12 @@ int MindservePagedAttention(int nparam, void **params, int *ndims, int64_t **sha
   if (!is_f32(dtypes[0]) || !is_f32(dtypes[1]) || !is_f32(dtypes[2]) || !is_i32(dtypes[3]) ||
       !is_i32(dtypes[4]) || !is_i32(dtypes[5]) || !is_f32(dtypes[6]))
     return 2;
-  if (ndims[0] != 4 || ndims[1] != 2 || ndims[2] != 2 || ndims[3] != 2 || ndims[4] != 2 || ndims[5] != 1 ||
+  if (ndims[0] != 3 || ndims[1] != 2 || ndims[2] != 2 || ndims[3] != 2 || ndims[4] != 2 || ndims[5] != 1 ||
       shapes[5][0] != 2)
     return 3;
-  const int64_t B = shapes[0][0], T = shapes[0][1], H = shapes[0][2], D = shapes[0][3];
-  if (shapes[1][1] != D || shapes[2][1] != D || shapes[1][0] != shapes[2][0] || shapes[3][0] != B ||
-      shapes[4][0] != B || shapes[4][1] != T)
+  const int64_t B = shapes[4][0], T = shapes[4][1], H = shapes[0][1], D = shapes[0][2];
+  if (shapes[0][0] != B * T || shapes[1][1] != D || shapes[2][1] != D || shapes[1][0] != shapes[2][0] ||
+      shapes[3][0] != B)
     return 4;
   const int32_t *meta = static_cast<const int32_t *>(params[5]);
   const int64_t KV = meta[0], bs = meta[1];

@@ -1,5 +1,5 @@
-"""Compile the kernels (``matmul.cc``, ``attention.cc``, ``pool.h``) into one shared library on first
-use, cached by content (one library, so every kernel shares the one thread pool).
+"""Compile the kernels (``matmul.cc``, ``attention.cc``, ``fused.cc`` and their headers) into one shared
+library on first use, cached by content (one library, so every kernel shares the one thread pool).
 
 The cache key hashes the sources, the compiler command and version, and the CPU's model and flag
 list (the build uses ``-march=native``, so a library built on one CPU must not be reused on a
@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 
 _HERE = Path(__file__).parent
-SOURCES = (_HERE / "matmul.cc", _HERE / "attention.cc")
-HEADERS = (_HERE / "pool.h",)
+SOURCES = (_HERE / "matmul.cc", _HERE / "attention.cc", _HERE / "fused.cc")
+HEADERS = (_HERE / "pool.h", _HERE / "simd.h")
 CXXFLAGS = ("-O3", "-march=native", "-std=c++20", "-fPIC", "-shared", "-pthread", "-Wall")
 
 

@@ -26,6 +26,8 @@
 //   int mindserve_matmul_set_spin_us(int us)  -- how long idle workers spin before sleeping
 //   void mindserve_matmul_tune(stream_pf, chunks_per_thread)  -- benchmarks only
 //   void mindserve_matmul_raw(const float *x, const float *w_packed, float *y, int64_t M, K, N)
+//   void mindserve_matmul_add_raw(x, w_packed, const float *res, y, M, K, N)   -- y = res + x @ W
+//   int MindserveMatMulAdd(...)  -- the AOT kernel with a residual input: y = res + x @ W
 #include <immintrin.h>
 
 #include <algorithm>
@@ -62,7 +64,7 @@ std::atomic<int> g_chunks_per_thread{0};  // 0 auto
 // alongside each weight row.
 template <int MR, int NV>
 inline void tile(const float *__restrict x, int64_t K, const float *__restrict w, int64_t ldw,
-                 float *__restrict y, int64_t ldy, __mmask16 last, const float *pf) {
+                 float *__restrict y, int64_t ldy, __mmask16 last, const float *pf, const float *__restrict res) {
   __m512 acc[MR][NV];
   _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
     _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
@@ -81,13 +83,21 @@ inline void tile(const float *__restrict x, int64_t K, const float *__restrict w
       _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(xb, wv[v], acc[r][v]);
     }
   }
+  if (res != nullptr) {  // y = res + x @ W: the residual is added once, after the whole K loop
+    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+      _Pragma("GCC unroll 4") for (int v = 0; v < NV - 1; ++v)
+        acc[r][v] = _mm512_add_ps(acc[r][v], _mm512_loadu_ps(res + r * ldy + 16 * v));
+      acc[r][NV - 1] = _mm512_add_ps(acc[r][NV - 1], _mm512_maskz_loadu_ps(last, res + r * ldy + 16 * (NV - 1)));
+    }
+  }
   _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
     _Pragma("GCC unroll 4") for (int v = 0; v < NV - 1; ++v) _mm512_storeu_ps(y + r * ldy + 16 * v, acc[r][v]);
     _mm512_mask_storeu_ps(y + r * ldy + 16 * (NV - 1), last, acc[r][NV - 1]);
   }
 }
 
-using TileFn = void (*)(const float *, int64_t, const float *, int64_t, float *, int64_t, __mmask16, const float *);
+using TileFn = void (*)(const float *, int64_t, const float *, int64_t, float *, int64_t, __mmask16, const float *,
+                        const float *);
 
 // Dispatch table [rows - 1][vectors - 1], built at compile time.
 template <int MR, int... NVs>
@@ -105,7 +115,8 @@ struct Tiles {
 constexpr Tiles kTiles{};
 
 // Compute y[:, panels [p0, p1)) for all M rows.
-void compute_panels(const float *x, const float *w, float *y, int64_t M, int64_t K, int64_t N, int64_t p0,
+void compute_panels(const float *x, const float *w, const float *res, float *y, int64_t M, int64_t K, int64_t N,
+                    int64_t p0,
                     int64_t p1) {
   // Rows are cut into nearly equal blocks of at most kMaxMR (16 rows -> 8 + 8, 20 -> 6 + 7 + 7).
   // The first block pulls the panel from DRAM (one sequential stream per thread, which the
@@ -124,7 +135,8 @@ void compute_panels(const float *x, const float *w, float *y, int64_t M, int64_t
     for (int64_t b = 0; b < nblocks; ++b) {
       const int64_t rows = (M - m) / (nblocks - b);  // even split of what is left
       const float *pf = (b == 0 && stream_pf > 0) ? wp + stream_pf : nullptr;  // prefetch never faults
-      kTiles.fn[rows - 1][nv - 1](x + m * K, K, wp, width, y + m * N + n0, N, last, pf);
+      kTiles.fn[rows - 1][nv - 1](x + m * K, K, wp, width, y + m * N + n0, N, last, pf,
+                                  res == nullptr ? nullptr : res + m * N + n0);
       m += rows;
     }
   }
@@ -135,6 +147,7 @@ void compute_panels(const float *x, const float *w, float *y, int64_t M, int64_t
 struct Job {
   const float *x;
   const float *w;
+  const float *res;  // nullptr, or [M, N] added to the product
   float *y;
   int64_t M, K, N;
   int64_t panels;   // ceil(N / kPanel)
@@ -143,7 +156,7 @@ struct Job {
 
 void run_chunk(const void *ctx, int64_t c) {
   const Job &j = *static_cast<const Job *>(ctx);
-  compute_panels(j.x, j.w, j.y, j.M, j.K, j.N, j.panels * c / j.nchunks, j.panels * (c + 1) / j.nchunks);
+  compute_panels(j.x, j.w, j.res, j.y, j.M, j.K, j.N, j.panels * c / j.nchunks, j.panels * (c + 1) / j.nchunks);
 }
 
 // Chunks per thread: a chunk should be long enough to stream well (>= ~256 KB of weights) but a
@@ -161,7 +174,7 @@ using mindserve::pool;
 
 std::atomic<uint64_t> g_calls{0}, g_ns{0};  // kernel-side accounting (cheap; for benchmarks)
 
-void matmul(const float *x, const float *w, float *y, int64_t M, int64_t K, int64_t N) {
+void matmul(const float *x, const float *w, const float *res, float *y, int64_t M, int64_t K, int64_t N) {
   if (M <= 0 || N <= 0) return;
   struct Timer {
     std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
@@ -172,10 +185,11 @@ void matmul(const float *x, const float *w, float *y, int64_t M, int64_t K, int6
     }
   } timer;
   if (K <= 0) {
-    std::memset(y, 0, sizeof(float) * M * N);
+    if (res != nullptr) std::memcpy(y, res, sizeof(float) * M * N);
+    else std::memset(y, 0, sizeof(float) * M * N);
     return;
   }
-  Job job{x, w, y, M, K, N, (N + kPanel - 1) / kPanel, 1};
+  Job job{x, w, res, y, M, K, N, (N + kPanel - 1) / kPanel, 1};
   job.nchunks = chunk_count(job, pool().threads());
   pool().run(mindserve::Task{&run_chunk, &job, job.nchunks});
 }
@@ -207,27 +221,50 @@ int mindserve_matmul_set_spin_us(int us) {
 }
 
 void mindserve_matmul_raw(const float *x, const float *w_packed, float *y, int64_t M, int64_t K, int64_t N) {
-  matmul(x, w_packed, y, M, K, N);
+  matmul(x, w_packed, nullptr, y, M, K, N);
 }
 
-// AOT entry: inputs x [..., K] and the packed W [1, K, N], output y [..., N]; float32 only.
-int MindserveMatMul(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
-                    void *extra) {
-  (void)stream;
-  (void)extra;
-  if (nparam != 3) return 1;
-  for (int i = 0; i < 3; ++i)
+void mindserve_matmul_add_raw(const float *x, const float *w_packed, const float *res, float *y, int64_t M, int64_t K,
+                              int64_t N) {
+  matmul(x, w_packed, res, y, M, K, N);
+}
+
+// AOT entries: inputs x [..., K], the packed W [1, K, N] and (MatMulAdd) res [..., N]; output
+// y [..., N] = x @ W (+ res); float32 only.
+static int matmul_entry(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, bool add) {
+  const int nin = add ? 3 : 2;
+  if (nparam != nin + 1) return 1;
+  for (int i = 0; i <= nin; ++i)
     if (std::strcmp(dtypes[i], "float32") != 0 && std::strcmp(dtypes[i], "float") != 0) return 2;
-  if (ndims[0] < 1 || ndims[1] != 3 || shapes[1][0] != 1 || ndims[2] < 1) return 3;
+  if (ndims[0] < 1 || ndims[1] != 3 || shapes[1][0] != 1 || ndims[nin] < 1) return 3;
   const int64_t K = shapes[0][ndims[0] - 1];
   int64_t M = 1;
   for (int d = 0; d < ndims[0] - 1; ++d) M *= shapes[0][d];
   if (shapes[1][1] != K) return 4;
   const int64_t N = shapes[1][2];
-  if (shapes[2][ndims[2] - 1] != N) return 5;
+  if (shapes[nin][ndims[nin] - 1] != N) return 5;
+  if (add) {
+    int64_t rows = 1;
+    for (int d = 0; d < ndims[2] - 1; ++d) rows *= shapes[2][d];
+    if (ndims[2] < 1 || shapes[2][ndims[2] - 1] != N || rows != M) return 6;
+  }
   matmul(static_cast<const float *>(params[0]), static_cast<const float *>(params[1]),
-         static_cast<float *>(params[2]), M, K, N);
+         add ? static_cast<const float *>(params[2]) : nullptr, static_cast<float *>(params[nin]), M, K, N);
   return 0;
+}
+
+int MindserveMatMul(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
+                    void *extra) {
+  (void)stream;
+  (void)extra;
+  return matmul_entry(nparam, params, ndims, shapes, dtypes, false);
+}
+
+int MindserveMatMulAdd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
+                       void *extra) {
+  (void)stream;
+  (void)extra;
+  return matmul_entry(nparam, params, ndims, shapes, dtypes, true);
 }
 
 }  // extern "C"
