@@ -42,6 +42,8 @@ PROMPT_LONG = 500
 NEW_TOKENS = 128
 RAW_BATCH_STEPS = 48
 RAW_WINDOW_STEPS = 24
+LONG_CONTEXTS = (1024, 2048)  # B=1 decode measured late in these contexts
+FULL_WARMUP_MAX_GRAPHS = 12  # compile the engine's whole plan when it is this small (the AOT path: ~6)
 MATMUL_OPS = ("MatMul", "Custom")  # Custom = the AOT matmul kernel
 WEIGHT_SUFFIXES = ("wqkv", "bqkv", "wo", "w_gate_up", "w_down", "lm_head")
 
@@ -298,10 +300,8 @@ class Bench:
 
         model_dir = Path(self.args.model_dir) if self.args.model_dir else ensure_default_model(DEFAULT_CACHE)
         cfg = dict(max_seq_len=2048, max_input_tokens=1536, max_batch_size=16, block_size=128, prefill_chunk=64)
-        if self.args.matmul:
-            if "matmul" not in EngineConfig.__dataclass_fields__:
-                raise SystemExit("--matmul: this EngineConfig has no matmul setting")
-            cfg["matmul"] = self.args.matmul
+        if self.args.kernels:
+            cfg["kernels"] = self.args.kernels
         if self.args.num_blocks:
             cfg["num_blocks"] = self.args.num_blocks
         self.info["git"] = _git_state()
@@ -321,8 +321,9 @@ class Bench:
         self.info["rss_after_load_mb"] = _rss_mb()
         self.runner = self.engine.runner
         layer0 = self.runner.net.layers[0]
-        self.info["matmul_path"] = ("AOT kernel (backends/mindspore/kernels)" if getattr(layer0, "use_fast", False)
-                                    else "MindSpore MatMul")
+        self.info["matmul_path"] = ("AOT kernels (backends/mindspore/kernels: matmul, paged attention, fused "
+                                    "norm/rope/SwiGLU)" if getattr(layer0, "fused", False)
+                                    else "stock MindSpore ops (MatMul, windowed attention)")
         shapes = self.runner.shapes
         self.info["shapes"] = {"batch_buckets": list(shapes.batch_buckets),
                                "window_buckets": list(shapes.window_buckets),
@@ -333,12 +334,12 @@ class Bench:
         full_plan = self.runner.warmup_plan()
         self.info["full_plan_graphs"] = len(full_plan)
         with CpuMeter() as m:
-            if self.args.full_warmup:
+            if self.args.full_warmup or len(full_plan) <= FULL_WARMUP_MAX_GRAPHS:
                 self.runner.warmup(progress=not self.args.no_progress)
                 plan = full_plan
             else:
                 plan = self._subset_warmup(full_plan)
-        self.info["warmup_mode"] = "full" if self.args.full_warmup else "subset"
+        self.info["warmup_mode"] = "full" if plan is full_plan else "subset"
         self.info["warmup_s"] = m.wall
         self.info["warmup_other_cores"] = m.other_cores
         self.info["graphs"] = len(plan)
@@ -433,7 +434,7 @@ class Bench:
                     logits = self.runner.decode([DecodeRow(token, pos, blocks)])
                     steps.append(time.perf_counter() - t)
                     token, pos = int(np.argmax(logits[0])), pos + 1
-            self.s("raw1", "runner.decode B=1 (win 256)", "tok/s").add(len(steps) / sum(steps), m)
+            self.s("raw1", "runner.decode B=1 (ctx 32-160)", "tok/s").add(len(steps) / sum(steps), m)
             self.s("raw1_med", "runner.decode B=1 median step", "ms", lower=True).add(
                 statistics.median(steps) * 1e3, m)
             self.graph_only(blocks)
@@ -460,14 +461,16 @@ class Bench:
                 t = time.perf_counter()
                 self.runner.net(*tensors)[0].asnumpy()
                 steps.append(time.perf_counter() - t)
-        self.s("graph1", "bare graph call B=1 (win 256)", "tok/s").add(len(steps) / sum(steps), m)
+        self.s("graph1", "bare graph call B=1 (ctx 32-160)", "tok/s").add(len(steps) / sum(steps), m)
         self.s("graph1_med", "bare graph call B=1 median", "ms", lower=True).add(statistics.median(steps) * 1e3, m)
 
     def raw_windows(self) -> None:
-        """runner.decode B=1 at the larger attention windows (positions late in each window)."""
+        """runner.decode B=1 late in long contexts (the stock-op path: the larger attention windows)."""
         from backends.mindspore.runner import DecodeRow
 
-        for window in self.runner.shapes.window_buckets[1:]:
+        for window in LONG_CONTEXTS:
+            if window > self.runner.shapes.max_window:
+                continue
             self.quiet()
             blocks = self.engine.allocator.allocate(window)
             try:
@@ -478,7 +481,7 @@ class Bench:
                         logits = self.runner.decode([DecodeRow(token, pos, blocks)])
                         steps.append(time.perf_counter() - t)
                         token, pos = int(np.argmax(logits[0])), pos + 1
-                self.s(f"raw1_w{window}", f"runner.decode B=1 (win {window})", "tok/s").add(
+                self.s(f"raw1_w{window}", f"runner.decode B=1 (context {window})", "tok/s").add(
                     len(steps) / sum(steps), m)
             finally:
                 self.engine.allocator.release(blocks)
@@ -501,7 +504,7 @@ class Bench:
                     steps.append(time.perf_counter() - t)
                     tokens = [int(x) for x in logits.argmax(-1)]
                     pos += 1
-            self.s(f"raw{batch}", f"runner.decode B={batch} (win 256)", "tok/s").add(
+            self.s(f"raw{batch}", f"runner.decode B={batch} (ctx 32-160)", "tok/s").add(
                 batch * len(steps) / sum(steps), m)
             self.s(f"raw{batch}_med", f"runner.decode B={batch} median step", "ms", lower=True).add(
                 statistics.median(steps) * 1e3, m)
@@ -773,10 +776,10 @@ def report(res: dict, rounds: int) -> str:
              *sorted((k for k in S if k.startswith("raw1_w")), key=lambda k: int(k[6:])),
              "raw4", "eng4", "eng4_e2e", "raw16", "eng16", "eng16_e2e", "raw4_med", "raw16_med",
              "eng_pf", "raw_pf"]
-    names = {**{k: f"  runner.decode B=1, window {k[6:]}" for k in S if k.startswith("raw1_w")},
+    names = {**{k: f"  runner.decode B=1, context {k[6:]}" for k in S if k.startswith("raw1_w")},
              "bw2": "numpy read bandwidth, 2 threads", "bw1": "numpy read bandwidth, 1 thread",
-             "eng1": "decode B=1 engine (first->last token)", "raw1": "decode B=1 runner.decode (win 256)",
-             "graph1": "decode B=1 bare graph call (win 256)", "raw1_med": "  runner.decode B=1 median step",
+             "eng1": "decode B=1 engine (first->last token)", "raw1": "decode B=1 runner.decode (ctx 32-160)",
+             "graph1": "decode B=1 bare graph call (ctx 32-160)", "raw1_med": "  runner.decode B=1 median step",
              "graph1_med": "  bare graph call B=1 median", "eng1_ttft": "  engine TTFT, 32-token prompt",
              "raw4": "decode B=4 runner.decode, total", "eng4": "decode B=4 engine, steady total",
              "eng4_e2e": "  B=4 engine end-to-end incl. prefill", "raw16": "decode B=16 runner.decode, total",
@@ -861,8 +864,8 @@ def main() -> None:
     ap.add_argument("--full-warmup", action="store_true",
                     help="compile the engine's whole default plan (runner.warmup(); needs >12 GB RSS) "
                          "instead of only the graphs this benchmark uses")
-    ap.add_argument("--matmul", choices=("auto", "fast", "ms"),
-                    help="EngineConfig.matmul (default: the engine's default)")
+    ap.add_argument("--kernels", choices=("auto", "aot", "ms"),
+                    help="EngineConfig.kernels (default: the engine's default)")
     ap.add_argument("--num-blocks", type=int,
                     help="KV-cache blocks (EngineConfig.num_blocks; default max_batch_size x max_seq_len / block "
                          "+ 1 = 257). 33 is the least the measurements here need")

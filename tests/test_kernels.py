@@ -246,12 +246,15 @@ def _attention_ref(q, k, v, table, pos, kv, bs):
     return out
 
 
-def _attention(lib, q, k, v, table, pos, kv, bs):
+def _attention(lib, q, k, v, table, pos, kv, bs, rows=None):
+    """q [B, T, H, D], pos [B, T]: token (b, t) belongs to table row b unless ``rows`` [B*T] says otherwise."""
     b, t, h, d = q.shape
     out = np.full((b, t, h * d), np.nan, np.float32)
+    pos = np.ascontiguousarray(pos, np.int32).reshape(-1)
+    rows = np.repeat(np.arange(b, dtype=np.int32), t) if rows is None else np.asarray(rows, np.int32)
     rc = lib.mindserve_attention_raw(q.ctypes.data, k.ctypes.data, v.ctypes.data, table.ctypes.data,
-                                     pos.ctypes.data, out.ctypes.data, b, t, h, d, kv, k.shape[0] // kv,
-                                     table.shape[1], bs)
+                                     pos.ctypes.data, rows.ctypes.data, out.ctypes.data, b * t, table.shape[0], h, d,
+                                     kv, k.shape[0] // kv, table.shape[1], bs)
     return rc, out
 
 
@@ -324,12 +327,31 @@ def test_paged_attention_rows_are_bit_identical_whatever_the_batch_and_threads(l
         lib.mindserve_matmul_set_threads(2)
 
 
-def test_paged_attention_refuses_a_block_outside_the_cache(lib):
+def test_paged_attention_packs_tokens_of_several_sequences(lib):
+    """A packed prompt chunk: tokens of three sequences side by side in one row, each with its own
+    table row and positions, give what each sequence gives on its own."""
+    q, k, v, table, _ = _attention_case(8, 1, 12, 4, 2, 32, 8, 4, num_blocks=16)
+    table = np.array([[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]], np.int32)
+    rows = np.array([0] * 5 + [1] * 3 + [2] * 4, np.int32)
+    pos = np.array([[0, 1, 2, 3, 4, 17, 18, 19, 6, 7, 8, 9]], np.int32)
+    rc, packed = _attention(lib, q, k, v, table, pos, 2, 8, rows=rows)
+    assert rc == 0
+    for seq, (lo, hi) in enumerate([(0, 5), (5, 8), (8, 12)]):
+        rc, alone = _attention(lib, np.ascontiguousarray(q[:, lo:hi]), k, v, table[seq:seq + 1],
+                               np.ascontiguousarray(pos[:, lo:hi]), 2, 8)
+        assert rc == 0 and np.array_equal(alone[0], packed[0, lo:hi])
+        np.testing.assert_allclose(alone, _attention_ref(q[:, lo:hi], k, v, table[seq:seq + 1], pos[:, lo:hi], 2, 8),
+                                   atol=2e-5, rtol=0)
+
+
+def test_paged_attention_refuses_a_block_or_row_outside_its_table(lib):
     q, k, v, table, pos = _attention_case(4, 2, 1, 4, 2, 16, 8, 3, num_blocks=5)
     for bad in (5, -1):
-        table[1, 2] = bad
-        rc, _ = _attention(lib, q, k, v, table, pos, 2, 8)
-        assert rc == 8
+        bad_table = table.copy()
+        bad_table[1, 2] = bad
+        assert _attention(lib, q, k, v, bad_table, pos, 2, 8)[0] == 8
+    for bad in (2, -1):
+        assert _attention(lib, q, k, v, table, pos, 2, 8, rows=[0, bad])[0] == 9
 
 
 # --- fused row kernels, called through their AOT entry points ------------------------------------

@@ -91,10 +91,13 @@ class Engine:
         self.shapes = self.runner.shapes  # the paged attention kernel needs one window only
         del weights
         self.allocator = BlockAllocator(num_blocks, self.shapes.block_size)
+        chunk = self.shapes.prefill_chunk
+        # Packed prefill (the paged kernel): one step prefills at most one chunk of tokens in all;
+        # otherwise each prefilled prompt has its own chunk-sized row.
+        budget = chunk if self.runner.paged else max(config.max_prefill_tokens, chunk)
         self.scheduler = Scheduler(self.allocator, config.max_batch_size, config.max_waiting,
                                    prefill_rows=self.shapes.prefill_batch_buckets[-1],
-                                   prefill_tokens=max(config.max_prefill_tokens, self.shapes.prefill_chunk),
-                                   chunk=self.shapes.prefill_chunk)
+                                   prefill_tokens=budget, chunk=chunk)
         self.eos_ids = frozenset(self.spec.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
         self.vocab_size = self.spec.config_vocab_size or self.spec.vocab_size
         limits = {"maxInputTokenLen": config.max_input_tokens, "maxSeqLen - 1": self.max_seq_len - 1,

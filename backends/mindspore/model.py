@@ -105,8 +105,9 @@ class DecoderLayer(nn.Cell):
         rotated = ops.concat((-x[..., half:], x[..., :half]), -1)
         return x * cos + rotated * sin
 
-    def _attention_aot(self, h, cos, sin, pos, write_idx, table):
-        """h [N, dim] (N = B*T); cos/sin [N, D]; table [B, NB]. Returns [N, H*D] before the o projection."""
+    def _attention_aot(self, h, cos, sin, pos, write_idx, table, token_rows):
+        """h [N, dim] (N = B*T); cos/sin [N, D]; pos, token_rows [N]; table [R, NB]. Returns [N, H*D]
+        before the o projection."""
         qkv = self.aot.matmul(h, self.wqkv)
         if self.has_bias:
             qkv = qkv + self.bqkv
@@ -114,7 +115,7 @@ class DecoderLayer(nn.Cell):
         # Write this step's K/V rows in place; the kernel then reads the updated Parameters directly.
         keys = self.scatter(self.k_cache, write_idx, k)
         values = self.scatter(self.v_cache, write_idx, v)
-        return self.aot.attention(q, keys, values, table, pos, self.attn_meta)
+        return self.aot.attention(q, keys, values, table, pos, token_rows, self.attn_meta)
 
     def _attention_ops(self, x, cos, sin, write_idx, read_rows, mask):
         """x [B, T, dim]; cos/sin [B, T, 1, D]; read_rows [kv, B, W]; mask [B, 1, T, W]."""
@@ -141,13 +142,15 @@ class DecoderLayer(nn.Cell):
         out = ops.transpose(ops.reshape(out, (kvh, b, g, t, d)), (1, 3, 0, 2, 4))
         return ops.reshape(out, (b * t, h * d))
 
-    def construct(self, x, cos, sin, pos, write_idx, index, mask):
-        """x [B*T, dim] with the AOT kernels, else [B, T, dim]; same shape out."""
+    def construct(self, x, cos, sin, pos, write_idx, index, aux):
+        """x [B*T, dim] with the AOT kernels (pos flat [B*T], index the table, aux each token's table row),
+        else [B, T, dim] (index the read rows, aux the mask); same shape out."""
         if self.fused:
-            x = self.aot.matmul_add(self._attention_aot(self.attn_norm(x), cos, sin, pos, write_idx, index), self.wo, x)
+            x = self.aot.matmul_add(self._attention_aot(self.attn_norm(x), cos, sin, pos, write_idx, index, aux),
+                                    self.wo, x)
             return self.aot.matmul_add(self.aot.swiglu(self.aot.matmul(self.ffn_norm(x), self.w_gate_up)), self.w_down, x)
         b, t, dim = x.shape
-        attn = ops.matmul(self._attention_ops(self.attn_norm(x), cos, sin, write_idx, index, mask), self.wo)
+        attn = ops.matmul(self._attention_ops(self.attn_norm(x), cos, sin, write_idx, index, aux), self.wo)
         x = x + ops.reshape(attn, (b, t, dim))
         gate_up = ops.matmul(ops.reshape(self.ffn_norm(x), (b * t, dim)), self.w_gate_up)
         act = ops.silu(gate_up[:, : self.ffn]) * gate_up[:, self.ffn:]
@@ -159,10 +162,11 @@ class LlamaModel(nn.Cell):
 
     Inputs: ids, pos [B, T] int32; write_idx [B*T*kv] int32 (cache row ``head * num_slots + slot`` of each
     new K/V head row, token-major; padding -> scratch slot 0); then, with the AOT kernels, index = the
-    block table [B, NB] int32 (padded with the scratch block 0) and mask = None; without them, index =
-    read rows [kv, B, W] int32 (cache row of each head and key position of a row's window, padded with
-    slot 0) and mask [B, 1, T, W] float32 (0 where key j <= pos, else -1e9);
-    last_rows [B] int32 (flat row in B*T whose logits to return).
+    block table [R, NB] int32 (padded with the scratch block 0) and aux = each token's table row [B*T]
+    int32 (so one row of T tokens can pack several prompts); without them, index = read rows [kv, B, W]
+    int32 (cache row of each head and key position of a row's window, padded with slot 0) and aux = the
+    mask [B, 1, T, W] float32 (0 where key j <= pos, else -1e9); last_rows [R] int32 (flat rows in B*T
+    whose logits to return).
     """
 
     def __init__(self, spec: ModelSpec, w: dict[str, np.ndarray], num_blocks: int, block_size: int,
@@ -180,18 +184,19 @@ class LlamaModel(nn.Cell):
                                    for i in range(spec.num_layers)])
         self.norm = RMSNorm(w["model.norm.weight"], spec.rms_norm_eps, "norm", aot)
 
-    def construct(self, ids, pos, write_idx, index, mask, last_rows):
+    def construct(self, ids, pos, write_idx, index, aux, last_rows):
         b, t = ids.shape
         if self.fused:  # rows stay flat [B*T, ...] all the way through
             x = ops.gather(self.embed, ops.reshape(ids, (b * t,)), 0)
             flat_pos = ops.reshape(pos, (b * t,))
             cos, sin = ops.gather(self.cos, flat_pos, 0), ops.gather(self.sin, flat_pos, 0)  # [N, hd]
+            pos = flat_pos
         else:
             x = ops.gather(self.embed, ids, 0)  # [B, T, D]
             cos = ops.expand_dims(ops.gather(self.cos, pos, 0), 2)  # [B, T, 1, hd]
             sin = ops.expand_dims(ops.gather(self.sin, pos, 0), 2)
         for layer in self.layers:
-            x = layer(x, cos, sin, pos, write_idx, index, mask)
+            x = layer(x, cos, sin, pos, write_idx, index, aux)
         hidden = self.norm(ops.reshape(x, (b * t, self.dim)))
         last = ops.gather(hidden, last_rows, 0)
         logits = self.aot.matmul(last, self.head) if self.fused else ops.matmul(last, self.head)  # [B, V]

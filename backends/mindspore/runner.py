@@ -73,18 +73,22 @@ def _mask(pos: np.ndarray, window: int) -> np.ndarray:
 
 
 def net_inputs(ids: np.ndarray, pos: np.ndarray, slots: np.ndarray, table: np.ndarray, last_rows: np.ndarray,
-               block_size: int, kv_heads: int, num_slots: int, paged: bool) -> tuple:
-    """The network's inputs from ids/pos/slots [B, T], the block table [B, NB] and last_rows [B].
+               block_size: int, kv_heads: int, num_slots: int, paged: bool,
+               token_rows: np.ndarray | None = None) -> tuple:
+    """The network's inputs from ids/pos/slots [B, T], the block table [R, NB] and last_rows.
 
     The cache holds head h of slot s in row ``h * num_slots + s``; write_idx lists the rows of every new
-    token's heads (token-major). The paged attention kernel takes the block table itself; the MindSpore
-    ops path takes read rows [kv, B, W] (every head and key position of each row's window: the table's
-    blocks, each expanded to its block_size slots) and an additive mask.
+    token's heads (token-major). The paged attention kernel takes the block table itself and each
+    token's table row (``token_rows`` [B*T]; default: token (b, t) -> row b). The MindSpore ops path takes
+    read rows [kv, B, W] (every head and key position of each row's window: the table's blocks, each
+    expanded to its block_size slots) and an additive mask.
     """
     heads = np.arange(kv_heads, dtype=np.int64) * num_slots
     write_idx = (slots.reshape(-1, 1).astype(np.int64) + heads).reshape(-1).astype(np.int32)
     if paged:
-        return ids, pos, write_idx, table, None, last_rows
+        if token_rows is None:
+            token_rows = np.repeat(np.arange(ids.shape[0], dtype=np.int32), ids.shape[1])
+        return ids, pos, write_idx, table, token_rows.astype(np.int32), last_rows
     window_slots = (table[:, :, None].astype(np.int64) * block_size + np.arange(block_size)).reshape(len(table), -1)
     read_rows = (heads[:, None, None] + window_slots[None]).astype(np.int32)
     return ids, pos, write_idx, read_rows, _mask(pos, table.shape[1] * block_size), last_rows
@@ -115,9 +119,12 @@ class ModelRunner:
             raise RuntimeError("kernels 'aot' asked for, but the AOT kernels could not be built (see the log)")
         self.paged = aot is not None
         if self.paged:
-            # The kernel reads each row's real keys whatever the table width: one window (the largest)
-            # serves every length, so the graphs are per batch size only.
-            shapes = dataclasses.replace(shapes, window_buckets=(shapes.max_window,))
+            # The kernel reads each token's real keys whatever the table width: one window (the largest)
+            # serves every length, so the graphs are per batch size only. Prompt chunks are packed (the
+            # tokens of several prompts side by side in one [1, chunk] row), so one prefill graph, with
+            # a table of the most rows a step prefills, serves every step.
+            rows = min(shapes.prefill_batch_buckets[-1], shapes.prefill_chunk)
+            shapes = dataclasses.replace(shapes, window_buckets=(shapes.max_window,), prefill_batch_buckets=(rows,))
         self.shapes = shapes
         log.info("kernels: %s", "AOT (matmul, paged attention, fused norm/rope/SwiGLU; row-deterministic)"
                  if self.paged else "stock MindSpore ops (MatMul, windowed attention)")
@@ -130,9 +137,9 @@ class ModelRunner:
         self.head = LMHead(self.net)
         self.compiled: set[tuple] = set()
 
-    def _call(self, key: tuple, ids, pos, slots, table, last_rows):
+    def _call(self, key: tuple, ids, pos, slots, table, last_rows, token_rows=None):
         args = net_inputs(ids, pos, slots, table, last_rows, self.shapes.block_size, self.spec.num_kv_heads,
-                          self.num_slots, self.paged)
+                          self.num_slots, self.paged, token_rows)
         started = time.perf_counter()
         logits, hidden = self.net(*(None if a is None else ms.Tensor(a) for a in args))
         out = logits.asnumpy(), hidden.asnumpy()
@@ -142,7 +149,13 @@ class ModelRunner:
         return out
 
     def prefill(self, chunks: list[PrefillChunk]) -> tuple[np.ndarray, list[np.ndarray]]:
-        """One prompt chunk for each of several sequences; returns (last-token logits [n, V], hidden [t_i, D] each)."""
+        """One prompt chunk for each of several sequences; returns (last-token logits [n, V], hidden [t_i, D] each).
+
+        With the paged kernel the chunks are packed into one row of ``prefill_chunk`` tokens (their
+        total must fit); otherwise each gets its own row, padded to ``prefill_chunk``.
+        """
+        if self.paged:
+            return self._prefill_packed(chunks)
         size, n = self.shapes.prefill_chunk, len(chunks)
         batch = self.shapes.batch_for(n, prefill=True)
         window = self.shapes.window_for(max(c.start + len(c.ids) for c in chunks))
@@ -160,6 +173,32 @@ class ModelRunner:
         table = block_table([c.blocks for c in chunks] + [[]] * (batch - n), window // self.shapes.block_size)
         logits, hidden = self._call(("prefill", batch, size, window), ids, pos, slots.reshape(-1), table, last_rows)
         return logits[:n], [hidden[i * size: i * size + len(c.ids)] for i, c in enumerate(chunks)]
+
+    def _prefill_packed(self, chunks: list[PrefillChunk]) -> tuple[np.ndarray, list[np.ndarray]]:
+        size, rows, n = self.shapes.prefill_chunk, self.shapes.prefill_batch_buckets[-1], len(chunks)
+        total = sum(len(c.ids) for c in chunks)
+        assert 0 < n <= rows and total <= size, "chunks exceed the compiled packed prefill shape"
+        ids = np.zeros((1, size), np.int32)
+        pos = np.zeros((1, size), np.int32)
+        slots = np.zeros(size, np.int32)  # padding tokens write the scratch slot 0 and read table row 0
+        token_rows = np.zeros(size, np.int32)
+        last_rows = np.zeros(rows, np.int32)
+        offsets = []
+        at = 0
+        for i, c in enumerate(chunks):
+            t = len(c.ids)
+            assert t > 0, "empty prefill chunk"
+            ids[0, at:at + t] = c.ids
+            pos[0, at:at + t] = np.arange(c.start, c.start + t)
+            slots[at:at + t] = token_slots(c.blocks, pos[0, at:at + t], self.shapes.block_size)
+            token_rows[at:at + t] = i
+            last_rows[i] = at + t - 1
+            offsets.append(at)
+            at += t
+        window = self.shapes.max_window
+        table = block_table([c.blocks for c in chunks] + [[]] * (rows - n), window // self.shapes.block_size)
+        logits, hidden = self._call(("prefill", rows, size, window), ids, pos, slots, table, last_rows, token_rows)
+        return logits[:n], [hidden[o: o + len(c.ids)] for o, c in zip(offsets, chunks)]
 
     def decode(self, rows: list[DecodeRow]) -> np.ndarray:
         """One token for each row; returns logits [len(rows), V]."""

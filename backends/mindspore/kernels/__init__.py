@@ -4,10 +4,11 @@
 
 * ``matmul`` -- ``fast_matmul()`` above; ``matmul_add(x, w, res)`` = ``res + x @ W`` (a residual
   connection without a separate Add; the residual is added once, after the product);
-* ``attention(q [B*T, H, D], k_cache, v_cache [KV*S, D], table [B, NB] int32, pos [B, T] int32,
-  meta [2] int32 = (KV, block_size)) -> [B*T, H*D]``: causal attention straight out of the layer's
-  paged K/V cache (attention.cc). It reads only each row's real keys (0..pos), so its cost follows
-  the sequence lengths;
+* ``attention(q [N, H, D], k_cache, v_cache [KV*S, D], table [R, NB] int32, pos [N] int32,
+  rows [N] int32, meta [2] int32 = (KV, block_size)) -> [N, H*D]``: causal attention straight out of
+  the layer's paged K/V cache (attention.cc) for N query tokens of any sequences (token i belongs to
+  the sequence of table row ``rows[i]``). It reads only each token's real keys (0..pos), so its cost
+  follows the sequence lengths, and tokens of several prompts can share one packed chunk;
 * ``rmsnorm(x [..., C], w [C], eps [1]) -> [..., C]``, ``swiglu(gu [..., 2F]) -> [..., F]`` and
   ``qkv_rope(qkv [N, (H+2KV)*D], cos, sin [N, D]) -> (q [N, H, D], k [N*KV, D], v [N*KV, D])``
   (fused.cc): each replaces a chain of small MindSpore ops.
@@ -94,7 +95,7 @@ def kernel_library(cache_dir: str | os.PathLike | None = None) -> ctypes.CDLL:
         lib.mindserve_matmul_panel_width.restype = ctypes.c_int
         lib.mindserve_matmul_raw.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
         lib.mindserve_matmul_add_raw.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
-        lib.mindserve_attention_raw.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 8
+        lib.mindserve_attention_raw.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 8
         lib.mindserve_attention_raw.restype = ctypes.c_int
         lib.mindserve_matmul_stats.argtypes = [ctypes.POINTER(ctypes.c_uint64)] * 2 + [ctypes.c_int]
         _lib[path] = lib

@@ -1,10 +1,12 @@
 // mindserve paged attention for MindSpore AOT custom ops on CPU (AVX-512).
 //
-// For every query row (b, t) and head h, with G = H / KV query heads per kv head, kvh = h / G,
-// n = min(pos[b, t] + 1, NB * bs) visible keys and slot(b, j) = table[b, j / bs] * bs + j % bs:
+// For every query token i (of N, from any number of sequences: decode rows and packed prompt
+// chunks alike) and head h, with its sequence's block-table row b = rows[i], G = H / KV query heads
+// per kv head, kvh = h / G, n = min(pos[i] + 1, NB * bs) visible keys and
+// slot(b, j) = table[b, j / bs] * bs + j % bs:
 //
-//   s_j = dot(q[b, t, h], K[kvh * S + slot(b, j)]) / sqrt(D)          for j in [0, n)
-//   out[b, t, h * D : (h + 1) * D] = sum_j softmax(s)_j * V[kvh * S + slot(b, j)]
+//   s_j = dot(q[i, h], K[kvh * S + slot(b, j)]) / sqrt(D)          for j in [0, n)
+//   out[i, h * D : (h + 1) * D] = sum_j softmax(s)_j * V[kvh * S + slot(b, j)]
 //
 // K and V are the layer's cache Parameters, [KV * S, D] with row kvh * S + slot (S = num_blocks
 // * bs slots), exactly as the graph's ScatterUpdate has just written them. The causal mask is the
@@ -20,9 +22,10 @@
 // Exported entry points:
 //   int MindservePagedAttention(int nparam, void **params, int *ndims, int64_t **shapes,
 //                               const char **dtypes, void *stream, void *extra)  -- the AOT kernel
-//       inputs q [B*T, H, D] f32, k [KV*S, D] f32, v [KV*S, D] f32, table [B, NB] i32,
-//       pos [B, T] i32, meta [2] i32 = (KV, bs); output [B*T, H*D] f32.
-//       Returns non-zero (MindSpore raises) on a shape/dtype mismatch or a block id out of range.
+//       inputs q [N, H, D] f32, k [KV*S, D] f32, v [KV*S, D] f32, table [R, NB] i32, pos [N] i32,
+//       rows [N] i32, meta [2] i32 = (KV, bs); output [N, H*D] f32.
+//       Returns non-zero (MindSpore raises) on a shape/dtype mismatch, a row index or a block id
+//       out of range.
 //   int mindserve_attention_raw(...)  -- the same on plain pointers, for the tests
 #include <immintrin.h>
 
@@ -60,21 +63,21 @@ inline float dot(const float *a, const float *b, int64_t D) {
 
 struct Job {
   const float *q, *k, *v;
-  const int32_t *table, *pos;
+  const int32_t *table, *pos, *rows;
   float *out;
-  int64_t B, T, H, D, KV, S, NB, bs;
-  int64_t queries;  // B * T * H
+  int64_t N, R, H, D, KV, S, NB, bs;
+  int64_t queries;  // N * H
   int64_t nchunks;
 };
 
-// One query row: (b, t, h) = index. scores is scratch of at least NB * bs floats.
+// One query: (token, head) = (index / H, index % H). scores is scratch of at least NB * bs floats.
 void attend(const Job &j, int64_t index, float *scores) {
-  const int64_t h = index % j.H, bt = index / j.H, b = bt / j.T;
+  const int64_t h = index % j.H, token = index / j.H;
   const int64_t kvh = h / (j.H / j.KV);
   const float *q = j.q + index * j.D;
   float *out = j.out + index * j.D;
-  const int64_t n = std::clamp<int64_t>(int64_t{j.pos[bt]} + 1, 1, j.NB * j.bs);
-  const int32_t *blocks = j.table + b * j.NB;
+  const int64_t n = std::clamp<int64_t>(int64_t{j.pos[token]} + 1, 1, j.NB * j.bs);
+  const int32_t *blocks = j.table + int64_t{j.rows[token]} * j.NB;
   const float *kbase = j.k + kvh * j.S * j.D;
   const float *vbase = j.v + kvh * j.S * j.D;
   const float scale = 1.0f / std::sqrt(static_cast<float>(j.D));
@@ -128,13 +131,15 @@ void run_chunk(const void *ctx, int64_t c) {
 
 // 0 on success; the error codes of the AOT entry otherwise.
 int paged_attention(Job j) {
-  if (j.B <= 0 || j.T <= 0 || j.H <= 0) return 0;
+  if (j.N <= 0 || j.H <= 0) return 0;
   if (j.D <= 0 || j.D > kMaxHeadDim) return 6;
   if (j.KV <= 0 || j.H % j.KV != 0 || j.bs <= 0 || j.NB <= 0 || j.S % j.bs != 0) return 7;
   const int64_t num_blocks = j.S / j.bs;
-  for (int64_t i = 0; i < j.B * j.NB; ++i)
+  for (int64_t i = 0; i < j.R * j.NB; ++i)
     if (j.table[i] < 0 || j.table[i] >= num_blocks) return 8;  // never read outside the cache
-  j.queries = j.B * j.T * j.H;
+  for (int64_t i = 0; i < j.N; ++i)
+    if (j.rows[i] < 0 || j.rows[i] >= j.R) return 9;
+  j.queries = j.N * j.H;
   // A few chunks per thread, so a thread that keeps its core takes over from one that lost it;
   // chunks hold at least a few queries (a chunk is a pool round trip).
   const int threads = mindserve::pool().threads();
@@ -151,34 +156,34 @@ bool is_i32(const char *t) { return std::strcmp(t, "int32") == 0; }
 extern "C" {
 
 int mindserve_attention_raw(const float *q, const float *k, const float *v, const int32_t *table,
-                            const int32_t *pos, float *out, int64_t B, int64_t T, int64_t H, int64_t D,
-                            int64_t KV, int64_t S, int64_t NB, int64_t bs) {
-  return paged_attention(Job{q, k, v, table, pos, out, B, T, H, D, KV, S, NB, bs, 0, 1});
+                            const int32_t *pos, const int32_t *rows, float *out, int64_t N, int64_t R, int64_t H,
+                            int64_t D, int64_t KV, int64_t S, int64_t NB, int64_t bs) {
+  return paged_attention(Job{q, k, v, table, pos, rows, out, N, R, H, D, KV, S, NB, bs, 0, 1});
 }
 
 int MindservePagedAttention(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                             void *stream, void *extra) {
   (void)stream;
   (void)extra;
-  if (nparam != 7) return 1;
+  if (nparam != 8) return 1;
   if (!is_f32(dtypes[0]) || !is_f32(dtypes[1]) || !is_f32(dtypes[2]) || !is_i32(dtypes[3]) ||
-      !is_i32(dtypes[4]) || !is_i32(dtypes[5]) || !is_f32(dtypes[6]))
+      !is_i32(dtypes[4]) || !is_i32(dtypes[5]) || !is_i32(dtypes[6]) || !is_f32(dtypes[7]))
     return 2;
-  if (ndims[0] != 3 || ndims[1] != 2 || ndims[2] != 2 || ndims[3] != 2 || ndims[4] != 2 || ndims[5] != 1 ||
-      shapes[5][0] != 2)
+  if (ndims[0] != 3 || ndims[1] != 2 || ndims[2] != 2 || ndims[3] != 2 || ndims[4] != 1 || ndims[5] != 1 ||
+      ndims[6] != 1 || shapes[6][0] != 2)
     return 3;
-  const int64_t B = shapes[4][0], T = shapes[4][1], H = shapes[0][1], D = shapes[0][2];
-  if (shapes[0][0] != B * T || shapes[1][1] != D || shapes[2][1] != D || shapes[1][0] != shapes[2][0] ||
-      shapes[3][0] != B)
+  const int64_t N = shapes[0][0], H = shapes[0][1], D = shapes[0][2];
+  if (shapes[4][0] != N || shapes[5][0] != N || shapes[1][1] != D || shapes[2][1] != D ||
+      shapes[1][0] != shapes[2][0])
     return 4;
-  const int32_t *meta = static_cast<const int32_t *>(params[5]);
+  const int32_t *meta = static_cast<const int32_t *>(params[6]);
   const int64_t KV = meta[0], bs = meta[1];
   if (KV <= 0 || shapes[1][0] % KV != 0) return 5;
   const int64_t S = shapes[1][0] / KV;
   return paged_attention(Job{static_cast<const float *>(params[0]), static_cast<const float *>(params[1]),
                              static_cast<const float *>(params[2]), static_cast<const int32_t *>(params[3]),
-                             static_cast<const int32_t *>(params[4]), static_cast<float *>(params[6]), B, T, H, D,
-                             KV, S, shapes[3][1], bs, 0, 1});
+                             static_cast<const int32_t *>(params[4]), static_cast<const int32_t *>(params[5]),
+                             static_cast<float *>(params[7]), N, shapes[3][0], H, D, KV, S, shapes[3][1], bs, 0, 1});
 }
 
 }  // extern "C"
