@@ -17,7 +17,9 @@ sent; fixed prompt set, fixed max_new_tokens, greedy):
 
 * ``c1``        — 1 client, the varied prompts (20-60 tokens);
 * ``c8-32tok``  — 8 clients, every prompt exactly 32 tokens (the time-to-first-token bar);
-* ``c16``       — 16 clients, the varied prompts (the throughput bar).
+* ``c16``       — 16 clients, the varied prompts (the throughput bar);
+* ``c16-1024``  — mindserve only: 16 clients, one request each, prompts of exactly 768 tokens and 256 new
+  tokens, so 16 sequences of 1024 tokens are in flight together (the peak-RSS figure).
 
 Per scenario and server it reports generated tokens/s (all tokens received ÷ wall time of the
 scenario), time to first token (TTFT) p50/p95, inter-token latency (ITL, gap between consecutive
@@ -113,6 +115,7 @@ PROMPTS = [
     "and vegetables, and the most popular stall, run by an old man with a straw hat, sells",
 ]
 PROMPT_32_TOKENS = 32
+LONG_PROMPT_TOKENS, LONG_NEW_TOKENS = 768, 256  # c16-1024: maxInputTokenLen + the rest of maxSeqLen 1024
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,8 @@ class Scenario:
     concurrency: int
     requests: int
     fixed_prompt_tokens: int | None  # None: the varied set
+    max_new: int | None = None  # None: --max-new-tokens
+    only: str | None = None  # run against this server only
 
 
 @dataclass
@@ -179,6 +184,23 @@ def build_prompt_sets(tok) -> tuple[list[str], list[str], list[int]]:
                 fixed.append(text)
                 break
     return PROMPTS, fixed, varied_lens
+
+
+def build_long_prompts(tok, n: int = 16) -> list[str]:
+    """n different prompts of exactly LONG_PROMPT_TOKENS tokens: the varied prompts joined, from n starts."""
+    out = []
+    for start in range(n):
+        ids: list[int] = []
+        i = start
+        while len(ids) < LONG_PROMPT_TOKENS + 8:
+            ids += tok.encode(PROMPTS[i % len(PROMPTS)] + "\n", add_special_tokens=False).ids
+            i += 1
+        for cut in range(LONG_PROMPT_TOKENS, LONG_PROMPT_TOKENS - 6, -1):
+            text = tok.decode(ids[:cut])
+            if len(tok.encode(text, add_special_tokens=False).ids) == LONG_PROMPT_TOKENS:
+                out.append(text)
+                break
+    return out
 
 
 class CpuMeter:
@@ -617,7 +639,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="smoke run: 16 new tokens, one request per client")
     ap.add_argument("--targets", default="mindserve,q4_1,f32",
                     help="comma list of mindserve, q4_1, f32 (default: all three, in that order)")
-    ap.add_argument("--scenarios", default="c1,c8-32tok,c16", help="comma list of c1, c8-32tok, c16")
+    ap.add_argument("--scenarios", default="c1,c8-32tok,c16,c16-1024",
+                    help="comma list of c1, c8-32tok, c16, c16-1024")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default 64 (16 with --quick)")
     ap.add_argument("--requests-per-client", type=int, default=None,
                     help="requests per scenario = this × concurrency, at least 8 (default 3; 1 with --quick)")
@@ -643,6 +666,7 @@ def main(argv: list[str] | None = None) -> int:
         "c1": Scenario("c1", 1, max(min_requests, per_client), None),
         "c8-32tok": Scenario("c8-32tok", 8, max(min_requests, 8 * per_client), PROMPT_32_TOKENS),
         "c16": Scenario("c16", 16, max(min_requests, 16 * per_client), None),
+        "c16-1024": Scenario("c16-1024", 16, 16, LONG_PROMPT_TOKENS, LONG_NEW_TOKENS, only="mindserve"),
     }
     scenarios = [all_scenarios[s.strip()] for s in args.scenarios.split(",") if s.strip()]
     targets = [t.strip().lower() for t in args.targets.split(",") if t.strip()]
@@ -653,10 +677,12 @@ def main(argv: list[str] | None = None) -> int:
     varied, fixed32, varied_lens = build_prompt_sets(tok)
     if len(fixed32) < 8:
         raise SystemExit(f"only {len(fixed32)} prompts could be cut to exactly {PROMPT_32_TOKENS} tokens")
-    prompt_sets = {None: varied, PROMPT_32_TOKENS: fixed32}
+    long_prompts = build_long_prompts(tok)
+    prompt_sets = {None: varied, PROMPT_32_TOKENS: fixed32, LONG_PROMPT_TOKENS: long_prompts}
     prompt_desc = {None: f"{len(varied)} varied prompts of {min(varied_lens)}-{max(varied_lens)} tokens "
                          f"(mean {statistics.mean(varied_lens):.0f})",
-                   PROMPT_32_TOKENS: f"{len(fixed32)} prompts of exactly {PROMPT_32_TOKENS} tokens"}
+                   PROMPT_32_TOKENS: f"{len(fixed32)} prompts of exactly {PROMPT_32_TOKENS} tokens",
+                   LONG_PROMPT_TOKENS: f"{len(long_prompts)} prompts of exactly {LONG_PROMPT_TOKENS} tokens"}
 
     servers: list[Server] = []
     q4 = args.gguf
@@ -707,8 +733,11 @@ def main(argv: list[str] | None = None) -> int:
                     for p in (varied[0], fixed32[0]):  # warm-up, not timed
                         await server.request(session, p, max_new)
                     for sc in scenarios:
+                        if sc.only is not None and sc.only != server.name:
+                            continue
                         log(f"{server.name}: scenario {sc.name} ({sc.concurrency} clients, {sc.requests} requests)")
-                        r = await run_scenario(server, session, sc, prompt_sets[sc.fixed_prompt_tokens], max_new)
+                        r = await run_scenario(server, session, sc, prompt_sets[sc.fixed_prompt_tokens],
+                                               sc.max_new or max_new)
                         results[sc.name][server.name] = r
                         log(f"  {r['tok_per_s']:.1f} tok/s, TTFT p50 {r['ttft_p50_ms']:.0f} ms, "
                             f"{r['completed']} ok / {r['failed']} failed, others used {r['other_cores']:.2f} cores")
@@ -738,7 +767,7 @@ def main(argv: list[str] | None = None) -> int:
           "scenario; srv cpu = cores the server used; others = cores used by other processes meanwhile.")
     for sc in scenarios:
         rows = [results[sc.name][s.name] for s in servers if s.name in results[sc.name]]
-        print_table(sc, rows, prompt_desc[sc.fixed_prompt_tokens], max_new)
+        print_table(sc, rows, prompt_desc[sc.fixed_prompt_tokens], sc.max_new or max_new)
 
     ms_name = "mindserve"
     print()
@@ -762,6 +791,15 @@ def main(argv: list[str] | None = None) -> int:
     if "c8-32tok" in results and ms_name in results["c8-32tok"]:
         t = results["c8-32tok"][ms_name]["ttft_p50_ms"]
         print(f"  TTFT p50 < 300 ms at 8 concurrent 32-token prompts: {t:.0f} ms → {'PASS' if t < 300 else 'FAIL'}")
+    if "c1" in results and ms_name in results["c1"]:
+        r = results["c1"][ms_name]
+        itl = r.get("itl_p50_ms", math.nan)
+        print(f"  single stream (c1): {1e3 / itl:.1f} tok/s from the ITL p50 of {itl:.1f} ms (bar ≥ 25 tok/s; "
+              f"{r['tok_per_s']:.1f} tok/s end to end incl. TTFT)")
+    if "c16-1024" in results and ms_name in results["c16-1024"]:
+        r = results["c16-1024"][ms_name]
+        print(f"  peak RSS with 16 sequences of {LONG_PROMPT_TOKENS}+{LONG_NEW_TOKENS} tokens in flight: "
+              f"{r['peak_rss_mib']:.0f} MiB (at most {r['max_streams_generating']} streams generating at once)")
 
     print()
     print("Servers")

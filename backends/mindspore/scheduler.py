@@ -48,13 +48,17 @@ class Scheduler:
     """FIFO admission under ``max_batch`` sequences and the cache budget.
 
     Each step prefills one chunk of up to ``prefill_rows`` prompts (at most ``prefill_tokens`` tokens in
-    all) and decodes one token for every running sequence.
+    all) and decodes one token for every running sequence. Prompts go first: while prompts wait, up to
+    ``prefill_first`` steps in a row prefill without decoding (new requests get their first token
+    sooner; the running ones pause for at most that many chunks), then a step decodes too.
     """
 
     def __init__(self, allocator: BlockAllocator, max_batch: int, max_waiting: int, *,
-                 prefill_rows: int = 1, prefill_tokens: int = 64, chunk: int = 64) -> None:
+                 prefill_rows: int = 1, prefill_tokens: int = 64, chunk: int = 64, prefill_first: int = 3) -> None:
         self.allocator, self.max_batch, self.max_waiting = allocator, max_batch, max_waiting
         self.prefill_rows, self.prefill_tokens, self.chunk = prefill_rows, prefill_tokens, chunk
+        self.prefill_first = prefill_first
+        self._prefill_streak = 0  # steps in a row that prefilled without decoding
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.prefilling: collections.deque[Sequence] = collections.deque()
         self.running: list[Sequence] = []
@@ -91,6 +95,10 @@ class Scheduler:
                 break
             work.append((seq, n))
             budget -= n
+        if work and self.running and self._prefill_streak < self.prefill_first:
+            self._prefill_streak += 1
+            return StepPlan(tuple(work), ())
+        self._prefill_streak = 0
         return StepPlan(tuple(work), tuple(self.running))
 
     def prefill_done(self, seq: Sequence) -> None:

@@ -1,0 +1,92 @@
+"""The continuous-batching scheduler's plan, step by step (pure logic: no model)."""
+from __future__ import annotations
+
+from backends.mindspore.kv_cache import BlockAllocator
+from backends.mindspore.scheduler import Scheduler, Sequence
+
+
+class _Handle:
+    cancelled = False
+
+
+def seq(prompt: int, new: int = 8) -> Sequence:
+    return Sequence(handle=_Handle(), prompt_ids=list(range(prompt)), max_new_tokens=new, chooser=None,
+                    stopper=None, detokenizer=None, seed=1)
+
+
+def run_prefill(sched: Scheduler, plan) -> None:
+    """What the engine does with a plan's prefill part."""
+    for s, n in plan.prefill:
+        s.prefilled += n
+        if s.prefilled == len(s.prompt_ids):
+            sched.prefill_done(s)
+            s.generated.append(0)
+
+
+def make(max_batch=8, rows=8, tokens=64, chunk=64, prefill_first=3, blocks=200) -> Scheduler:
+    return Scheduler(BlockAllocator(blocks, 16), max_batch, 100, prefill_rows=rows, prefill_tokens=tokens,
+                     chunk=chunk, prefill_first=prefill_first)
+
+
+def test_short_prompts_are_packed_into_one_chunk_budget():
+    sched = make()
+    seqs = [seq(32) for _ in range(8)]
+    for s in seqs:
+        sched.add(s)
+    plan = sched.plan()
+    assert [(s, n) for s, n in plan.prefill] == [(seqs[0], 32), (seqs[1], 32)]  # 64 tokens: two prompts
+
+
+def test_a_long_prompt_takes_whole_chunks_then_packs_with_the_next():
+    sched = make()
+    a, b = seq(100), seq(20)
+    sched.add(a)
+    sched.add(b)
+    plan = sched.plan()
+    assert [(s, n) for s, n in plan.prefill] == [(a, 64)]
+    run_prefill(sched, plan)
+    plan = sched.plan()
+    assert [(s, n) for s, n in plan.prefill] == [(a, 36), (b, 20)]
+
+
+def test_prompts_go_first_for_at_most_prefill_first_steps_then_the_running_batch_decodes():
+    sched = make(max_batch=16, prefill_first=3)
+    first = seq(64)
+    sched.add(first)
+    run_prefill(sched, sched.plan())
+    assert sched.running == [first]
+    for _ in range(10):
+        sched.add(seq(64))
+    decoded = []
+    for _ in range(8):
+        plan = sched.plan()
+        assert plan.prefill
+        decoded.append(bool(plan.decode))
+        run_prefill(sched, plan)
+    assert decoded == [False, False, False, True, False, False, False, True]
+
+
+def test_without_waiting_prompts_every_step_decodes():
+    sched = make()
+    a = seq(10)
+    sched.add(a)
+    run_prefill(sched, sched.plan())
+    for _ in range(5):
+        plan = sched.plan()
+        assert plan.prefill == () and plan.decode == (a,)
+
+
+def test_admission_respects_max_batch_and_the_cache():
+    sched = make(max_batch=2, blocks=1 + 6)  # 6 usable blocks of 16 tokens
+    seqs = [seq(20, new=12) for _ in range(3)]  # 32 tokens = 2 blocks each
+    for s in seqs:
+        sched.add(s)
+    sched.plan()
+    assert len(sched.prefilling) == 2 and len(sched.waiting) == 1  # max_batch
+    sched.finish(seqs[0])
+    sched.plan()
+    assert seqs[2] in sched.prefilling
+    big = seq(200, new=50)  # 16 blocks: more than the cache holds now
+    sched.add(big)
+    sched.plan()
+    assert big in sched.waiting
