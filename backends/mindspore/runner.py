@@ -26,6 +26,7 @@ class Shapes:
     batch_buckets: tuple[int, ...]  # decode batch sizes, ascending
     window_buckets: tuple[int, ...]  # attention windows (tokens), ascending multiples of block_size
     prefill_batch_buckets: tuple[int, ...] = (1,)  # sequences prefilled together, ascending
+    prefill_sizes: tuple[int, ...] = ()  # packed prefill: token counts compiled, ascending (default: the chunk)
 
     def __post_init__(self) -> None:
         if any(w % self.block_size for w in self.window_buckets):
@@ -123,8 +124,12 @@ class ModelRunner:
             # serves every length, so the graphs are per batch size only. Prompt chunks are packed (the
             # tokens of several prompts side by side in one [1, chunk] row), so one prefill graph, with
             # a table of the most rows a step prefills, serves every step.
+            # Smaller packed sizes too (16, 32, ... below the chunk), so a short prompt alone does not pay
+            # for a whole chunk of padding.
             rows = min(shapes.prefill_batch_buckets[-1], shapes.prefill_chunk)
-            shapes = dataclasses.replace(shapes, window_buckets=(shapes.max_window,), prefill_batch_buckets=(rows,))
+            sizes = tuple(n for n in (16, 32, 64, 128, 256, 512) if n < shapes.prefill_chunk)
+            shapes = dataclasses.replace(shapes, window_buckets=(shapes.max_window,), prefill_batch_buckets=(rows,),
+                                         prefill_sizes=(*sizes, shapes.prefill_chunk))
         self.shapes = shapes
         log.info("kernels: %s", "AOT (matmul, paged attention, fused norm/rope/SwiGLU; row-deterministic)"
                  if self.paged else "stock MindSpore ops (MatMul, windowed attention)")
@@ -175,9 +180,10 @@ class ModelRunner:
         return logits[:n], [hidden[i * size: i * size + len(c.ids)] for i, c in enumerate(chunks)]
 
     def _prefill_packed(self, chunks: list[PrefillChunk]) -> tuple[np.ndarray, list[np.ndarray]]:
-        size, rows, n = self.shapes.prefill_chunk, self.shapes.prefill_batch_buckets[-1], len(chunks)
+        rows, n = self.shapes.prefill_batch_buckets[-1], len(chunks)
         total = sum(len(c.ids) for c in chunks)
-        assert 0 < n <= rows and total <= size, "chunks exceed the compiled packed prefill shape"
+        assert 0 < n <= rows and total <= self.shapes.prefill_chunk, "chunks exceed the compiled packed prefill shape"
+        size = next(s for s in self.shapes.prefill_sizes if s >= total)
         ids = np.zeros((1, size), np.int32)
         pos = np.zeros((1, size), np.int32)
         slots = np.zeros(size, np.int32)  # padding tokens write the scratch slot 0 and read table row 0
@@ -228,8 +234,8 @@ class ModelRunner:
 
     def warmup_plan(self) -> list[tuple]:
         s = self.shapes
-        plan: list[tuple] = [("prefill", b, s.prefill_chunk, w) for b in s.prefill_batch_buckets
-                             for w in s.window_buckets]
+        plan: list[tuple] = [("prefill", b, size, w) for b in s.prefill_batch_buckets
+                             for size in (s.prefill_sizes or (s.prefill_chunk,)) for w in s.window_buckets]
         plan += [("decode", b, w) for b in s.batch_buckets for w in s.window_buckets]
         return plan + [("head", s.prefill_chunk)]
 
@@ -241,7 +247,13 @@ class ModelRunner:
         started = time.perf_counter()
         for key in tqdm(plan, desc="warm-up: compiling graphs", disable=not progress, unit="graph"):
             if key[0] == "prefill":
-                self.prefill([PrefillChunk([0], key[3] - 1, [0] * (key[3] // self.shapes.block_size))] * key[1])
+                blocks = [0] * (key[3] // self.shapes.block_size)
+                if self.paged:  # one more token than the next smaller packed size: selects this one
+                    smaller = [n for n in self.shapes.prefill_sizes if n < key[2]]
+                    tokens = smaller[-1] + 1 if smaller else 1
+                    self.prefill([PrefillChunk([0] * tokens, key[3] - tokens, blocks)])
+                else:
+                    self.prefill([PrefillChunk([0], key[3] - 1, blocks)] * key[1])
             elif key[0] == "decode":
                 rows = [DecodeRow(0, key[2] - 1, [0] * (key[2] // self.shapes.block_size))] * key[1]
                 self.decode(rows)
