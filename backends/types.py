@@ -81,6 +81,7 @@ class TokenEvent:
     token: Token
     index: int  # 0-based position among generated tokens
     text: str
+    last: bool = False  # the generation ends with this token (length, EOS, stop): its GenerationResult follows
 
 
 @dataclass(frozen=True, slots=True)

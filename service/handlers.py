@@ -284,7 +284,7 @@ class GenerateHandler(GenerationHandler):
     async def _stream(self, req: ParsedRequest, events: tornado.queues.Queue) -> None:
         renderer = StreamRenderer(req, token_id_format=self.ctx.settings.token_id_format,
                                   full_text_enabled=self.ctx.settings.full_text_enabled)
-        held: TokenEvent | None = None  # the last token waits to be sent with generated_text
+        held: TokenEvent | None = None  # the final token waits for its result, to be sent with generated_text
         while not self._closed:
             try:
                 event = await self.next_event(events)
@@ -296,7 +296,11 @@ class GenerateHandler(GenerationHandler):
             if isinstance(event, TokenEvent):
                 if held is not None:
                     await self._send_event(renderer.event(held))
-                held = event
+                    held = None
+                if event.last:  # its result follows at once
+                    held = event
+                else:  # every other token goes out the moment it exists (the first one is the TTFT)
+                    await self._send_event(renderer.event(event))
             elif isinstance(event, GenerationResult):
                 if held is not None:
                     await self._send_event(renderer.event(held, final_result=event))

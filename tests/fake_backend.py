@@ -67,7 +67,7 @@ class FakeBackend:
             if pace.fail_after is not None and i == pace.fail_after:
                 handle.emit(GenerationFailed("injected fault"))
                 return
-            handle.emit(TokenEvent(Token(i, "a", -0.5, False), i, "a"))
+            handle.emit(TokenEvent(Token(i, "a", -0.5, False), i, "a", last=i == n - 1))
         handle.emit(GenerationResult("a" * n, FinishReason.LENGTH, 1, n, 1))
 
     def count_tokens(self, text: str) -> int:

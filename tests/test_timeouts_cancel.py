@@ -122,7 +122,7 @@ def test_token_timeout_mid_stream_ends_with_an_error_event(live_servers):
     reply = requests.post(url + "/generate_stream", json={"inputs": "x"}, timeout=TIMEOUT)
     assert reply.status_code == 200 and reply.headers["Content-Type"].startswith("text/event-stream")
     events = sse_events(reply.text)
-    assert [e["token"]["id"] for e in events[:-1]] == [[0], [1], [2]]  # token 3 is held for generated_text
+    assert [e["token"]["id"] for e in events[:-1]] == [[0], [1], [2], [3]]  # each token goes out as it comes
     assert set(events[-1]) == {"error", "error_type"}
     assert events[-1]["error_type"] == "Incomplete Generation" and "tokenTimeout (0.25 s)" in events[-1]["error"]
     assert backend.cancelled() == [True]
@@ -285,10 +285,31 @@ def test_a_fault_in_one_request_is_424_for_it_and_200_for_the_others(live_server
         bad = pool.submit(post, "poisoned request", poisoned_stream)
         good = [pool.submit(post, p) for p in healthy]
         bad_reply, good_replies = bad.result(), [f.result() for f in good]
-    assert bad_reply.status_code == 424, bad_reply.text
-    assert bad_reply.json() == {"error": bad_reply.json()["error"], "error_type": "Generation Error"}
-    assert "injected fault" in bad_reply.json()["error"]
+    if poisoned_stream and bad_reply.status_code == 200:  # the fault came after the first token went out
+        error = sse_events(bad_reply.text)[-1]
+    else:
+        assert bad_reply.status_code == 424, bad_reply.text
+        error = bad_reply.json()
+    assert error == {"error": error["error"], "error_type": "Generation Error"}
+    assert "injected fault" in error["error"]
     assert [r.status_code for r in good_replies] == [200] * len(healthy)
     assert [r.json()["generated_text"] for r in good_replies] == solo  # unaffected, token for token
     assert poison.poisoned, "the poisoned request never reached the runner"
     wait_idle(engine, 2.0)
+
+
+@pytest.mark.parametrize("path", ["/", "/generate_stream"])
+def test_the_first_token_is_streamed_before_the_next_one_exists(live_servers, path):
+    """Only the final token waits (for generated_text): token 0 reaches the client while token 1 is
+    still 2 s away, so the time to first token is the backend's, not one decode step more."""
+    backend = FakeBackend(Pace(tokens=3, delay=0.01, stall_after=1, stall=2.0))
+    url = live_servers.start(backend)
+    started = time.monotonic()
+    with requests.post(url + path, json={"inputs": "x", "stream": True}, stream=True, timeout=TIMEOUT) as reply:
+        lines = reply.iter_lines()
+        first = next(line for line in lines if line.startswith(b"data:"))
+        first_at = time.monotonic() - started
+        rest = [line for line in lines if line.startswith(b"data:")]
+    assert json.loads(first[5:])["token"]["id"] == [0]
+    assert first_at < 1.0, f"the first token arrived after {first_at:.2f} s"
+    assert len(rest) == 2 and json.loads(rest[-1][5:])["generated_text"] == "aaa"

@@ -303,7 +303,7 @@ class Engine:
         outcome = seq.stopper.push(token_id, delta)
         token = Token(token_id, self.tokenizer.token_text(token_id) if special else delta, logprob, special)
         seq.tokens.append(token)
-        seq.handle.emit(TokenEvent(token, len(seq.generated) - 1, outcome.emit_text))
+        seq.handle.emit(TokenEvent(token, len(seq.generated) - 1, outcome.emit_text, last=outcome.finish is not None))
         if outcome.finish is not None:
             self._finish(seq, outcome.finish)
 
