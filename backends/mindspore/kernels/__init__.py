@@ -38,7 +38,7 @@ import numpy as np
 
 from backends.mindspore.kernels.build import KernelBuildError, build_kernel, default_cache_dir
 
-__all__ = ["fast_matmul", "aot_ops", "AotOps", "prepare_weight", "PANEL", "build_kernel", "set_kernel_threads", "kernel_library", "kernel_stats", "KernelBuildError",
+__all__ = ["fast_matmul", "aot_ops", "AotOps", "prepare_weight", "KERNEL_KINDS", "PANEL", "build_kernel", "set_kernel_threads", "kernel_library", "kernel_stats", "KernelBuildError",
            "default_cache_dir", "ENTRY"]
 
 ENTRY = "MindserveMatMul"
@@ -98,14 +98,21 @@ def kernel_library(cache_dir: str | os.PathLike | None = None) -> ctypes.CDLL:
         lib.mindserve_attention_raw.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 8
         lib.mindserve_attention_raw.restype = ctypes.c_int
         lib.mindserve_matmul_stats.argtypes = [ctypes.POINTER(ctypes.c_uint64)] * 2 + [ctypes.c_int]
+        lib.mindserve_kernel_stats.argtypes = [ctypes.c_int] + [ctypes.POINTER(ctypes.c_uint64)] * 2 + [ctypes.c_int]
         _lib[path] = lib
     return _lib[path]
 
 
-def kernel_stats(reset: bool = False, cache_dir: str | os.PathLike | None = None) -> tuple[int, float]:
-    """(calls, seconds spent inside the kernel) since the last reset, for this process."""
+KERNEL_KINDS = ("matmul", "attention", "rmsnorm", "swiglu", "qkv_rope")  # pool.h Kind, in order
+
+
+def kernel_stats(reset: bool = False, cache_dir: str | os.PathLike | None = None,
+                 kind: str = "matmul") -> tuple[int, float]:
+    """(calls, seconds spent inside one kind of kernel, see ``KERNEL_KINDS``) since the last reset, for
+    this process."""
     calls, ns = ctypes.c_uint64(), ctypes.c_uint64()
-    kernel_library(cache_dir).mindserve_matmul_stats(ctypes.byref(calls), ctypes.byref(ns), int(reset))
+    kernel_library(cache_dir).mindserve_kernel_stats(KERNEL_KINDS.index(kind), ctypes.byref(calls),
+                                                     ctypes.byref(ns), int(reset))
     return calls.value, ns.value / 1e9
 
 

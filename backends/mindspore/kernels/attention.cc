@@ -131,6 +131,7 @@ void run_chunk(const void *ctx, int64_t c) {
 
 // 0 on success; the error codes of the AOT entry otherwise.
 int paged_attention(Job j) {
+  mindserve::ScopeTimer timer(mindserve::kAttention);
   if (j.N <= 0 || j.H <= 0) return 0;
   if (j.D <= 0 || j.D > kMaxHeadDim) return 6;
   if (j.KV <= 0 || j.H % j.KV != 0 || j.bs <= 0 || j.NB <= 0 || j.S % j.bs != 0) return 7;

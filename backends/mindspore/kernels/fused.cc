@@ -104,6 +104,7 @@ extern "C" {
 
 int MindserveRMSNorm(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
                      void *extra) {
+  mindserve::ScopeTimer timer(mindserve::kRMSNorm);
   (void)stream;
   (void)extra;
   if (nparam != 4) return 1;
@@ -121,6 +122,7 @@ int MindserveRMSNorm(int nparam, void **params, int *ndims, int64_t **shapes, co
 
 int MindserveSwiGLU(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
                     void *extra) {
+  mindserve::ScopeTimer timer(mindserve::kSwiGLU);
   (void)stream;
   (void)extra;
   if (nparam != 2) return 1;
@@ -136,6 +138,7 @@ int MindserveSwiGLU(int nparam, void **params, int *ndims, int64_t **shapes, con
 
 int MindserveQKVRope(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
                      void *extra) {
+  mindserve::ScopeTimer timer(mindserve::kQKVRope);
   (void)stream;
   (void)extra;
   if (nparam != 6) return 1;

@@ -23,6 +23,8 @@
 //   int mindserve_matmul_set_threads(int n)   -- kernel threads including the caller (>=1)
 //   int mindserve_matmul_get_threads()
 //   void mindserve_matmul_stats(uint64_t *calls, uint64_t *ns, int reset)  -- time inside the kernel
+//   void mindserve_kernel_stats(int kind, uint64_t *calls, uint64_t *ns, int reset)  -- the same for
+//       every kernel of the library (pool.h Kind: matmul, attention, rmsnorm, swiglu, qkv_rope)
 //   int mindserve_matmul_set_spin_us(int us)  -- how long idle workers spin before sleeping
 //   void mindserve_matmul_tune(stream_pf, chunks_per_thread)  -- benchmarks only
 //   void mindserve_matmul_raw(const float *x, const float *w_packed, float *y, int64_t M, K, N)
@@ -172,18 +174,10 @@ int64_t chunk_count(const Job &j, int nthreads) {
 
 using mindserve::pool;
 
-std::atomic<uint64_t> g_calls{0}, g_ns{0};  // kernel-side accounting (cheap; for benchmarks)
 
 void matmul(const float *x, const float *w, const float *res, float *y, int64_t M, int64_t K, int64_t N) {
   if (M <= 0 || N <= 0) return;
-  struct Timer {
-    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
-    ~Timer() {
-      const auto dt = std::chrono::steady_clock::now() - t0;
-      g_ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(dt).count(), std::memory_order_relaxed);
-      g_calls.fetch_add(1, std::memory_order_relaxed);
-    }
-  } timer;
+  mindserve::ScopeTimer timer(mindserve::kMatMul);
   if (K <= 0) {
     if (res != nullptr) std::memcpy(y, res, sizeof(float) * M * N);
     else std::memset(y, 0, sizeof(float) * M * N);
@@ -198,6 +192,18 @@ void matmul(const float *x, const float *w, const float *res, float *y, int64_t 
 
 extern "C" {
 
+// Calls and total nanoseconds spent inside one kind of kernel (pool.h: 0 matmul, 1 attention,
+// 2 rmsnorm, 3 swiglu, 4 qkv_rope) since the last reset (reset != 0 clears).
+void mindserve_kernel_stats(int kind, uint64_t *calls, uint64_t *ns, int reset) {
+  if (kind < 0 || kind >= mindserve::kKinds) {
+    *calls = *ns = 0;
+    return;
+  }
+  mindserve::Stats &s = mindserve::stats()[kind];
+  *calls = reset ? s.calls.exchange(0) : s.calls.load();
+  *ns = reset ? s.ns.exchange(0) : s.ns.load();
+}
+
 int mindserve_matmul_panel_width() { return static_cast<int>(kPanel); }
 int mindserve_matmul_set_threads(int n) {
   pool().set_threads(n);
@@ -206,8 +212,7 @@ int mindserve_matmul_set_threads(int n) {
 int mindserve_matmul_get_threads() { return pool().threads(); }
 // Calls and total nanoseconds spent inside the kernel since the last reset (reset != 0 clears).
 void mindserve_matmul_stats(uint64_t *calls, uint64_t *ns, int reset) {
-  *calls = reset ? g_calls.exchange(0) : g_calls.load();
-  *ns = reset ? g_ns.exchange(0) : g_ns.load();
+  mindserve_kernel_stats(mindserve::kMatMul, calls, ns, reset);
 }
 // Benchmark knobs (negative = leave unchanged): software prefetch distance in floats (0 = off,
 // the default) and chunks per thread (0 = automatic). None of them changes any result bit.

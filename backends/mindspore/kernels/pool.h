@@ -143,4 +143,33 @@ inline Pool &pool() {
   return *p;
 }
 
+// Kernel-side accounting (cheap; for benchmarks): calls and nanoseconds spent inside each kind of
+// kernel, read with mindserve_kernel_stats(kind, ...).
+enum Kind { kMatMul = 0, kAttention, kRMSNorm, kSwiGLU, kQKVRope, kKinds };
+
+struct Stats {
+  std::atomic<uint64_t> calls{0}, ns{0};
+};
+
+inline Stats *stats() {
+  static Stats s[kKinds];
+  return s;
+}
+
+// Times its scope into stats()[kind].
+class ScopeTimer {
+ public:
+  explicit ScopeTimer(Kind kind) : kind_(kind), t0_(std::chrono::steady_clock::now()) {}
+  ~ScopeTimer() {
+    const auto dt = std::chrono::steady_clock::now() - t0_;
+    stats()[kind_].ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(dt).count(),
+                                std::memory_order_relaxed);
+    stats()[kind_].calls.fetch_add(1, std::memory_order_relaxed);
+  }
+
+ private:
+  Kind kind_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
 }  // namespace mindserve
