@@ -145,3 +145,14 @@ def test_pynative_mode_gives_the_same_logits(tiny_model_dir, kernels):
     line = [ln for ln in out.stdout.splitlines() if ln.startswith("DIFF")]
     assert line, out.stderr[-2000:]
     assert float(line[0].split()[1]) < TOL
+
+
+@pytest.mark.parametrize("head_dim,heads,kv", [(1024, 8, 8), (63, 4, 4), (64, 9, 4)])
+def test_aot_kernels_are_not_used_for_shapes_they_do_not_support(head_dim, heads, kv, caplog):
+    from types import SimpleNamespace
+
+    from backends.mindspore.runner import _aot_ops
+
+    spec = SimpleNamespace(head_dim=head_dim, num_heads=heads, num_kv_heads=kv)
+    assert _aot_ops(spec) is None
+    assert "AOT kernels do not support" in caplog.text

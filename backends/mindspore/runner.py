@@ -95,9 +95,18 @@ def net_inputs(ids: np.ndarray, pos: np.ndarray, slots: np.ndarray, table: np.nd
     return ids, pos, write_idx, read_rows, _mask(pos, table.shape[1] * block_size), last_rows
 
 
+MAX_AOT_HEAD_DIM = 512  # attention.cc kMaxHeadDim
+
+
 def _aot_ops(spec: ModelSpec):
-    """The AOT kernels (an ``AotOps``), or None with a warning where they cannot be built."""
+    """The AOT kernels (an ``AotOps``), or None with a warning where they cannot be built or do not fit
+    the model."""
     from backends.mindspore.kernels import KernelBuildError, aot_ops
+
+    if spec.head_dim % 2 or spec.head_dim > MAX_AOT_HEAD_DIM or spec.num_heads % spec.num_kv_heads:
+        log.warning("AOT kernels do not support head_dim %d with %d heads / %d kv heads; using stock MindSpore "
+                    "ops", spec.head_dim, spec.num_heads, spec.num_kv_heads)
+        return None
 
     try:
         return aot_ops(spec.num_heads, spec.num_kv_heads, spec.head_dim)
