@@ -92,6 +92,7 @@ def test_no_graph_compiles_after_warmup_over_a_mixed_workload(engine):
     assert len(results) == 3 + 6 + 12 + 3
     assert max(r.prompt_tokens for r in results) > 3 * CONFIG.prefill_chunk  # long prompts took several chunks
     assert engine.runner.compiled == plan, f"compiled after warm-up: {engine.runner.compiled - plan}"
-    # packed prefill of 16, 32 and 64 tokens, decode per batch size, the prompt-logits head
-    assert engine.runner.shapes.prefill_sizes == (16, 32, 64)
-    assert len(plan) == 3 + len(CONFIG.batch_buckets) + 1
+    # packed steps of 1, 4, 8 (the decode buckets), 16, 32, 64 (the chunk) and 72 (chunk + batch)
+    # tokens, and the prompt-logits head
+    assert engine.runner.shapes.prefill_sizes == (1, 4, 8, 16, 32, 64, 72)
+    assert len(plan) == 7 + 1

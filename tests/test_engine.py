@@ -124,16 +124,21 @@ def test_a_failing_request_does_not_take_down_the_others(tiny_engine, monkeypatc
     """Fault isolation: a forward that fails for one row fails that request only (424 upstream)."""
     from backends.errors import GenerationFailed
 
-    real_decode = tiny_engine.runner.decode
+    real_decode, real_prefill = tiny_engine.runner.decode, tiny_engine.runner.prefill
     bad: list = []
 
-    def flaky_decode(rows):  # runs on the engine thread, so reading the scheduler is safe
-        bad_blocks = [seq.blocks for seq in tiny_engine.scheduler.all() if seq.handle in bad]
-        if any(row.blocks in bad_blocks for row in rows):
-            raise RuntimeError("injected fault")
-        return real_decode(rows)
+    def flaky(real):
+        def forward(rows):  # runs on the engine thread, so reading the scheduler is safe
+            bad_blocks = [seq.blocks for seq in tiny_engine.scheduler.all() if seq.handle in bad]
+            if any(row.blocks in bad_blocks for row in rows):
+                raise RuntimeError("injected fault")
+            return real(rows)
+        return forward
 
-    monkeypatch.setattr(tiny_engine.runner, "decode", flaky_decode)
+    # every forward holding a row of the bad request fails: alone, or batched with the good ones
+    # (decode rows also reach the runner's prefill, packed with prompt chunks, with the AOT kernels)
+    monkeypatch.setattr(tiny_engine.runner, "decode", flaky(real_decode))
+    monkeypatch.setattr(tiny_engine.runner, "prefill", flaky(real_prefill))
     good = [tiny_engine.submit(PROMPT, RequestParams(max_new_tokens=8, do_sample=False)) for _ in range(2)]
     bad.append(tiny_engine.submit("poison " + PROMPT, RequestParams(max_new_tokens=8, do_sample=False)))
     with pytest.raises(GenerationFailed, match="injected fault"):

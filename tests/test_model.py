@@ -120,8 +120,9 @@ def test_warmup_compiles_each_planned_shape_once(tiny_model_dir, kernels):
     assert runner.compiled == plan, "a request shape fell outside the warmed-up set"
     if kernels == "ms":  # every (batch, window) bucket, prefill and decode, and the prompt-logits head
         assert len(plan) == len(SHAPES.prefill_batch_buckets + SHAPES.batch_buckets) * len(SHAPES.window_buckets) + 1
-    else:  # one packed prefill graph, one decode graph per batch size, the head
-        assert len(plan) == 1 + len(SHAPES.batch_buckets) + 1
+    else:  # packed graphs for the batch buckets (1, 4), the chunk (8) and chunk + largest batch (12), the head
+        assert runner.shapes.prefill_sizes == (1, 4, 8, 12)
+        assert len(plan) == 4 + 1
 
 
 PYNATIVE_SCRIPT = """

@@ -249,6 +249,9 @@ class PoisonedRunner:
         self.prefill, self.decode_fn = engine.runner.prefill, engine.runner.decode
 
     def prefill_(self, chunks: list[Any]) -> Any:
+        # With the AOT kernels decode rows come here too, as 1-token chunks of the sequence's blocks.
+        if any(chunk.blocks is blocks for chunk in chunks for blocks in self.poisoned):
+            raise RuntimeError("injected fault in the decode kernel")
         for chunk in chunks:
             if chunk.start == 0 and list(chunk.ids) == self.poison_ids:
                 self.poisoned.append(chunk.blocks)

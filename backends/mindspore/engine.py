@@ -92,12 +92,16 @@ class Engine:
         del weights
         self.allocator = BlockAllocator(num_blocks, self.shapes.block_size)
         chunk = self.shapes.prefill_chunk
-        # Packed prefill (the paged kernel): one step prefills at most one chunk of tokens in all;
-        # otherwise each prefilled prompt has its own chunk-sized row.
-        budget = chunk if self.runner.paged else max(config.max_prefill_tokens, chunk)
-        self.scheduler = Scheduler(self.allocator, config.max_batch_size, config.max_waiting,
-                                   prefill_rows=self.shapes.prefill_batch_buckets[-1],
-                                   prefill_tokens=budget, chunk=chunk)
+        if self.runner.paged:
+            # One forward per step: the decode tokens and at most one chunk of prompt tokens, packed.
+            # Decoding rides along with prefill, so the running batch never waits for prompts.
+            self.scheduler = Scheduler(self.allocator, config.max_batch_size, config.max_waiting,
+                                       prefill_rows=self.shapes.prefill_batch_buckets[-1],
+                                       prefill_tokens=chunk, chunk=chunk, prefill_first=0)
+        else:  # a prefill call (each prompt its own chunk-sized row), then a decode call
+            self.scheduler = Scheduler(self.allocator, config.max_batch_size, config.max_waiting,
+                                       prefill_rows=self.shapes.prefill_batch_buckets[-1],
+                                       prefill_tokens=max(config.max_prefill_tokens, chunk), chunk=chunk)
         self.eos_ids = frozenset(self.spec.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
         self.vocab_size = self.spec.config_vocab_size or self.spec.vocab_size
         limits = {"maxInputTokenLen": config.max_input_tokens, "maxSeqLen - 1": self.max_seq_len - 1,
@@ -222,6 +226,9 @@ class Engine:
             if seq.handle.cancelled:
                 self._finish(seq, seq.stopper.cancel().finish)
         plan = self.scheduler.plan()
+        if self.runner.paged and plan.prefill:  # the decode rows ride along with the prompt chunks
+            self._packed_step(plan)
+            return True
         if plan.prefill:
             self._prefill(plan.prefill)
         if plan.decode:
@@ -261,6 +268,18 @@ class Engine:
         log.error("request %s failed in the engine: %r", seq.handle.request_id, exc, exc_info=exc)
         self.scheduler.finish(seq)
         seq.handle.emit(GenerationFailed(f"request failed during generation: {exc}"))
+
+    def _packed_step(self, plan) -> None:
+        """Decode tokens and prompt chunks in one packed forward (a decode row is a 1-token chunk)."""
+        rows = [(s, PrefillChunk([s.generated[-1]], s.length - 1, s.blocks)) for s in plan.decode]
+        rows += [(s, PrefillChunk(s.prompt_ids[s.prefilled:s.prefilled + n], s.prefilled, s.blocks))
+                 for s, n in plan.prefill]
+        decoding = set(plan.decode)
+        for seq, chunk, (logits, hidden) in self._isolated(lambda c: list(zip(*self.runner.prefill(c))), rows):
+            if seq in decoding:
+                self._guarded(self._append, seq, logits)
+            else:
+                self._guarded(self._after_prefill, seq, chunk, logits, hidden)
 
     def _prefill(self, work: tuple[tuple[Sequence, int], ...]) -> None:
         """One chunk for each planned sequence, in one call; finished prompts sample their first token."""

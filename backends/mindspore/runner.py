@@ -129,16 +129,16 @@ class ModelRunner:
             raise RuntimeError("kernels 'aot' asked for, but the AOT kernels could not be built (see the log)")
         self.paged = aot is not None
         if self.paged:
-            # The kernel reads each token's real keys whatever the table width: one window (the largest)
-            # serves every length, so the graphs are per batch size only. Prompt chunks are packed (the
-            # tokens of several prompts side by side in one [1, chunk] row), so one prefill graph, with
-            # a table of the most rows a step prefills, serves every step.
-            # Smaller packed sizes too (16, 32, ... below the chunk), so a short prompt alone does not pay
-            # for a whole chunk of padding.
-            rows = min(shapes.prefill_batch_buckets[-1], shapes.prefill_chunk)
-            sizes = tuple(n for n in (16, 32, 64, 128, 256, 512) if n < shapes.prefill_chunk)
-            shapes = dataclasses.replace(shapes, window_buckets=(shapes.max_window,), prefill_batch_buckets=(rows,),
-                                         prefill_sizes=(*sizes, shapes.prefill_chunk))
+            # The kernel reads each token's real keys whatever the table width, so one window (the
+            # largest) serves every length, and the tokens of a step are packed side by side in one row:
+            # decode tokens (one per sequence) and prompt chunks alike. The graphs are per token count:
+            # the decode batch buckets, 16, 32, ... below the prompt chunk, the chunk, and the chunk
+            # plus a full decode batch (the most one step holds); each returns logits for up to
+            # min(tokens, largest batch) sequences.
+            batch = shapes.batch_buckets[-1]
+            chunk = shapes.prefill_chunk
+            sizes = {*shapes.batch_buckets, *(n for n in (16, 32, 64, 128, 256, 512) if n < chunk), chunk, chunk + batch}
+            shapes = dataclasses.replace(shapes, window_buckets=(shapes.max_window,), prefill_sizes=tuple(sorted(sizes)))
         self.shapes = shapes
         log.info("kernels: %s", "AOT (matmul, paged attention, fused norm/rope/SwiGLU; row-deterministic)"
                  if self.paged else "stock MindSpore ops (MatMul, windowed attention)")
@@ -165,8 +165,8 @@ class ModelRunner:
     def prefill(self, chunks: list[PrefillChunk]) -> tuple[np.ndarray, list[np.ndarray]]:
         """One prompt chunk for each of several sequences; returns (last-token logits [n, V], hidden [t_i, D] each).
 
-        With the paged kernel the chunks are packed into one row of ``prefill_chunk`` tokens (their
-        total must fit); otherwise each gets its own row, padded to ``prefill_chunk``.
+        With the paged kernel the chunks are packed into one row (their total must fit the largest packed
+        size; decode rows are 1-token chunks); otherwise each gets its own row, padded to ``prefill_chunk``.
         """
         if self.paged:
             return self._prefill_packed(chunks)
@@ -188,11 +188,16 @@ class ModelRunner:
         logits, hidden = self._call(("prefill", batch, size, window), ids, pos, slots.reshape(-1), table, last_rows)
         return logits[:n], [hidden[i * size: i * size + len(c.ids)] for i, c in enumerate(chunks)]
 
+    def packed_rows(self, size: int) -> int:
+        """Sequences (logit rows) a packed graph of ``size`` tokens serves."""
+        return min(size, self.shapes.batch_buckets[-1])
+
     def _prefill_packed(self, chunks: list[PrefillChunk]) -> tuple[np.ndarray, list[np.ndarray]]:
-        rows, n = self.shapes.prefill_batch_buckets[-1], len(chunks)
-        total = sum(len(c.ids) for c in chunks)
-        assert 0 < n <= rows and total <= self.shapes.prefill_chunk, "chunks exceed the compiled packed prefill shape"
+        n, total = len(chunks), sum(len(c.ids) for c in chunks)
+        assert 0 < total <= self.shapes.prefill_sizes[-1], "more tokens than the largest packed graph"
         size = next(s for s in self.shapes.prefill_sizes if s >= total)
+        rows = self.packed_rows(size)
+        assert n <= rows, "more sequences than the packed graph's logit rows"
         ids = np.zeros((1, size), np.int32)
         pos = np.zeros((1, size), np.int32)
         slots = np.zeros(size, np.int32)  # padding tokens write the scratch slot 0 and read table row 0
@@ -212,11 +217,13 @@ class ModelRunner:
             at += t
         window = self.shapes.max_window
         table = block_table([c.blocks for c in chunks] + [[]] * (rows - n), window // self.shapes.block_size)
-        logits, hidden = self._call(("prefill", rows, size, window), ids, pos, slots, table, last_rows, token_rows)
+        logits, hidden = self._call(("packed", size, rows, window), ids, pos, slots, table, last_rows, token_rows)
         return logits[:n], [hidden[o: o + len(c.ids)] for o, c in zip(offsets, chunks)]
 
     def decode(self, rows: list[DecodeRow]) -> np.ndarray:
         """One token for each row; returns logits [len(rows), V]."""
+        if self.paged:
+            return self._prefill_packed([PrefillChunk([r.token], r.position, r.blocks) for r in rows])[0]
         n, batch = len(rows), self.shapes.batch_for(len(rows))
         window = self.shapes.window_for(max(r.position for r in rows) + 1)
         ids = np.zeros((batch, 1), np.int32)
@@ -243,9 +250,11 @@ class ModelRunner:
 
     def warmup_plan(self) -> list[tuple]:
         s = self.shapes
-        plan: list[tuple] = [("prefill", b, size, w) for b in s.prefill_batch_buckets
-                             for size in (s.prefill_sizes or (s.prefill_chunk,)) for w in s.window_buckets]
-        plan += [("decode", b, w) for b in s.batch_buckets for w in s.window_buckets]
+        if self.paged:
+            plan: list[tuple] = [("packed", n, self.packed_rows(n), s.max_window) for n in s.prefill_sizes]
+        else:
+            plan = [("prefill", b, s.prefill_chunk, w) for b in s.prefill_batch_buckets for w in s.window_buckets]
+            plan += [("decode", b, w) for b in s.batch_buckets for w in s.window_buckets]
         return plan + [("head", s.prefill_chunk)]
 
     def warmup(self, progress: bool = False) -> None:
@@ -255,14 +264,13 @@ class ModelRunner:
         plan = self.warmup_plan()
         started = time.perf_counter()
         for key in tqdm(plan, desc="warm-up: compiling graphs", disable=not progress, unit="graph"):
-            if key[0] == "prefill":
+            if key[0] == "packed":  # one more token than the next smaller size: selects this one
+                smaller = [n for n in self.shapes.prefill_sizes if n < key[1]]
+                tokens = smaller[-1] + 1 if smaller else 1
                 blocks = [0] * (key[3] // self.shapes.block_size)
-                if self.paged:  # one more token than the next smaller packed size: selects this one
-                    smaller = [n for n in self.shapes.prefill_sizes if n < key[2]]
-                    tokens = smaller[-1] + 1 if smaller else 1
-                    self.prefill([PrefillChunk([0] * tokens, key[3] - tokens, blocks)])
-                else:
-                    self.prefill([PrefillChunk([0], key[3] - 1, blocks)] * key[1])
+                self.prefill([PrefillChunk([0] * tokens, key[3] - tokens, blocks)])
+            elif key[0] == "prefill":
+                self.prefill([PrefillChunk([0], key[3] - 1, [0] * (key[3] // self.shapes.block_size))] * key[1])
             elif key[0] == "decode":
                 rows = [DecodeRow(0, key[2] - 1, [0] * (key[2] // self.shapes.block_size))] * key[1]
                 self.decode(rows)

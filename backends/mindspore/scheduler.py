@@ -48,9 +48,11 @@ class Scheduler:
     """FIFO admission under ``max_batch`` sequences and the cache budget.
 
     Each step prefills one chunk of up to ``prefill_rows`` prompts (at most ``prefill_tokens`` tokens in
-    all) and decodes one token for every running sequence. Prompts go first: while prompts wait, up to
-    ``prefill_first`` steps in a row prefill without decoding (new requests get their first token
-    sooner; the running ones pause for at most that many chunks), then a step decodes too.
+    all) and decodes one token for every running sequence. With separate prefill and decode calls,
+    prompts go first: while prompts wait, up to ``prefill_first`` steps in a row prefill without
+    decoding (new requests get their first token sooner; the running ones pause for at most that many
+    chunks), then a step decodes too. The AOT engine packs both into one forward, with
+    ``prefill_first=0``: decoding never pauses.
     """
 
     def __init__(self, allocator: BlockAllocator, max_batch: int, max_waiting: int, *,
