@@ -22,7 +22,7 @@ from backends.mindspore.config import ModelSpec, load_model_spec
 from backends.mindspore.kv_cache import BlockAllocator
 from backends.mindspore.model import set_mode
 from backends.mindspore.runner import DecodeRow, ModelRunner, PrefillChunk, Shapes
-from backends.mindspore.scheduler import Scheduler, Sequence
+from backends.mindspore.scheduler import PREFILL_FIRST, Scheduler, Sequence
 from backends.mindspore.tokenizer import IncrementalDetokenizer, Tokenizer
 from backends.mindspore.weights import load_weights
 from backends.settings import EngineConfig
@@ -92,16 +92,14 @@ class Engine:
         del weights
         self.allocator = BlockAllocator(num_blocks, self.shapes.block_size)
         chunk = self.shapes.prefill_chunk
-        if self.runner.paged:
-            # One forward per step: the decode tokens and at most one chunk of prompt tokens, packed.
-            # Decoding rides along with prefill, so the running batch never waits for prompts.
-            self.scheduler = Scheduler(self.allocator, config.max_batch_size, config.max_waiting,
-                                       prefill_rows=self.shapes.prefill_batch_buckets[-1],
-                                       prefill_tokens=chunk, chunk=chunk, prefill_first=0)
-        else:  # a prefill call (each prompt its own chunk-sized row), then a decode call
-            self.scheduler = Scheduler(self.allocator, config.max_batch_size, config.max_waiting,
-                                       prefill_rows=self.shapes.prefill_batch_buckets[-1],
-                                       prefill_tokens=max(config.max_prefill_tokens, chunk), chunk=chunk)
+        # AOT kernels: one forward per step, the decode tokens and at most one chunk of prompt tokens
+        # packed, so decoding never waits for prompts. Stock ops: a prefill call (each prompt its own
+        # chunk-sized row, up to maxPrefillTokens in all), then a decode call, prompts first.
+        paged = self.runner.paged
+        self.scheduler = Scheduler(self.allocator, config.max_batch_size, config.max_waiting,
+                                   prefill_rows=self.shapes.prefill_batch_buckets[-1],
+                                   prefill_tokens=chunk if paged else max(config.max_prefill_tokens, chunk),
+                                   chunk=chunk, prefill_first=0 if paged else PREFILL_FIRST)
         self.eos_ids = frozenset(self.spec.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
         self.vocab_size = self.spec.config_vocab_size or self.spec.vocab_size
         limits = {"maxInputTokenLen": config.max_input_tokens, "maxSeqLen - 1": self.max_seq_len - 1,
@@ -269,13 +267,21 @@ class Engine:
         self.scheduler.finish(seq)
         seq.handle.emit(GenerationFailed(f"request failed during generation: {exc}"))
 
+    @staticmethod
+    def _prompt_chunks(work: tuple[tuple[Sequence, int], ...]) -> list[tuple[Sequence, PrefillChunk]]:
+        """The next ``n`` prompt tokens of each planned sequence."""
+        return [(seq, PrefillChunk(seq.prompt_ids[seq.prefilled:seq.prefilled + n], seq.prefilled, seq.blocks))
+                for seq, n in work]
+
+    def _run_chunks(self, rows: list[tuple[Sequence, PrefillChunk]]) -> list[tuple[Sequence, PrefillChunk, object]]:
+        """``runner.prefill`` on the rows' chunks with fault isolation: (seq, chunk, (logits, hidden))."""
+        return self._isolated(lambda chunks: list(zip(*self.runner.prefill(chunks))), rows)
+
     def _packed_step(self, plan) -> None:
         """Decode tokens and prompt chunks in one packed forward (a decode row is a 1-token chunk)."""
         rows = [(s, PrefillChunk([s.generated[-1]], s.length - 1, s.blocks)) for s in plan.decode]
-        rows += [(s, PrefillChunk(s.prompt_ids[s.prefilled:s.prefilled + n], s.prefilled, s.blocks))
-                 for s, n in plan.prefill]
         decoding = set(plan.decode)
-        for seq, chunk, (logits, hidden) in self._isolated(lambda c: list(zip(*self.runner.prefill(c))), rows):
+        for seq, chunk, (logits, hidden) in self._run_chunks(rows + self._prompt_chunks(plan.prefill)):
             if seq in decoding:
                 self._guarded(self._append, seq, logits)
             else:
@@ -283,9 +289,7 @@ class Engine:
 
     def _prefill(self, work: tuple[tuple[Sequence, int], ...]) -> None:
         """One chunk for each planned sequence, in one call; finished prompts sample their first token."""
-        rows = [(seq, PrefillChunk(seq.prompt_ids[seq.prefilled:seq.prefilled + n], seq.prefilled, seq.blocks))
-                for seq, n in work]
-        for seq, chunk, (logits, hidden) in self._isolated(lambda c: list(zip(*self.runner.prefill(c))), rows):
+        for seq, chunk, (logits, hidden) in self._run_chunks(self._prompt_chunks(work)):
             self._guarded(self._after_prefill, seq, chunk, logits, hidden)
 
     def _after_prefill(self, seq: Sequence, chunk: PrefillChunk, logits: np.ndarray, hidden: np.ndarray) -> None:

@@ -44,6 +44,9 @@ class StepPlan:
     decode: tuple[Sequence, ...]  # sequences that get one token each
 
 
+PREFILL_FIRST = 3  # prefill-only steps in a row while prompts wait (separate prefill and decode calls)
+
+
 class Scheduler:
     """FIFO admission under ``max_batch`` sequences and the cache budget.
 
@@ -56,7 +59,8 @@ class Scheduler:
     """
 
     def __init__(self, allocator: BlockAllocator, max_batch: int, max_waiting: int, *,
-                 prefill_rows: int = 1, prefill_tokens: int = 64, chunk: int = 64, prefill_first: int = 3) -> None:
+                 prefill_rows: int = 1, prefill_tokens: int = 64, chunk: int = 64,
+                 prefill_first: int = PREFILL_FIRST) -> None:
         self.allocator, self.max_batch, self.max_waiting = allocator, max_batch, max_waiting
         self.prefill_rows, self.prefill_tokens, self.chunk = prefill_rows, prefill_tokens, chunk
         self.prefill_first = prefill_first
