@@ -93,12 +93,6 @@ class DecoderLayer(nn.Cell):
         self.bmm_t = ops.BatchMatMul(transpose_b=True)
         self.scale = 1.0 / float(np.sqrt(spec.head_dim))
 
-    def _mm(self, x, w):
-        """x [M, K] @ w [K, N]: the row-deterministic AOT kernel, or MindSpore's MatMul."""
-        if self.fused:
-            return self.aot.matmul(x, w)
-        return ops.matmul(x, w)
-
     def _rope(self, x, cos, sin):
         # x: [B, T, heads, D]; cos/sin: [B, T, 1, D]
         half = self.head_dim // 2

@@ -2,7 +2,7 @@
 
 ``aot_ops(heads, kv_heads, head_dim)`` returns every operator the network uses (``AotOps``):
 
-* ``matmul`` -- ``fast_matmul()`` above; ``matmul_add(x, w, res)`` = ``res + x @ W`` (a residual
+* ``matmul`` -- ``fast_matmul()`` below; ``matmul_add(x, w, res)`` = ``res + x @ W`` (a residual
   connection without a separate Add; the residual is added once, after the product);
 * ``attention(q [N, H, D], k_cache, v_cache [KV*S, D], table [R, NB] int32, pos [N] int32,
   rows [N] int32, meta [2] int32 = (KV, block_size)) -> [N, H*D]``: causal attention straight out of
@@ -97,7 +97,6 @@ def kernel_library(cache_dir: str | os.PathLike | None = None) -> ctypes.CDLL:
         lib.mindserve_matmul_add_raw.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
         lib.mindserve_attention_raw.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 8
         lib.mindserve_attention_raw.restype = ctypes.c_int
-        lib.mindserve_matmul_stats.argtypes = [ctypes.POINTER(ctypes.c_uint64)] * 2 + [ctypes.c_int]
         lib.mindserve_kernel_stats.argtypes = [ctypes.c_int] + [ctypes.POINTER(ctypes.c_uint64)] * 2 + [ctypes.c_int]
         _lib[path] = lib
     return _lib[path]

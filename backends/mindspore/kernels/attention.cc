@@ -32,9 +32,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
+#include "entry.h"
 #include "pool.h"
 #include "simd.h"
 
@@ -149,8 +149,8 @@ int paged_attention(Job j) {
   return 0;
 }
 
-bool is_f32(const char *t) { return std::strcmp(t, "float32") == 0 || std::strcmp(t, "float") == 0; }
-bool is_i32(const char *t) { return std::strcmp(t, "int32") == 0; }
+using mindserve::is_f32;
+using mindserve::is_i32;
 
 }  // namespace
 

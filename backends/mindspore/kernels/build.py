@@ -17,7 +17,7 @@ from pathlib import Path
 
 _HERE = Path(__file__).parent
 SOURCES = (_HERE / "matmul.cc", _HERE / "attention.cc", _HERE / "fused.cc")
-HEADERS = (_HERE / "pool.h", _HERE / "simd.h")
+HEADERS = (_HERE / "entry.h", _HERE / "pool.h", _HERE / "simd.h")
 CXXFLAGS = ("-O3", "-march=native", "-std=c++20", "-fPIC", "-shared", "-pthread", "-Wall")
 
 

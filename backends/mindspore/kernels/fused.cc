@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "entry.h"
 #include "pool.h"
 #include "simd.h"
 
@@ -28,13 +29,8 @@ namespace {
 using mindserve::exp_nonpositive;
 using mindserve::tail_mask;
 
-bool is_f32(const char *t) { return std::strcmp(t, "float32") == 0 || std::strcmp(t, "float") == 0; }
-
-int64_t rows_of(int ndim, const int64_t *shape) {
-  int64_t n = 1;
-  for (int d = 0; d < ndim - 1; ++d) n *= shape[d];
-  return n;
-}
+using mindserve::all_f32;
+using mindserve::rows_of;
 
 // Rows [0, n) split over the pool in chunks of at least `min_rows` rows.
 template <class Fn>
@@ -108,8 +104,7 @@ int MindserveRMSNorm(int nparam, void **params, int *ndims, int64_t **shapes, co
   (void)stream;
   (void)extra;
   if (nparam != 4) return 1;
-  for (int i = 0; i < 4; ++i)
-    if (!is_f32(dtypes[i])) return 2;
+  if (!all_f32(dtypes, 4)) return 2;
   if (ndims[0] < 1 || ndims[1] != 1 || ndims[2] != 1 || shapes[2][0] != 1) return 3;
   const int64_t C = shapes[0][ndims[0] - 1], N = rows_of(ndims[0], shapes[0]);
   if (shapes[1][0] != C || shapes[3][ndims[3] - 1] != C) return 4;
@@ -126,7 +121,7 @@ int MindserveSwiGLU(int nparam, void **params, int *ndims, int64_t **shapes, con
   (void)stream;
   (void)extra;
   if (nparam != 2) return 1;
-  if (!is_f32(dtypes[0]) || !is_f32(dtypes[1])) return 2;
+  if (!all_f32(dtypes, 2)) return 2;
   if (ndims[0] < 1 || ndims[1] != ndims[0]) return 3;
   const int64_t F = shapes[1][ndims[1] - 1], N = rows_of(ndims[0], shapes[0]);
   if (shapes[0][ndims[0] - 1] != 2 * F) return 4;
@@ -142,8 +137,7 @@ int MindserveQKVRope(int nparam, void **params, int *ndims, int64_t **shapes, co
   (void)stream;
   (void)extra;
   if (nparam != 6) return 1;
-  for (int i = 0; i < 6; ++i)
-    if (!is_f32(dtypes[i])) return 2;
+  if (!all_f32(dtypes, 6)) return 2;
   if (ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 2 || ndims[3] != 3 || ndims[4] != 2 || ndims[5] != 2) return 3;
   const int64_t N = shapes[0][0], H = shapes[3][1], D = shapes[3][2];
   if (N <= 0) return 0;

@@ -22,9 +22,8 @@
 //   int mindserve_matmul_panel_width()        -- kPanel (prepare_weight must agree)
 //   int mindserve_matmul_set_threads(int n)   -- kernel threads including the caller (>=1)
 //   int mindserve_matmul_get_threads()
-//   void mindserve_matmul_stats(uint64_t *calls, uint64_t *ns, int reset)  -- time inside the kernel
-//   void mindserve_kernel_stats(int kind, uint64_t *calls, uint64_t *ns, int reset)  -- the same for
-//       every kernel of the library (pool.h Kind: matmul, attention, rmsnorm, swiglu, qkv_rope)
+//   void mindserve_kernel_stats(int kind, uint64_t *calls, uint64_t *ns, int reset)  -- time inside
+//       each kernel of the library (pool.h Kind: matmul, attention, rmsnorm, swiglu, qkv_rope)
 //   int mindserve_matmul_set_spin_us(int us)  -- how long idle workers spin before sleeping
 //   void mindserve_matmul_tune(stream_pf, chunks_per_thread)  -- benchmarks only
 //   void mindserve_matmul_raw(const float *x, const float *w_packed, float *y, int64_t M, K, N)
@@ -39,6 +38,7 @@
 #include <cstring>
 #include <utility>
 
+#include "entry.h"
 #include "pool.h"
 
 #if !defined(__AVX512F__)
@@ -210,10 +210,6 @@ int mindserve_matmul_set_threads(int n) {
   return pool().threads();
 }
 int mindserve_matmul_get_threads() { return pool().threads(); }
-// Calls and total nanoseconds spent inside the kernel since the last reset (reset != 0 clears).
-void mindserve_matmul_stats(uint64_t *calls, uint64_t *ns, int reset) {
-  mindserve_kernel_stats(mindserve::kMatMul, calls, ns, reset);
-}
 // Benchmark knobs (negative = leave unchanged): software prefetch distance in floats (0 = off,
 // the default) and chunks per thread (0 = automatic). None of them changes any result bit.
 void mindserve_matmul_tune(int64_t stream_pf, int chunks_per_thread) {
@@ -239,20 +235,14 @@ void mindserve_matmul_add_raw(const float *x, const float *w_packed, const float
 static int matmul_entry(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, bool add) {
   const int nin = add ? 3 : 2;
   if (nparam != nin + 1) return 1;
-  for (int i = 0; i <= nin; ++i)
-    if (std::strcmp(dtypes[i], "float32") != 0 && std::strcmp(dtypes[i], "float") != 0) return 2;
+  if (!mindserve::all_f32(dtypes, nin + 1)) return 2;
   if (ndims[0] < 1 || ndims[1] != 3 || shapes[1][0] != 1 || ndims[nin] < 1) return 3;
   const int64_t K = shapes[0][ndims[0] - 1];
-  int64_t M = 1;
-  for (int d = 0; d < ndims[0] - 1; ++d) M *= shapes[0][d];
+  const int64_t M = mindserve::rows_of(ndims[0], shapes[0]);
   if (shapes[1][1] != K) return 4;
   const int64_t N = shapes[1][2];
   if (shapes[nin][ndims[nin] - 1] != N) return 5;
-  if (add) {
-    int64_t rows = 1;
-    for (int d = 0; d < ndims[2] - 1; ++d) rows *= shapes[2][d];
-    if (ndims[2] < 1 || shapes[2][ndims[2] - 1] != N || rows != M) return 6;
-  }
+  if (add && (ndims[2] < 1 || shapes[2][ndims[2] - 1] != N || mindserve::rows_of(ndims[2], shapes[2]) != M)) return 6;
   matmul(static_cast<const float *>(params[0]), static_cast<const float *>(params[1]),
          add ? static_cast<const float *>(params[2]) : nullptr, static_cast<float *>(params[nin]), M, K, N);
   return 0;
