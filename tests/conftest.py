@@ -64,7 +64,8 @@ class LiveServers:
         self.thread.start()
         self.servers: list = []
 
-    def start(self, backend, settings=None, **app_kwargs) -> str:
+    def start(self, backend, settings=None, *, ssl_options=None, **app_kwargs) -> str:
+        """Bind an app for ``backend``; with ``ssl_options`` (an ``ssl.SSLContext``) it serves HTTPS."""
         from service.app import make_app
         from service.config import ServerSettings
 
@@ -72,14 +73,15 @@ class LiveServers:
 
         async def bind():
             app = make_app(backend, settings, **app_kwargs)
-            server = tornado.httpserver.HTTPServer(app, max_body_size=settings.max_request_bytes + (1 << 20))
+            server = tornado.httpserver.HTTPServer(app, max_body_size=settings.max_request_bytes + (1 << 20),
+                                                   ssl_options=ssl_options)
             sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
             server.add_sockets(sockets)
             self.servers.append(server)
             return sockets[0].getsockname()[1]
 
         port = asyncio.run_coroutine_threadsafe(bind(), self.loop).result(30)
-        return f"http://127.0.0.1:{port}"
+        return f"{'https' if ssl_options is not None else 'http'}://127.0.0.1:{port}"
 
     def close(self) -> None:
         for server in self.servers:

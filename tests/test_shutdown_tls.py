@@ -6,7 +6,6 @@ the real ``serve``: signal handlers, draining, the grace period and the exit cod
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -20,11 +19,8 @@ from pathlib import Path
 
 import pytest
 import requests
-import tornado.httpserver
-import tornado.netutil
 import yaml
 
-from service.app import make_app
 from service.config import ConfigFileError, ServerSettings, load_server_config
 from service.tls import server_ssl_context
 from tests.fake_backend import FakeBackend
@@ -190,17 +186,7 @@ def tls_settings(pki: Path, **extra) -> ServerSettings:
 
 
 def start_https(live_servers, settings: ServerSettings) -> str:
-    context = server_ssl_context(settings)
-
-    async def bind() -> int:
-        server = tornado.httpserver.HTTPServer(make_app(FakeBackend(), settings), ssl_options=context)
-        sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
-        server.add_sockets(sockets)
-        live_servers.servers.append(server)
-        return sockets[0].getsockname()[1]
-
-    port = asyncio.run_coroutine_threadsafe(bind(), live_servers.loop).result(30)
-    return f"https://127.0.0.1:{port}"
+    return live_servers.start(FakeBackend(), settings, ssl_options=server_ssl_context(settings))
 
 
 def test_https_with_a_self_signed_ca(live_servers, pki):
