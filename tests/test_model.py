@@ -157,3 +157,8 @@ def test_aot_kernels_are_not_used_for_shapes_they_do_not_support(head_dim, heads
     spec = SimpleNamespace(head_dim=head_dim, num_heads=heads, num_kv_heads=kv)
     assert _aot_ops(spec) is None
     assert "AOT kernels do not support" in caplog.text
+
+
+def test_an_unknown_kernels_setting_is_refused_by_name(tiny_model_dir):
+    with pytest.raises(ValueError, match=r"kernels must be one of auto, aot, ms, got 'fast'"):
+        make_runner(tiny_model_dir, kernels="fast")
