@@ -1,23 +1,16 @@
 """Resolve a request's sampling parameters with the MindSpore ("ms") default rules.
 
-SPEC §3: unset → yaml ``model.model_config`` value → built-in fallback; sampling is
-switched on by any request-set warper; top_k is clamped to the vocabulary size.
+SPEC §3: unset → yaml ``model.model_config`` value → built-in fallback (``backends.defaults``); sampling
+is switched on by any request-set warper; top_k is clamped to the vocabulary size (None = off).
 """
 from __future__ import annotations
 
 import random
 from typing import Protocol
 
+from backends.defaults import FALLBACKS
 from backends.types import ModelDefaults, RequestParams, SamplingParams
 
-# Used when neither the request nor the yaml sets a value.
-FALLBACKS: dict[str, float | int | bool] = {
-    "do_sample": False,
-    "temperature": 1.0,
-    "top_k": 0,  # 0 = off
-    "top_p": 1.0,
-    "repetition_penalty": 1.0,
-}
 # Setting any of these in the request (with do_sample unset) turns sampling on.
 SAMPLING_TRIGGERS = ("temperature", "top_k", "top_p", "typical_p")
 SEED_MAX = 2**64 - 1
@@ -40,13 +33,13 @@ def resolve(
         do_sample = True
     else:
         do_sample = bool(_default(defaults, "do_sample"))
-    top_k = int(_pick(req, defaults, "top_k"))
+    top_k = _pick(req, defaults, "top_k")
     return SamplingParams(
         do_sample=do_sample,
         temperature=float(_pick(req, defaults, "temperature")),
-        top_k=min(top_k, vocab_size),
+        top_k=None if top_k is None else min(int(top_k), vocab_size),
         top_p=float(_pick(req, defaults, "top_p")),
-        typical_p=1.0 if req.typical_p is None else float(req.typical_p),
+        typical_p=float(_pick(req, defaults, "typical_p")),
         repetition_penalty=float(_pick(req, defaults, "repetition_penalty")),
         watermark=req.watermark,
         seed=req.seed if req.seed is not None else draw_seed(rng_seed_source),
@@ -66,11 +59,11 @@ def effective_max_new_tokens(
     return min(max_new_tokens, max_iter_times, max_seq_len - prompt_len)
 
 
-def _pick(req: RequestParams, defaults: ModelDefaults, name: str) -> float | int | bool:
+def _pick(req: RequestParams, defaults: ModelDefaults, name: str) -> float | int | bool | None:
     value = getattr(req, name)
     return value if value is not None else _default(defaults, name)
 
 
-def _default(defaults: ModelDefaults, name: str) -> float | int | bool:
-    value = getattr(defaults, name)
+def _default(defaults: ModelDefaults, name: str) -> float | int | bool | None:
+    value = getattr(defaults, name, None)  # the yaml has no typical_p
     return value if value is not None else FALLBACKS[name]

@@ -161,7 +161,7 @@ def build_processors(params: SamplingParams) -> list[Processor]:
         return chain
     if params.temperature != 1.0:
         chain.append(Temperature(params.temperature))
-    if params.top_k > 0:
+    if params.top_k is not None:
         chain.append(TopK(params.top_k))
     if params.top_p < 1.0:
         chain.append(TopP(params.top_p))

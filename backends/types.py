@@ -4,6 +4,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from backends.defaults import MAX_NEW_TOKENS
+
 
 class FinishReason(str, enum.Enum):
     LENGTH = "length"
@@ -27,7 +29,7 @@ class RequestParams:
     repetition_penalty: float | None = None
     watermark: bool = False
     seed: int | None = None
-    max_new_tokens: int = 20
+    max_new_tokens: int = MAX_NEW_TOKENS
     stop: tuple[str, ...] = ()
     truncate: int | None = None
     return_full_text: bool = False
@@ -41,7 +43,7 @@ class SamplingParams:
 
     do_sample: bool
     temperature: float
-    top_k: int  # 0 = off
+    top_k: int | None  # None = off
     top_p: float  # 1.0 = off
     typical_p: float  # 1.0 = off
     repetition_penalty: float  # 1.0 = off
@@ -51,7 +53,8 @@ class SamplingParams:
 
 @dataclass(frozen=True, slots=True)
 class ModelDefaults:
-    """Per-model defaults from the yaml's ``model.model_config`` (None = absent)."""
+    """Per-model defaults from the yaml's ``model.model_config`` (None = absent; a yaml top_k of 0 reads as
+    absent, i.e. off)."""
 
     do_sample: bool | None = None
     temperature: float | None = None

@@ -257,6 +257,7 @@ FIELDS = {
                       {"rope_theta": 10000.0, "rms_norm_eps": 0.0, "defaults.top_p": 1.0,
                        "defaults.temperature": 2.0, "defaults.repetition_penalty": 1.0}),
     "eos-list": (mc(eos_token_id=[5, 7]), {"eos_token_ids": (5, 7)}),
+    "top-k-0-is-off": (mc(top_k=0), {"defaults.top_k": None}),
     "explicit-head-dim": (mc(head_dim=32, hidden_size=90), {"head_dim": 32, "hidden_size": 90}),
     "qwen2-arch-bias-default": (lambda d: d["model"]["arch"].update(type="Qwen2ForCausalLM"),
                                 {"arch": "Qwen2ForCausalLM", "qkv_has_bias": True}),

@@ -9,7 +9,7 @@ from backends.types import ModelDefaults, RequestParams
 NO_YAML = ModelDefaults()
 YAML = ModelDefaults(do_sample=False, temperature=0.7, top_k=40, top_p=0.8, repetition_penalty=1.1)
 YAML_SAMPLES = ModelDefaults(do_sample=True, top_k=3)
-BUILTIN = dict(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, typical_p=1.0, repetition_penalty=1.0)
+BUILTIN = dict(do_sample=False, temperature=1.0, top_k=None, top_p=1.0, typical_p=1.0, repetition_penalty=1.0)
 
 
 @pytest.mark.parametrize(
@@ -54,8 +54,7 @@ def test_ms_default_rules(req, defaults, expected):
         (2147483647, None, 49152, 49152),
         (None, 100, 50, 50),  # a yaml default is clamped too
         (None, 7, 50, 7),
-        (None, 0, 50, 0),  # 0 stays "off"
-        (None, None, 50, 0),
+        (None, None, 50, None),  # off (the yaml reader turns a yaml top_k of 0 into None)
     ],
 )
 def test_top_k_clamped_to_vocab(req_top_k, yaml_top_k, vocab, expected):

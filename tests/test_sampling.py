@@ -24,7 +24,7 @@ NEG = -np.inf
 
 
 def params(**overrides) -> SamplingParams:
-    base = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, typical_p=1.0,
+    base = dict(do_sample=True, temperature=1.0, top_k=None, top_p=1.0, typical_p=1.0,
                 repetition_penalty=1.0, watermark=False, seed=42)
     return SamplingParams(**{**base, **overrides})
 

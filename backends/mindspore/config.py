@@ -180,7 +180,7 @@ def _defaults(mc: _Section) -> ModelDefaults:
     return ModelDefaults(
         do_sample=mc.get("do_sample", bool, None),
         temperature=mc.get("temperature", float, None),
-        top_k=mc.get("top_k", int, None),
+        top_k=mc.get("top_k", int, None) or None,  # 0 = off, as in MindFormers and HF
         top_p=mc.get("top_p", float, None),
         repetition_penalty=mc.get("repetition_penalty", float, None),
     )
