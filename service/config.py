@@ -10,11 +10,12 @@ from typing import Any
 
 import yaml
 
+from backends.mindspore.default_model import MODEL_DIR_NAME as DEFAULT_MODEL_NAME
+from backends.mindspore.shapes import ShapeError, check_buckets
 from backends.settings import EngineConfig
 from service.errors import ValidationError
 from service.validation import default_schemas
 
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 MAX_CONFIG_BYTES = 10 * 1024 * 1024  # the reference server's limit
 PREFILL_CHUNK = 64  # most prompt tokens per prefill chunk (the chunk is min(maxPrefillTokens, this))
 
@@ -45,6 +46,14 @@ class ServerSettings:
     max_request_bytes: int = 40 * 1024 * 1024
     token_id_format: str = "list"
     shutdown_grace_period: float = 30.0  # seconds in-flight requests get to finish after SIGTERM/SIGINT
+    # What a client controls about its connection (service/connections.py, service/http.py)
+    header_timeout: float = 10.0  # a request head must be complete within this of its first byte
+    body_timeout: float = 60.0  # a request body must be complete within this of its head
+    keep_alive_timeout: float = 30.0  # an idle connection between two requests is closed after this
+    max_header_bytes: int = 65536  # a larger request head is answered 431
+    max_reading_requests: int = 1000  # requests reading their body at once; beyond, 429 at once
+    max_buffered_body_bytes: int = 256 * 1024 * 1024  # body bytes those requests may hold in all; beyond, 503
+    listen_backlog: int = 1024  # connections the kernel queues before the server accepts them
 
     @property
     def management_address(self) -> str:
@@ -127,6 +136,10 @@ def _server(data: dict, base: Path) -> ServerSettings:
         token_timeout=float(s["tokenTimeout"]), e2e_timeout=float(s["e2eTimeout"]),
         max_request_bytes=int(s["maxRequestLength"]) * 1024 * 1024,
         token_id_format=s["tokenIdFormat"], shutdown_grace_period=float(s["shutdownGracePeriod"]),
+        header_timeout=float(s["headerTimeout"]), body_timeout=float(s["bodyTimeout"]),
+        keep_alive_timeout=float(s["keepAliveTimeout"]), max_header_bytes=int(s["maxHeaderBytes"]),
+        max_reading_requests=int(s["maxReadingRequests"]),
+        max_buffered_body_bytes=int(s["maxBufferedBodyMB"]) * 1024 * 1024, listen_backlog=int(s["listenBacklog"]),
     )
 
 
@@ -156,29 +169,23 @@ def check_engine(engine: EngineConfig) -> None:
     if engine.max_iter_times > engine.max_seq_len:
         raise ValueError(f"{_SCHEDULE}.maxIterTimes {engine.max_iter_times} must be <= "
                          f"BackendConfig.ModelDeployConfig.maxSeqLen {engine.max_seq_len}")
-    if engine.batch_buckets and engine.batch_buckets[-1] < engine.max_batch_size:
-        raise ValueError(f"{_SCHEDULE}.batchBuckets {list(engine.batch_buckets)}: the largest must be >= "
-                         f"maxBatchSize {engine.max_batch_size}")
-    odd = [w for w in engine.window_buckets or () if w % engine.block_size]
-    if odd:
-        raise ValueError(f"{_SCHEDULE}.windowBuckets {list(engine.window_buckets)}: {odd[0]} is not a multiple "
-                         f"of cacheBlockSize {engine.block_size}")
+    try:
+        check_buckets(engine)  # the backend's own rules; the window coverage needs the model (preflight)
+    except ShapeError as exc:
+        raise ValueError(schedule_key(exc)) from None
 
 
-def check_window_coverage(engine: EngineConfig, max_position_embeddings: int | None = None) -> None:
-    """The largest window must hold min(maxSeqLen, the model's max_position_embeddings) tokens."""
-    longest = engine.max_seq_len if max_position_embeddings is None else min(engine.max_seq_len,
-                                                                             max_position_embeddings)
-    if engine.window_buckets and engine.window_buckets[-1] < longest:
-        model = "" if max_position_embeddings is None else f" (the model's max_position_embeddings is " \
-                                                               f"{max_position_embeddings})"
-        raise ValueError(f"{_SCHEDULE}.windowBuckets {list(engine.window_buckets)}: the largest must be >= "
-                         f"{longest}, the longest sequence{model}; raise it or lower "
-                         f"BackendConfig.ModelDeployConfig.maxSeqLen")
+def schedule_key(exc: ShapeError) -> str:
+    """A bucket error with the server config's section in front of the key it names."""
+    return f"{_SCHEDULE}.{exc}"
 
 
 def check_listeners(server: ServerSettings) -> None:
-    """Unspecified listen addresses need allowAllZeroIpListening; no two planes may want one socket."""
+    """Unspecified listen addresses need allowAllZeroIpListening; no two planes may want one socket; one
+    whole body must fit in what bodies being read may hold."""
+    if server.max_buffered_body_bytes < server.max_request_bytes:
+        raise ValueError(f"ServerConfig.maxBufferedBodyMB {server.max_buffered_body_bytes >> 20} must be >= "
+                         f"maxRequestLength {server.max_request_bytes >> 20}: one whole body must fit")
     for key, address in (("ipAddress", server.ip_address), ("managementIpAddress", server.management_ip_address)):
         if address is not None and _unspecified(address) and not server.allow_all_zero_ip_listening:
             raise ValueError(f"ServerConfig.{key} {address} listens on every network interface; set "

@@ -13,6 +13,7 @@ from typing import Any
 
 from backends.base import Backend, Listener, RequestHandle
 from backends.errors import EngineUnavailable
+from backends.limits import prompt_token_limit
 from backends.settings import EngineConfig
 from backends.types import RequestParams
 
@@ -65,7 +66,7 @@ class LoadingBackend:
             return self._backend.info()
         c = self._config
         return {"model_name": self.model_name, "max_seq_len": c.max_seq_len, "max_batch_size": c.max_batch_size,
-                "max_input_tokens": min(c.max_input_tokens, c.max_seq_len - 1),
+                "max_input_tokens": prompt_token_limit(c).tokens,
                 "max_prefill_tokens": c.max_prefill_tokens, "block_size": c.block_size, "compiled_graphs": 0}
 
     def close(self) -> None:

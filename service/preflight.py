@@ -12,8 +12,10 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.config import (BUSINESS, DEFAULT_MODEL_NAME, MANAGEMENT, METRICS, ConfigFileError, ServerConfig,
-                            check_window_coverage, planes_by_listener)
+from backends.mindspore.default_model import MODEL_DIR_NAME
+from backends.mindspore.shapes import ShapeError, plan_shapes
+from service.config import (BUSINESS, MANAGEMENT, METRICS, ConfigFileError, ServerConfig, planes_by_listener,
+                            schedule_key)
 from service.tls import server_ssl_context
 
 MODEL_KEY = "BackendConfig.ModelDeployConfig.ModelConfig[0].modelWeightPath"
@@ -41,7 +43,7 @@ def check_model(cfg: ServerConfig) -> ModelCheck:
     the model's ``max_position_embeddings``. The default model's directory may be absent: serve prepares it."""
     path = cfg.model.weight_path
     if not is_model_dir(path):
-        if path.name == DEFAULT_MODEL_NAME:
+        if path.name == MODEL_DIR_NAME:
             _check_windows(cfg, None)
             return ModelCheck(path)
         raise ConfigFileError(f"{cfg.path}: {MODEL_KEY}: {path} is not a model directory (no .yaml inside)")
@@ -65,10 +67,11 @@ def check_model(cfg: ServerConfig) -> ModelCheck:
 
 
 def _check_windows(cfg: ServerConfig, max_position_embeddings: int | None) -> None:
+    """The engine's own shape rules (``backends.mindspore.shapes.plan_shapes``) against the model."""
     try:
-        check_window_coverage(cfg.engine, max_position_embeddings)
-    except ValueError as exc:
-        raise ConfigFileError(f"{cfg.path}: {exc}") from None
+        plan_shapes(cfg.engine, max_position_embeddings)
+    except ShapeError as exc:
+        raise ConfigFileError(f"{cfg.path}: {schedule_key(exc)}") from None
 
 
 def check_tls(cfg: ServerConfig) -> ssl.SSLContext | None:

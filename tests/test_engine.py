@@ -154,7 +154,7 @@ def tiny_engine_ms(tiny_model_dir):
     from dataclasses import replace
 
     with Engine(tiny_model_dir, replace(TINY, kernels="ms", max_prefill_batch=2)) as engine:
-        assert not engine.runner.paged
+        assert engine.runner.kernels == "ms"
         yield engine
 
 

@@ -10,7 +10,8 @@ import pytest
 
 from backends.mindspore.config import load_model_spec
 from backends.mindspore.model import set_mode
-from backends.mindspore.runner import DecodeRow, ModelRunner, PrefillChunk, Shapes
+from backends.mindspore.runner import DecodeRow, ModelRunner, PrefillChunk, build_runner
+from backends.mindspore.shapes import Shapes
 from backends.mindspore.weights import load_weights
 from tests.reference_numpy import RefModel
 
@@ -22,7 +23,7 @@ SHAPES = Shapes(block_size=16, prefill_chunk=8, batch_buckets=(1, 4), window_buc
 def make_runner(model_dir: Path, num_blocks: int = 24, mode: int = 0, kernels: str = "ms") -> ModelRunner:
     spec = load_model_spec(model_dir)
     set_mode(mode, "CPU", 2)
-    return ModelRunner(spec, load_weights(spec.checkpoint, spec.checkpoint_format), SHAPES, num_blocks, kernels)
+    return build_runner(spec, load_weights(spec.checkpoint, spec.checkpoint_format), SHAPES, num_blocks, kernels)
 
 
 @pytest.fixture(scope="module", params=[("tiny_model_dir", "ms"), ("tiny_qwen2_dir", "ms"),

@@ -2,15 +2,16 @@
 from __future__ import annotations
 
 from backends.mindspore.kv_cache import BlockAllocator
-from backends.mindspore.scheduler import Scheduler, Sequence
+from backends.mindspore.scheduler import Scheduler
+from backends.mindspore.sequence import SeqState
 
 
 class _Handle:
     cancelled = False
 
 
-def seq(prompt: int, new: int = 8) -> Sequence:
-    return Sequence(handle=_Handle(), prompt_ids=list(range(prompt)), max_new_tokens=new, chooser=None,
+def seq(prompt: int, new: int = 8) -> SeqState:
+    return SeqState(handle=_Handle(), prompt_ids=list(range(prompt)), max_new_tokens=new, chooser=None,
                     stopper=None, detokenizer=None, seed=1)
 
 

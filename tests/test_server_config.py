@@ -222,10 +222,10 @@ def test_planes_by_listener(tmp_path, server, listeners):
 
 
 def test_the_engine_rules_agree_with_the_engine(tiny_model_dir):
-    """``check_engine`` + the window rule refuse exactly what the engine's ``derive_shapes`` refuses."""
+    """``check_engine`` + preflight's window rule refuse exactly what the engine's ``plan_shapes`` refuses
+    (preflight asks ``plan_shapes`` itself; ``check_engine`` asks its config-only part)."""
     from backends.mindspore.config import load_model_spec
-    from backends.mindspore.engine import derive_shapes
-    from service.config import check_window_coverage
+    from backends.mindspore.shapes import check_window_coverage, plan_shapes
 
     spec = load_model_spec(tiny_model_dir)
     base = EngineConfig(max_seq_len=64, max_batch_size=4, max_prefill_batch=1, max_iter_times=32, block_size=16)
@@ -235,7 +235,7 @@ def test_the_engine_rules_agree_with_the_engine(tiny_model_dir):
              replace(base, max_seq_len=10_000, window_buckets=(spec.max_position_embeddings,))]
     for config in cases:
         try:
-            derive_shapes(config, spec)
+            plan_shapes(config, spec.max_position_embeddings)
             engine_ok = True
         except ValueError:
             engine_ok = False

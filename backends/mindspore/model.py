@@ -7,26 +7,30 @@ path, the attention window).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
-from backends.mindspore.config import ModelSpec
+from backends.mindspore.config import DEVICE_TARGETS, ConfigError, ModelSpec
 
 
-def _param(array: np.ndarray, name: str) -> Parameter:
-    return Parameter(Tensor(np.ascontiguousarray(array, dtype=np.float32)), name=name, requires_grad=False)
+DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
 
 
-def _weight(array: np.ndarray, name: str, fast: bool) -> Parameter:
+def _param(array: np.ndarray, name: str, dtype=ms.float32) -> Parameter:
+    return Parameter(Tensor(np.ascontiguousarray(array, dtype=np.float32), dtype), name=name, requires_grad=False)
+
+
+def _weight(array: np.ndarray, name: str, fast: bool, dtype=ms.float32) -> Parameter:
     """A matmul weight given as [in, out]: kept so for MatMul, or in the AOT kernel's own layout."""
     if fast:
         from backends.mindspore.kernels import prepare_weight
 
         array = prepare_weight(array)
-    return _param(array, name)
+    return _param(array, name, dtype)
 
 
 def rope_tables(head_dim: int, max_pos: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
@@ -38,16 +42,20 @@ def rope_tables(head_dim: int, max_pos: int, theta: float) -> tuple[np.ndarray, 
 
 
 class RMSNorm(nn.Cell):
-    def __init__(self, weight: np.ndarray, eps: float, name: str, aot=None) -> None:
+    def __init__(self, weight: np.ndarray, eps: float, name: str, aot=None, dtype=ms.float32) -> None:
         super().__init__()
-        self.weight = _param(weight, name)
+        self.weight = _param(weight, name, dtype)
         self.eps = eps
         self.aot = aot
         self.eps_t = Tensor(np.array([eps], np.float32))
+        self.dtype, self.low_precision = dtype, dtype != ms.float32
 
     def construct(self, x):
         if self.aot is not None:
             return self.aot.rmsnorm(x, self.weight, self.eps_t)
+        if self.low_precision:  # the mean of squares in float32: float16 overflows past 256
+            x32 = ops.cast(x, ms.float32)
+            return ops.cast(x32 * ops.rsqrt(ops.mean(x32 * x32, -1, keep_dims=True) + self.eps), self.dtype) * self.weight
         return x * ops.rsqrt(ops.mean(x * x, -1, keep_dims=True) + self.eps) * self.weight
 
 
@@ -61,7 +69,7 @@ class DecoderLayer(nn.Cell):
     """
 
     def __init__(self, spec: ModelSpec, w: dict[str, np.ndarray], i: int, num_slots: int, block_size: int,
-                 aot=None) -> None:
+                 aot=None, dtype=ms.float32) -> None:
         super().__init__()
         p = f"model.layers.{i}."
         self.aot = aot
@@ -70,24 +78,25 @@ class DecoderLayer(nn.Cell):
         self.heads, self.kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
         q, k, v = (w[p + f"self_attn.{n}_proj.weight"] for n in "qkv")
         # Fused, stored [in, out] so a plain matmul streams it (the fastest CPU layout).
-        self.wqkv = _weight(np.concatenate([q, k, v], axis=0).T, p + "wqkv", self.fused)
+        self.wqkv = _weight(np.concatenate([q, k, v], axis=0).T, p + "wqkv", self.fused, dtype)
         self.has_bias = spec.qkv_has_bias
         if self.has_bias:
             bias = np.concatenate([w[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
-            self.bqkv = _param(bias, p + "bqkv")
-        self.wo = _weight(w[p + "self_attn.o_proj.weight"].T, p + "wo", self.fused)
-        self.w_gate_up = _weight(np.concatenate([w[p + "mlp.gate_proj.weight"],
-                                                 w[p + "mlp.up_proj.weight"]], axis=0).T, p + "w_gate_up", self.fused)
-        self.w_down = _weight(w[p + "mlp.down_proj.weight"].T, p + "w_down", self.fused)
+            self.bqkv = _param(bias, p + "bqkv", dtype)
+        self.wo = _weight(w[p + "self_attn.o_proj.weight"].T, p + "wo", self.fused, dtype)
+        self.w_gate_up = _weight(np.concatenate([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]],
+                                                axis=0).T, p + "w_gate_up", self.fused, dtype)
+        self.w_down = _weight(w[p + "mlp.down_proj.weight"].T, p + "w_down", self.fused, dtype)
         self.ffn = spec.intermediate_size
-        self.attn_norm = RMSNorm(w[p + "input_layernorm.weight"], spec.rms_norm_eps, p + "attn_norm", aot)
-        self.ffn_norm = RMSNorm(w[p + "post_attention_layernorm.weight"], spec.rms_norm_eps, p + "ffn_norm", aot)
+        self.attn_norm = RMSNorm(w[p + "input_layernorm.weight"], spec.rms_norm_eps, p + "attn_norm", aot, dtype)
+        self.ffn_norm = RMSNorm(w[p + "post_attention_layernorm.weight"], spec.rms_norm_eps, p + "ffn_norm", aot,
+                                dtype)
         # Row kv_head * num_slots + slot holds one head's K (or V) of one token. 2-D, so ScatterUpdate
         # writes it in place (ScatterNdUpdate, or any reshape of the Parameter, copies the whole cache);
         # kv-head-major, so a gather of rows is already the [kv, B, W, D] the ops path multiplies.
         cache_shape = (spec.num_kv_heads * num_slots, spec.head_dim)
-        self.k_cache = _param(np.zeros(cache_shape, np.float32), p + "k_cache")
-        self.v_cache = _param(np.zeros(cache_shape, np.float32), p + "v_cache")
+        self.k_cache = _param(np.zeros(cache_shape, np.float32), p + "k_cache", dtype)
+        self.v_cache = _param(np.zeros(cache_shape, np.float32), p + "v_cache", dtype)
         self.scatter = ops.ScatterUpdate()
         self.bmm = ops.BatchMatMul()
         self.bmm_t = ops.BatchMatMul(transpose_b=True)
@@ -164,19 +173,22 @@ class LlamaModel(nn.Cell):
     """
 
     def __init__(self, spec: ModelSpec, w: dict[str, np.ndarray], num_blocks: int, block_size: int,
-                 max_positions: int, aot=None) -> None:
+                 max_positions: int, aot=None, dtype: str = "float32") -> None:
         super().__init__()
         self.dim, self.head_dim = spec.hidden_size, spec.head_dim
         self.aot = aot
         self.fused = aot is not None
-        self.embed = _param(w["model.embed_tokens.weight"], "embed")
+        # The AOT kernels compute in float32; the stock ops in ``dtype`` (logits and hidden out in float32).
+        self.dtype = dt = DTYPES[dtype]
+        self.low_precision = dt != ms.float32
+        self.embed = _param(w["model.embed_tokens.weight"], "embed", dt)
         head = w["model.embed_tokens.weight"] if spec.tie_word_embeddings else w["lm_head.weight"]
-        self.head = _weight(head.T, "lm_head", self.fused)  # [D, V]: a separate copy even when tied
+        self.head = _weight(head.T, "lm_head", self.fused, dt)  # [D, V]: a separate copy even when tied
         cos, sin = rope_tables(spec.head_dim, max_positions, spec.rope_theta)
-        self.cos, self.sin = _param(cos, "rope_cos"), _param(sin, "rope_sin")
-        self.layers = nn.CellList([DecoderLayer(spec, w, i, num_blocks * block_size, block_size, aot)
+        self.cos, self.sin = _param(cos, "rope_cos", dt), _param(sin, "rope_sin", dt)
+        self.layers = nn.CellList([DecoderLayer(spec, w, i, num_blocks * block_size, block_size, aot, dt)
                                    for i in range(spec.num_layers)])
-        self.norm = RMSNorm(w["model.norm.weight"], spec.rms_norm_eps, "norm", aot)
+        self.norm = RMSNorm(w["model.norm.weight"], spec.rms_norm_eps, "norm", aot, dt)
 
     def construct(self, ids, pos, write_idx, index, aux, last_rows):
         b, t = ids.shape
@@ -189,11 +201,15 @@ class LlamaModel(nn.Cell):
             x = ops.gather(self.embed, ids, 0)  # [B, T, D]
             cos = ops.expand_dims(ops.gather(self.cos, pos, 0), 2)  # [B, T, 1, hd]
             sin = ops.expand_dims(ops.gather(self.sin, pos, 0), 2)
+            if self.low_precision:
+                aux = ops.cast(aux, self.dtype)  # the mask
         for layer in self.layers:
             x = layer(x, cos, sin, pos, write_idx, index, aux)
         hidden = self.norm(ops.reshape(x, (b * t, self.dim)))
         last = ops.gather(hidden, last_rows, 0)
         logits = self.aot.matmul(last, self.head) if self.fused else ops.matmul(last, self.head)  # [B, V]
+        if self.low_precision:
+            return ops.cast(logits, ms.float32), ops.cast(hidden, ms.float32)
         return logits, hidden
 
 
@@ -204,10 +220,13 @@ class LMHead(nn.Cell):
         super().__init__()
         self.head = model.head
         self.aot, self.fused = model.aot, model.fused
+        self.dtype, self.low_precision = model.dtype, model.low_precision
 
     def construct(self, hidden):
         if self.fused:
             return self.aot.matmul(hidden, self.head)
+        if self.low_precision:
+            return ops.cast(ops.matmul(ops.cast(hidden, self.dtype), self.head), ms.float32)
         return ops.matmul(hidden, self.head)
 
 
@@ -227,3 +246,44 @@ def set_mode(mode: int, device_target: str, threads: int | None) -> None:
         _threads_set.append(threads or 0)
     if mode == 1:
         ms.runtime.launch_blocking()  # PyNative's async dispatch costs ~1 ms per op on CPU
+
+
+def set_device(spec: ModelSpec, threads: int | None) -> str:
+    """Set MindSpore's context to the yaml's ``context`` (mode, device_target) and return the device it runs
+    on. A target whose runtime is absent is a ConfigError naming the yaml key and what was found."""
+    target = spec.device_target
+    if not _available(target):
+        found = [t for t in DEVICE_TARGETS if t != target and _available(t)]
+        raise ConfigError(spec.yaml_path, "context.device_target",
+                          f"{target}, but this MindSpore {ms.__version__} has no {target} runtime "
+                          f"(found: {', '.join(found) or 'none'})")
+    set_mode(spec.mode, target, threads)
+    actual = ms.get_context("device_target")
+    if actual != target:
+        raise ConfigError(spec.yaml_path, "context.device_target",
+                          f"{target}, but MindSpore already runs on {actual} in this process")
+    return actual
+
+
+def _available(target: str) -> bool:
+    from mindspore import hal
+
+    with _quiet_mindspore():  # a missing runtime is our error to report, not a page of plugin warnings
+        return bool(hal.is_available(target))
+
+
+@contextlib.contextmanager
+def _quiet_mindspore():
+    try:
+        from mindspore import log as ms_log
+
+        logger = ms_log._get_logger()  # MindSpore's own logger (not under the "mindspore" name)
+    except (ImportError, AttributeError):
+        yield
+        return
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

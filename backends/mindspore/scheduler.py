@@ -3,45 +3,20 @@ from __future__ import annotations
 
 import collections
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from backends.base import RequestHandle
 from backends.mindspore.kv_cache import BlockAllocator
-from backends.types import Token
-
-
-@dataclass(eq=False)
-class Sequence:
-    """One request's state inside the engine (per-row pieces are filterable: dropped with the row)."""
-
-    handle: RequestHandle
-    prompt_ids: list[int]
-    max_new_tokens: int
-    chooser: object  # sampling.NextTokenChooser
-    stopper: object  # stopping.Stopper
-    detokenizer: object  # tokenizer.IncrementalDetokenizer
-    seed: int
-    want_prefill: bool = False
-    blocks: list[int] = field(default_factory=list)
-    prefilled: int = 0  # prompt tokens already in the cache
-    generated: list[int] = field(default_factory=list)
-    tokens: list[Token] = field(default_factory=list)
-    prefill_tokens: list[Token] = field(default_factory=list)
-
-    @property
-    def length(self) -> int:
-        return len(self.prompt_ids) + len(self.generated)
-
-    @property
-    def capacity(self) -> int:
-        """Tokens this sequence may ever hold in the cache (prompt + max new tokens)."""
-        return len(self.prompt_ids) + self.max_new_tokens
+from backends.mindspore.sequence import SeqState
 
 
 @dataclass(frozen=True, slots=True)
 class StepPlan:
-    prefill: tuple[tuple[Sequence, int], ...]  # (sequence, tokens of its prompt to prefill now)
-    decode: tuple[Sequence, ...]  # sequences that get one token each
+    prefill: tuple[tuple[SeqState, int], ...]  # (sequence, tokens of its prompt to prefill now)
+    decode: tuple[SeqState, ...]  # sequences that get one token each
+
+    @property
+    def empty(self) -> bool:
+        return not self.prefill and not self.decode
 
 
 PREFILL_FIRST = 3  # prefill-only steps in a row while prompts wait (separate prefill and decode calls)
@@ -65,9 +40,9 @@ class Scheduler:
         self.prefill_rows, self.prefill_tokens, self.chunk = prefill_rows, prefill_tokens, chunk
         self.prefill_first = prefill_first
         self._prefill_streak = 0  # steps in a row that prefilled without decoding
-        self.waiting: collections.deque[Sequence] = collections.deque()
-        self.prefilling: collections.deque[Sequence] = collections.deque()
-        self.running: list[Sequence] = []
+        self.waiting: collections.deque[SeqState] = collections.deque()
+        self.prefilling: collections.deque[SeqState] = collections.deque()
+        self.running: list[SeqState] = []
 
     def __len__(self) -> int:
         return len(self.waiting) + len(self.prefilling) + len(self.running)
@@ -76,7 +51,7 @@ class Scheduler:
     def active(self) -> int:
         return len(self.prefilling) + len(self.running)
 
-    def add(self, seq: Sequence) -> bool:
+    def add(self, seq: SeqState) -> bool:
         if len(self.waiting) >= self.max_waiting:
             return False
         self.waiting.append(seq)
@@ -107,16 +82,16 @@ class Scheduler:
         self._prefill_streak = 0
         return StepPlan(tuple(work), tuple(self.running))
 
-    def prefill_done(self, seq: Sequence) -> None:
+    def prefill_done(self, seq: SeqState) -> None:
         self.prefilling.remove(seq)
         self.running.append(seq)
 
-    def finish(self, seq: Sequence) -> None:
+    def finish(self, seq: SeqState) -> None:
         """Drop a sequence wherever it is and free its cache blocks."""
         for pool in (self.running, self.prefilling, self.waiting):
             if seq in pool:
                 pool.remove(seq)
         self.allocator.release(seq.blocks)
 
-    def all(self) -> list[Sequence]:
+    def all(self) -> list[SeqState]:
         return [*self.running, *self.prefilling, *self.waiting]

@@ -1,0 +1,66 @@
+"""One request's state inside the engine, built from the request (TGI's ``from_pb``): its sampler,
+stopper and detokenizer are per-row pieces, dropped with the row when it finishes."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from backends.base import RequestHandle
+from backends.mindspore.tokenizer import IncrementalDetokenizer, Tokenizer
+from backends.params import resolve
+from backends.sampling import NextTokenChooser
+from backends.stopping import Stopper
+from backends.types import ModelDefaults, RequestParams, Token
+
+
+@dataclass(eq=False, slots=True)
+class SeqState:
+    """One request: its prompt, what it generated, its cache blocks and its per-request objects."""
+
+    handle: RequestHandle
+    prompt_ids: list[int]
+    max_new_tokens: int
+    chooser: NextTokenChooser
+    stopper: Stopper
+    detokenizer: IncrementalDetokenizer
+    seed: int
+    want_prefill: bool = False  # decoder_input_details: prompt tokens with their logprobs
+    blocks: list[int] = field(default_factory=list)
+    prefilled: int = 0  # prompt tokens already in the cache
+    generated: list[int] = field(default_factory=list)
+    tokens: list[Token] = field(default_factory=list)
+    prefill_tokens: list[Token] = field(default_factory=list)
+
+    @classmethod
+    def from_request(cls, handle: RequestHandle, prompt_ids: list[int], params: RequestParams, *,
+                     max_new_tokens: int, defaults: ModelDefaults, vocab_size: int, eos_ids: Iterable[int],
+                     tokenizer: Tokenizer) -> SeqState:
+        """The state of a new request: ``params`` resolved against the model's defaults into its chooser,
+        its stop rules into its stopper."""
+        sampling = resolve(params, defaults, vocab_size)
+        return cls(handle=handle, prompt_ids=prompt_ids, max_new_tokens=max_new_tokens,
+                   chooser=NextTokenChooser(sampling, vocab_size),
+                   stopper=Stopper(max_new_tokens, eos_ids, params.stop),
+                   detokenizer=IncrementalDetokenizer(tokenizer, prompt_ids), seed=sampling.seed,
+                   want_prefill=params.decoder_input_details)
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.generated)
+
+    @property
+    def capacity(self) -> int:
+        """Tokens this sequence may ever hold in the cache (prompt + max new tokens)."""
+        return len(self.prompt_ids) + self.max_new_tokens
+
+    @property
+    def prompt_done(self) -> bool:
+        return self.prefilled == len(self.prompt_ids)
+
+    def sample(self, logits: np.ndarray) -> tuple[int, float]:
+        """Choose the next token from ``logits`` [V] and append it: (id, logprob)."""
+        token_id, logprob = self.chooser.choose(logits, self.prompt_ids + self.generated)
+        self.generated.append(token_id)
+        return token_id, logprob
