@@ -22,10 +22,11 @@ def longest_sequence(config: EngineConfig, max_positions: int | None = None) -> 
 
 
 def prompt_token_limit(config: EngineConfig, max_positions: int | None = None) -> PromptLimit:
-    """min(maxInputTokenLen, longest sequence - 1 (room for one new token), max_position_embeddings,
-    the hard cap), with the setting that sets it."""
+    """min(maxInputTokenLen, the longest sequence - 1 (room for one new token), the hard cap), with the
+    setting that sets it."""
+    longest = "maxSeqLen" if longest_sequence(config, max_positions) == config.max_seq_len else \
+        "max_position_embeddings"
     candidates = {"maxInputTokenLen": config.max_input_tokens,
-                  "maxSeqLen - 1": longest_sequence(config, max_positions) - 1,
-                  "max_position_embeddings": max_positions, "the hard cap": MAX_PROMPT_TOKENS}
-    setting, tokens = min(((k, v) for k, v in candidates.items() if v is not None), key=lambda kv: kv[1])
+                  f"{longest} - 1": longest_sequence(config, max_positions) - 1, "the hard cap": MAX_PROMPT_TOKENS}
+    setting, tokens = min(candidates.items(), key=lambda kv: kv[1])
     return PromptLimit(tokens, setting)

@@ -1,12 +1,15 @@
 """The engine's Python API on the tiny model: generation, sampling determinism, stopping, cancellation."""
 from __future__ import annotations
 
+import shutil
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from backends.errors import InputRejected
+from backends.mindspore.config import ConfigError
 from backends.mindspore.engine import Engine
 from backends.settings import EngineConfig
 from backends.types import FinishReason, GenerationResult, RequestParams, TokenEvent
@@ -174,3 +177,33 @@ def test_stock_op_engine_serves_concurrent_requests_with_the_reference_tokens(ti
     for prompt, handle in zip(prompts, handles):
         result = handle.result(timeout=120)
         assert [t.id for t in result.tokens] == ref.greedy(tiny_engine_ms.tokenizer.encode(prompt), 10)
+
+
+def test_info_reports_the_device_and_the_kernel_path_in_use(tiny_engine, tiny_engine_ms):
+    assert {k: tiny_engine.info()[k] for k in ("device", "kernels", "compute_dtype")} == \
+        {"device": "CPU", "kernels": tiny_engine.runner.kernels, "compute_dtype": "float32"}
+    assert tiny_engine_ms.info()["kernels"] == "ms"
+
+
+def ascend_copy(model_dir: Path, to: Path) -> Path:
+    """The model directory with its yaml saying ``device_target: Ascend``."""
+    model = Path(shutil.copytree(model_dir, to))
+    yaml_path = model / "predict_tiny.yaml"
+    yaml_path.write_text(yaml_path.read_text(encoding="utf-8").replace("device_target: CPU", "device_target: Ascend"),
+                         encoding="utf-8")
+    return model
+
+
+def test_a_device_target_without_its_runtime_fails_with_one_line_naming_the_yaml_key(tiny_model_dir, tmp_path,
+                                                                                      monkeypatch):
+    """No silent fallback to CPU: the yaml's device_target is what MindSpore runs on, or start-up stops."""
+    import backends.mindspore.engine as engine_module
+
+    model = ascend_copy(tiny_model_dir, tmp_path / "model")
+    monkeypatch.setattr(engine_module, "load_weights", lambda *a: pytest.fail("weights loaded before the device check"))
+    with pytest.raises(ConfigError) as caught:
+        Engine(model, TINY)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(f"{model / 'predict_tiny.yaml'}: context.device_target: Ascend, but this MindSpore ")
+    assert message.endswith("has no Ascend runtime (found: CPU)")

@@ -163,3 +163,19 @@ def test_aot_kernels_are_not_used_for_shapes_they_do_not_support(head_dim, heads
 def test_an_unknown_kernels_setting_is_refused_by_name(tiny_model_dir):
     with pytest.raises(ValueError, match=r"kernels must be one of auto, aot, ms, got 'fast'"):
         make_runner(tiny_model_dir, kernels="fast")
+
+
+def test_the_stock_op_path_computes_in_the_yaml_compute_dtype(tiny_model_dir):
+    """Targets other than CPU run the stock ops in the yaml's compute_dtype; float16 runs on CPU too, so the
+    path is checked here against the float64 reference (to float16 accuracy; logits come out float32)."""
+    from backends.mindspore.split import SplitRunner
+
+    spec = load_model_spec(tiny_model_dir)
+    set_mode(0, "CPU", 2)
+    runner = SplitRunner(spec, load_weights(spec.checkpoint, spec.checkpoint_format), SHAPES, 24, dtype="float16")
+    ids = prompt(7, 3, spec.vocab_size)
+    logits, hidden = runner.prefill([PrefillChunk(ids, 0, [1])])
+    ref = RefModel.from_dir(tiny_model_dir).logits(ids)
+    assert logits.dtype == np.float32 and runner.prompt_logits(hidden[0]).dtype == np.float32
+    np.testing.assert_allclose(logits[0], ref[-1], atol=3e-2, rtol=0)
+    np.testing.assert_allclose(runner.prompt_logits(hidden[0]), ref, atol=3e-2, rtol=0)

@@ -249,3 +249,22 @@ def test_a_backend_loaded_after_close_is_closed_at_once():
     late = _Closable()
     backend.attach(late)
     assert late.closed
+
+
+def test_a_yaml_device_target_without_its_runtime_exits_1_with_one_clear_line(tmp_path, tiny_model_dir):
+    """A yaml saying Ascend on a CPU-only box: one log line naming the yaml key and what was found, no
+    traceback, exit 1."""
+    model = Path(shutil.copytree(tiny_model_dir, tmp_path / "model"))
+    yaml_path = model / "predict_tiny.yaml"
+    yaml_path.write_text(yaml_path.read_text(encoding="utf-8").replace("device_target: CPU", "device_target: Ascend"),
+                         encoding="utf-8")
+    server = Server(write(tmp_path, model))
+    try:
+        assert server.proc.wait(120) == 1, server.text()[-2000:]
+        failed = [line for line in server.log if "start-up failed" in line]
+        assert len(failed) == 1, server.text()[-2000:]
+        assert f"ConfigError: {yaml_path}: context.device_target: Ascend, but this MindSpore" in failed[0]
+        assert "has no Ascend runtime (found: CPU)" in failed[0]
+        assert "Traceback" not in server.text()
+    finally:
+        server.stop()
