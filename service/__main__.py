@@ -60,15 +60,17 @@ async def serve(cfg: ServerConfig) -> None:
     from backends.loader import load_backend
     from service.admission import Admission
     from service.app import make_app
+    from service.connections import ConnectionTracker
     from service.loading import LoadingBackend, load_in_background
     from service.metrics import ServiceMetrics
     from service.state import ServerState
 
     backend = LoadingBackend(cfg.model.name, cfg.engine)
     state, metrics = ServerState(), ServiceMetrics.for_backend(backend)
-    admission = Admission(cfg.server.max_link_num)
+    admission, connections = Admission(cfg.server.max_link_num), ConnectionTracker(cfg.server)
     servers, business_url = listen(cfg, ssl_context, lambda planes: make_app(
-        backend, cfg.server, state=state, metrics=metrics, admission=admission, planes=planes))
+        backend, cfg.server, state=state, metrics=metrics, admission=admission, connections=connections,
+        planes=planes))
     started = time.monotonic()
     log.info("loading model %s; /health answers 503 until it is loaded and warmed up", cfg.model.name)
     loading = load_in_background(lambda: load_backend(cfg.model.backend_type, prepare_model(cfg), cfg.engine,
@@ -97,31 +99,27 @@ async def serve(cfg: ServerConfig) -> None:
     await loop.run_in_executor(None, backend.close)  # fails what is left in the engine: those clients hear so
     await _wait_until(lambda: admission.in_flight == 0, seconds=2.0)
     await _close(servers)
+    connections.close()
     log.info("stopped")
 
 
 def listen(cfg: ServerConfig, ssl_context: ssl.SSLContext | None,
            app_for: Callable[[frozenset[str]], tornado.web.Application]) -> tuple[list, str]:
     """One HTTP server per (address, port) with ``app_for(its planes)``, bound now; (servers, business URL)."""
-    import tornado.httpserver
-    import tornado.netutil
-
     from service.config import planes_by_listener
+    from service.connections import bind, start_http_server
     from service.preflight import bind_error
 
     scheme = "https" if ssl_context is not None else "http"
     servers, urls = [], []
     for (address, port), planes in planes_by_listener(cfg.server).items():  # the business listener first
         try:
-            sockets = tornado.netutil.bind_sockets(port, address)
+            sockets = bind(port, address, cfg.server)
         except OSError as exc:
             for server in servers:
                 server.stop()
             raise bind_error(cfg, address, port, planes, exc) from None
-        server = tornado.httpserver.HTTPServer(app_for(planes), ssl_options=ssl_context,
-                                               max_body_size=cfg.server.max_request_bytes + (1 << 20))
-        server.add_sockets(sockets)
-        servers.append(server)
+        servers.append(start_http_server(app_for(planes), sockets, ssl_options=ssl_context))
         host = f"[{address}]" if ":" in address else address
         urls.append(f"{scheme}://{host}:{sockets[0].getsockname()[1]}")
         log.info("listening on %s (%s; model %s)", urls[-1], ", ".join(sorted(planes)), cfg.model.name)

@@ -14,6 +14,7 @@ import tornado.httputil
 import tornado.web
 
 REQUEST_ID_HEADER = "X-Request-Id"
+CLIENT_GONE = 499  # the status logged for a request whose client left before its response ended (nginx's)
 _CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _BARE_VALUE = re.compile(r"[^\s\"=]+")
 
@@ -27,8 +28,10 @@ def request_id_for(request: tornado.httputil.HTTPServerRequest) -> str:
 
 
 def log_request(handler: tornado.web.RequestHandler) -> None:
-    """``Application(log_function=...)``: Tornado calls it once for every finished request."""
-    status = handler.get_status()
+    """``Application(log_function=...)``: Tornado calls it once for every finished request (and the
+    handlers for a request whose client left while its body was read). A client gone before the response
+    ended is logged as ``CLIENT_GONE``, with the tokens generated until then."""
+    status = CLIENT_GONE if getattr(handler, "client_gone", False) else handler.get_status()
     observer = getattr(handler, "observer", None)
     fields = {
         "request_id": getattr(handler, "request_id", None),
@@ -36,7 +39,7 @@ def log_request(handler: tornado.web.RequestHandler) -> None:
         "path": handler.request.path,
         "status": status,
         "prompt_tokens": getattr(observer, "prompt_tokens", None),
-        "generated_tokens": getattr(observer, "generated_tokens", None),
+        "generated_tokens": getattr(observer, "tokens_generated", None),
         "latency_ms": f"{1000.0 * handler.request.request_time():.1f}",
         "client": handler.request.remote_ip,
     }

@@ -1,8 +1,7 @@
-"""``make_app``: the only constructor of the Tornado application (the CLI and the tests call it)."""
+"""``make_app``: the only constructor of the Tornado application (the CLI and the tests call it), and its routes."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import tornado.web
@@ -11,41 +10,35 @@ from backends.base import Backend
 from service.access_log import log_request
 from service.admission import Admission
 from service.config import BUSINESS, MANAGEMENT, METRICS, ServerSettings
-from service.handlers import GenerateHandler, NotFoundHandler
+from service.connections import ConnectionTracker
+from service.context import AppContext, RequestLimits
+from service.dialects.openai import CHAT, COMPLETIONS
+from service.dialects.tgi import Route as TGIRoute
+from service.dialects.tgi import TGIDialect
+from service.http import NotFoundHandler
 from service.metrics import ServiceMetrics
-from service.openai_api import openai_routes
 from service.ops_handlers import (HealthHandler, InfoHandler, LiveHandler, MetricsHandler, ModelHandler,
                                   ModelsHandler, OpenAPIHandler, TokenizerHandler)
-from service.protocol import RequestLimits
+from service.pipeline import GenerationHandler
 from service.state import ServerState
-from service.tgi_handlers import GenerateObjectHandler, GenerateStreamHandler
 from service.validation import Schemas, default_schemas
 
 ALL_PLANES = frozenset({BUSINESS, MANAGEMENT, METRICS})
 Route = tuple[str, type[tornado.web.RequestHandler], dict[str, Any]]
 
 
-@dataclass(frozen=True, slots=True)
-class AppContext:
-    """Collaborators every handler gets through ``initialize``."""
-
-    backend: Backend
-    settings: ServerSettings
-    schemas: Schemas
-    limits: RequestLimits
-    state: ServerState = field(default_factory=lambda: ServerState(ready=True))
-    metrics: ServiceMetrics | None = None
-    admission: Admission = field(default_factory=lambda: Admission(ServerSettings().max_link_num))
-
-
 def business_routes(ctx: AppContext) -> list[Route]:
-    """Generation (TGI and OpenAI), tokenizer, model list, OpenAPI: served on ``port``."""
+    """Generation (the TGI and OpenAI dialects), tokenizer, model list, OpenAPI: served on ``port``."""
     args = {"ctx": ctx}
+    generation = [(path, {"ctx": ctx, "dialect": dialect}) for path, dialect in (
+        (r"/", TGIDialect(TGIRoute.ROOT)),
+        (r"/generate", TGIDialect(TGIRoute.OBJECT)),
+        (r"/generate_stream", TGIDialect(TGIRoute.STREAM)),
+        (r"/v1/completions", COMPLETIONS),
+        (r"/v1/chat/completions", CHAT),
+    )]
     return [
-        (r"/", GenerateHandler, args),
-        (r"/generate", GenerateObjectHandler, args),
-        (r"/generate_stream", GenerateStreamHandler, args),
-        *openai_routes(ctx),
+        *((path, GenerationHandler, kwargs) for path, kwargs in generation),
         (r"/v1/tokenizer", TokenizerHandler, args),
         (r"/v1/models", ModelsHandler, args),
         (r"/v1/models/(.+)", ModelHandler, args),
@@ -75,17 +68,23 @@ _PLANE_ROUTES = {BUSINESS: business_routes, MANAGEMENT: management_routes, METRI
 def make_app(backend: Backend, settings: ServerSettings = ServerSettings(), *,
              schemas: Schemas | None = None, limits: RequestLimits = RequestLimits(adapter_ids=frozenset()),
              state: ServerState | None = None, metrics: ServiceMetrics | None = None,
-             admission: Admission | None = None, planes: Iterable[str] = ALL_PLANES) -> tornado.web.Application:
-    """One app serving ``planes``. The apps of one process share ``state``, ``metrics`` and ``admission``;
-    without a ``state`` the app is ready at once (the backend handed in is already loaded and warmed up);
-    without an ``admission`` the app gets its own (``maxLinkNum`` in flight, twice that waiting)."""
+             admission: Admission | None = None, connections: ConnectionTracker | None = None,
+             planes: Iterable[str] = ALL_PLANES) -> tornado.web.Application:
+    """One app serving ``planes``. The apps of one process share ``state``, ``metrics``, ``admission`` and
+    ``connections``; without a ``state`` the app is ready at once (the backend handed in is already loaded
+    and warmed up); without an ``admission`` the app gets its own (``maxLinkNum`` in flight, twice that
+    waiting). Serve it with ``service.connections.start_http_server``."""
     planes = frozenset(planes)
     if not planes or planes - ALL_PLANES:
         raise ValueError(f"planes must be a non-empty subset of {sorted(ALL_PLANES)}, got {sorted(planes)}")
-    ctx = AppContext(backend, settings, schemas or default_schemas(), limits,
-                     state or ServerState(ready=True), metrics or ServiceMetrics.for_backend(backend),
-                     admission or Admission(settings.max_link_num))
+    metrics = metrics or ServiceMetrics.for_backend(backend)
+    admission = admission or Admission(settings.max_link_num)
+    connections = connections or ConnectionTracker(settings)
+    metrics.watch_http(admission, connections)
+    ctx = AppContext(backend, settings, schemas or default_schemas(), limits, state or ServerState(ready=True),
+                     metrics, admission, connections)
     routes = [route for plane in (BUSINESS, MANAGEMENT, METRICS) if plane in planes
               for route in _PLANE_ROUTES[plane](ctx)]
     return tornado.web.Application(routes, default_handler_class=NotFoundHandler,
-                                   default_handler_args={"ctx": ctx}, log_function=log_request)
+                                   default_handler_args={"ctx": ctx}, log_function=log_request,
+                                   mindserve_context=ctx)

@@ -17,11 +17,13 @@ class ErrorType(str, enum.Enum):
     BAD_REQUEST = "Bad Request"
     NOT_FOUND = "NotFoundError"
     METHOD_NOT_ALLOWED = "Method Not Allowed"
+    REQUEST_TIMEOUT = "Request Timeout"
     PAYLOAD_TOO_LARGE = "Payload Too Large"
     UNSUPPORTED_MEDIA_TYPE = "Unsupported Media Type"
     VALIDATION = "Input Validation Error"
     GENERATION = "Generation Error"
     TOO_MANY_REQUESTS = "Too Many Requests"
+    HEADER_TOO_LARGE = "Request Header Fields Too Large"
     INCOMPLETE = "Incomplete Generation"
     UNAVAILABLE = "Service Unavailable"
 
@@ -52,6 +54,13 @@ class MethodNotAllowed(ServiceError):
     error_type = ErrorType.METHOD_NOT_ALLOWED
 
 
+class RequestTimeout(ServiceError):
+    """The client did not send its request head or body in time (headerTimeout, bodyTimeout)."""
+
+    status = 408
+    error_type = ErrorType.REQUEST_TIMEOUT
+
+
 class PayloadTooLarge(ServiceError):
     status = 413
     error_type = ErrorType.PAYLOAD_TOO_LARGE
@@ -79,6 +88,13 @@ class TooManyRequests(ServiceError):
     error_type = ErrorType.TOO_MANY_REQUESTS
 
 
+class HeaderTooLarge(ServiceError):
+    """A request head over maxHeaderBytes."""
+
+    status = 431
+    error_type = ErrorType.HEADER_TOO_LARGE
+
+
 class IncompleteGeneration(ServiceError):
     status = 500
     error_type = ErrorType.INCOMPLETE
@@ -91,8 +107,9 @@ class ServiceUnavailable(ServiceError):
 
 _BY_STATUS: dict[int, type[ServiceError]] = {
     cls.status: cls
-    for cls in (BadRequest, NotFound, MethodNotAllowed, PayloadTooLarge, UnsupportedMediaType, ValidationError,
-                GenerationFailed, TooManyRequests, IncompleteGeneration, ServiceUnavailable)
+    for cls in (BadRequest, NotFound, MethodNotAllowed, RequestTimeout, PayloadTooLarge, UnsupportedMediaType,
+                ValidationError, GenerationFailed, TooManyRequests, HeaderTooLarge, IncompleteGeneration,
+                ServiceUnavailable)
 }
 
 # Most specific first: subclasses before BackendError itself.

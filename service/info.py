@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import functools
 from importlib import metadata
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from service.app import AppContext
+from service.context import AppContext
 
 DEVICE_TYPE = "cpu"
 PIPELINE_TAG = "text-generation"
@@ -38,7 +37,7 @@ def server_info(ctx: AppContext) -> dict[str, Any]:
         "version": version(),
         "waiting_served_ratio": None,
         "models": [{
-            "model_device_type": DEVICE_TYPE,
+            "model_device_type": (engine.get("device") or DEVICE_TYPE).lower(),
             "model_dtype": engine.get("dtype"),
             "model_id": ctx.backend.model_name,
             "model_pipeline_tag": PIPELINE_TAG,
@@ -55,7 +54,21 @@ def server_info(ctx: AppContext) -> dict[str, Any]:
             "running": engine.get("running"),
             "waiting": engine.get("waiting"),
             "compiled_graphs": engine.get("compiled_graphs"),
+            "device": engine.get("device"),
+            "kernels": engine.get("kernels"),
+            "http": http_gauges(ctx),
         },
+    }
+
+
+def http_gauges(ctx: AppContext) -> dict[str, int]:
+    """Where the requests and connections of this process are: slots, the line, bodies being read."""
+    return {
+        "slots_in_use": ctx.admission.in_flight,
+        "slots_total": ctx.admission.max_in_flight,
+        "waiting_for_slot": ctx.admission.waiting,
+        "reading_body": ctx.connections.reading,
+        "open_connections": ctx.connections.open_connections,
     }
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from backends.types import GenerationResult, TokenEvent
 
@@ -50,6 +50,42 @@ class EngineCollector:
                 yield family
 
 
+class HttpCollector:
+    """The connection and admission figures at scrape time (``service/connections.py``,
+    ``service/admission.py``): gauges of where requests are, counters of timeouts and refusals."""
+
+    def __init__(self, admission: Any, connections: Any, model_name: str) -> None:
+        self._admission = admission
+        self._connections = connections
+        self._model_name = model_name
+
+    def collect(self) -> Iterable[Metric]:
+        a, c = self._admission, self._connections
+        gauges = [
+            ("http_slots_in_use", "Generation slots in use (of maxLinkNum).", a.in_flight),
+            ("http_slots_total", "Generation slots (maxLinkNum).", a.max_in_flight),
+            ("http_requests_waiting_for_slot", "Requests with a complete body waiting for a slot.", a.waiting),
+            ("http_requests_reading_body", "Requests whose body is still being read.", c.reading),
+            ("http_body_bytes_buffered", "Body bytes held by requests still reading.", c.buffered_bytes),
+            ("http_open_connections", "Open client connections.", c.open_connections),
+        ]
+        for name, doc, value in gauges:
+            family = GaugeMetricFamily(name, doc, labels=LABELS)
+            family.add_metric([self._model_name], value)
+            yield family
+        timeouts = CounterMetricFamily("http_timeouts", "Connections or requests ended by a timeout on what "
+                                       "the client controls (header, body, keepalive, stalled_reader).",
+                                       labels=(*LABELS, "kind"))
+        for kind, count in sorted(c.timeouts.items()):
+            timeouts.add_metric([self._model_name, kind], count)
+        yield timeouts
+        refused = CounterMetricFamily("http_refused", "Requests refused before their body was read "
+                                      "(reading_full, buffered_full, header_too_large).", labels=(*LABELS, "reason"))
+        for reason, count in sorted(c.refused.items()):
+            refused.add_metric([self._model_name, reason], count)
+        yield refused
+
+
 def _usage(free: int | None, total: int | None) -> float | None:
     if free is None or not total:
         return None
@@ -75,8 +111,15 @@ class ServiceMetrics:
         self.request_prompt_tokens = histogram("request_prompt_tokens", "Prompt tokens per request.", TOKEN_BUCKETS)
         self.request_generation_tokens = histogram("request_generation_tokens", "Generated tokens per request.",
                                                    TOKEN_BUCKETS)
+        self._watching_http = False
         if info is not None:
             self.registry.register(EngineCollector(info, model_name))
+
+    def watch_http(self, admission: Any, connections: Any) -> None:
+        """Export the gauges and counters of ``admission`` and ``connections`` (once per process)."""
+        if not self._watching_http:
+            self._watching_http = True
+            self.registry.register(HttpCollector(admission, connections, self.model_name))
 
     @classmethod
     def for_backend(cls, backend: Any) -> "ServiceMetrics":
@@ -104,6 +147,7 @@ class RequestObserver:
         self._metrics = metrics
         self.started = time.perf_counter()
         self.result: GenerationResult | None = None
+        self.tokens_seen = 0  # token events so far (the count a request cut short got)
         self.outcome: str | None = None  # "success" | "failed" once finished
         self._last_token: float | None = None
         self._error = False
@@ -119,9 +163,18 @@ class RequestObserver:
     def generated_tokens(self) -> int | None:
         return None if self.result is None else self.result.generated_tokens
 
+    @property
+    def tokens_generated(self) -> int | None:
+        """Tokens generated for this request: the result's count, else those seen until it ended (None:
+        none)."""
+        if self.result is not None:
+            return self.result.generated_tokens
+        return self.tokens_seen or None
+
     def on_event(self, event: object) -> None:
         now = time.perf_counter()
         if isinstance(event, TokenEvent):
+            self.tokens_seen += 1
             if self._metrics is not None:
                 since = self.started if self._last_token is None else self._last_token
                 (self._metrics.ttft if self._last_token is None else self._metrics.tpot).observe(now - since)

@@ -1,5 +1,5 @@
 """Operations routes: health and readiness, ``/info``, ``/v1/tokenizer``, ``/v1/models``, ``/metrics``,
-``/openapi.json``. Generation lives in ``handlers.py``; the route tables are in ``app.py``.
+``/openapi.json``. Generation lives in ``pipeline.py`` and ``dialects/``; the route tables are in ``app.py``.
 """
 from __future__ import annotations
 
@@ -7,17 +7,10 @@ import asyncio
 
 from backends.errors import BackendError
 from service.errors import NotFound, ServiceUnavailable, from_backend_error
-from service.handlers import BaseHandler, JsonBodyHandler
+from service.http import BaseHandler, GetHandler, JsonBodyHandler
 from service.info import model_card, model_list, server_info
 from service.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from service.openapi import build_openapi
-
-
-class GetHandler(BaseHandler):
-    """A GET route that also answers HEAD: the same status and headers, no body (Tornado drops it)."""
-
-    def head(self, *args: str) -> None:
-        return self.get(*args)
 
 
 class _EmptyOkHandler(GetHandler):

@@ -51,7 +51,6 @@ import asyncio  # noqa: E402
 import threading  # noqa: E402
 from dataclasses import replace as _replace  # noqa: E402
 
-import tornado.httpserver  # noqa: E402
 import tornado.netutil  # noqa: E402
 
 
@@ -72,12 +71,11 @@ class LiveServers:
         settings = settings or ServerSettings()
 
         async def bind():
+            from service.connections import start_http_server
+
             app = make_app(backend, settings, **app_kwargs)
-            server = tornado.httpserver.HTTPServer(app, max_body_size=settings.max_request_bytes + (1 << 20),
-                                                   ssl_options=ssl_options)
             sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
-            server.add_sockets(sockets)
-            self.servers.append(server)
+            self.servers.append(start_http_server(app, sockets, ssl_options=ssl_options))
             return sockets[0].getsockname()[1]
 
         port = asyncio.run_coroutine_threadsafe(bind(), self.loop).result(30)

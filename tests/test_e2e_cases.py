@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from service.protocol import RequestLimits
+from service.context import RequestLimits
 from tests.test_e2e_generate import error_json, ok_json, post, stream_events
 from tests.test_schemas import load_cases
 

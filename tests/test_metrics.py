@@ -24,15 +24,17 @@ GAUGES = ("num_requests_running", "num_requests_waiting", "cpu_cache_usage_perc"
 
 
 def scrape(url: str) -> dict[str, float]:
-    """Sample name → value for the samples labelled with the model (histogram buckets keep their ``le``)."""
+    """Sample name → value for the samples labelled with the model (a histogram bucket keeps its ``le``, an HTTP
+    timeout or refusal counter its ``kind`` or ``reason``)."""
     reply = requests.get(url + "/metrics", timeout=10)
     assert reply.status_code == 200
     assert reply.headers["Content-Type"].startswith("text/plain")
     out = {}
     for family in text_string_to_metric_families(reply.text):
         for sample in family.samples:
-            assert set(sample.labels) - {"le"} == {"model_name"}, sample
-            key = sample.name + (f"{{le={sample.labels['le']}}}" if "le" in sample.labels else "")
+            extra = set(sample.labels) - {"model_name"}
+            assert "model_name" in sample.labels and len(extra) <= 1 and extra <= {"le", "kind", "reason"}, sample
+            key = sample.name + "".join(f"{{{name}={sample.labels[name]}}}" for name in extra)
             out[key] = sample.value
     return out
 

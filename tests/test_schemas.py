@@ -12,7 +12,8 @@ import yaml
 from jsonschema import Draft202012Validator
 
 from service.errors import BadRequest, ErrorType, ValidationError
-from service.protocol import RequestLimits, parse_generate_request
+from service.context import RequestLimits
+from service.dialects.tgi import parse_generate_request
 from service.validation import SCHEMA_DIR, Schemas, describe, parse_json_body
 
 ROOT = Path(__file__).resolve().parent.parent

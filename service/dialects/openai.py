@@ -1,8 +1,19 @@
-"""JSON ↔ typed objects for the OpenAI-compatible routes (/v1/completions, /v1/chat/completions).
+"""The OpenAI dialect: ``POST /v1/completions`` and ``POST /v1/chat/completions`` on the same engine as POST /.
 
 Request side: a body → schema check (``openai_*_request.schema.json``) → ``OpenAIRequest`` with the same
 ``RequestParams`` POST / builds. Response side: ``GenerationResult`` → OpenAI's completion objects and
 stream chunks; any service error → OpenAI's error shape ``{"error": {message, type, param, code}}``.
+
+Choices (also stated in schemas/openai_*.schema.json and schemas/README.md):
+- Errors use OpenAI's shape, not POST /'s ``{"error", "error_type"}``, so that the official clients raise
+  their usual exception classes. Request validation errors (schema or semantic, including token limits)
+  are **400** ``invalid_request_error`` (``openai.BadRequestError``), as OpenAI answers, not POST /'s 422;
+  an unknown ``model`` is 404 ``model_not_found`` (``openai.NotFoundError``); the other statuses are the
+  service taxonomy's (413, 429, 424, 500, 503).
+- ``max_tokens`` defaults to 16 on /v1/completions (OpenAI's default) and to the length cap on chat.
+  ``temperature: 0`` is greedy; an unset temperature follows the model's yaml defaults as on POST /.
+- Streams are OpenAI chunks ending with ``data: [DONE]``; a failure after the stream opened is sent as
+  one ``data: {"error": {...}}`` event, then the stream closes. A client disconnect cancels the request.
 """
 from __future__ import annotations
 
@@ -13,9 +24,13 @@ from typing import Any, Literal
 
 import jsonschema.exceptions
 
-from backends.types import FinishReason, GenerationResult, RequestParams
+from backends.base import Backend
+from backends.errors import BackendError, InputRejected
+from backends.types import FinishReason, GenerationResult, RequestParams, TokenEvent
+from service import sse
+from service.context import AppContext
+from service.dialects import stop_sequences
 from service.errors import NotFound, ServiceError, ValidationError, from_backend_error
-from service.protocol import STOP_TOTAL_MAX_CHARS
 from service.validation import Schemas, describe, field_path, show
 
 Kind = Literal["completion", "chat"]
@@ -68,6 +83,11 @@ class OpenAIRequest:
     stream: bool = False
     include_usage: bool = False
     echo: bool = False
+    response_id: str = ""
+
+    def render_prompt(self, backend: Backend) -> str:
+        """The text to generate from: chat messages rendered with the model's chat template."""
+        return backend.apply_chat_template(self.messages) if self.kind == "chat" else self.prompt
 
 
 # --- request ---------------------------------------------------------------------------------------
@@ -84,7 +104,7 @@ def parse_openai_request(kind: Kind, body: Any, schemas: Schemas, model_name: st
     if options is not None and not stream:
         raise InvalidRequest("stream_options is only allowed when stream is true", "stream_options")
     common = {"params": _params(kind, body), "stream": stream,
-              "include_usage": bool(options and options.get("include_usage"))}
+              "include_usage": bool(options and options.get("include_usage")), "response_id": new_response_id(kind)}
     if kind == "chat":
         return OpenAIRequest(kind, "", messages=tuple(_message(m) for m in body["messages"]), **common)
     prompt = body["prompt"]
@@ -105,7 +125,7 @@ def _params(kind: Kind, body: dict[str, Any]) -> RequestParams:
         repetition_penalty=_float_or_none(body.get("repetition_penalty")),
         seed=_int_or_none(body.get("seed")),
         max_new_tokens=_max_tokens(kind, body),
-        stop=_stop(body.get("stop")),
+        stop=stop_sequences(body.get("stop"), "stop", lambda message: InvalidRequest(message, "stop")),
     )
 
 
@@ -119,18 +139,6 @@ def _max_tokens(kind: Kind, body: dict[str, Any]) -> int:
                              f"(got {show(newer)} and {show(older)})", "max_tokens")
     value = newer if newer is not None else older
     return UNCAPPED_MAX_TOKENS if value is None else int(value)
-
-
-def _stop(stop: str | list[str] | None) -> tuple[str, ...]:
-    if stop is None:
-        return ()
-    if isinstance(stop, str):
-        return (stop,)
-    total = sum(len(s) for s in stop)
-    if total > STOP_TOTAL_MAX_CHARS:
-        raise InvalidRequest(f"stop must total at most {STOP_TOTAL_MAX_CHARS} characters, "
-                             f"got {total} in {len(stop)} strings", "stop")
-    return tuple(stop)
 
 
 def _message(message: dict[str, Any]) -> dict[str, str]:
@@ -229,3 +237,72 @@ def openai_error(exc: BaseException) -> tuple[int, dict[str, Any]]:
     sent, kind = _OPENAI_STATUS.get(err.status, (err.status, _SERVER_ERROR))
     return sent, {"error": {"message": err.message, "type": kind, "param": getattr(err, "param", None),
                             "code": getattr(err, "code", None)}}
+
+
+# --- the codec ---------------------------------------------------------------------------------------
+
+class OpenAIStream:
+    """One response's chunks: the opening chunk with the first event, text as it comes, then the text the
+    result holds beyond what was sent, the finish chunk, the usage chunk if asked, and ``[DONE]``."""
+
+    def __init__(self, req: OpenAIRequest, chunks: ChunkRenderer) -> None:
+        self._req = req
+        self._chunks = chunks
+        self._sent = ""  # text sent so far
+        self._opened = False
+
+    def _open(self) -> list[str]:
+        if self._opened:
+            return []
+        self._opened = True
+        opening = self._chunks.opening()
+        return [] if opening is None else [sse.event(opening)]
+
+    def on_token(self, event: TokenEvent) -> list[str]:
+        out = self._open()
+        if event.text:  # what this token adds to the generated text
+            self._sent += event.text
+            out.append(sse.event(self._chunks.text(event.text)))
+        return out
+
+    def on_result(self, result: GenerationResult) -> list[str]:
+        out = self._open()
+        text = result.generated_text
+        tail = text[len(self._sent):] if text.startswith(self._sent) else ""
+        if tail:
+            out.append(sse.event(self._chunks.text(tail)))
+        out.append(sse.event(self._chunks.finish(result)))
+        if self._req.include_usage:
+            out.append(sse.event(self._chunks.usage(result)))
+        out.append(DONE_EVENT)
+        return out
+
+    def on_error(self, error: ServiceError) -> list[str]:
+        return [sse.event(openai_error(error)[1])]
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAIDialect:
+    kind: Kind
+    prompt_field: str  # the request field that token-limit errors name
+
+    def parse(self, body: Any, ctx: AppContext) -> OpenAIRequest:
+        return parse_openai_request(self.kind, body, ctx.schemas, ctx.backend.model_name)
+
+    def submit_error(self, error: BackendError, req: OpenAIRequest) -> ServiceError:
+        if isinstance(error, InputRejected):
+            return InvalidRequest(str(error), self.prompt_field)
+        return from_backend_error(error)
+
+    def render_result(self, req: OpenAIRequest, result: GenerationResult, ctx: AppContext) -> Any:
+        return render_completion(req, result, response_id=req.response_id, model=ctx.backend.model_name)
+
+    def stream_codec(self, req: OpenAIRequest, ctx: AppContext) -> OpenAIStream:
+        return OpenAIStream(req, ChunkRenderer(req, response_id=req.response_id, model=ctx.backend.model_name))
+
+    def render_error(self, error: ServiceError) -> tuple[int, Any]:
+        return openai_error(error)
+
+
+COMPLETIONS = OpenAIDialect("completion", "prompt")
+CHAT = OpenAIDialect("chat", "messages")

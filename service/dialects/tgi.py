@@ -1,21 +1,26 @@
-"""JSON ↔ typed objects for ``POST /`` (and /generate, /generate_stream).
+"""The TGI dialect: ``POST /`` (SPEC §1), TGI's ``POST /generate`` and ``POST /generate_stream``.
 
-Request side: a schema-valid body → ``ParsedRequest`` (``backends.types.RequestParams`` + inputs + stream),
-checking the rules JSON Schema cannot express. Response side: ``GenerationResult`` / ``TokenEvent`` → the
-JSON of SPEC §1 (non-stream list, SSE events).
+Request side: a body that passes ``generate_request.schema.json`` → ``ParsedRequest`` (typed params, inputs,
+stream), checking the rules JSON Schema cannot express. Response side: ``GenerationResult`` / ``TokenEvent``
+→ the JSON of SPEC §1 (a one-element list, ``/generate``'s object, SSE events); errors are
+``{"error", "error_type"}``. ``/generate`` and ``/generate_stream`` take the same body as ``POST /``; the
+route fixes the response mode (a ``stream`` field in the body is still checked as on ``POST /``).
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+import enum
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from backends.base import Backend
+from backends.errors import BackendError
 from backends.types import FinishReason, GenerationResult, RequestParams, Token, TokenEvent
-from service.errors import ValidationError
+from service import sse
+from service.context import AppContext, RequestLimits
+from service.dialects import stop_sequences
+from service.errors import ServiceError, ValidationError, error_body, from_backend_error
 from service.validation import show
 
-STOP_TOTAL_MAX_CHARS = 32768
-PROMPT_TOKENS_HARD_LIMIT = 1_048_576
 BASE_MODEL_ADAPTER = "None"
 TEXT_PART = "text"
 MEDIA_PART_TYPES = ("image_url", "video_url", "audio_url")
@@ -26,19 +31,11 @@ NEUTRAL_CLIENT_KEYS: dict[str, tuple[Any, ...]] = {
     "frequency_penalty": (None, 0),
     "grammar": (None,),
 }
-_BOOL_FIELDS = ("watermark", "return_full_text", "decoder_input_details")
+_BOOL_FIELDS = ("watermark", "decoder_input_details")
 _FLOAT_FIELDS = ("temperature", "top_p", "typical_p", "repetition_penalty")
 _INT_FIELDS = ("top_k", "seed", "truncate", "max_new_tokens")
 
 TokenIdFormat = Literal["list", "int"]
-
-
-@dataclass(frozen=True, slots=True)
-class RequestLimits:
-    """What the served model/server can take, for the checks that depend on it."""
-
-    media_types: frozenset[str] = frozenset()  # part types besides text the model accepts
-    adapter_ids: frozenset[str] | None = None  # loaded LoRA adapters; None = not checked here
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +50,7 @@ class ParsedRequest:
     params: RequestParams = field(default_factory=RequestParams)
     stream: bool = False
     details: bool = False  # the client's `details` flag (decoder_input_details lives in params)
+    return_full_text: bool = False  # prepend the text inputs to generated_text (a rendering choice)
 
     @property
     def want_details(self) -> bool:
@@ -66,6 +64,9 @@ class ParsedRequest:
             return self.inputs
         return "".join(part.value for part in self.inputs if part.type == TEXT_PART)
 
+    def render_prompt(self, backend: Backend) -> str:
+        return self.prompt_text
+
 
 def parse_generate_request(body: dict[str, Any], *, limits: RequestLimits = RequestLimits()) -> ParsedRequest:
     """Convert a body that passed ``generate_request.schema.json``; cross-field errors → ``ValidationError``."""
@@ -76,28 +77,8 @@ def parse_generate_request(body: dict[str, Any], *, limits: RequestLimits = Requ
     stream = bool(body.get("stream"))
     if stream and params.decoder_input_details:
         raise ValidationError("parameters.decoder_input_details must not be true when stream is true, got true")
-    return ParsedRequest(inputs=inputs, params=params, stream=stream, details=bool(raw.get("details")))
-
-
-def check_prompt_tokens(
-    n: int, *, max_input_tokens: int, max_seq_len: int, max_position_embeddings: int | None = None
-) -> int:
-    """Check the prompt's token count (after ``truncate``) and return the limit that applies.
-
-    The limit is min(maxInputTokenLen, maxSeqLen - 1, max_position_embeddings, 1048576); None = unknown.
-    """
-    candidates = {
-        "maxInputTokenLen": max_input_tokens,
-        "maxSeqLen - 1": max_seq_len - 1,
-        "max_position_embeddings": max_position_embeddings,
-        "the server maximum": PROMPT_TOKENS_HARD_LIMIT,
-    }
-    name, limit = min(((k, v) for k, v in candidates.items() if v is not None), key=lambda kv: kv[1])
-    if n < 1:
-        raise ValidationError(f"inputs must encode to at least 1 token, got {n}")
-    if n > limit:
-        raise ValidationError(f"inputs has {n} tokens, more than the limit of {limit} ({name} = {limit})")
-    return limit
+    return ParsedRequest(inputs=inputs, params=params, stream=stream, details=bool(raw.get("details")),
+                         return_full_text=bool(raw.get("return_full_text")))
 
 
 # --- request ---------------------------------------------------------------------------------------
@@ -143,34 +124,13 @@ def _parse_params(raw: dict[str, Any], limits: RequestLimits) -> RequestParams:
         kwargs["do_sample"] = bool(raw["do_sample"])
     for name in _FLOAT_FIELDS:
         if raw.get(name) is not None:
-            kwargs[name] = _finite(name, raw[name])
+            kwargs[name] = float(raw[name])  # finite: parse_json_body refuses the others
     for name in _INT_FIELDS:
         if raw.get(name) is not None:
             kwargs[name] = int(raw[name])  # JSON Schema also calls 20.0 an integer
-    kwargs["stop"] = _parse_stop(raw.get("stop"))
+    kwargs["stop"] = stop_sequences(raw.get("stop"), "parameters.stop", ValidationError)
     kwargs["adapter_id"] = _parse_adapter(raw.get("adapter_id"), limits)
     return RequestParams(**kwargs)
-
-
-def _finite(name: str, value: float) -> float:
-    number = float(value)
-    if not math.isfinite(number):
-        raise ValidationError(f"parameters.{name} must be a finite number, got {number}")
-    return number
-
-
-def _parse_stop(stop: str | list[str] | None) -> tuple[str, ...]:
-    if stop is None:
-        return ()
-    if isinstance(stop, str):
-        return (stop,)
-    total = sum(len(s) for s in stop)
-    if total > STOP_TOTAL_MAX_CHARS:
-        raise ValidationError(
-            f"parameters.stop must total at most {STOP_TOTAL_MAX_CHARS} characters, "
-            f"got {total} in {len(stop)} strings"
-        )
-    return tuple(stop)
 
 
 def _parse_adapter(adapter_id: str | None, limits: RequestLimits) -> str | None:
@@ -262,10 +222,77 @@ class StreamRenderer:
             full_text=self._text if self._full_text_enabled else None,
             final_result=final_result,
             want_details=self._req.details,
-            text_prefix=self._req.prompt_text if self._req.params.return_full_text else "",
+            text_prefix=self._req.prompt_text if self._req.return_full_text else "",
         )
 
 
 def _full_text(result: GenerationResult, req: ParsedRequest) -> str:
-    prefix = req.prompt_text if req.params.return_full_text else ""
+    prefix = req.prompt_text if req.return_full_text else ""
     return prefix + result.generated_text
+
+
+# --- the codec ---------------------------------------------------------------------------------------
+
+class Route(enum.Enum):
+    """How the route answers: ``POST /`` as the body asks, ``/generate`` one object, ``/generate_stream`` SSE."""
+
+    ROOT = "/"
+    OBJECT = "/generate"
+    STREAM = "/generate_stream"
+
+
+class TGIStream:
+    """One stream's events. The final token waits for its result, to be sent with ``generated_text``;
+    every other token goes out the moment it exists (the first one is the TTFT)."""
+
+    def __init__(self, renderer: StreamRenderer) -> None:
+        self._renderer = renderer
+        self._held: TokenEvent | None = None
+
+    def on_token(self, event: TokenEvent) -> list[str]:
+        out = [] if self._held is None else [sse.event(self._renderer.event(self._held))]
+        self._held = None
+        if event.last:  # its result follows at once
+            self._held = event
+        else:
+            out.append(sse.event(self._renderer.event(event)))
+        return out
+
+    def on_result(self, result: GenerationResult) -> list[str]:
+        if self._held is None:
+            return []
+        return [sse.event(self._renderer.event(self._held, final_result=result))]
+
+    def on_error(self, error: ServiceError) -> list[str]:
+        return [sse.event(error_body(error))]
+
+
+@dataclass(frozen=True, slots=True)
+class TGIDialect:
+    route: Route = Route.ROOT
+
+    def parse(self, body: Any, ctx: AppContext) -> ParsedRequest:
+        ctx.schemas.validate("generate_request", body)
+        req = parse_generate_request(body, limits=ctx.limits)
+        if self.route is Route.OBJECT:
+            return replace(req, stream=False)
+        if self.route is Route.STREAM:
+            if req.params.decoder_input_details:
+                raise ValidationError("parameters.decoder_input_details must not be true on /generate_stream, "
+                                      "got true")
+            return replace(req, stream=True)
+        return req
+
+    def submit_error(self, error: BackendError, req: ParsedRequest) -> ServiceError:
+        return from_backend_error(error)
+
+    def render_result(self, req: ParsedRequest, result: GenerationResult, ctx: AppContext) -> Any:
+        body = render_response(result, req)
+        return body if self.route is Route.ROOT else body[0]
+
+    def stream_codec(self, req: ParsedRequest, ctx: AppContext) -> TGIStream:
+        return TGIStream(StreamRenderer(req, token_id_format=ctx.settings.token_id_format,
+                                        full_text_enabled=ctx.settings.full_text_enabled))
+
+    def render_error(self, error: ServiceError) -> tuple[int, Any]:
+        return error.status, error_body(error)

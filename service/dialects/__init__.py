@@ -1,0 +1,72 @@
+"""Dialects: the wire formats of generation. Each is a codec plus its routes; ``service/pipeline.py`` does the rest.
+
+A codec parses a body into a ``GenerationRequest`` (prompt, typed params, stream flag), renders a result,
+renders a stream one event at a time (``StreamCodec``) and renders an error. ``tgi.py`` is ``POST /``,
+``/generate`` and ``/generate_stream``; ``openai.py`` is ``/v1/completions`` and ``/v1/chat/completions``.
+A third dialect is one more module here and its routes in ``service/app.py``.
+
+The request rules every dialect shares live here too (the stop list).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from backends.base import Backend
+from backends.errors import BackendError
+from backends.types import GenerationResult, RequestParams, TokenEvent
+from service.context import AppContext
+from service.errors import ServiceError
+
+STOP_TOTAL_MAX_CHARS = 32768
+
+
+class GenerationRequest(Protocol):
+    """What the pipeline needs of a parsed request."""
+
+    params: RequestParams
+    stream: bool
+
+    def render_prompt(self, backend: Backend) -> str:
+        """The text to generate from (a chat request renders its messages here, off the event loop)."""
+
+
+class StreamCodec(Protocol):
+    """The SSE events of one stream, each an already framed ``data: ...`` string."""
+
+    def on_token(self, event: TokenEvent) -> list[str]: ...
+
+    def on_result(self, result: GenerationResult) -> list[str]: ...
+
+    def on_error(self, error: ServiceError) -> list[str]:
+        """A failure after the stream opened (the status line is sent already)."""
+
+
+class Dialect(Protocol):
+    def parse(self, body: Any, ctx: AppContext) -> GenerationRequest:
+        """A JSON body (not yet schema-checked) → the request; raises the dialect's validation errors."""
+
+    def submit_error(self, error: BackendError, req: GenerationRequest) -> ServiceError:
+        """The error for a request the backend refused at submit (e.g. a prompt over the token limit)."""
+
+    def render_result(self, req: GenerationRequest, result: GenerationResult, ctx: AppContext) -> Any: ...
+
+    def stream_codec(self, req: GenerationRequest, ctx: AppContext) -> StreamCodec: ...
+
+    def render_error(self, error: ServiceError) -> tuple[int, Any]:
+        """(status sent, JSON body)."""
+
+
+def stop_sequences(stop: str | list[str] | None, field: str,
+                   invalid: Callable[[str], ServiceError]) -> tuple[str, ...]:
+    """A schema-valid ``stop`` (one string or a list) as a tuple; a list over ``STOP_TOTAL_MAX_CHARS``
+    characters in all raises ``invalid(message)``, the message naming ``field``."""
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        return (stop,)
+    total = sum(len(s) for s in stop)
+    if total > STOP_TOTAL_MAX_CHARS:
+        raise invalid(f"{field} must total at most {STOP_TOTAL_MAX_CHARS} characters, "
+                      f"got {total} in {len(stop)} strings")
+    return tuple(stop)

@@ -1,0 +1,196 @@
+"""The one generation pipeline every dialect runs through (``service/dialects/``).
+
+``GenerationHandler``: read the body (the reading bound of ``service/http.py``), parse it with the route's
+dialect, *then* take a generation slot (``service/admission.py``: 429 when the line is full, 503 while
+draining), submit to the backend off the event loop, and relay its events as one JSON body or an SSE stream
+under the deadlines (``tokenTimeout``, ``e2eTimeout``, a stalled reader); a client that leaves cancels the
+engine request. Errors are rendered by the dialect.
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import time
+from typing import Any
+
+import tornado.gen
+import tornado.iostream
+import tornado.queues
+import tornado.util
+
+from backends.base import Event, RequestHandle
+from backends.errors import BackendError
+from backends.types import GenerationResult, TokenEvent
+from service import sse
+from service.access_log import CLIENT_GONE
+from service.admission import Deadlines
+from service.context import AppContext
+from service.dialects import Dialect, GenerationRequest
+from service.errors import ServiceError, ServiceUnavailable, from_backend_error
+from service.http import JsonBodyHandler
+from service.metrics import RequestObserver
+
+log = logging.getLogger("mindserve.http")
+
+STALLED_CLIENT_GRACE = 0.5  # seconds a write may still take once the request's e2eTimeout has passed
+
+
+class GenerationHandler(JsonBodyHandler):
+    """One generation route: its ``dialect`` parses and renders, everything else happens here."""
+
+    _handle: RequestHandle | None = None
+    _admitting: asyncio.Task | None = None
+    _admitted = False
+    observer: RequestObserver | None = None  # metrics + access-log token counts, from prepare() on
+    deadlines: Deadlines | None = None
+
+    def initialize(self, ctx: AppContext, dialect: Dialect) -> None:  # type: ignore[override]
+        super().initialize(ctx)
+        self.dialect = dialect
+
+    def render_error(self, error: ServiceError) -> tuple[int, Any]:
+        return self.dialect.render_error(error)
+
+    def prepare(self) -> Any:
+        self.observer = RequestObserver(self.ctx.metrics)
+        self.deadlines = Deadlines(self.ctx.settings.token_timeout, self.ctx.settings.e2e_timeout)
+        super().prepare()
+        if self.request.method == "POST" and not self.ctx.state.ready:
+            self.refuse(ServiceUnavailable(self.ctx.state.describe()))
+
+    async def post(self) -> None:
+        req = self.dialect.parse(self.json_body(), self.ctx)  # the whole body is in, and valid
+        if not await self._admit():
+            return  # the client left while waiting for a slot
+        events = await self._submit(req)
+        if req.stream:
+            await self._stream(req, events)
+        else:
+            result = await self._result(events)
+            self.write_json(self.dialect.render_result(req, result, self.ctx))
+        log.debug("%s %s done in %.3fs", self._handle.request_id, self.request.path,
+                  time.monotonic() - self.deadlines.started)
+
+    # --- admission and submission ------------------------------------------------------------------
+
+    async def _admit(self) -> bool:
+        """Take a generation slot, waiting in line within the e2e deadline; False if the client left
+        meanwhile (it leaves the line)."""
+        if not self.ctx.state.ready:
+            raise ServiceUnavailable(self.ctx.state.describe())
+        self._admitting = asyncio.ensure_future(self.ctx.admission.acquire(self.deadlines.e2e_left()))
+        try:
+            await self._admitting
+        except asyncio.CancelledError:
+            return False
+        finally:
+            self._admitting = None
+        self._admitted = True
+        return True
+
+    async def _submit(self, req: GenerationRequest) -> tornado.queues.Queue:
+        """Submit off the loop (a chat template renders there too); the events arrive on the returned queue."""
+        events: tornado.queues.Queue = tornado.queues.Queue()
+        loop = asyncio.get_running_loop()
+        backend, observer = self.ctx.backend, self.observer
+
+        def listener(event: Event) -> None:
+            observer.on_event(event)
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        try:
+            self._handle = await loop.run_in_executor(
+                None, lambda: backend.submit(req.render_prompt(backend), req.params, listener))
+        except BackendError as exc:
+            raise self.dialect.submit_error(exc, req) from None
+        if self.client_gone:  # the client left while the request was being queued
+            self._handle.cancel()
+        return events
+
+    # --- relaying events ---------------------------------------------------------------------------
+
+    async def _next_event(self, events: tornado.queues.Queue) -> TokenEvent | GenerationResult:
+        """The next event; a failed request raises its service error, a missed deadline cancels it and
+        raises ``IncompleteGeneration``."""
+        try:
+            event = await events.get(timeout=datetime.timedelta(seconds=max(self.deadlines.left(), 0.0)))
+        except tornado.util.TimeoutError:
+            self._handle.cancel()
+            self.observer.fail()
+            error = self.deadlines.expired()
+            log.warning("%s %s: %s", self._handle.request_id, self.request.path, error.message)
+            raise error from None
+        if isinstance(event, BackendError):
+            raise from_backend_error(event)
+        if isinstance(event, TokenEvent):
+            self.deadlines.token()
+        return event
+
+    async def _result(self, events: tornado.queues.Queue) -> GenerationResult:
+        while True:
+            event = await self._next_event(events)
+            if isinstance(event, GenerationResult):
+                return event
+
+    async def _stream(self, req: GenerationRequest, events: tornado.queues.Queue) -> None:
+        codec = self.dialect.stream_codec(req, self.ctx)
+        while not self.client_gone:
+            try:
+                event = await self._next_event(events)
+            except ServiceError as exc:
+                if not self._headers_written:  # nothing sent yet: a plain JSON error still fits
+                    raise
+                await self._send(codec.on_error(exc))
+                return
+            if isinstance(event, GenerationResult):
+                await self._send(codec.on_result(event))
+                return
+            await self._send(codec.on_token(event))
+
+    async def _send(self, chunks: list[str]) -> None:
+        """Write and flush SSE events; a client gone, or not reading past the request's e2eTimeout, cancels
+        the request."""
+        if not chunks or self.client_gone:
+            return
+        if not self._headers_written:
+            for name, value in sse.HEADERS.items():
+                self.set_header(name, value)
+        self.write("".join(chunks))
+        wait = datetime.timedelta(seconds=max(self.deadlines.e2e_left(), STALLED_CLIENT_GRACE))
+        try:
+            await tornado.gen.with_timeout(wait, self.flush(), quiet_exceptions=tornado.iostream.StreamClosedError)
+        except tornado.iostream.StreamClosedError:
+            self.on_connection_close()
+        except tornado.util.TimeoutError:
+            log.warning("%s %s: the client stopped reading; closing", self._handle.request_id, self.request.path)
+            self.ctx.connections.timeouts["stalled_reader"] += 1
+            self.request.connection.close()
+            self.on_connection_close()
+
+    # --- the end of a request ----------------------------------------------------------------------
+
+    def on_finish(self) -> None:
+        self._release()
+        self.observer.finish(CLIENT_GONE if self.client_gone else self.get_status())
+        super().on_finish()
+
+    def on_connection_close(self) -> None:
+        if self.client_gone:
+            return
+        super().on_connection_close()
+        self.observer.client_gone()
+        if self._handle is not None:
+            self._handle.cancel()
+        if self._admitting is not None:
+            self._admitting.cancel()
+
+    def on_unfinished(self) -> None:
+        self._release()
+        self.observer.finish(CLIENT_GONE)
+        super().on_unfinished()
+
+    def _release(self) -> None:
+        if self._admitted:
+            self._admitted = False
+            self.ctx.admission.release()
