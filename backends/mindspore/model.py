@@ -55,7 +55,8 @@ class RMSNorm(nn.Cell):
             return self.aot.rmsnorm(x, self.weight, self.eps_t)
         if self.low_precision:  # the mean of squares in float32: float16 overflows past 256
             x32 = ops.cast(x, ms.float32)
-            return ops.cast(x32 * ops.rsqrt(ops.mean(x32 * x32, -1, keep_dims=True) + self.eps), self.dtype) * self.weight
+            normed = x32 * ops.rsqrt(ops.mean(x32 * x32, -1, keep_dims=True) + self.eps)
+            return ops.cast(normed, self.dtype) * self.weight
         return x * ops.rsqrt(ops.mean(x * x, -1, keep_dims=True) + self.eps) * self.weight
 
 

@@ -45,16 +45,18 @@ class PackedRunner(ModelRunner):
 
     def run(self, plan: StepPlan) -> list[RowOutput]:
         """Decode tokens (1-token chunks) and prompt chunks in one packed forward."""
+        if not plan.prefill:
+            return self.decode_rows(plan) if plan.decode else []
         prompts = self.prompt_chunks(plan)
         rows = [PrefillChunk([s.generated[-1]], s.length - 1, s.blocks) for s in plan.decode] + prompts
         outs = [RowOutput(s) for s in plan.decode] + [RowOutput(seq, c) for (seq, _), c in zip(plan.prefill, prompts)]
-        return self.isolated(self.prefill, rows, outs) if rows else []
+        return self.isolated(self.prefill, rows, outs)
 
     def packed_rows(self, size: int) -> int:
         """Sequences (logit rows) a packed graph of ``size`` tokens serves."""
         return min(size, self.shapes.batch_buckets[-1])
 
-    def prefill(self, chunks: list[PrefillChunk]) -> tuple[np.ndarray, list[np.ndarray]]:
+    def _prefill(self, chunks: list[PrefillChunk]) -> tuple[np.ndarray, list[np.ndarray]]:
         """The chunks packed into one row (their total must fit the largest packed size)."""
         n, total = len(chunks), sum(len(c.ids) for c in chunks)
         assert 0 < total <= self.shapes.prefill_sizes[-1], "more tokens than the largest packed graph"
@@ -83,8 +85,8 @@ class PackedRunner(ModelRunner):
         logits, hidden = self._call(("packed", size, rows, window), ids, pos, slots, table, last_rows, token_rows)
         return logits[:n], [hidden[o: o + len(c.ids)] for o, c in zip(offsets, chunks)]
 
-    def decode(self, rows: list[DecodeRow]) -> np.ndarray:
-        return self.prefill([PrefillChunk([r.token], r.position, r.blocks) for r in rows])[0]
+    def _decode(self, rows: list[DecodeRow]) -> np.ndarray:
+        return self._prefill([PrefillChunk([r.token], r.position, r.blocks) for r in rows])[0]
 
     def warmup_plan(self) -> list[tuple]:
         s = self.shapes

@@ -105,12 +105,12 @@ class ModelRunner(ABC):
         """The forward passes of one step: one output per planned row, each as soon as it exists."""
 
     @abstractmethod
-    def prefill(self, chunks: list[PrefillChunk]) -> tuple[np.ndarray, list[np.ndarray]]:
-        """One prompt chunk for each of several sequences: (last-token logits [n, V], hidden [t_i, D] each)."""
+    def _prefill(self, chunks: list[PrefillChunk]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """``prefill`` for this strategy."""
 
     @abstractmethod
-    def decode(self, rows: list[DecodeRow]) -> np.ndarray:
-        """One token for each row; logits [len(rows), V]."""
+    def _decode(self, rows: list[DecodeRow]) -> np.ndarray:
+        """``decode`` for this strategy."""
 
     @abstractmethod
     def warmup_plan(self) -> list[tuple]:
@@ -125,6 +125,19 @@ class ModelRunner(ABC):
         """The network's inputs (numpy) for padded ids/pos/slots, a block table and the logit rows."""
 
     # --- shared ---
+
+    def prefill(self, chunks: list[PrefillChunk]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """One prompt chunk for each of several sequences: (last-token logits [n, V], hidden [t_i, D] each)."""
+        return self._prefill(chunks)
+
+    def decode(self, rows: list[DecodeRow]) -> np.ndarray:
+        """One token for each row; logits [len(rows), V]."""
+        return self._decode(rows)
+
+    def decode_rows(self, plan: StepPlan) -> list[RowOutput]:
+        """The decode call of the plan's running sequences (one token each), with fault isolation."""
+        rows = [DecodeRow(s.generated[-1], s.length - 1, s.blocks) for s in plan.decode]
+        return self.isolated(lambda r: (self.decode(r), [None] * len(r)), rows, [RowOutput(s) for s in plan.decode])
 
     @staticmethod
     def prompt_chunks(plan: StepPlan) -> list[PrefillChunk]:

@@ -47,13 +47,12 @@ class SplitRunner(ModelRunner):
         """The prefill call, its rows handed out before the decode call runs."""
         if plan.prefill:
             chunks = self.prompt_chunks(plan)
-            yield from self.isolated(self.prefill, chunks, [RowOutput(seq, c) for (seq, _), c in zip(plan.prefill, chunks)])
+            outs = [RowOutput(seq, chunk) for (seq, _), chunk in zip(plan.prefill, chunks)]
+            yield from self.isolated(self.prefill, chunks, outs)
         if plan.decode:
-            rows = [DecodeRow(s.generated[-1], s.length - 1, s.blocks) for s in plan.decode]
-            yield from self.isolated(lambda r: (self.decode(r), [None] * len(r)), rows,
-                                     [RowOutput(s) for s in plan.decode])
+            yield from self.decode_rows(plan)
 
-    def prefill(self, chunks: list[PrefillChunk]) -> tuple[np.ndarray, list[np.ndarray]]:
+    def _prefill(self, chunks: list[PrefillChunk]) -> tuple[np.ndarray, list[np.ndarray]]:
         """Each chunk its own row, padded to ``prefill_chunk``."""
         size, n = self.shapes.prefill_chunk, len(chunks)
         batch = self.shapes.batch_for(n, prefill=True)
@@ -73,7 +72,7 @@ class SplitRunner(ModelRunner):
         logits, hidden = self._call(("prefill", batch, size, window), ids, pos, slots.reshape(-1), table, last_rows)
         return logits[:n], [hidden[i * size: i * size + len(c.ids)] for i, c in enumerate(chunks)]
 
-    def decode(self, rows: list[DecodeRow]) -> np.ndarray:
+    def _decode(self, rows: list[DecodeRow]) -> np.ndarray:
         n, batch = len(rows), self.shapes.batch_for(len(rows))
         window = self.shapes.window_for(max(r.position for r in rows) + 1)
         ids = np.zeros((batch, 1), np.int32)
