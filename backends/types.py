@@ -32,7 +32,6 @@ class RequestParams:
     max_new_tokens: int = MAX_NEW_TOKENS
     stop: tuple[str, ...] = ()
     truncate: int | None = None
-    return_full_text: bool = False
     decoder_input_details: bool = False
     adapter_id: str | None = None
 
