@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from service.config import ServerSettings
 from service.connections import bind
@@ -65,11 +66,14 @@ def info(url: str) -> dict:
     return requests.get(url + "/info", headers=CLOSE, timeout=TIMEOUT).json()["mindserve"]["http"]
 
 
-def metric(url: str, name: str) -> float:
-    for line in requests.get(url + "/metrics", headers=CLOSE, timeout=TIMEOUT).text.splitlines():
-        if line.startswith(name):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} not exported")
+def metric(url: str, name: str, **labels: str) -> float:
+    """The value of sample ``name`` with ``labels`` (besides model_name) in ``/metrics``."""
+    text = requests.get(url + "/metrics", headers=CLOSE, timeout=TIMEOUT).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and {k: v for k, v in sample.labels.items() if k != "model_name"} == labels:
+                return sample.value
+    raise AssertionError(f"{name} {labels} not exported")
 
 
 def until(predicate, seconds: float) -> bool:
@@ -131,6 +135,22 @@ def test_a_full_reading_bound_is_answered_429_at_once(live_servers):
     assert reply.status_code == 200
 
 
+def test_bodies_being_read_hold_at_most_max_buffered_body_bytes(live_servers):
+    settings = replace(ServerSettings(), max_request_bytes=1024, max_buffered_body_bytes=2048)
+    url = live_servers.start(FakeBackend(), settings)
+    before = metric(url, "http_refused_total", reason="buffered_full")
+    with ExitStack() as stack:
+        for _ in range(2):  # two uploads holding 1000 bytes each, not yet complete
+            stack.enter_context(connect(url)).sendall(head(length=1024) + b"{" + b" " * 999)
+        assert until(lambda: metric(url, "http_body_bytes_buffered") == 2000, 5)
+        sock = stack.enter_context(connect(url))
+        sock.sendall(head(length=100) + b"{" + b" " * 99)
+        status, body, _ = read_response(sock)
+        assert status == 503 and "maxBufferedBodyMB" in body["error"], body
+    assert metric(url, "http_refused_total", reason="buffered_full") == before + 1
+    assert until(lambda: metric(url, "http_body_bytes_buffered") == 0, 5)
+
+
 def test_a_refused_request_never_takes_a_slot(live_servers):
     """A 422 is decided on the body before admission: with one slot held, a bad body still gets its 422."""
     backend = FakeBackend(Pace(tokens=200, delay=0.05))
@@ -148,7 +168,7 @@ def test_a_refused_request_never_takes_a_slot(live_servers):
 
 def test_a_slow_head_gets_408_at_header_timeout(live_servers):
     url = live_servers.start(FakeBackend(), SHORT)
-    before = metric(url, 'http_timeouts_total{kind="header"')
+    before = metric(url, "http_timeouts_total", kind="header")
     with connect(url) as sock:
         sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\n")  # ... and never the rest
         status, body, waited = read_response(sock, 10)
@@ -157,13 +177,13 @@ def test_a_slow_head_gets_408_at_header_timeout(live_servers):
     with connect(url) as sock:  # a connection that sends nothing at all
         status, _, waited = read_response(sock, 10)
     assert status is None and waited < 5
-    assert metric(url, 'http_timeouts_total{kind="header"') == before + 2
+    assert metric(url, "http_timeouts_total", kind="header") == before + 2
 
 
 def test_a_trickling_body_gets_408_at_body_timeout(live_servers, caplog):
     caplog.set_level(logging.INFO, logger="mindserve.access")
     url = live_servers.start(FakeBackend(), SHORT)
-    before = metric(url, 'http_timeouts_total{kind="body"')
+    before = metric(url, "http_timeouts_total", kind="body")
     with connect(url) as sock:
         sock.sendall(head(length=100, extra=b"X-Request-Id: trickle-1\r\n") + b'{"in')
         status, body, waited = read_response(sock, 10)
@@ -173,7 +193,7 @@ def test_a_trickling_body_gets_408_at_body_timeout(live_servers, caplog):
         sock.sendall(head(extra=b"Transfer-Encoding: chunked\r\n") + b"2\r\n{\"\r\n")
         status, body, _ = read_response(sock, 10)
     assert status == 408
-    assert metric(url, 'http_timeouts_total{kind="body"') == before + 2
+    assert metric(url, "http_timeouts_total", kind="body") == before + 2
     assert until(lambda: any("request_id=trickle-1" in r.getMessage() and "status=408" in r.getMessage()
                              for r in caplog.records), 2)
     assert info(url)["reading_body"] == 0
@@ -181,7 +201,7 @@ def test_a_trickling_body_gets_408_at_body_timeout(live_servers, caplog):
 
 def test_an_idle_keep_alive_connection_is_closed(live_servers):
     url = live_servers.start(FakeBackend(), SHORT)
-    before = metric(url, 'http_timeouts_total{kind="keepalive"')
+    before = metric(url, "http_timeouts_total", kind="keepalive")
     with connect(url) as sock:
         sock.sendall(head(length=len(BODY)) + BODY)
         sock.settimeout(10)
@@ -192,7 +212,7 @@ def test_an_idle_keep_alive_connection_is_closed(live_servers):
         while chunk := sock.recv(65536):  # the server closes the idle connection: recv returns b""
             rest += chunk
         assert time.monotonic() - started < 5
-    assert metric(url, 'http_timeouts_total{kind="keepalive"') == before + 1
+    assert metric(url, "http_timeouts_total", kind="keepalive") == before + 1
 
 
 # --- 431 -----------------------------------------------------------------------------------------------------
