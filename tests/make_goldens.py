@@ -22,7 +22,7 @@ GOLDEN = Path(__file__).parent / "golden" / "smollm2_greedy.json"
 PROMPT = "My name is Olivier and I"
 PROMPT_IDS = [5965, 1462, 314, 11256, 380, 1153, 284, 339]  # no BOS, as the model's tokenizer does
 NEW_TOKENS = 20
-# HF transformers 5.24 fp32, greedy (shared/reference/cpu-performance-anchors.md §2).
+# HF transformers 5.24 fp32, greedy, run once outside this repository (no torch here).
 PUBLISHED_HF_FP32_IDS = [
     5248, 1535, 288, 724, 346, 351, 469, 1861, 30, 339, 3060, 325, 469, 685, 29, 1141, 1055, 288, 2381, 469,
 ]

@@ -26,7 +26,7 @@ NUMPY_GOLDEN = json.loads((GOLDEN_DIR / "smollm2_greedy.json").read_text(encodin
 REGENERATE = os.environ.get("MINDSERVE_REGENERATE_GOLDENS") == "1"
 TIMEOUT = 120  # seconds per HTTP call; the machine may be busy
 PROMPT = "My name is Olivier and I"
-PROMPT_IDS = [5965, 1462, 314, 11256, 380, 1153, 284, 339]  # SPEC §3
+PROMPT_IDS = [5965, 1462, 314, 11256, 380, 1153, 284, 339]  # the prompt of tests/golden/smollm2_greedy.json
 GREEDY_TEXT = NUMPY_GOLDEN["generated_text"]  # 20 greedy tokens after PROMPT
 EOS_PROMPT = "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"  # greedy: 7 tokens, EOS last
 LOGPROB_TOL = 1e-4
@@ -346,7 +346,7 @@ def test_same_seed_same_output_different_seeds_differ(server_url: str) -> None:
 
 
 def test_same_seed_same_output_while_batched(server_url: str) -> None:
-    """A seeded request's output does not depend on what else is in the batch (SPEC §4)."""
+    """A seeded request's output does not depend on what else is in the batch (docs/api.md, `seed`)."""
     body = request(max_new_tokens=8, do_sample=True, temperature=1.2, seed=99, details=True)
     alone = ok_json(post(server_url, body))
     results: list[dict[str, Any]] = []

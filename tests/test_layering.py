@@ -1,4 +1,4 @@
-"""The house rules of the import graph (../STYLE.md "The house"): ``service/`` never imports MindSpore,
+"""The layering of the import graph: ``service/`` never imports MindSpore,
 ``backends/`` never imports Tornado or ``service``, and no module of ``service/`` imports back into a
 circle, even under ``TYPE_CHECKING``."""
 from __future__ import annotations

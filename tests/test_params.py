@@ -1,4 +1,4 @@
-"""The "ms" default-parameter rules (SPEC §3) and the effective max_new_tokens cap."""
+"""The "ms" default-parameter rules (docs/api.md, the parameters table of POST /) and the effective max_new_tokens cap."""
 import random
 
 import pytest

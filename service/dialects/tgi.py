@@ -1,8 +1,8 @@
-"""The TGI dialect: ``POST /`` (SPEC §1), TGI's ``POST /generate`` and ``POST /generate_stream``.
+"""The TGI dialect: ``POST /`` (docs/api.md), TGI's ``POST /generate`` and ``POST /generate_stream``.
 
 Request side: a body that passes ``generate_request.schema.json`` → ``ParsedRequest`` (typed params, inputs,
 stream), checking the rules JSON Schema cannot express. Response side: ``GenerationResult`` / ``TokenEvent``
-→ the JSON of SPEC §1 (a one-element list, ``/generate``'s object, SSE events); errors are
+→ the JSON of docs/api.md (a one-element list, ``/generate``'s object, SSE events); errors are
 ``{"error", "error_type"}``. ``/generate`` and ``/generate_stream`` take the same body as ``POST /``; the
 route fixes the response mode (a ``stream`` field in the body is still checked as on ``POST /``).
 """
