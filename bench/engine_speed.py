@@ -444,15 +444,14 @@ class Bench:
     def graph_only(self, blocks: list[int]) -> None:
         """The bare compiled-graph call (inputs pre-built as Tensors) + the logits copy to host."""
         import mindspore as ms
-        from backends.mindspore.runner import net_inputs
         from backends.mindspore.kv_cache import block_table, token_slots
 
         bs = self.runner.shapes.block_size
         window = self.runner.shapes.window_for(PROMPT_SHORT + NEW_TOKENS)
         pos = np.array([[PROMPT_SHORT + NEW_TOKENS - 1]], np.int32)
-        args = net_inputs(np.array([[7]], np.int32), pos, token_slots(blocks, pos[0], bs).astype(np.int32),
-                          block_table([blocks], window // bs), np.zeros(1, np.int32), bs,
-                          self.runner.spec.num_kv_heads, self.runner.num_slots, self.runner.paged)
+        args = self.runner.graph_inputs(np.array([[7]], np.int32), pos,
+                                        token_slots(blocks, pos[0], bs).astype(np.int32),
+                                        block_table([blocks], window // bs), np.zeros(1, np.int32))
         tensors = [None if a is None else ms.Tensor(a) for a in args]
         self.runner.net(*tensors)[0].asnumpy()
         steps = []
@@ -620,7 +619,7 @@ class Bench:
         """Wall time of ``steps`` unprofiled decode steps, split into the time inside each AOT kernel
         (their own counters) and the rest: MindSpore's launches, its few stock ops (cache writes,
         gathers) and the host side of runner.decode."""
-        if not getattr(self.runner, "paged", False):
+        if self.runner.kernels != "aot":
             return None
         from backends.mindspore.kernels import KERNEL_KINDS, kernel_stats
 

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from service.config import DEFAULT_MODEL_NAME, ConfigFileError, ServerConfig, load_server_config, with_port
+from backends.mindspore.default_model import MODEL_DIR_NAME
+from service.config import ConfigFileError, ServerConfig, load_server_config, with_port
 from service.loading import LOAD_THREAD
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ def prepare_model(cfg: ServerConfig) -> Path:
     path = cfg.model.weight_path
     if is_model_dir(path):
         return path
-    if path.name == DEFAULT_MODEL_NAME:
+    if path.name == MODEL_DIR_NAME:
         from backends.mindspore.default_model import ensure_default_model
 
         log.info("default model not found at %s: preparing it (download + conversion)", path)

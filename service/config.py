@@ -10,7 +10,6 @@ from typing import Any
 
 import yaml
 
-from backends.mindspore.default_model import MODEL_DIR_NAME as DEFAULT_MODEL_NAME
 from backends.mindspore.shapes import ShapeError, check_buckets
 from backends.settings import EngineConfig
 from service.errors import ValidationError

@@ -29,7 +29,6 @@ def packed_inputs(ids: np.ndarray, pos: np.ndarray, slots: np.ndarray, table: np
 
 class PackedRunner(ModelRunner):
     kernels = "aot"
-    paged = True
     prefill_first = 0  # the decode rows ride along with the prompt chunks: decoding never pauses
     description = "AOT (matmul, paged attention, fused norm/rope/SwiGLU; row-deterministic)"
 
@@ -98,5 +97,5 @@ class PackedRunner(ModelRunner):
         tokens = smaller[-1] + 1 if smaller else 1
         self.prefill([PrefillChunk([0] * tokens, window - tokens, [0] * (window // self.shapes.block_size))])
 
-    def _inputs(self, ids, pos, slots, table, last_rows, token_rows) -> tuple:
+    def graph_inputs(self, ids, pos, slots, table, last_rows, token_rows=None) -> tuple:
         return packed_inputs(ids, pos, slots, table, last_rows, self.spec.num_kv_heads, self.num_slots, token_rows)

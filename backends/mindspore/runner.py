@@ -56,24 +56,10 @@ def write_rows(slots: np.ndarray, kv_heads: int, num_slots: int) -> np.ndarray:
     return (slots.reshape(-1, 1).astype(np.int64) + heads).reshape(-1).astype(np.int32)
 
 
-def net_inputs(ids: np.ndarray, pos: np.ndarray, slots: np.ndarray, table: np.ndarray, last_rows: np.ndarray,
-               block_size: int, kv_heads: int, num_slots: int, paged: bool,
-               token_rows: np.ndarray | None = None) -> tuple:
-    """The network's inputs for either runner (``paged``: ``PackedRunner.paged``); bench/engine_speed.py
-    builds raw graph calls with it."""
-    from backends.mindspore.packed import packed_inputs
-    from backends.mindspore.split import window_inputs
-
-    if paged:
-        return packed_inputs(ids, pos, slots, table, last_rows, kv_heads, num_slots, token_rows)
-    return window_inputs(ids, pos, slots, table, last_rows, block_size, kv_heads, num_slots)
-
-
 class ModelRunner(ABC):
     """The network, its compiled shapes and graphs; subclasses say how a step's rows become graph calls."""
 
     kernels: ClassVar[str]  # "aot" | "ms": the kernel path, as /info reports it
-    paged: ClassVar[bool]  # the network reads the cache through a block table (else gathered windows)
     prefill_first: ClassVar[int]  # the scheduler's prefill-only steps in a row while prompts wait
 
     def __init__(self, spec: ModelSpec, weights: dict[str, np.ndarray], shapes: Shapes, num_blocks: int,
@@ -121,7 +107,7 @@ class ModelRunner(ABC):
         """Call the graph of ``key`` once, on the scratch block only."""
 
     @abstractmethod
-    def _inputs(self, ids, pos, slots, table, last_rows, token_rows) -> tuple:
+    def graph_inputs(self, ids, pos, slots, table, last_rows, token_rows=None) -> tuple:
         """The network's inputs (numpy) for padded ids/pos/slots, a block table and the logit rows."""
 
     # --- shared ---
@@ -171,7 +157,7 @@ class ModelRunner(ABC):
         return outs
 
     def _call(self, key: tuple, ids, pos, slots, table, last_rows, token_rows=None):
-        args = self._inputs(ids, pos, slots, table, last_rows, token_rows)
+        args = self.graph_inputs(ids, pos, slots, table, last_rows, token_rows)
         started = time.perf_counter()
         logits, hidden = self.net(*(None if a is None else ms.Tensor(a) for a in args))
         out = logits.asnumpy(), hidden.asnumpy()

@@ -36,7 +36,6 @@ def window_inputs(ids: np.ndarray, pos: np.ndarray, slots: np.ndarray, table: np
 
 class SplitRunner(ModelRunner):
     kernels = "ms"
-    paged = False
     prefill_first = PREFILL_FIRST
     description = "stock MindSpore ops (MatMul, windowed attention)"
 
@@ -99,6 +98,6 @@ class SplitRunner(ModelRunner):
         else:
             self.decode([DecodeRow(0, window - 1, blocks)] * key[1])
 
-    def _inputs(self, ids, pos, slots, table, last_rows, token_rows) -> tuple:
+    def graph_inputs(self, ids, pos, slots, table, last_rows, token_rows=None) -> tuple:
         return window_inputs(ids, pos, slots, table, last_rows, self.shapes.block_size, self.spec.num_kv_heads,
                              self.num_slots)

@@ -1,0 +1,89 @@
+"""The ``mindserve`` command line, run as a real subprocess: validate-config, convert-gguf, serve."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+import requests
+import yaml
+
+from tests.support.cli import CLI, run_cli, server_config
+from tests.support.paths import REPO
+
+
+def test_validate_config_accepts_the_shipped_default():
+    out = run_cli("validate-config", "configs/server.yaml")
+    assert out.returncode == 0, out.stderr
+    assert "OK" in out.stdout
+
+
+@pytest.mark.parametrize("mutate, key", [
+    (lambda c: c["ServerConfig"].update(port="abc"), "ServerConfig.port"),
+    (lambda c: c["BackendConfig"]["ModelDeployConfig"]["ModelConfig"][0].update(backendType="atb"), "backendType"),
+    (lambda c: c["BackendConfig"]["ModelDeployConfig"].pop("ModelConfig"), "ModelConfig"),
+    (lambda c: c["ServerConfig"].update(tokenIdFormat="hex"), "tokenIdFormat"),
+    (lambda c: c["BackendConfig"]["ScheduleConfig"].update(maxPrefillBatchSize=9), "maxPrefillBatchSize"),
+])
+def test_bad_config_stops_with_a_message_naming_the_key(tmp_path, tiny_model_dir, mutate, key):
+    cfg = server_config(tiny_model_dir)
+    mutate(cfg)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    for command in ("validate-config", "serve"):
+        args = (command, str(path)) if command == "validate-config" else (command, "--config", str(path))
+        out = run_cli(*args)
+        assert out.returncode == 2, (command, out.stdout, out.stderr[-500:])
+        assert key in out.stderr and "bad.yaml" in out.stderr
+        assert "Traceback" not in out.stderr
+
+
+def test_reference_config_json_shape_is_accepted(tmp_path, tiny_model_dir):
+    cfg = server_config(tiny_model_dir, managementPort=1026, metricsPort=1027, tlsCaPath="security/ca/",
+                        interCommTLSEnabled=True, openAiSupport="vllm")
+    cfg["BackendConfig"].update(backendName="mindieservice_llm_engine", npuDeviceIds=[[0]])
+    cfg["LogConfig"] = {"dynamicLogLevel": ""}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    out = run_cli("validate-config", str(path))
+    assert out.returncode == 0, out.stderr
+
+
+def test_convert_gguf_writes_a_model_directory(tmp_path, default_gguf_path):
+    out = run_cli("convert-gguf", str(default_gguf_path), str(tmp_path / "m"), "--name", "smol", "--quiet")
+    assert out.returncode == 0, out.stderr
+    names = {p.name for p in (tmp_path / "m").iterdir()}
+    assert {"config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors",
+            "predict_smol.yaml"} <= names
+
+
+def test_serve_answers_then_exits_cleanly_on_sigterm(tmp_path, tiny_model_dir):
+    path = tmp_path / "server.yaml"
+    path.write_text(yaml.safe_dump(server_config(tiny_model_dir)))
+    proc = subprocess.Popen([*CLI, "serve", "--config", str(path)], cwd=REPO, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    log: list[str] = []
+    reader = threading.Thread(target=lambda: log.extend(iter(proc.stderr.readline, "")), daemon=True)
+    reader.start()
+    try:
+        url = None
+        deadline = time.monotonic() + 240
+        while url is None and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+            found = [re.search(r"ready: .* listening on (http://\S+)", line) for line in list(log)]
+            url = next((m.group(1) for m in found if m), None)
+        assert url, "".join(log)[-3000:]
+        assert any("warm-up done" in line for line in log)
+        assert requests.get(url + "/health", timeout=10).status_code == 200
+        reply = requests.post(url + "/", json={"inputs": "hello", "parameters": {"max_new_tokens": 3}}, timeout=60)
+        assert reply.status_code == 200 and isinstance(reply.json(), list)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -1,0 +1,107 @@
+"""A backend for handler-only tests: each request emits tokens on its own thread at a set pace.
+
+It implements the ``backends.base.Backend`` protocol without a model, so tests can make requests
+slow, stall or fail at will and see whether the service cancelled them.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from backends.base import Listener, RequestHandle
+from backends.errors import GenerationFailed
+from backends.types import (
+    FinishReason,
+    GenerationResult,
+    RequestParams,
+    Token,
+    TokenEvent,
+)
+
+
+@dataclass(frozen=True)
+class Pace:
+    """``tokens`` tokens, ``delay`` s apart (the first after ``first_delay``, default ``delay``);
+    ``stall_after``: after that many tokens, go silent for ``stall`` s; ``fail_after``: then a
+    GenerationFailed instead of the next token."""
+
+    tokens: int = 3
+    delay: float = 0.0
+    first_delay: float | None = None
+    stall_after: int | None = None
+    stall: float = 0.0
+    fail_after: int | None = None
+
+
+class FakeBackend:
+    model_name = "fake"
+
+    def __init__(self, pace: Pace = Pace()) -> None:
+        self.pace = pace
+        self.handles: list[RequestHandle] = []
+        self.running = 0  # requests whose thread has not ended
+        self._lock = threading.Lock()
+
+    def submit(self, inputs: str, params: RequestParams, listener: Listener | None = None) -> RequestHandle:
+        handle = RequestHandle(f"fake-{len(self.handles) + 1}", listener)
+        with self._lock:
+            self.handles.append(handle)
+            self.running += 1
+        threading.Thread(target=self._run, args=(handle, params), daemon=True).start()
+        return handle
+
+    def _run(self, handle: RequestHandle, params: RequestParams) -> None:
+        try:
+            self._emit_all(handle, params)
+        finally:
+            with self._lock:
+                self.running -= 1
+
+    def _emit_all(self, handle: RequestHandle, params: RequestParams) -> None:
+        pace = self.pace
+        n = min(pace.tokens, params.max_new_tokens or pace.tokens)
+        for i in range(n):
+            wait = pace.delay if i or pace.first_delay is None else pace.first_delay
+            if pace.stall_after is not None and i == pace.stall_after:
+                wait += pace.stall
+            if not _sleep_unless_cancelled(handle, wait):
+                handle.emit(GenerationResult("a" * i, FinishReason.STOP_SEQUENCE, 1, i, 1))
+                return
+            if pace.fail_after is not None and i == pace.fail_after:
+                handle.emit(GenerationFailed("injected fault"))
+                return
+            handle.emit(TokenEvent(Token(i, "a", -0.5, False), i, "a", last=i == n - 1))
+        handle.emit(GenerationResult("a" * n, FinishReason.LENGTH, 1, n, 1))
+
+    def count_tokens(self, text: str) -> int:
+        return max(1, len(text.split()))
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(range(self.count_tokens(text)))
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        return "".join(str(m.get("content")) for m in messages)
+
+    def info(self) -> dict:
+        return {"model_name": self.model_name, "running": self.running}
+
+    def close(self) -> None:
+        pass
+
+    def cancelled(self) -> list[bool]:
+        return [h.cancelled for h in self.handles]
+
+
+def _sleep_unless_cancelled(handle: RequestHandle, seconds: float) -> bool:
+    """Sleep; False (early) once the request is cancelled."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if handle.cancelled:
+            return False
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return True
+        time.sleep(min(left, 0.005))

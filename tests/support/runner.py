@@ -1,0 +1,32 @@
+"""A bare ModelRunner on a small model, for the network tests (and their PyNative subprocess)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from backends.mindspore.config import load_model_spec
+from backends.mindspore.model import set_mode
+from backends.mindspore.runner import ModelRunner, PrefillChunk, build_runner
+from backends.mindspore.shapes import Shapes
+from backends.mindspore.weights import load_weights
+
+SHAPES = Shapes(block_size=16, prefill_chunk=8, batch_buckets=(1, 4), window_buckets=(32, 64),
+                prefill_batch_buckets=(1, 2))
+
+
+def make_runner(model_dir: Path, num_blocks: int = 24, mode: int = 0, kernels: str = "ms") -> ModelRunner:
+    spec = load_model_spec(model_dir)
+    set_mode(mode, "CPU", 2)
+    return build_runner(spec, load_weights(spec.checkpoint, spec.checkpoint_format), SHAPES, num_blocks, kernels)
+
+
+def prompt(n: int, seed: int, vocab: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(3, vocab, n)]
+
+
+def prefill(runner: ModelRunner, ids: list[int], blocks: list[int]) -> np.ndarray:
+    chunk = runner.shapes.prefill_chunk
+    for start in range(0, len(ids), chunk):
+        logits, _ = runner.prefill([PrefillChunk(ids[start:start + chunk], start, blocks)])
+    return logits[0]
