@@ -194,6 +194,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     what = model.arch if model.prepared else "not prepared yet: serve downloads and converts it"
     print(f"{args.config}: OK (model {cfg.model.name} at {cfg.model.weight_path}: {what}; "
           f"listening on {cfg.server.ip_address}:{cfg.server.port})")
+    if model.cache is not None:
+        print(f"{args.config}: {model.cache.describe()}")
     return 0
 
 

@@ -144,6 +144,7 @@ def _server(data: dict, base: Path) -> ServerSettings:
 
 def _engine(data: dict) -> EngineConfig:
     deploy = _Section("ModelDeployConfig", data["BackendConfig"].get("ModelDeployConfig"))
+    model = _Section("ModelConfig", deploy["ModelConfig"][0])
     sched = _Section("ScheduleConfig", data["BackendConfig"].get("ScheduleConfig"))
     truncation = deploy["truncation"]
     buckets = {k: tuple(sorted(sched[k])) if sched[k] else None for k in ("batchBuckets", "windowBuckets")}
@@ -154,6 +155,7 @@ def _engine(data: dict) -> EngineConfig:
         block_size=sched["cacheBlockSize"], prefill_chunk=min(sched["maxPrefillTokens"], PREFILL_CHUNK),
         max_prefill_batch=sched["maxPrefillBatchSize"], max_prefill_tokens=sched["maxPrefillTokens"],
         batch_buckets=buckets["batchBuckets"], window_buckets=buckets["windowBuckets"],
+        cache_gb=float(model["npuMemSize"]),
     )
 
 

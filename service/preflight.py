@@ -1,5 +1,6 @@
 """Start-up checks that read files other than the config, but load no weights: the model directory,
-the bucket coverage against the model, the TLS files, and (``validate-config`` only) busy ports.
+the bucket coverage against the model, the KV cache against the memory budget, the TLS files, and
+(``validate-config`` only) busy ports.
 
 ``serve`` runs them before it binds its ports, ``validate-config`` runs them all; each failure is a
 ``ConfigFileError`` naming the config file and the key.
@@ -13,12 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backends.mindspore.default_model import MODEL_DIR_NAME
+from backends.mindspore.memory import CachePlan, Footprint, MemoryBudgetError, available_memory, plan_cache
 from backends.mindspore.shapes import ShapeError, plan_shapes
 from service.config import (BUSINESS, MANAGEMENT, METRICS, ConfigFileError, ServerConfig, planes_by_listener,
                             schedule_key)
 from service.tls import server_ssl_context
 
 MODEL_KEY = "BackendConfig.ModelDeployConfig.ModelConfig[0].modelWeightPath"
+MEMORY_KEY = "BackendConfig.ModelDeployConfig.ModelConfig[0].npuMemSize"
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +31,7 @@ class ModelCheck:
     directory: Path
     arch: str | None = None
     max_position_embeddings: int | None = None
+    cache: CachePlan | None = None  # the KV cache the engine would allocate now
 
     @property
     def prepared(self) -> bool:
@@ -63,7 +67,16 @@ def check_model(cfg: ServerConfig) -> ModelCheck:
     except Exception as exc:  # noqa: BLE001 - tokenizers and mindformers raise plain exceptions
         raise ConfigFileError(f"{cfg.path}: {MODEL_KEY}: cannot load the tokenizer: {exc}") from None
     _check_windows(cfg, spec.max_position_embeddings)
-    return ModelCheck(spec.model_dir, spec.arch, spec.max_position_embeddings)
+    return ModelCheck(spec.model_dir, spec.arch, spec.max_position_embeddings, check_memory(cfg, spec))
+
+
+def check_memory(cfg: ServerConfig, spec) -> CachePlan:
+    """The engine's own cache rule (``backends.mindspore.memory.plan_cache``) on the memory free now, the
+    weights' size read from the safetensors headers."""
+    try:
+        return plan_cache(cfg.engine, Footprint.of(spec), available_memory(), spec.max_position_embeddings)
+    except MemoryBudgetError as exc:
+        raise ConfigFileError(f"{cfg.path}: {MEMORY_KEY}: {exc}") from None
 
 
 def _check_windows(cfg: ServerConfig, max_position_embeddings: int | None) -> None:

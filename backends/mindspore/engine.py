@@ -21,11 +21,12 @@ from backends.errors import EngineOverloaded, EngineUnavailable, GenerationFaile
 from backends.limits import longest_sequence, prompt_token_limit
 from backends.mindspore.config import load_model_spec
 from backends.mindspore.kv_cache import BlockAllocator
+from backends.mindspore.memory import Footprint, available_memory, plan_cache
 from backends.mindspore.model import set_device
 from backends.mindspore.runner import RowOutput, build_runner
 from backends.mindspore.scheduler import Scheduler
 from backends.mindspore.sequence import SeqState
-from backends.mindspore.shapes import cache_blocks, plan_shapes
+from backends.mindspore.shapes import plan_shapes
 from backends.mindspore.tokenizer import Tokenizer
 from backends.mindspore.weights import load_weights
 from backends.params import effective_max_new_tokens
@@ -53,13 +54,16 @@ class Engine:
                  warmup: bool = True, progress: bool = False, model_name: str | None = None) -> None:
         started = time.perf_counter()
         self.spec = spec = load_model_spec(model_dir)
-        self.config = config
+        # The cache within its memory budget (npuMemSize), the batch capped at what it holds.
+        cache = plan_cache(config, Footprint.of(spec), available_memory(), spec.max_position_embeddings)
+        log.info("%s", cache.describe())
+        self.config = config = cache.apply(config)
+        num_blocks = cache.num_blocks
         self.model_name = model_name or spec.model_dir.name
         self.tokenizer = Tokenizer.from_model_dir(spec.model_dir, spec.tokenizer)
         self.max_seq_len = longest_sequence(config, spec.max_position_embeddings)
         self.prompt_limit = prompt_token_limit(config, spec.max_position_embeddings)
         shapes = plan_shapes(config, spec.max_position_embeddings)
-        num_blocks = cache_blocks(config, spec.max_position_embeddings)
         self.device = set_device(spec, config.threads)
         weights = load_weights(spec.checkpoint, spec.checkpoint_format)
         # The execution strategy, chosen once: the packed AOT step or the split stock-op step.

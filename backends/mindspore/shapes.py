@@ -1,5 +1,6 @@
 """The static shapes the graphs are compiled for, derived from the engine settings: the one home of the
-bucket rules (batch and window coverage). No MindSpore import: ``service/`` asks these same functions.
+bucket rules (batch and window coverage; the cache size is ``memory.py``'s). No MindSpore import:
+``service/`` asks these same functions.
 """
 from __future__ import annotations
 
@@ -80,13 +81,6 @@ def plan_shapes(config: EngineConfig, max_positions: int | None = None) -> Shape
                   tuple(sorted(set(config.batch_buckets or _default_batches(config.max_batch_size)))),
                   tuple(sorted(set(config.window_buckets or _default_windows(max_window, block)))),
                   tuple(sorted(set(config.prefill_batch_buckets or (1, config.max_prefill_batch)))))
-
-
-def cache_blocks(config: EngineConfig, max_positions: int | None = None) -> int:
-    """Cache blocks: the configured number, else enough for maxBatchSize longest sequences (+ the scratch
-    block)."""
-    per_sequence = -(-longest_sequence(config, max_positions) // config.block_size)
-    return config.num_blocks or config.max_batch_size * per_sequence + 1
 
 
 def _default_batches(max_batch: int) -> tuple[int, ...]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from backends.limits import PromptLimit, longest_sequence, prompt_token_limit
-from backends.mindspore.shapes import ShapeError, cache_blocks, plan_shapes
+from backends.mindspore.shapes import ShapeError, plan_shapes
 from backends.settings import EngineConfig
 
 
@@ -55,9 +55,3 @@ def test_plan_shapes_refuses_buckets_that_do_not_cover(config, max_pos, key, mes
     with pytest.raises(ShapeError) as caught:
         plan_shapes(config, max_pos)
     assert caught.value.key == key and message in str(caught.value)
-
-
-def test_cache_blocks_hold_max_batch_size_longest_sequences_plus_scratch():
-    assert cache_blocks(BASE) == 12 * 63 + 1
-    assert cache_blocks(BASE, 100) == 12 * 7 + 1
-    assert cache_blocks(EngineConfig(num_blocks=9)) == 9

@@ -80,6 +80,7 @@ APPLIED = {
     ("ModelDeployConfig", "maxInputTokenLen"): lambda c: c.engine.max_input_tokens,
     ("ModelDeployConfig", "truncation"): lambda c: c.engine.truncation,
     ("ModelConfig", "backendType"): lambda c: c.model.backend_type,
+    ("ModelConfig", "npuMemSize"): lambda c: c.engine.cache_gb,
     ("ScheduleConfig", "cacheBlockSize"): lambda c: c.engine.block_size,
     ("ScheduleConfig", "maxBatchSize"): lambda c: c.engine.max_batch_size,
     ("ScheduleConfig", "maxPrefillBatchSize"): lambda c: c.engine.max_prefill_batch,
@@ -113,7 +114,7 @@ OTHER = {
     "maxBufferedBodyMB": (64, {}), "listenBacklog": (16, {}), "maxSeqLen": (300, {"maxIterTimes": 100}),
     "maxInputTokenLen": (99, {}), "truncation": (1, {}), "cacheBlockSize": (64, {}),
     "maxBatchSize": (3, {"maxPrefillBatchSize": 1}), "maxPrefillBatchSize": (2, {}), "maxPrefillTokens": (64, {}),
-    "maxIterTimes": (100, {}),
+    "maxIterTimes": (100, {}), "npuMemSize": (0.5, {}),
 }
 
 

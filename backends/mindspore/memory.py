@@ -1,0 +1,207 @@
+"""The KV cache's memory budget (the reference server's ``npuMemSize``): the one home of the rule that sizes
+the cache and caps the batch by what fits. The engine asks it before it loads the weights, ``validate-config``
+and ``serve`` ask it before anything is loaded (``service/preflight.py``). No MindSpore import.
+"""
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from backends.limits import longest_sequence
+from backends.settings import EngineConfig
+
+if TYPE_CHECKING:
+    from backends.mindspore.config import ModelSpec
+
+GIB = 1 << 30
+CACHE_DTYPE_BYTES = 4  # the cache is float32 on CPU (off CPU it may be half that: the budget errs safe)
+LOAD_COPIES = 2  # the weights are in memory twice while the network is built (NumPy arrays, then Parameters)
+RUNTIME_RESERVE = 2 * GIB  # the MindSpore runtime and the compiled graphs (about 1 GB for configs/server.yaml)
+MARGIN = 0.2  # of the available memory, left to everything else on the machine (npuMemSize -1)
+NO_LIMIT = 1 << 60  # cgroup limits at or above this mean "no limit"
+
+
+class MemoryBudgetError(ValueError):
+    """The cache the settings ask for does not fit; the message names the keys to change."""
+
+
+@dataclass(frozen=True, slots=True)
+class Footprint:
+    """What one model costs in memory: its weights as loaded, and the K/V bytes of one token."""
+
+    weights_bytes: int
+    bytes_per_token: int  # K and V, every layer
+
+    @classmethod
+    def of(cls, spec: ModelSpec) -> Footprint:
+        return cls(weights_bytes(spec.checkpoint),
+                   2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * CACHE_DTYPE_BYTES)
+
+
+@dataclass(frozen=True, slots=True)
+class Available:
+    bytes: int
+    source: str  # "MemAvailable", or "the cgroup limit" when that is tighter
+
+
+@dataclass(frozen=True, slots=True)
+class CachePlan:
+    """The cache chosen: its blocks, the batch they hold, and why."""
+
+    num_blocks: int  # including the scratch block
+    max_batch_size: int
+    asked_batch_size: int
+    cache_bytes: int
+    budget: str  # how the budget was set, for the log line
+
+    @property
+    def capped(self) -> bool:
+        return self.max_batch_size < self.asked_batch_size
+
+    def apply(self, config: EngineConfig) -> EngineConfig:
+        """``config`` with this cache and, when capped, the batch (and the buckets above it) brought down."""
+        if not self.capped:
+            return replace(config, num_blocks=self.num_blocks)
+        b = self.max_batch_size
+        return replace(config, num_blocks=self.num_blocks, max_batch_size=b,
+                       max_prefill_batch=min(config.max_prefill_batch, b),
+                       batch_buckets=_trim(config.batch_buckets, b),
+                       prefill_batch_buckets=_trim(config.prefill_batch_buckets, b))
+
+    def describe(self) -> str:
+        """The one log line saying what was chosen and why."""
+        chosen = (f"maxBatchSize capped from {self.asked_batch_size} to {self.max_batch_size} (what fits)"
+                  if self.capped else f"maxBatchSize {self.max_batch_size} fits")
+        return (f"KV cache: {self.num_blocks} blocks, {_gib(self.cache_bytes)}; {chosen}; budget {self.budget}")
+
+
+def plan_cache(config: EngineConfig, model: Footprint, available: Available,
+               max_positions: int | None = None) -> CachePlan:
+    """The cache for ``config``: enough blocks for maxBatchSize longest sequences (+ the scratch block)
+    within the budget (npuMemSize GB, or -1: ``available`` less the weights, the runtime reserve and the
+    margin), the batch capped at what the budget holds. A set ``num_blocks`` (Python API) is taken as it
+    is. Raises MemoryBudgetError naming the keys when not even one sequence fits."""
+    block_bytes = config.block_size * model.bytes_per_token
+    longest = longest_sequence(config, max_positions)
+    per_sequence = -(-longest // config.block_size)
+    asked = config.max_batch_size
+    if config.num_blocks:
+        return CachePlan(config.num_blocks, asked, asked, config.num_blocks * block_bytes, "num_blocks (set)")
+    fixed = LOAD_COPIES * model.weights_bytes + RUNTIME_RESERVE
+    if config.cache_gb > 0:
+        budget = int(config.cache_gb * GIB)
+        budget_text = f"npuMemSize {config.cache_gb:g} GB"
+    else:
+        margin = int(MARGIN * available.bytes)
+        budget = available.bytes - fixed - margin
+        budget_text = (f"npuMemSize -1: {_gib(available.bytes)} available ({available.source}) - weights "
+                       f"{_gib(model.weights_bytes)} x {LOAD_COPIES} - runtime reserve {_gib(RUNTIME_RESERVE)} - "
+                       f"margin {MARGIN:.0%} = {_gib(max(budget, 0))}")
+    sequences = max(budget // block_bytes - 1, 0) // per_sequence
+    if sequences < 1:
+        raise MemoryBudgetError(
+            f"the KV cache does not hold one sequence: {_sequence(config, longest)} in blocks of cacheBlockSize "
+            f"{config.block_size} needs {per_sequence} blocks + 1 scratch = {_gib((per_sequence + 1) * block_bytes)}, "
+            f"and the budget is {budget_text}; lower maxSeqLen, or raise npuMemSize"
+            + ("" if config.cache_gb > 0 else " (set it in GB) or free memory"))
+    batch = min(asked, sequences)
+    plan = CachePlan(batch * per_sequence + 1, batch, asked, (batch * per_sequence + 1) * block_bytes, budget_text)
+    if config.cache_gb > 0 and plan.cache_bytes + fixed > available.bytes:
+        raise MemoryBudgetError(
+            f"npuMemSize {config.cache_gb:g} GB: the cache of {plan.num_blocks} blocks ({_gib(plan.cache_bytes)}, "
+            f"maxBatchSize {batch} x {_sequence(config, longest)}) with the weights ({_gib(model.weights_bytes)} x "
+            f"{LOAD_COPIES}) and the runtime reserve ({_gib(RUNTIME_RESERVE)}) needs more than the "
+            f"{_gib(available.bytes)} available ({available.source}); lower npuMemSize, maxBatchSize or maxSeqLen, "
+            "or set npuMemSize -1 to size the cache from what is free")
+    return plan
+
+
+def available_memory(proc: Path = Path("/proc"), cgroup_root: Path = Path("/sys/fs/cgroup")) -> Available:
+    """Memory this process may still take: MemAvailable, or the cgroup's headroom (limit - usage not
+    counting reclaimable file pages) when a limit is set and tighter."""
+    available = Available(_meminfo(proc / "meminfo").get("MemAvailable", 0), "MemAvailable")
+    headroom = _cgroup_headroom(proc / "self" / "cgroup", cgroup_root)
+    if headroom is not None and headroom < available.bytes:
+        return Available(max(headroom, 0), "the cgroup memory limit")
+    return available
+
+
+def weights_bytes(checkpoint: Path) -> int:
+    """Bytes of the weights once loaded (float32): from the safetensors headers (a file, or every
+    ``*.safetensors`` of a directory), else the file size. Reads no tensor data."""
+    files = sorted(checkpoint.glob("*.safetensors")) if checkpoint.is_dir() else [checkpoint]
+    return sum(_safetensors_bytes(f) if f.suffix == ".safetensors" else f.stat().st_size for f in files)
+
+
+def _safetensors_bytes(path: Path) -> int:
+    """float32 bytes of every tensor a safetensors file holds (its header: u64 length, then JSON)."""
+    with path.open("rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+    return sum(math.prod(t["shape"]) * 4 for name, t in header.items() if name != "__metadata__")
+
+
+def _meminfo(path: Path) -> dict[str, int]:
+    """/proc/meminfo in bytes."""
+    out = {}
+    for line in path.read_text().splitlines():
+        key, _, value = line.partition(":")
+        parts = value.split()
+        if parts and parts[0].isdigit():
+            out[key] = int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
+    return out
+
+
+def _cgroup_headroom(self_cgroup: Path, root: Path) -> int | None:
+    """limit - (usage - inactive file pages) of this process's memory cgroup (v2, else v1); None: no limit."""
+    try:
+        lines = self_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    paths = {ctrl: path.lstrip("/") for _, ctrl, path in (line.split(":", 2) for line in lines if line.count(":") >= 2)}
+    candidates = []
+    if "" in paths:  # v2: "0::/path"
+        candidates += [(root / paths[""], "memory.max", "memory.current", "inactive_file"),
+                       (root, "memory.max", "memory.current", "inactive_file")]
+    v1 = next((p for ctrl, p in paths.items() if "memory" in ctrl.split(",")), None)
+    if v1 is not None:
+        candidates += [(root / "memory" / v1, "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"),
+                       (root / "memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")]
+    for where, limit_file, usage_file, inactive_key in candidates:
+        try:
+            limit_text = (where / limit_file).read_text().strip()
+            usage = int((where / usage_file).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if limit_text == "max" or int(limit_text) >= NO_LIMIT:
+            return None
+        return int(limit_text) - usage + _stat(where / "memory.stat").get(inactive_key, 0)
+    return None
+
+
+def _stat(path: Path) -> dict[str, int]:
+    try:
+        return {k: int(v) for k, v in (line.split() for line in path.read_text().splitlines() if line.count(" ") == 1)}
+    except (OSError, ValueError):
+        return {}
+
+
+def _sequence(config: EngineConfig, longest: int) -> str:
+    if longest == config.max_seq_len:
+        return f"maxSeqLen {longest} tokens"
+    return f"{longest} tokens (maxSeqLen {config.max_seq_len}, capped by the model's max_position_embeddings)"
+
+
+def _trim(buckets: tuple[int, ...] | None, largest: int) -> tuple[int, ...] | None:
+    """``buckets`` without those above ``largest`` (which becomes the largest)."""
+    if buckets is None or max(buckets) <= largest:
+        return buckets
+    return (*(b for b in sorted(buckets) if b < largest), largest)
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.2f} GiB" if n >= GIB // 10 else f"{n / (1 << 20):.1f} MiB"

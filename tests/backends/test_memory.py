@@ -1,0 +1,144 @@
+"""The KV cache's memory budget (npuMemSize): sizing, the batch cap, the refusals, and reading the memory
+the machine has (pure arithmetic on fake /proc and cgroup trees: no model, no MindSpore)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from backends.mindspore.memory import (GIB, LOAD_COPIES, MARGIN, RUNTIME_RESERVE, Available, CachePlan, Footprint,
+                                       MemoryBudgetError, available_memory, plan_cache, weights_bytes)
+from backends.settings import EngineConfig
+
+# SmolLM2-135M: 30 layers, 3 kv heads, head_dim 64, float32 cache -> 2 * 30 * 3 * 64 * 4 bytes per token.
+SMOL_TOKEN = 46080
+SMOL = Footprint(weights_bytes=538_000_000, bytes_per_token=SMOL_TOKEN)
+# The reference defaults a minimal config (no ScheduleConfig) takes.
+MINIMAL = EngineConfig(max_seq_len=2560, max_input_tokens=2048, max_batch_size=200, block_size=128)
+PLENTY = Available(200 * GIB, "MemAvailable")
+
+
+def test_the_minimal_config_asks_for_24_gb_of_cache():
+    """The issue's report, reproduced by arithmetic: 200 sequences x 20 blocks + scratch, 128 tokens each."""
+    plan = plan_cache(MINIMAL, SMOL, PLENTY, 8192)
+    assert plan.num_blocks == 200 * 20 + 1
+    assert plan.cache_bytes == 4001 * 128 * SMOL_TOKEN
+    assert 23.5e9 < plan.cache_bytes < 23.7e9
+    assert not plan.capped
+
+
+def test_the_minimal_config_on_a_24_gib_machine_is_capped_to_what_fits():
+    available = Available(22 * GIB, "MemAvailable")
+    plan = plan_cache(MINIMAL, SMOL, available, 8192)
+    budget = 22 * GIB - LOAD_COPIES * SMOL.weights_bytes - RUNTIME_RESERVE - int(MARGIN * 22 * GIB)
+    assert plan.capped and plan.max_batch_size == (budget // (128 * SMOL_TOKEN) - 1) // 20
+    assert plan.cache_bytes <= budget
+    assert plan.num_blocks == plan.max_batch_size * 20 + 1
+    line = plan.describe()
+    assert "maxBatchSize capped from 200 to" in line and "npuMemSize -1" in line and "MemAvailable" in line
+
+
+def test_npu_mem_size_in_gb_sets_the_budget():
+    # 1 GiB holds 1073741824 // (128 * 46080) = 182 blocks: the scratch block and 9 sequences of 20 blocks.
+    plan = plan_cache(EngineConfig(**{**_fields(MINIMAL), "cache_gb": 1.0}), SMOL, PLENTY, 8192)
+    assert (plan.max_batch_size, plan.num_blocks) == (9, 181)
+    assert "npuMemSize 1 GB" in plan.describe()
+
+
+def test_a_budget_larger_than_needed_allocates_only_what_the_batch_needs():
+    config = EngineConfig(max_seq_len=1024, max_batch_size=16, block_size=128, cache_gb=8)
+    plan = plan_cache(config, SMOL, PLENTY, 8192)
+    assert (plan.num_blocks, plan.max_batch_size, plan.capped) == (16 * 8 + 1, 16, False)
+
+
+def test_the_model_caps_the_sequence_the_cache_holds():
+    assert plan_cache(MINIMAL, SMOL, PLENTY, 512).num_blocks == 200 * 4 + 1
+
+
+def test_a_set_num_blocks_is_taken_as_it_is():
+    plan = plan_cache(EngineConfig(num_blocks=9, max_batch_size=4), SMOL, Available(0, "MemAvailable"))
+    assert (plan.num_blocks, plan.max_batch_size) == (9, 4)
+
+
+def test_a_budget_that_holds_not_one_sequence_names_the_keys():
+    config = EngineConfig(max_seq_len=2560, max_batch_size=200, block_size=128, cache_gb=0.05)
+    with pytest.raises(MemoryBudgetError) as caught:
+        plan_cache(config, SMOL, PLENTY, 8192)
+    message = str(caught.value)
+    for key in ("maxSeqLen 2560", "cacheBlockSize 128", "needs 20 blocks", "npuMemSize 0.05 GB"):
+        assert key in message, message
+
+
+def test_auto_with_too_little_free_memory_is_refused_not_killed():
+    with pytest.raises(MemoryBudgetError, match=r"npuMemSize -1: 2\.00 GiB available .* or free memory"):
+        plan_cache(MINIMAL, SMOL, Available(2 * GIB, "MemAvailable"), 8192)
+
+
+def test_a_set_budget_more_than_the_machine_has_is_refused():
+    config = EngineConfig(max_seq_len=2560, max_batch_size=200, block_size=128, cache_gb=30)
+    with pytest.raises(MemoryBudgetError, match=r"npuMemSize 30 GB: the cache of 4001 blocks .* needs more than "
+                                                r"the 22\.00 GiB available"):
+        plan_cache(config, SMOL, Available(22 * GIB, "MemAvailable"), 8192)
+
+
+def test_a_capped_batch_brings_the_buckets_and_the_prefill_batch_down():
+    config = EngineConfig(max_seq_len=256, max_batch_size=16, block_size=64, max_prefill_batch=8,
+                          batch_buckets=(1, 2, 4, 8, 16), prefill_batch_buckets=(1, 8))
+    plan = CachePlan(num_blocks=13, max_batch_size=3, asked_batch_size=16, cache_bytes=0, budget="test")
+    applied = plan.apply(config)
+    assert (applied.max_batch_size, applied.max_prefill_batch, applied.num_blocks) == (3, 3, 13)
+    assert (applied.batch_buckets, applied.prefill_batch_buckets) == ((1, 2, 3), (1, 3))
+    uncapped = CachePlan(num_blocks=65, max_batch_size=16, asked_batch_size=16, cache_bytes=0, budget="test")
+    assert uncapped.apply(config) == EngineConfig(**{**_fields(config), "num_blocks": 65})
+
+
+def _fake_proc(tmp_path: Path, available_kb: int, cgroup: str) -> Path:
+    proc = tmp_path / "proc"
+    (proc / "self").mkdir(parents=True)
+    (proc / "meminfo").write_text(f"MemTotal:       24684084 kB\nMemAvailable:   {available_kb} kB\n")
+    (proc / "self" / "cgroup").write_text(cgroup)
+    return proc
+
+
+def test_available_memory_is_mem_available_without_a_cgroup_limit(tmp_path):
+    proc = _fake_proc(tmp_path, 1_000_000, "0::/\n")
+    root = tmp_path / "cg"
+    root.mkdir()
+    (root / "memory.max").write_text("max\n")
+    (root / "memory.current").write_text("123\n")
+    assert available_memory(proc, root) == Available(1_000_000 * 1024, "MemAvailable")
+
+
+def test_a_tighter_cgroup_v2_limit_wins(tmp_path):
+    proc = _fake_proc(tmp_path, 20_000_000, "0::/job\n")
+    where = tmp_path / "cg" / "job"
+    where.mkdir(parents=True)
+    (where / "memory.max").write_text(str(4 * GIB))
+    (where / "memory.current").write_text(str(3 * GIB))
+    (where / "memory.stat").write_text(f"anon 100\ninactive_file {GIB // 2}\n")
+    assert available_memory(proc, tmp_path / "cg") == Available(GIB + GIB // 2, "the cgroup memory limit")
+
+
+def test_a_cgroup_v1_limit_is_read_too(tmp_path):
+    proc = _fake_proc(tmp_path, 20_000_000, "4:memory:/box\n0::/\n")
+    where = tmp_path / "cg" / "memory" / "box"
+    where.mkdir(parents=True)
+    (where / "memory.limit_in_bytes").write_text(str(2 * GIB))
+    (where / "memory.usage_in_bytes").write_text(str(GIB))
+    assert available_memory(proc, tmp_path / "cg") == Available(GIB, "the cgroup memory limit")
+    (where / "memory.limit_in_bytes").write_text("9223372036854771712")  # v1's "no limit"
+    assert available_memory(proc, tmp_path / "cg").source == "MemAvailable"
+
+
+def test_weights_bytes_counts_float32_from_the_safetensors_headers(tmp_path):
+    from safetensors.numpy import save_file
+
+    save_file({"a": np.zeros((3, 5), np.float16), "b": np.zeros(7, np.float32)}, str(tmp_path / "m.safetensors"))
+    assert weights_bytes(tmp_path / "m.safetensors") == (15 + 7) * 4  # float16 is widened to float32 on load
+    save_file({"c": np.zeros(2, np.float32)}, str(tmp_path / "n.safetensors"))
+    assert weights_bytes(tmp_path) == (15 + 7 + 2) * 4
+
+
+def _fields(config: EngineConfig) -> dict:
+    return {name: getattr(config, name) for name in EngineConfig.__dataclass_fields__}
