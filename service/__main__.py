@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING
 
 from backends.mindspore.default_model import MODEL_DIR_NAME
 from service.config import ConfigFileError, ServerConfig, load_server_config, with_port
+from service.install_check import import_name_conflict
 from service.loading import LOAD_THREAD
+from service.package_data import DEFAULT_CONFIG
 
 if TYPE_CHECKING:
     import ssl
@@ -23,7 +25,6 @@ if TYPE_CHECKING:
     import tornado.web
 
 log = logging.getLogger("mindserve")
-DEFAULT_CONFIG = Path("configs/server.yaml")
 
 
 def setup_logging(level: str = "INFO") -> None:
@@ -206,7 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("serve", help="load the model from the server config and serve it")
     p.add_argument("--config", type=Path, default=DEFAULT_CONFIG,
-                   help=f"server config, YAML or the reference config.json shape (default {DEFAULT_CONFIG})")
+                   help="server config, YAML or the reference config.json shape (default: the shipped "
+                   f"configs/server.yaml, installed as {DEFAULT_CONFIG})")
     p.add_argument("--port", type=int, default=None, help="override ServerConfig.port")
     p.set_defaults(func=cmd_serve)
     p = sub.add_parser("convert-gguf", help="turn a GGUF file into a model directory (safetensors, "
@@ -227,6 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level.upper())
+    conflict = import_name_conflict()
+    if conflict is not None:
+        print(f"mindserve: error: {conflict}", file=sys.stderr)
+        return 2
     try:
         return args.func(args)
     except ConfigFileError as exc:

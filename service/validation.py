@@ -1,4 +1,5 @@
 """The JSON Schema files in ``schemas/`` → one Draft 2020-12 validator each, built once at start-up.
+The files are read as package data (``service.package_data.SCHEMA_DIR``), so a wheel install finds them too.
 
 ``Schemas.validate(name, instance)`` raises the domain ``ValidationError`` with a human message naming
 the field path and the offending value, e.g. ``parameters.top_p must be < 1.0, got 1.0``.
@@ -9,8 +10,10 @@ import difflib
 import functools
 import json
 import math
+import os
 import re
 from collections.abc import Iterable, Mapping
+from importlib.abc import Traversable
 from pathlib import Path
 from typing import Any, Callable
 
@@ -19,8 +22,8 @@ from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 
 from service.errors import BadRequest, ValidationError
+from service.package_data import SCHEMA_DIR
 
-SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 SCHEMA_SUFFIX = ".schema.json"
 MAX_SHOWN_CHARS = 100
 REQUEST_BODY = "request body"
@@ -33,8 +36,8 @@ _JsonError = jsonschema.exceptions.ValidationError
 class Schemas:
     """Every ``*.schema.json`` of a directory, checked, registered by ``$id``, one validator each."""
 
-    def __init__(self, schema_dir: Path = SCHEMA_DIR) -> None:
-        self.schema_dir = Path(schema_dir)
+    def __init__(self, schema_dir: Traversable | str | os.PathLike = SCHEMA_DIR) -> None:
+        self.schema_dir = Path(schema_dir) if isinstance(schema_dir, (str, os.PathLike)) else schema_dir
         self._schemas = _read_schemas(self.schema_dir)
         self.registry: Registry = Registry().with_resources(
             (schema["$id"], Resource.from_contents(schema)) for schema in self._schemas.values()
@@ -72,7 +75,7 @@ class Schemas:
 
 @functools.cache
 def default_schemas() -> Schemas:
-    """The repository's schemas, loaded once per process."""
+    """The package's schemas (the repository's ``schemas/``), loaded once per process."""
     return Schemas(SCHEMA_DIR)
 
 
@@ -178,9 +181,10 @@ def _check_text(text: str) -> None:
                          f"\\u{ord(text[exc.start]):04x} in a string") from None
 
 
-def _read_schemas(schema_dir: Path) -> dict[str, dict[str, Any]]:
+def _read_schemas(schema_dir: Traversable) -> dict[str, dict[str, Any]]:
     schemas: dict[str, dict[str, Any]] = {}
-    for path in sorted(schema_dir.glob(f"*{SCHEMA_SUFFIX}")):
+    found = schema_dir.iterdir() if schema_dir.is_dir() else ()
+    for path in sorted((p for p in found if p.name.endswith(SCHEMA_SUFFIX)), key=lambda p: p.name):
         schema = json.loads(path.read_text(encoding="utf-8"))
         try:
             Draft202012Validator.check_schema(schema)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import shutil
 
 import numpy as np
@@ -139,9 +140,23 @@ def test_build_is_cached_and_keyed(cache_dir, monkeypatch):
     assert first.exists() and first.parent == cache_dir
     mtime = first.stat().st_mtime_ns
     assert kbuild.build_kernel(cache_dir) == first and first.stat().st_mtime_ns == mtime
-    assert not [p for p in os.listdir(cache_dir) if p.startswith(".build-")]  # no temp files left
+    assert not [p for p in os.listdir(cache_dir) if p.startswith((".build-", ".src-"))]  # no temp files left
     monkeypatch.setattr(kbuild, "CXXFLAGS", kbuild.CXXFLAGS + ("-DMINDSERVE_TEST_FLAG",))
     assert kbuild.build_kernel(cache_dir) != first  # flags are part of the key
+
+
+def test_every_local_include_is_a_listed_header():
+    """The build copies SOURCES + HEADERS (package data) to compile them: a header missing there breaks it."""
+    files = kbuild.read_sources()
+    included = {name for data in files.values() for name in re.findall(rb'#include "([^"]+)"', data)}
+    assert {name.decode() for name in included} == set(kbuild.HEADERS)
+
+
+def test_a_missing_source_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(kbuild, "SOURCES", kbuild.SOURCES + ("missing.cc",))
+    with pytest.raises(kbuild.KernelBuildError, match="missing.cc are missing"):
+        kbuild.build_kernel(tmp_path)
+    assert not list(tmp_path.iterdir())  # nothing written
 
 
 def test_missing_compiler_is_a_clear_error(tmp_path):

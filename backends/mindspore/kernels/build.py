@@ -1,10 +1,12 @@
 """Compile the kernels (``matmul.cc``, ``attention.cc``, ``fused.cc`` and their headers) into one shared
 library on first use, cached by content (one library, so every kernel shares the one thread pool).
 
-The cache key hashes the sources, the compiler command and version, and the CPU's model and flag
+The sources are package data, read through ``importlib.resources`` (a wheel ships them like the source
+tree does). The cache key hashes them, the compiler command and version, and the CPU's model and flag
 list (the build uses ``-march=native``, so a library built on one CPU must not be reused on a
-different one). The library is written to a temporary file in the cache directory and renamed
-into place, so concurrent builders never see a half-written file.
+different one). The compiler reads a copy of the very bytes that were hashed, written to a temporary
+directory, and the library is written to a temporary file in the cache directory and renamed into
+place, so concurrent builders never see a half-written file.
 """
 from __future__ import annotations
 
@@ -13,11 +15,11 @@ import os
 import shutil
 import subprocess
 import tempfile
+from importlib import resources
 from pathlib import Path
 
-_HERE = Path(__file__).parent
-SOURCES = (_HERE / "matmul.cc", _HERE / "attention.cc", _HERE / "fused.cc")
-HEADERS = (_HERE / "entry.h", _HERE / "pool.h", _HERE / "simd.h")
+SOURCES = ("matmul.cc", "attention.cc", "fused.cc")
+HEADERS = ("entry.h", "pool.h", "simd.h")
 CXXFLAGS = ("-O3", "-march=native", "-std=c++20", "-fPIC", "-shared", "-pthread", "-Wall")
 
 
@@ -71,7 +73,8 @@ def build_kernel(cache_dir: str | os.PathLike | None = None, cxx: str | None = N
     if not _has_avx512():
         raise KernelBuildError("the mindserve fast kernels need an AVX-512 CPU (avx512f)")
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    source = b"\0".join(path.read_bytes() for path in (*SOURCES, *HEADERS))
+    files = read_sources()
+    source = b"\0".join(files.values())
     cxx = _compiler(cxx)
     try:
         version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
@@ -88,13 +91,26 @@ def build_kernel(cache_dir: str | os.PathLike | None = None, cxx: str | None = N
     fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=cache)
     os.close(fd)
     try:
-        proc = subprocess.run([cxx, *CXXFLAGS, "-o", tmp, *map(str, SOURCES)], capture_output=True, text=True)
+        with tempfile.TemporaryDirectory(prefix=".src-", dir=cache) as src:
+            for name, data in files.items():
+                Path(src, name).write_bytes(data)
+            proc = subprocess.run([cxx, *CXXFLAGS, "-o", os.path.abspath(tmp), *SOURCES], capture_output=True,
+                                  text=True, cwd=src)
         if proc.returncode != 0:
-            names = ", ".join(path.name for path in SOURCES)
-            raise KernelBuildError(f"compiling {names} failed ({cxx}):\n{proc.stderr.strip()}")
+            raise KernelBuildError(f"compiling {', '.join(SOURCES)} failed ({cxx}):\n{proc.stderr.strip()}")
         os.chmod(tmp, 0o755)
         os.replace(tmp, target)  # atomic: readers see either no file or the complete library
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return target
+
+
+def read_sources() -> dict[str, bytes]:
+    """``{file name: bytes}`` of every kernel source and header, from the installed package."""
+    package = resources.files(__package__)
+    missing = [name for name in (*SOURCES, *HEADERS) if not (package / name).is_file()]
+    if missing:
+        raise KernelBuildError(f"the kernel sources {', '.join(missing)} are missing from {package} "
+                               "(an install without the package data?)")
+    return {name: (package / name).read_bytes() for name in (*SOURCES, *HEADERS)}
