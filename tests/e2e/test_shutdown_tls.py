@@ -1,13 +1,12 @@
 """Graceful shutdown of ``mindserve serve`` (a real subprocess, real signals) and HTTPS.
 
-The shutdown tests start the CLI through a two-line bootstrap that slows the tiny model's decode
+The shutdown tests start the CLI through the bootstrap of tests/support/served.py that slows the tiny model's decode
 (each step sleeps), so that a stream is still running when the signal arrives; everything else is
 the real ``serve``: signal handlers, draining, the grace period and the exit code.
 """
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -27,52 +26,9 @@ from tests.support.cli import server_config
 from tests.support.fake_backend import FakeBackend
 from tests.support.http import until
 from tests.support.paths import REPO
+from tests.support.served import Served
 
 TIMEOUT = 60
-# Runs `python -m service serve ...` with every decode step slowed by SLOW_DECODE seconds.
-BOOTSTRAP = """
-import sys, time
-from backends.mindspore.runner import ModelRunner
-decode, delay = ModelRunner.decode, float(sys.argv[1])
-def slow(self, *args, **kwargs):
-    time.sleep(delay)
-    return decode(self, *args, **kwargs)
-ModelRunner.decode = slow
-from service.__main__ import main
-sys.exit(main(sys.argv[2:]))
-"""
-
-
-class Served:
-    """A ``mindserve serve`` subprocess; ``url`` once it listens, ``log`` its stderr lines."""
-
-    def __init__(self, config_path: Path, slow_decode: float = 0.0) -> None:
-        cmd = [sys.executable, "-c", BOOTSTRAP, str(slow_decode), "serve", "--config", str(config_path)]
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self.log: list[str] = []
-        threading.Thread(target=lambda: self.log.extend(iter(self.proc.stderr.readline, "")), daemon=True).start()
-
-    def wait_url(self, timeout: float = 240) -> str:
-        """The business URL, once the model is warmed up (the "ready: ... listening on URL" line)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            found = [re.search(r"ready: .* listening on (https?://\S+)", line) for line in list(self.log)]
-            url = next((m.group(1) for m in found if m), None)
-            if url:
-                return url
-            time.sleep(0.2)
-        raise AssertionError("server did not start:\n" + self.text()[-3000:])
-
-    def text(self) -> str:
-        return "".join(self.log)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-
 def write_config(tmp_path: Path, model_dir: Path, **server) -> Path:
     cfg = server_config(model_dir, **server)
     path = tmp_path / "server.yaml"
