@@ -1,0 +1,179 @@
+"""deploy/kubernetes/*.yaml: valid Kubernetes objects (the API's own JSON schemas, offline, strict: an unknown or
+misspelt field fails), and consistent with what the server does: its ports and routes (deploy/server.yaml), its
+drain (shutdownGracePeriod), its measured memory (docs/performance.md), the image (deploy/Dockerfile)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from service.config import load_server_config
+from tests.support.paths import REPO
+
+DEPLOY = REPO / "deploy"
+MANIFESTS = sorted((DEPLOY / "kubernetes").glob("*.yaml"))
+# The oldest Kubernetes minor still common in managed clusters, and the newest the validator knows.
+VERSIONS = ("1.29", kubernetes_validate.latest_version())
+UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "K": 10**3, "M": 10**6, "G": 10**9, "": 1}
+
+
+def documents() -> list[dict]:
+    return [doc for path in MANIFESTS for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def the(kind: str) -> dict:
+    (found,) = [doc for doc in documents() if doc["kind"] == kind]
+    return found
+
+
+def container() -> dict:
+    (found,) = the("Deployment")["spec"]["template"]["spec"]["containers"]
+    return found
+
+
+def port_number(name_or_number: str | int) -> int:
+    if isinstance(name_or_number, int):
+        return name_or_number
+    (port,) = [p["containerPort"] for p in container()["ports"] if p["name"] == name_or_number]
+    return port
+
+
+def quantity_bytes(text: str) -> int:
+    number, unit = re.fullmatch(r"(\d+)([KMGT]i?)?", str(text)).groups()
+    return int(number) * UNITS[unit or ""]
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return load_server_config(DEPLOY / "server.yaml")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_each_manifest_is_a_valid_kubernetes_object(path: Path, version: str):
+    docs = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+    assert docs
+    for doc in docs:
+        kubernetes_validate.validate(doc, version, strict=True)
+
+
+@pytest.mark.parametrize("mutate, words", [
+    (lambda d: d["spec"]["template"]["spec"]["containers"][0].update(readinesProbe={}), "readinesProbe"),
+    (lambda d: d["spec"].update(replicas="two"), "two"),
+    (lambda d: d["spec"]["template"]["spec"]["containers"][0]["ports"][0].update(containerPort="1025"),
+     "'1025' is not of type"),
+])
+def test_the_validator_catches_a_misspelt_field_and_a_bad_value(mutate, words):
+    doc = the("Deployment")
+    mutate(doc)
+    with pytest.raises(kubernetes_validate.ValidationError, match=words):
+        kubernetes_validate.validate(doc, VERSIONS[-1], strict=True)
+
+
+def test_the_kinds_the_issue_asks_for_are_there():
+    assert sorted(doc["kind"] for doc in documents()) == ["Deployment", "PodDisruptionBudget", "Service"]
+
+
+def test_probes_use_the_routes_and_the_port_the_server_serves_them_on(cfg):
+    c = container()
+    ready, live = c["readinessProbe"]["httpGet"], c["livenessProbe"]["httpGet"]
+    assert (ready["path"], live["path"]) == ("/health", "/v2/health/live")
+    assert port_number(ready["port"]) == port_number(live["port"]) == cfg.server.management_port
+    assert port_number("http") == cfg.server.port
+
+
+def test_prometheus_scrapes_the_metrics_port(cfg):
+    annotations = the("Deployment")["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/path"] == "/metrics"
+    assert int(annotations["prometheus.io/port"]) == cfg.server.metrics_port
+
+
+def test_the_service_and_the_budget_select_the_pods_and_the_business_port(cfg):
+    labels = the("Deployment")["spec"]["template"]["metadata"]["labels"]
+    for kind, selector in (("Service", the("Service")["spec"]["selector"]),
+                           ("PodDisruptionBudget", the("PodDisruptionBudget")["spec"]["selector"]["matchLabels"]),
+                           ("Deployment", the("Deployment")["spec"]["selector"]["matchLabels"])):
+        assert selector.items() <= labels.items(), kind
+    (port,) = the("Service")["spec"]["ports"]
+    assert port_number(port["targetPort"]) == cfg.server.port
+    budget = the("PodDisruptionBudget")["spec"]
+    assert budget.get("maxUnavailable", 0) < the("Deployment")["spec"]["replicas"]
+
+
+def test_the_pod_outlives_its_drain(cfg):
+    """SIGKILL comes terminationGracePeriodSeconds after the preStop hook starts: the hook's sleep (the endpoints
+    controller removes the pod meanwhile) and the server's drain must both fit, with time to exit."""
+    spec = the("Deployment")["spec"]["template"]["spec"]
+    command = container()["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == "sleep" and len(command) == 2
+    pre_stop = float(command[1])
+    probe = container()["readinessProbe"]
+    assert pre_stop >= probe["periodSeconds"]  # at least one readiness period, for the proxies to catch up
+    assert spec["terminationGracePeriodSeconds"] >= pre_stop + cfg.server.shutdown_grace_period + 5
+
+
+def test_memory_is_sized_from_the_measured_rss():
+    """docs/performance.md states the server's peak RSS on the default model and settings; the request covers it."""
+    text = (REPO / "docs" / "performance.md").read_text()
+    measured = re.search(r"peak RSS with 16 sequences of 1024 tokens in flight \| \*\*(\d+) MiB\*\*", text)
+    assert measured, "docs/performance.md no longer states the peak RSS"
+    rss = int(measured.group(1)) * 2**20
+    resources = container()["resources"]
+    request = quantity_bytes(resources["requests"]["memory"])
+    limit = quantity_bytes(resources["limits"]["memory"])
+    assert rss <= request <= limit
+    assert "cpu" not in resources["limits"]  # see the comment in deployment.yaml
+
+
+def test_the_pod_runs_the_image_as_its_non_root_user_with_its_config():
+    dockerfile = dockerfile_instructions()
+    user = next(args for op, args in reversed(dockerfile) if op == "USER")
+    uid, _, gid = user.partition(":")
+    pod = the("Deployment")["spec"]["template"]["spec"]["securityContext"]
+    assert pod["runAsNonRoot"] and pod["runAsUser"] == int(uid) != 0 and pod["runAsGroup"] == int(gid)
+    assert ("COPY", "deploy/server.yaml /etc/mindserve/server.yaml") in dockerfile
+    assert container()["args"] == ["--config", "/etc/mindserve/server.yaml"]
+    home = next(args for op, args in dockerfile if op == "ENV" and "HOME=" in args)
+    assert any(m["mountPath"] == re.search(r"HOME=(\S+)", home).group(1) for m in container()["volumeMounts"])
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of deploy/Dockerfile, continuation lines joined, comments dropped."""
+    lines = [line for line in (DEPLOY / "Dockerfile").read_text().splitlines() if not line.lstrip().startswith("#")]
+    text = re.sub(r"\\\n", " ", "\n".join(lines))
+    return [(op.upper(), " ".join(args.split())) for op, args in
+            (line.strip().split(None, 1) for line in text.splitlines() if line.strip())]
+
+
+def test_the_image_is_multi_stage_non_root_and_checks_health(cfg):
+    dockerfile = dockerfile_instructions()
+    stages = [args for op, args in dockerfile if op == "FROM"]
+    assert len(stages) >= 2 and any(" AS build" in s for s in stages)
+    assert next(args for op, args in reversed(dockerfile) if op == "USER").split(":")[0] not in ("0", "root")
+    (health,) = [args for op, args in dockerfile if op == "HEALTHCHECK"]
+    assert f"http://127.0.0.1:{cfg.server.management_port}/health" in health
+    exposed = {int(p) for op, args in dockerfile if op == "EXPOSE" for p in args.split()}
+    assert exposed == {cfg.server.port, cfg.server.management_port, cfg.server.metrics_port}
+    assert ("STOPSIGNAL", "SIGTERM") in dockerfile
+
+
+# RSS of a serve process when the engine checks its memory budget (MindSpore, Tornado and the service imported:
+# 410 MiB measured), rounded up: the cgroup headroom the check sees is the pod's limit less this.
+USAGE_AT_THE_BUDGET_CHECK = 512 * 2**20
+
+
+def test_the_memory_limit_passes_the_servers_own_start_up_budget(cfg, default_model_dir):
+    """Under the pod's limit, the server's cache rule (backends/mindspore/memory.py, asked by preflight and the
+    engine) must keep every sequence of maxBatchSize, not cap the batch nor stop start-up."""
+    from backends.mindspore.config import load_model_spec
+    from backends.mindspore.memory import Available, Footprint, plan_cache
+
+    spec = load_model_spec(default_model_dir)
+    limit = quantity_bytes(container()["resources"]["limits"]["memory"])
+    available = Available(limit - USAGE_AT_THE_BUDGET_CHECK, "the pod's memory limit")
+    plan = plan_cache(cfg.engine, Footprint.of(spec), available, spec.max_position_embeddings)
+    assert not plan.capped and plan.max_batch_size == cfg.engine.max_batch_size, plan.describe()
