@@ -23,6 +23,7 @@ class EngineConfig:
     window_buckets: tuple[int, ...] | None = None  # default: 256, 1024, ... up to max_seq_len
     num_blocks: int | None = None  # default: enough for max_batch_size full sequences (+ scratch), within cache_gb
     cache_gb: float = -1.0  # npuMemSize: GB (2**30 bytes) the KV cache may take; -1: derived from the free memory
+    prefix_caching: bool = True  # share cached full prompt blocks between requests (enablePrefixCaching)
     threads: int = 2
     # "aot": the AOT matmul + paged attention kernels (rows batch-independent; attention reads only each
     # row's real keys, so one window serves every length); "ms": MindSpore MatMul and ops attention over

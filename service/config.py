@@ -155,7 +155,7 @@ def _engine(data: dict) -> EngineConfig:
         block_size=sched["cacheBlockSize"], prefill_chunk=min(sched["maxPrefillTokens"], PREFILL_CHUNK),
         max_prefill_batch=sched["maxPrefillBatchSize"], max_prefill_tokens=sched["maxPrefillTokens"],
         batch_buckets=buckets["batchBuckets"], window_buckets=buckets["windowBuckets"],
-        cache_gb=float(model["npuMemSize"]),
+        cache_gb=float(model["npuMemSize"]), prefix_caching=sched["enablePrefixCaching"],
     )
 
 

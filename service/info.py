@@ -56,6 +56,12 @@ def server_info(ctx: AppContext) -> dict[str, Any]:
             "compiled_graphs": engine.get("compiled_graphs"),
             "device": engine.get("device"),
             "kernels": engine.get("kernels"),
+            "prefix_cache": {
+                "enabled": engine.get("prefix_caching"),
+                "hit_rate": engine.get("prefix_cache_hit_rate"),
+                "hit_tokens": engine.get("prefix_cache_hit_tokens"),
+                "cached_blocks": engine.get("prefix_cache_blocks"),
+            },
             "http": http_gauges(ctx),
         },
     }

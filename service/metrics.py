@@ -28,7 +28,7 @@ TOKEN_BUCKETS = (10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 5000
 
 
 class EngineCollector:
-    """Gauges read from ``backend.info()`` at scrape time: running, waiting, KV-cache usage."""
+    """Gauges read from ``backend.info()`` at scrape time: running, waiting, KV-cache usage, the prefix cache."""
 
     def __init__(self, info: Callable[[], dict[str, Any]], model_name: str) -> None:
         self._info = info
@@ -42,6 +42,10 @@ class EngineCollector:
             ("num_requests_waiting", "Requests queued or still prefilling.", info.get("waiting")),
             ("cpu_cache_usage_perc", "Fraction (0..1) of KV-cache blocks in use; the cache is in host memory.",
              _usage(info.get("free_blocks"), info.get("total_blocks"))),
+            ("prefix_cache_hit_rate", "Prompt tokens found in the prefix cache / prompt tokens admitted, since "
+             "start-up.", info.get("prefix_cache_hit_rate")),
+            ("prefix_cache_blocks", "KV-cache blocks findable by their hash (in use or idle).",
+             info.get("prefix_cache_blocks")),
         ]
         for name, doc, value in gauges:
             if value is not None:

@@ -69,7 +69,7 @@ class Engine:
         # The execution strategy, chosen once: the packed AOT step or the split stock-op step.
         self.runner = build_runner(spec, weights, shapes, num_blocks, config.kernels, self.device)
         del weights
-        self.allocator = BlockAllocator(num_blocks, self.runner.shapes.block_size)
+        self.allocator = BlockAllocator(num_blocks, self.runner.shapes.block_size, config.prefix_caching)
         self.scheduler = Scheduler(self.allocator, config.max_batch_size, config.max_waiting,
                                    prefill_rows=self.runner.shapes.prefill_batch_buckets[-1],
                                    prefill_tokens=self.runner.prefill_budget(config),
@@ -168,7 +168,10 @@ class Engine:
                 "waiting": len(self.scheduler.waiting) + len(self.scheduler.prefilling),
                 "dtype": _torch_dtype(self.spec.model_dir) or self.spec.compute_dtype,
                 "max_prefill_tokens": self.config.max_prefill_tokens, "block_size": self.runner.shapes.block_size,
-                "device": self.device, "kernels": self.runner.kernels, "compute_dtype": self.runner.dtype}
+                "device": self.device, "kernels": self.runner.kernels, "compute_dtype": self.runner.dtype,
+                "prefix_caching": self.allocator.prefix_caching, "prefix_cache_blocks": self.allocator.cached_blocks,
+                "prefix_cache_hit_rate": self.scheduler.hit_tokens / max(self.scheduler.prompt_tokens, 1),
+                "prefix_cache_hit_tokens": self.scheduler.hit_tokens}
 
     # --- engine thread ---
 

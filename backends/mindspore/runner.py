@@ -127,7 +127,8 @@ class ModelRunner(ABC):
 
     @staticmethod
     def prompt_chunks(plan: StepPlan) -> list[PrefillChunk]:
-        """The next prompt tokens of each planned sequence."""
+        """The next prompt tokens of each planned sequence, from ``seq.prefilled`` on: a prompt that shares
+        cached prefix blocks starts after them, and its block table still lists them, so attention reads them."""
         return [PrefillChunk(seq.prompt_ids[seq.prefilled:seq.prefilled + n], seq.prefilled, seq.blocks)
                 for seq, n in plan.prefill]
 

@@ -5,7 +5,7 @@ import collections
 import itertools
 from dataclasses import dataclass
 
-from backends.mindspore.kv_cache import BlockAllocator
+from backends.mindspore.kv_cache import BlockAllocator, block_hashes
 from backends.mindspore.sequence import SeqState
 
 
@@ -31,6 +31,10 @@ class Scheduler:
     decoding (new requests get their first token sooner; the running ones pause for at most that many
     chunks), then a step decodes too. The AOT engine packs both into one forward, with
     ``prefill_first=0``: decoding never pauses.
+
+    With the allocator's prefix caching, a prompt whose first full blocks are cached shares them and starts
+    its prefill after them (always leaving at least its last token to compute); its own full prompt blocks
+    are registered once written.
     """
 
     def __init__(self, allocator: BlockAllocator, max_batch: int, max_waiting: int, *,
@@ -43,6 +47,9 @@ class Scheduler:
         self.waiting: collections.deque[SeqState] = collections.deque()
         self.prefilling: collections.deque[SeqState] = collections.deque()
         self.running: list[SeqState] = []
+        self._hashes: dict[SeqState, list[bytes]] = {}  # each admitted sequence's full prompt blocks
+        self.prompt_tokens = 0  # prompt tokens admitted (with prefix caching on)
+        self.hit_tokens = 0  # of which found in the cache, not prefilled
 
     def __len__(self) -> int:
         return len(self.waiting) + len(self.prefilling) + len(self.running)
@@ -60,14 +67,35 @@ class Scheduler:
     def _admit(self) -> None:
         while self.waiting and self.active < self.max_batch:
             seq = self.waiting[0]
-            if not self.allocator.can_allocate(seq.capacity):
+            hashes = block_hashes(seq.prompt_ids, self.allocator.block_size) if self.allocator.prefix_caching else []
+            cached = self._cached(seq, hashes)
+            if not self.allocator.can_allocate(seq.capacity, cached):
                 break  # FIFO: wait for blocks rather than overtaking
             self.waiting.popleft()
             # Reserve the whole (prompt + max_new_tokens) up front: no preemption needed mid-generation.
-            seq.blocks = self.allocator.allocate(seq.capacity)
+            seq.blocks = self.allocator.allocate(seq.capacity, cached)
+            seq.prefilled = len(cached) * self.allocator.block_size
+            self._hashes[seq] = hashes
+            if self.allocator.prefix_caching:
+                self.prompt_tokens += len(seq.prompt_ids)
+                self.hit_tokens += seq.prefilled
             self.prefilling.append(seq)
 
+    def _cached(self, seq: SeqState, hashes: list[bytes]) -> list[int]:
+        """The cached blocks ``seq`` may share: the longest cached run of its full prompt blocks, short of its
+        last token (computed for its logits); none when it wants every prompt token's logprob."""
+        if seq.want_prefill:
+            return []
+        return self.allocator.match(hashes[:(len(seq.prompt_ids) - 1) // self.allocator.block_size])
+
+    def _register(self, seq: SeqState) -> None:
+        """Make ``seq``'s prompt blocks written so far findable by the next prompts."""
+        for digest, block in zip(self._hashes.get(seq, ())[:seq.prefilled // self.allocator.block_size], seq.blocks):
+            self.allocator.register(block, digest)
+
     def plan(self) -> StepPlan:
+        for seq in self.prefilling:
+            self._register(seq)
         self._admit()
         work, budget = [], self.prefill_tokens
         for seq in itertools.islice(self.prefilling, self.prefill_rows):
@@ -83,6 +111,7 @@ class Scheduler:
         return StepPlan(tuple(work), tuple(self.running))
 
     def prefill_done(self, seq: SeqState) -> None:
+        self._register(seq)
         self.prefilling.remove(seq)
         self.running.append(seq)
 
@@ -91,6 +120,7 @@ class Scheduler:
         for pool in (self.running, self.prefilling, self.waiting):
             if seq in pool:
                 pool.remove(seq)
+        self._hashes.pop(seq, None)
         self.allocator.release(seq.blocks)
 
     def all(self) -> list[SeqState]:

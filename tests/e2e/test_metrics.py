@@ -20,7 +20,8 @@ COUNTERS = ("request_received_total", "request_success_total", "request_failed_t
             "generation_tokens_total")
 HISTOGRAMS = ("time_to_first_token_seconds", "time_per_output_token_seconds", "e2e_request_latency_seconds",
               "request_prompt_tokens", "request_generation_tokens")
-GAUGES = ("num_requests_running", "num_requests_waiting", "cpu_cache_usage_perc")
+GAUGES = ("num_requests_running", "num_requests_waiting", "cpu_cache_usage_perc", "prefix_cache_hit_rate",
+          "prefix_cache_blocks")
 
 
 def scrape(url: str) -> dict[str, float]:
@@ -116,6 +117,22 @@ def test_client_disconnect_mid_stream_counts_as_failed(metrics_url):
     assert delta(before, after, "request_received_total") == 1
     assert delta(before, after, "request_failed_total") == 1
     assert delta(before, after, "request_success_total") == 0
+
+
+def test_the_prefix_cache_is_reported_in_metrics_and_info(metrics_url):
+    """A prompt that starts with another's full cache blocks is counted as a hit in /metrics and /info."""
+    system = "You are a helpful assistant who answers in one short sentence. " * 8  # > one 64-token block
+    before, info_before = scrape(metrics_url), requests.get(metrics_url + "/info", timeout=10).json()
+    for question in ("What is the capital of France?", "Why is the sky blue?"):
+        reply = requests.post(metrics_url + "/", json={"inputs": system + question, "parameters": {
+            "max_new_tokens": 2}}, timeout=TIMEOUT)
+        assert reply.status_code == 200, reply.text
+    after, info = scrape(metrics_url), requests.get(metrics_url + "/info", timeout=10).json()
+    cache = info["mindserve"]["prefix_cache"]
+    assert cache["enabled"] is True and cache["cached_blocks"] == after["prefix_cache_blocks"] >= 1
+    assert cache["hit_tokens"] - info_before["mindserve"]["prefix_cache"]["hit_tokens"] >= 64  # the second prompt
+    assert after["prefix_cache_hit_rate"] == cache["hit_rate"] and 0 < cache["hit_rate"] <= 1
+    assert before["prefix_cache_hit_rate"] <= 1
 
 
 def test_routes_outside_generation_are_not_counted(metrics_url):

@@ -86,6 +86,7 @@ APPLIED = {
     ("ScheduleConfig", "maxPrefillBatchSize"): lambda c: c.engine.max_prefill_batch,
     ("ScheduleConfig", "maxPrefillTokens"): lambda c: c.engine.max_prefill_tokens,
     ("ScheduleConfig", "maxIterTimes"): lambda c: c.engine.max_iter_times,
+    ("ScheduleConfig", "enablePrefixCaching"): lambda c: c.engine.prefix_caching,
 }
 # Reference keys whose schema default documents the reference server; mindserve does not use them.
 UNUSED = {("ModelConfig", "worldSize"), ("ModelConfig", "trustRemoteCode")}
@@ -114,7 +115,7 @@ OTHER = {
     "maxBufferedBodyMB": (64, {}), "listenBacklog": (16, {}), "maxSeqLen": (300, {"maxIterTimes": 100}),
     "maxInputTokenLen": (99, {}), "truncation": (1, {}), "cacheBlockSize": (64, {}),
     "maxBatchSize": (3, {"maxPrefillBatchSize": 1}), "maxPrefillBatchSize": (2, {}), "maxPrefillTokens": (64, {}),
-    "maxIterTimes": (100, {}), "npuMemSize": (0.5, {}),
+    "maxIterTimes": (100, {}), "npuMemSize": (0.5, {}), "enablePrefixCaching": (False, {}),
 }
 
 
