@@ -20,6 +20,10 @@ sent; fixed prompt set, fixed max_new_tokens, greedy):
 * ``c16``       — 16 clients, the varied prompts (the throughput bar);
 * ``c16-1024``  — mindserve only: 16 clients, one request each, prompts of exactly 768 tokens and 256 new
   tokens, so 16 sequences of 1024 tokens are in flight together (the peak-RSS figure).
+* ``c8-prefix`` — mindserve only: 8 clients, each prompt a shared 512-token system prompt plus its own
+  16-token question (the system prompt is sent once, untimed, before the scenario); with the
+  ``mindserve-nocache`` target too (``ScheduleConfig.enablePrefixCaching: false``), TTFT with the prefix
+  cache on vs off.
 
 Per scenario and server it reports generated tokens/s (all tokens received ÷ wall time of the
 scenario), time to first token (TTFT) p50/p95, inter-token latency (ITL, gap between consecutive
@@ -116,6 +120,8 @@ PROMPTS = [
 ]
 PROMPT_32_TOKENS = 32
 LONG_PROMPT_TOKENS, LONG_NEW_TOKENS = 768, 256  # c16-1024: maxInputTokenLen + the rest of maxSeqLen 1024
+SYSTEM_PROMPT_TOKENS, QUESTION_TOKENS = 512, 16  # c8-prefix: a shared system prompt, a question each
+PREFIX = "prefix"  # c8-prefix's key in the prompt sets
 
 
 @dataclass(frozen=True)
@@ -201,6 +207,27 @@ def build_long_prompts(tok, n: int = 16) -> list[str]:
                 out.append(text)
                 break
     return out
+
+
+def build_prefix_prompts(tok, n: int = 16) -> tuple[str, list[str]]:
+    """A system prompt of exactly SYSTEM_PROMPT_TOKENS tokens (the varied prompts joined, from the last) and n
+    prompts: it plus a different question of QUESTION_TOKENS tokens, each tokenizing to the system prompt's
+    tokens followed by the question's."""
+    ids: list[int] = []
+    for p in reversed(PROMPTS):
+        ids += tok.encode(p + "\n", add_special_tokens=False).ids
+    system = next(text for cut in range(SYSTEM_PROMPT_TOKENS, SYSTEM_PROMPT_TOKENS - 8, -1)
+                  if len(tok.encode(text := tok.decode(ids[:cut]).rstrip() + "\n", add_special_tokens=False).ids)
+                  == SYSTEM_PROMPT_TOKENS)
+    head = tok.encode(system, add_special_tokens=False).ids
+    out = []
+    for p in PROMPTS:
+        words = tok.encode("Question: " + p, add_special_tokens=False).ids
+        question = tok.decode(words[:QUESTION_TOKENS])
+        full = tok.encode(system + question, add_special_tokens=False).ids
+        if full[:len(head)] == head and len(full) == SYSTEM_PROMPT_TOKENS + QUESTION_TOKENS:
+            out.append(system + question)
+    return system, out[:n]
 
 
 class CpuMeter:
@@ -432,13 +459,17 @@ def _record_tokens(res: RequestResult, n: int, now: float) -> None:
 class MindServe(Server):
     name = "mindserve"
 
-    def __init__(self, workdir: Path, model_dir: Path, config_src: Path):
+    def __init__(self, workdir: Path, model_dir: Path, config_src: Path, prefix_caching: bool = True):
+        if not prefix_caching:
+            self.name = "mindserve-nocache"
         super().__init__(workdir)
         self.model_dir = model_dir
-        self.config_path = workdir / "mindserve_bench.yaml"
+        self.config_path = workdir / f"{self.name.replace('-', '_')}_bench.yaml"
         import yaml
 
         cfg = yaml.safe_load(config_src.read_text())
+        if not prefix_caching:
+            cfg["BackendConfig"].setdefault("ScheduleConfig", {})["enablePrefixCaching"] = False
         cfg["ServerConfig"]["port"] = self.port
         for key in ("managementPort", "metricsPort"):
             cfg["ServerConfig"].pop(key, None)  # everything on one port
@@ -638,9 +669,10 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke run: 16 new tokens, one request per client")
     ap.add_argument("--targets", default="mindserve,q4_1,f32",
-                    help="comma list of mindserve, q4_1, f32 (default: all three, in that order)")
+                    help="comma list of mindserve, mindserve-nocache (enablePrefixCaching: false), q4_1, f32 "
+                    "(default: mindserve, q4_1, f32, in that order)")
     ap.add_argument("--scenarios", default="c1,c8-32tok,c16,c16-1024",
-                    help="comma list of c1, c8-32tok, c16, c16-1024")
+                    help="comma list of c1, c8-32tok, c16, c16-1024, c8-prefix")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default 64 (16 with --quick)")
     ap.add_argument("--requests-per-client", type=int, default=None,
                     help="requests per scenario = this × concurrency, at least 8 (default 3; 1 with --quick)")
@@ -667,6 +699,7 @@ def main(argv: list[str] | None = None) -> int:
         "c8-32tok": Scenario("c8-32tok", 8, max(min_requests, 8 * per_client), PROMPT_32_TOKENS),
         "c16": Scenario("c16", 16, max(min_requests, 16 * per_client), None),
         "c16-1024": Scenario("c16-1024", 16, 16, LONG_PROMPT_TOKENS, LONG_NEW_TOKENS, only="mindserve"),
+        "c8-prefix": Scenario("c8-prefix", 8, max(min_requests, 8 * per_client), PREFIX, only="mindserve"),
     }
     scenarios = [all_scenarios[s.strip()] for s in args.scenarios.split(",") if s.strip()]
     targets = [t.strip().lower() for t in args.targets.split(",") if t.strip()]
@@ -678,11 +711,16 @@ def main(argv: list[str] | None = None) -> int:
     if len(fixed32) < 8:
         raise SystemExit(f"only {len(fixed32)} prompts could be cut to exactly {PROMPT_32_TOKENS} tokens")
     long_prompts = build_long_prompts(tok)
-    prompt_sets = {None: varied, PROMPT_32_TOKENS: fixed32, LONG_PROMPT_TOKENS: long_prompts}
+    system_prompt, prefix_prompts = build_prefix_prompts(tok)
+    if len(prefix_prompts) < 8:
+        raise SystemExit(f"only {len(prefix_prompts)} questions keep the system prompt's tokens")
+    prompt_sets = {None: varied, PROMPT_32_TOKENS: fixed32, LONG_PROMPT_TOKENS: long_prompts, PREFIX: prefix_prompts}
     prompt_desc = {None: f"{len(varied)} varied prompts of {min(varied_lens)}-{max(varied_lens)} tokens "
                          f"(mean {statistics.mean(varied_lens):.0f})",
                    PROMPT_32_TOKENS: f"{len(fixed32)} prompts of exactly {PROMPT_32_TOKENS} tokens",
-                   LONG_PROMPT_TOKENS: f"{len(long_prompts)} prompts of exactly {LONG_PROMPT_TOKENS} tokens"}
+                   LONG_PROMPT_TOKENS: f"{len(long_prompts)} prompts of exactly {LONG_PROMPT_TOKENS} tokens",
+                   PREFIX: f"{len(prefix_prompts)} prompts: one {SYSTEM_PROMPT_TOKENS}-token system prompt + a "
+                           f"{QUESTION_TOKENS}-token question each"}
 
     servers: list[Server] = []
     q4 = args.gguf
@@ -695,8 +733,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"{args.llama_python} not found: create the venv with "
                              f"`python3 -m venv .venv-bench && .venv-bench/bin/pip install 'llama-cpp-python[server]'`")
     for t in targets:
-        if t == "mindserve":
-            servers.append(MindServe(workdir, args.model_dir, args.mindserve_config))
+        if t in ("mindserve", "mindserve-nocache"):
+            servers.append(MindServe(workdir, args.model_dir, args.mindserve_config, t == "mindserve"))
         elif t == "q4_1":
             servers.append(LlamaCppServer(workdir, q4, "Q4_1", args.llama_python))
         elif t == "f32":
@@ -733,8 +771,10 @@ def main(argv: list[str] | None = None) -> int:
                     for p in (varied[0], fixed32[0]):  # warm-up, not timed
                         await server.request(session, p, max_new)
                     for sc in scenarios:
-                        if sc.only is not None and sc.only != server.name:
+                        if sc.only is not None and not server.name.startswith(sc.only):
                             continue
+                        if sc.fixed_prompt_tokens == PREFIX:  # the system prompt once, untimed (cache warm)
+                            await server.request(session, system_prompt, 1)
                         log(f"{server.name}: scenario {sc.name} ({sc.concurrency} clients, {sc.requests} requests)")
                         r = await run_scenario(server, session, sc, prompt_sets[sc.fixed_prompt_tokens],
                                                sc.max_new or max_new)
@@ -796,6 +836,12 @@ def main(argv: list[str] | None = None) -> int:
         itl = r.get("itl_p50_ms", math.nan)
         print(f"  single stream (c1): {1e3 / itl:.1f} tok/s from the ITL p50 of {itl:.1f} ms (bar ≥ 25 tok/s; "
               f"{r['tok_per_s']:.1f} tok/s end to end incl. TTFT)")
+    prefix = results.get("c8-prefix", {})
+    if ms_name in prefix and "mindserve-nocache" in prefix:
+        on, off = prefix[ms_name]["ttft_p50_ms"], prefix["mindserve-nocache"]["ttft_p50_ms"]
+        x = ratio(on, off)
+        print(f"  prefix cache: TTFT p50 at 8 clients sharing a {SYSTEM_PROMPT_TOKENS}-token system prompt, cache on "
+              f"{on:.0f} ms vs off {off:.0f} ms = {x:.2f}x (bar <= 0.2x) -> {'PASS' if x <= 0.2 else 'FAIL'}")
     if "c16-1024" in results and ms_name in results["c16-1024"]:
         r = results["c16-1024"][ms_name]
         print(f"  peak RSS with 16 sequences of {LONG_PROMPT_TOKENS}+{LONG_NEW_TOKENS} tokens in flight: "
