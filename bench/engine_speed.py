@@ -5,7 +5,11 @@ through the engine and through the runner / bare graph call, batched decode at B
 chunked prefill of a 500-token prompt, the machine's memory read bandwidth (and the fp32
 decode ceiling it implies), a per-op profile of a decode step, and peak RSS.
 
-    python bench/engine_speed.py [--rounds N] [--json out.json]
+    python bench/engine_speed.py [--rounds N] [--json out.json] [--chart step.png]
+    python bench/engine_speed.py --chart-from out.json [--chart step.png]     # redraw, no run
+
+``--chart`` draws the decode-step breakdown (time inside each AOT kernel and the rest, B=1 and B=16) with
+matplotlib (bench/charts.py).
 
 The box is small (2 vCPU) and often shared, so every timed measurement records how many cores
 *other* processes used meanwhile (busy jiffies in /proc/stat minus this process's CPU time);
@@ -885,6 +889,25 @@ def report(res: dict, rounds: int) -> str:
     return "\n".join(lines)
 
 
+def charts():
+    """bench/charts.py, or a clear exit when matplotlib (a bench dependency) is missing."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    try:
+        import charts as module
+    except ImportError as exc:
+        raise SystemExit(f"charts need matplotlib ({exc}): pip install -e '.[bench]'") from None
+    return module
+
+
+def draw_chart(res: dict, path: str | Path) -> Path:
+    """The decode-step breakdown of a run (``res`` as ``--json`` writes it)."""
+
+    info = res["info"]
+    title = (f"One decode step of {Path(info['model_dir']).name} (fp32, AOT kernels, context ~100), "
+             f"{info.get('cpus', os.cpu_count())} CPUs; git {info['git']}")
+    return charts().decode_breakdown_chart(info.get("profile") or {}, Path(path), title)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5, help="interleaved measurement rounds (default 5)")
@@ -906,7 +929,16 @@ def main() -> None:
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--bandwidth-probe", type=int, metavar="REPS", help=argparse.SUPPRESS)
     ap.add_argument("--report-from", metavar="JSON", help="print the report of an earlier --json file and exit")
+    ap.add_argument("--chart", help="also draw the decode-step breakdown into this PNG (needs matplotlib)")
+    ap.add_argument("--chart-from", metavar="JSON",
+                    help="draw the chart of an earlier --json file (into --chart, default JSON with .png) and exit")
     args = ap.parse_args()
+    if args.chart or args.chart_from:
+        charts()  # before a long run, not after it
+    if args.chart_from:
+        print(draw_chart(json.loads(Path(args.chart_from).read_text()),
+                         args.chart or Path(args.chart_from).with_suffix(".png")))
+        return
     if args.report_from:
         res = json.loads(Path(args.report_from).read_text())
         print(report(res, res["info"]["rounds"]))
@@ -919,9 +951,12 @@ def main() -> None:
     res = Bench(args).run()
     res["info"]["profile_steps"] = args.profile_steps
     res["info"]["rounds"] = args.rounds
+    res["info"]["cpus"] = os.cpu_count()
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1, default=str))
     print(report(res, args.rounds))
+    if args.chart:
+        print(f"chart: {draw_chart(res, args.chart)}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Served throughput and latency: mindserve against the llama-cpp-python server, same model, same run.
 
-    .venv/bin/python bench/serve_bench.py [--quick] [--workdir DIR] [--json OUT.json]
+    .venv/bin/python bench/serve_bench.py [--quick] [--workdir DIR] [--json OUT.json] [--chart OUT.png]
+    .venv/bin/python bench/serve_bench.py --chart-from OUT.json [--chart OUT.png]   # redraw, no run
 
 One command starts each server in turn (never two at once: the box has 2 cores), drives it with an
 asyncio load generator (aiohttp) and stops it:
@@ -29,7 +30,9 @@ Per scenario and server it reports generated tokens/s (all tokens received ÷ wa
 scenario), time to first token (TTFT) p50/p95, inter-token latency (ITL, gap between consecutive
 streamed tokens) p50/p95, requests completed/failed, the most streams seen generating at the same
 time, the server's peak RSS, and how many cores *other* processes used meanwhile (the box is shared).
-Then the ratios mindserve ÷ llama.cpp and the issue's bars. It never runs in the test suite.
+Then the ratios mindserve ÷ llama.cpp and the issue's bars. ``--chart`` also draws throughput and TTFT
+against the number of clients, one line per target (bench/charts.py, matplotlib). It never runs in the
+test suite.
 """
 from __future__ import annotations
 
@@ -119,6 +122,7 @@ PROMPTS = [
     "and vegetables, and the most popular stall, run by an old man with a straw hat, sells",
 ]
 PROMPT_32_TOKENS = 32
+CONCURRENCY_SWEEP = ("c1", "c8-32tok", "c16")  # scenarios alike but for their client count: the chart's x axis
 LONG_PROMPT_TOKENS, LONG_NEW_TOKENS = 768, 256  # c16-1024: maxInputTokenLen + the rest of maxSeqLen 1024
 SYSTEM_PROMPT_TOKENS, QUESTION_TOKENS = 512, 16  # c8-prefix: a shared system prompt, a question each
 PREFIX = "prefix"  # c8-prefix's key in the prompt sets
@@ -664,6 +668,26 @@ def ratio(a: float, b: float) -> float:
     return a / b if b and not math.isnan(a) and not math.isnan(b) else math.nan
 
 
+def charts():
+    """bench/charts.py, or a clear exit when matplotlib (a bench dependency) is missing."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    try:
+        import charts as module
+    except ImportError as exc:
+        raise SystemExit(f"charts need matplotlib ({exc}): pip install -e '.[bench]'") from None
+    return module
+
+
+def draw_chart(record: dict, path: Path) -> Path:
+    """The chart of a run (``record`` as ``--json`` writes it): throughput and TTFT by concurrency."""
+
+    about = [f"serve_bench {record['date']}" if "date" in record else "serve_bench",
+             f"{record['max_new_tokens']} new tokens per request, greedy, streamed"]
+    if "cpus" in record:
+        about.append(f"{record['cpus']} CPUs, every server on {record.get('threads', THREADS)} threads")
+    return charts().serve_chart(record, path, CONCURRENCY_SWEEP, "; ".join(about))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -689,7 +713,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="python of the venv with llama-cpp-python[server] (default .venv-bench)")
     ap.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for a server to be ready")
     ap.add_argument("--json", type=Path, default=None, help="also write every result here")
+    ap.add_argument("--chart", type=Path, default=None,
+                    help="also draw throughput and TTFT by concurrency per target into this PNG (needs matplotlib)")
+    ap.add_argument("--chart-from", type=Path, default=None, metavar="JSON",
+                    help="draw the chart of an earlier --json file (into --chart, default JSON with .png) and exit")
     args = ap.parse_args(argv)
+    if args.chart or args.chart_from:
+        charts()  # before a long run, not after it
+    if args.chart_from:
+        print(draw_chart(json.loads(args.chart_from.read_text()), args.chart or args.chart_from.with_suffix(".png")))
+        return 0
 
     max_new = args.max_new_tokens or (16 if args.quick else 64)
     per_client = args.requests_per_client or (1 if args.quick else 3)
@@ -750,7 +783,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"unknown target {t!r}")
 
     golden = json.loads(GOLDEN.read_text())
-    load0 = os.getloadavg()
+    load0, started = os.getloadavg(), time.strftime("%Y-%m-%d %H:%M")
     log(f"load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} on {os.cpu_count()} CPUs; "
         f"targets {[s.name for s in servers]}; scenarios {[s.name for s in scenarios]}; max_new_tokens {max_new}")
     results: dict[str, dict[str, dict]] = {sc.name: {} for sc in scenarios}
@@ -867,11 +900,14 @@ def main(argv: list[str] | None = None) -> int:
               f"--interrupt_requests False (requests queue instead).")
     for s in servers:
         print(f"  {s.name} log: {s.log_path}")
+    record = {"date": started, "cpus": os.cpu_count(), "threads": THREADS, "max_new_tokens": max_new,
+              "load_avg_start": load0, "servers": info, "scenarios": results,
+              "prompts": {"varied": varied, "fixed32": fixed32}}
     if args.json:
-        args.json.write_text(json.dumps({"max_new_tokens": max_new, "load_avg_start": load0, "servers": info,
-                                         "scenarios": results, "prompts": {"varied": varied, "fixed32": fixed32}},
-                                        indent=1, default=str))
+        args.json.write_text(json.dumps(record, indent=1, default=str))
         print(f"  results: {args.json}")
+    if args.chart:
+        print(f"  chart: {draw_chart(record, args.chart)}")
     return 0
 
 
