@@ -20,6 +20,7 @@ from service.metrics import ServiceMetrics
 from service.ops_handlers import (HealthHandler, InfoHandler, LiveHandler, MetricsHandler, ModelHandler,
                                   ModelsHandler, OpenAPIHandler, TokenizerHandler)
 from service.pipeline import GenerationHandler
+from service.playground import playground_routes
 from service.state import ServerState
 from service.validation import Schemas, default_schemas
 
@@ -28,7 +29,8 @@ Route = tuple[str, type[tornado.web.RequestHandler], dict[str, Any]]
 
 
 def business_routes(ctx: AppContext) -> list[Route]:
-    """Generation (the TGI and OpenAI dialects), tokenizer, model list, OpenAPI: served on ``port``."""
+    """Generation (the TGI and OpenAI dialects), tokenizer, model list, OpenAPI, the playground page: served
+    on ``port``."""
     args = {"ctx": ctx}
     generation = [(path, {"ctx": ctx, "dialect": dialect}) for path, dialect in (
         (r"/", TGIDialect(TGIRoute.ROOT)),
@@ -38,6 +40,7 @@ def business_routes(ctx: AppContext) -> list[Route]:
         (r"/v1/chat/completions", CHAT),
     )]
     return [
+        *playground_routes(ctx),  # first: a browser's GET / is matched before POST /'s route
         *((path, GenerationHandler, kwargs) for path, kwargs in generation),
         (r"/v1/tokenizer", TokenizerHandler, args),
         (r"/v1/models", ModelsHandler, args),

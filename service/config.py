@@ -40,6 +40,7 @@ class ServerSettings:
     tls_ca_files: tuple[Path, ...] = ()
     max_link_num: int = 1000
     full_text_enabled: bool = False
+    playground_enabled: bool = True  # the browser page at /playground and a browser's GET / (service/playground.py)
     token_timeout: float = 600.0
     e2e_timeout: float = 600.0
     max_request_bytes: int = 40 * 1024 * 1024
@@ -132,6 +133,7 @@ def _server(data: dict, base: Path) -> ServerSettings:
         tls_cert=_resolve(base, s["tlsCert"]), tls_pk=_resolve(base, s["tlsPk"]),
         tls_ca_files=tuple(_resolve(ca_dir, f) for f in ([ca] if isinstance(ca, str) else ca)),
         max_link_num=s["maxLinkNum"], full_text_enabled=s["fullTextEnabled"],
+        playground_enabled=s["playgroundEnabled"],
         token_timeout=float(s["tokenTimeout"]), e2e_timeout=float(s["e2eTimeout"]),
         max_request_bytes=int(s["maxRequestLength"]) * 1024 * 1024,
         token_id_format=s["tokenIdFormat"], shutdown_grace_period=float(s["shutdownGracePeriod"]),

@@ -6,6 +6,7 @@ files' ``$id`` URIs to component pointers); ``ROUTES`` says which of them each r
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urldefrag, urljoin
@@ -34,6 +35,8 @@ class RouteDoc:
     error_schema: str = "error"
     empty_ok: bool = False  # 200 with no body
     plain_text: bool = False  # 200 is text/plain
+    media: tuple[str, ...] = ()  # other media types of the 200 (the playground's page and files)
+    playground: bool = False  # served only with ServerConfig.playgroundEnabled
 
 
 ROUTES: tuple[RouteDoc, ...] = (
@@ -55,6 +58,12 @@ ROUTES: tuple[RouteDoc, ...] = (
     RouteDoc("get", "/v1/models/{model_id}", "One model (OpenAI shape)", response="model_list/$defs/model",
              errors=(404,)),
     RouteDoc("get", "/openapi.json", "This document"),
+    RouteDoc("get", "/", "The playground page, for a GET whose Accept ranks text/html above application/json (a "
+             "browser); any other GET / is a 405", media=("text/html",), errors=(405,), playground=True),
+    RouteDoc("get", "/playground", "The playground page: a form for POST / built from this document",
+             media=("text/html",), playground=True),
+    RouteDoc("get", "/playground/{asset}", "A file of the playground page", media=("text/css", "text/javascript"),
+             errors=(404,), playground=True),
     RouteDoc("get", "/health", "200 (empty) once the model is loaded and warmed up; 503 before and while "
              "shutting down", plane=MANAGEMENT, empty_ok=True, errors=(503,)),
     RouteDoc("get", "/v2/health/live", "200 (empty) while the process serves", plane=MANAGEMENT, empty_ok=True),
@@ -71,12 +80,13 @@ _PLANE_NOTE = {
 }
 
 
-def build_openapi(schemas: Schemas) -> dict[str, Any]:
-    """The whole document; routes whose request schema is not loaded are left out."""
+def build_openapi(schemas: Schemas, *, playground: bool = True) -> dict[str, Any]:
+    """The whole document; routes whose request schema is not loaded are left out, and the playground's
+    unless ``playground``."""
     components = {name: component_schema(schemas.schema(name), schemas) for name in schemas.names}
     paths: dict[str, dict[str, Any]] = {}
     for route in ROUTES:
-        if route.request is not None and route.request not in components:
+        if (route.request is not None and route.request not in components) or (route.playground and not playground):
             continue
         operations = paths.setdefault(route.path, {})
         operations[route.method] = _operation(route, components)
@@ -137,8 +147,9 @@ def _operation(route: RouteDoc, components: dict[str, Any]) -> dict[str, Any]:
     }
     if route.plane in _PLANE_NOTE:
         op["description"] = _PLANE_NOTE[route.plane]
-    if "{model_id}" in route.path:
-        op["parameters"] = [{"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+    if names := re.findall(r"{(\w+)}", route.path):
+        op["parameters"] = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+                            for name in names]
     if route.request is not None:
         op["requestBody"] = {"required": True, "content": {"application/json": {"schema": _ref(route.request)}}}
     for status in route.errors:
@@ -174,6 +185,8 @@ def _ok_response(route: RouteDoc, components: dict[str, Any]) -> dict[str, Any]:
         content["text/event-stream"] = media
     if route.plain_text:
         content["text/plain"] = {"schema": {"type": "string"}}
+    for media in route.media:
+        content[media] = {"schema": {"type": "string"}}
     if not content:
         content["application/json"] = {"schema": {"type": "object"}}
     return {"description": "OK", "content": content}

@@ -75,4 +75,4 @@ class MetricsHandler(GetHandler):
 
 class OpenAPIHandler(GetHandler):
     def get(self) -> None:
-        self.write_json(build_openapi(self.ctx.schemas))
+        self.write_json(build_openapi(self.ctx.schemas, playground=self.ctx.settings.playground_enabled))

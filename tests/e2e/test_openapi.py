@@ -36,6 +36,7 @@ def test_document_validates_as_openapi_3_1(document):
 
 
 def _path_template(pattern: str) -> str:
+    pattern = re.sub(r"\(\?P<(\w+)>[^)]*\)", r"{\1}", pattern)  # a named group is a path parameter
     return pattern.removesuffix("$").replace("(.+)", "{model_id}").replace("\\.", ".")
 
 

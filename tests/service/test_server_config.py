@@ -64,6 +64,7 @@ APPLIED = {
     ("ServerConfig", "maxLinkNum"): lambda c: c.server.max_link_num,
     ("ServerConfig", "httpsEnabled"): lambda c: c.server.https_enabled,
     ("ServerConfig", "fullTextEnabled"): lambda c: c.server.full_text_enabled,
+    ("ServerConfig", "playgroundEnabled"): lambda c: c.server.playground_enabled,
     ("ServerConfig", "tokenTimeout"): lambda c: c.server.token_timeout,
     ("ServerConfig", "e2eTimeout"): lambda c: c.server.e2e_timeout,
     ("ServerConfig", "maxRequestLength"): lambda c: c.server.max_request_bytes // (1024 * 1024),
@@ -109,7 +110,7 @@ def test_an_absent_key_gets_the_schema_default(tmp_path, section, key):
 # A value other than the default for each key (with what else it needs to stay valid).
 OTHER = {
     "ipAddress": ("::1", {}), "allowAllZeroIpListening": (True, {}), "port": (8080, {}), "maxLinkNum": (7, {}),
-    "fullTextEnabled": (True, {}), "tokenTimeout": (5, {}), "e2eTimeout": (9, {}), "maxRequestLength": (2, {}),
+    "fullTextEnabled": (True, {}), "playgroundEnabled": (False, {}), "tokenTimeout": (5, {}), "e2eTimeout": (9, {}), "maxRequestLength": (2, {}),
     "shutdownGracePeriod": (0.5, {}), "tokenIdFormat": ("int", {}), "headerTimeout": (2.5, {}),
     "bodyTimeout": (7, {}), "keepAliveTimeout": (4, {}), "maxHeaderBytes": (8192, {}), "maxReadingRequests": (5, {}),
     "maxBufferedBodyMB": (64, {}), "listenBacklog": (16, {}), "maxSeqLen": (300, {"maxIterTimes": 100}),
