@@ -17,7 +17,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 DPI = 150
-TARGET_COLORS = {"mindserve": "#1f77b4", "llama.cpp Q4_1": "#ff7f0e", "llama.cpp F32": "#2ca02c"}
+TARGET_COLORS = {"mindserve": "#1f77b4", "mindserve-nocache": "#9467bd", "llama.cpp Q4_1": "#ff7f0e",
+                 "llama.cpp F32": "#2ca02c"}
 # The kernel counters of engine_speed.py, grouped as docs/performance.md's table groups them.
 STEP_PARTS = (("matmul", ("matmul",), "#1f77b4"),
               ("paged attention", ("attention",), "#ff7f0e"),
