@@ -150,6 +150,50 @@ def watermark_z_score(
     return (hits - gamma * scored) / math.sqrt(scored * gamma * (1.0 - gamma))
 
 
+@dataclass(frozen=True, slots=True)
+class LogitBias:
+    """OpenAI's logit_bias: add each bias to its token's logit (+100 all but forces it, -100 bans it)."""
+
+    ids: np.ndarray  # [K] int64
+    biases: np.ndarray  # [K] float64
+
+    def __call__(self, logits: np.ndarray, history: np.ndarray) -> np.ndarray:
+        live = self.ids < logits.size
+        np.add.at(logits, self.ids[live], self.biases[live])
+        return logits
+
+
+@dataclass(frozen=True, slots=True)
+class SuppressEos:
+    """No EOS while the sequence is shorter than ``until`` tokens (prompt included): min_tokens and
+    ignore_eos. EOS stays when nothing else is possible (a finished grammar allows only EOS)."""
+
+    eos_ids: np.ndarray  # [E] int64
+    until: int
+
+    def __call__(self, logits: np.ndarray, history: np.ndarray) -> np.ndarray:
+        if history.size >= self.until:
+            return logits
+        eos = self.eos_ids[self.eos_ids < logits.size]
+        kept = logits[eos].copy()
+        logits[eos] = -np.inf
+        if not np.isfinite(logits).any():  # EOS was the only choice left
+            logits[eos] = kept
+        return logits
+
+
+def request_processors(logit_bias: Sequence[tuple[int, float]], eos_ids: Sequence[int],
+                       eos_banned_until: int) -> list[Processor]:
+    """The per-request processors that come before the sampling chain (neutral values add none)."""
+    chain: list[Processor] = []
+    if logit_bias:
+        chain.append(LogitBias(np.array([i for i, _ in logit_bias], dtype=np.int64),
+                               np.array([b for _, b in logit_bias], dtype=np.float64)))
+    if eos_banned_until > 0 and eos_ids:
+        chain.append(SuppressEos(np.array(sorted(eos_ids), dtype=np.int64), eos_banned_until))
+    return chain
+
+
 def build_processors(params: SamplingParams) -> list[Processor]:
     """The chain for one request; neutral values add nothing. Greedy skips the warpers."""
     chain: list[Processor] = []
@@ -171,20 +215,29 @@ def build_processors(params: SamplingParams) -> list[Processor]:
 
 
 class NextTokenChooser:
-    """One request's sampler: its processor chain and its own RNG seeded by ``params.seed``."""
+    """One request's sampler: its processor chain and its own RNG seeded by ``params.seed``.
 
-    def __init__(self, params: SamplingParams, vocab_size: int | None = None) -> None:
+    ``first`` processors (logit_bias, the EOS ban) run before the sampling chain; a step's grammar mask
+    (``allowed``) before them all, so every later processor sees only the tokens the grammar allows.
+    """
+
+    def __init__(self, params: SamplingParams, vocab_size: int | None = None,
+                 first: Sequence[Processor] = ()) -> None:
         self.params = params
         self.vocab_size = vocab_size  # logits past it (padded vocab rows) are never chosen
-        self.processors = build_processors(params)
+        self.processors = [*first, *build_processors(params)]
         self.rng = np.random.Generator(np.random.PCG64(params.seed))
 
-    def choose(self, logits: np.ndarray, history_ids: Sequence[int] | np.ndarray) -> tuple[int, float]:
-        """Pick the next id from ``logits`` [V]; ``history_ids`` = prompt + generated ids.
+    def choose(self, logits: np.ndarray, history_ids: Sequence[int] | np.ndarray,
+               allowed: np.ndarray | None = None) -> tuple[int, float]:
+        """Pick the next id from ``logits`` [V]; ``history_ids`` = prompt + generated ids; ``allowed``:
+        bool [V], the grammar's mask (None: any token).
 
         Returns (id, log-probability of id under the final processed distribution).
         """
         scores = np.asarray(logits)[: self.vocab_size].astype(np.float64)  # always a fresh copy
+        if allowed is not None:
+            scores[~allowed[: scores.size]] = -np.inf
         history = np.asarray(history_ids, dtype=np.int64)
         for process in self.processors:
             scores = process(scores, history)

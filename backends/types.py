@@ -14,6 +14,14 @@ class FinishReason(str, enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class Grammar:
+    """A constraint on the generated text: ``kind`` "json" (``value`` is a JSON Schema's text) or "regex"."""
+
+    kind: str
+    value: str
+
+
+@dataclass(frozen=True, slots=True)
 class RequestParams:
     """Sampling/stopping parameters as the client sent them; None means "not set".
 
@@ -34,6 +42,10 @@ class RequestParams:
     truncate: int | None = None
     decoder_input_details: bool = False
     adapter_id: str | None = None
+    grammar: Grammar | None = None  # constrained decoding (backends/grammar.py)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
+    ignore_eos: bool = False  # never choose EOS: generate until the length cap
+    min_tokens: int = 0  # no EOS before this many generated tokens
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,13 +18,14 @@ import numpy as np
 from backends.base import Listener, RequestHandle
 from backends.chat_template import render_chat_template
 from backends.errors import EngineOverloaded, EngineUnavailable, GenerationFailed, InputRejected
+from backends.grammar import GrammarCompiler, GrammarState, MaskBatch, MaskWorker
 from backends.limits import longest_sequence, prompt_token_limit
 from backends.mindspore.config import load_model_spec
 from backends.mindspore.kv_cache import BlockAllocator
 from backends.mindspore.memory import Footprint, available_memory, plan_cache
 from backends.mindspore.model import set_device
 from backends.mindspore.runner import RowOutput, build_runner
-from backends.mindspore.scheduler import Scheduler
+from backends.mindspore.scheduler import Scheduler, StepPlan
 from backends.mindspore.sequence import SeqState
 from backends.mindspore.shapes import plan_shapes
 from backends.mindspore.tokenizer import Tokenizer
@@ -76,6 +77,8 @@ class Engine:
                                    chunk=self.runner.shapes.prefill_chunk, prefill_first=self.runner.prefill_first)
         self.eos_ids = frozenset(spec.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
         self.vocab_size = spec.config_vocab_size or spec.vocab_size
+        self.grammars = GrammarCompiler(self.tokenizer.to_json(), self.vocab_size, self.eos_ids)
+        self.masks = MaskWorker()  # grammar masks, computed while the forward pass runs
         self._inbox: queue.SimpleQueue[SeqState] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._ids = itertools.count(1)
@@ -104,6 +107,7 @@ class Engine:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        self.masks.close()
 
     def __enter__(self) -> "Engine":
         return self.start()
@@ -150,7 +154,8 @@ class Engine:
         max_new = effective_max_new_tokens(params.max_new_tokens, self.config.max_iter_times,
                                            self.max_seq_len, len(ids))
         seq = SeqState.from_request(handle, ids, params, max_new_tokens=max_new, defaults=self.spec.defaults,
-                                    vocab_size=self.vocab_size, eos_ids=self.eos_ids, tokenizer=self.tokenizer)
+                                    vocab_size=self.vocab_size, eos_ids=self.eos_ids, tokenizer=self.tokenizer,
+                                    grammars=self.grammars)
         if self._inbox.qsize() + len(self.scheduler) >= self.config.max_waiting + self.config.max_batch_size:
             raise EngineOverloaded(f"{self.config.max_waiting} requests already waiting")
         self._inbox.put(seq)
@@ -193,8 +198,9 @@ class Engine:
         self._admit()
         self._drop_cancelled()
         plan = self.scheduler.plan()
+        masks = self.masks.start(_constrained_rows(plan))  # overlaps the forward pass
         for out in self.runner.run(plan):
-            self._advance(out)
+            self._advance(out, masks)
         return not plan.empty
 
     def _admit(self) -> None:
@@ -208,7 +214,7 @@ class Engine:
             if seq.handle.cancelled:
                 self._finish(seq, seq.stopper.cancel().finish)
 
-    def _advance(self, out: RowOutput) -> None:
+    def _advance(self, out: RowOutput, masks: MaskBatch) -> None:
         """One row of a step: record a prompt chunk; a row with a next token samples, stops, emits.
         A failure fails this request only (its client gets a Generation Error); the others go on."""
         seq = out.seq
@@ -217,6 +223,8 @@ class Engine:
                 raise out.error
             if out.prompt is not None and not self._prefilled(seq, out):
                 return  # more of the prompt to go
+            if seq.grammar is not None:
+                masks.wait()
             token_id, logprob = seq.sample(out.logits)
             token, delta = self._detokenize(seq, token_id, logprob)
             self._emit(seq, token, seq.stopper.push(token_id, delta))
@@ -279,3 +287,11 @@ class Engine:
         for seq in self.scheduler.all():
             self.scheduler.finish(seq)
             seq.handle.emit(exc if isinstance(exc, EngineUnavailable) else GenerationFailed(str(exc)))
+
+
+def _constrained_rows(plan: StepPlan) -> list[GrammarState]:
+    """The grammar states of the rows that sample this step: every decode row, and each prompt whose
+    last chunk is in this step."""
+    rows = [seq for seq in plan.decode]
+    rows += [seq for seq, n in plan.prefill if seq.prefilled + n == len(seq.prompt_ids)]
+    return [seq.grammar for seq in rows if seq.grammar is not None]

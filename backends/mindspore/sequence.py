@@ -1,16 +1,19 @@
 """One request's state inside the engine, built from the request (TGI's ``from_pb``): its sampler,
-stopper and detokenizer are per-row pieces, dropped with the row when it finishes."""
+stopper, detokenizer and grammar state are per-row pieces, dropped with the row when it finishes."""
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import sys
+
 import numpy as np
 
 from backends.base import RequestHandle
+from backends.grammar import GrammarCompiler, GrammarState
 from backends.mindspore.tokenizer import IncrementalDetokenizer, Tokenizer
 from backends.params import resolve
-from backends.sampling import NextTokenChooser
+from backends.sampling import NextTokenChooser, request_processors
 from backends.stopping import Stopper
 from backends.types import ModelDefaults, RequestParams, Token
 
@@ -27,6 +30,7 @@ class SeqState:
     detokenizer: IncrementalDetokenizer
     seed: int
     want_prefill: bool = False  # decoder_input_details: prompt tokens with their logprobs
+    grammar: GrammarState | None = None  # constrained decoding: the mask before sampling, advanced after
     blocks: list[int] = field(default_factory=list)
     prefilled: int = 0  # prompt tokens already in the cache
     generated: list[int] = field(default_factory=list)
@@ -36,12 +40,21 @@ class SeqState:
     @classmethod
     def from_request(cls, handle: RequestHandle, prompt_ids: list[int], params: RequestParams, *,
                      max_new_tokens: int, defaults: ModelDefaults, vocab_size: int, eos_ids: Iterable[int],
-                     tokenizer: Tokenizer) -> SeqState:
-        """The state of a new request: ``params`` resolved against the model's defaults into its chooser,
-        its stop rules into its stopper."""
+                     tokenizer: Tokenizer, grammars: GrammarCompiler | None = None) -> SeqState:
+        """The state of a new request: ``params`` resolved against the model's defaults into its chooser
+        (logit_bias and the EOS ban of min_tokens/ignore_eos first), its stop rules into its stopper, its
+        grammar compiled (``GrammarRejected`` if it does not compile)."""
         sampling = resolve(params, defaults, vocab_size)
+        eos_until = (sys.maxsize if params.ignore_eos else len(prompt_ids) + params.min_tokens
+                     if params.min_tokens else 0)  # the length before which EOS is banned
+        first = request_processors(params.logit_bias, sorted(eos_ids), eos_until)
+        grammar = None
+        if params.grammar is not None:
+            if grammars is None:
+                raise ValueError("a grammar needs the engine's GrammarCompiler")
+            grammar = grammars.compile(params.grammar)
         return cls(handle=handle, prompt_ids=prompt_ids, max_new_tokens=max_new_tokens,
-                   chooser=NextTokenChooser(sampling, vocab_size),
+                   chooser=NextTokenChooser(sampling, vocab_size, first), grammar=grammar,
                    stopper=Stopper(max_new_tokens, eos_ids, params.stop),
                    detokenizer=IncrementalDetokenizer(tokenizer, prompt_ids), seed=sampling.seed,
                    want_prefill=params.decoder_input_details)
@@ -60,7 +73,11 @@ class SeqState:
         return self.prefilled == len(self.prompt_ids)
 
     def sample(self, logits: np.ndarray) -> tuple[int, float]:
-        """Choose the next token from ``logits`` [V] and append it: (id, logprob)."""
-        token_id, logprob = self.chooser.choose(logits, self.prompt_ids + self.generated)
+        """Choose the next token from ``logits`` [V] (within the grammar's mask), append it and advance
+        the grammar: (id, logprob)."""
+        allowed = self.grammar.allowed() if self.grammar is not None else None
+        token_id, logprob = self.chooser.choose(logits, self.prompt_ids + self.generated, allowed)
         self.generated.append(token_id)
+        if self.grammar is not None:
+            self.grammar.advance(token_id)
         return token_id, logprob

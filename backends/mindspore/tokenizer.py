@@ -91,6 +91,11 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def to_json(self) -> str | None:
+        """The tokenizer.json text (what llguidance builds its tokenizer from); None without one."""
+        to_str = getattr(self._backend, "to_str", None)
+        return to_str() if to_str is not None else None
+
     def is_special(self, token_id: int) -> bool:
         return token_id in self._special
 

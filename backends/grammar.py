@@ -1,0 +1,164 @@
+"""Constrained decoding with llguidance: a request's grammar (JSON Schema or regex) compiled against the
+model's tokenizer into a matcher, whose token mask restricts each step's choice.
+
+Bounds (docs/structured-output.md): the grammar text is at most ``MAX_GRAMMAR_BYTES``; compilation runs
+under llguidance's fuel limits (``LIMITS``), so a schema too large or too slow to compile is refused in
+well under a second instead of holding a worker; each mask step is bounded by the step fuel.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import llguidance
+import numpy as np
+from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask_par
+
+from backends.errors import InputRejected
+from backends.types import Grammar
+
+MAX_GRAMMAR_BYTES = 65_536  # the serialized schema or the regex
+# llguidance's own resource limits (its defaults, spelled out): fuel bounds the compile and each mask step.
+LIMITS = dict(initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000, step_max_items=50_000,
+              max_grammar_size=500_000, max_lexer_states=250_000)
+# Compact JSON: a small model left free whitespace can pad forever between tokens.
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+ANY_JSON_OBJECT = '{"type": "object"}'
+
+
+class GrammarRejected(InputRejected):
+    """The request's grammar does not compile (or is over a bound); the message is the compiler's."""
+
+
+@dataclass(slots=True)
+class MaskStats:
+    """What mask computation cost: its wall time and the masks computed (one per constrained token)."""
+
+    seconds: float = 0.0
+    masks: int = 0
+    batches: int = 0
+
+    @property
+    def ms_per_token(self) -> float:
+        return 1000.0 * self.seconds / max(self.masks, 1)
+
+
+class GrammarCompiler:
+    """Compiles requests' grammars for one model: the llguidance tokenizer is built once, on first use
+    (about half a second for a 49k vocabulary), from the model's tokenizer.json text."""
+
+    def __init__(self, tokenizer_json: str | None, vocab_size: int, eos_ids: Iterable[int]) -> None:
+        self._json = tokenizer_json
+        self._vocab_size = vocab_size
+        self._eos = sorted(eos_ids)
+        self._lock = threading.Lock()
+        self._tokenizer: llguidance.LLTokenizer | None = None
+
+    @property
+    def tokenizer(self) -> llguidance.LLTokenizer:
+        if self._json is None:
+            raise GrammarRejected("this model's tokenizer has no tokenizer.json, which grammars need")
+        with self._lock:
+            if self._tokenizer is None:
+                self._tokenizer = llguidance.LLTokenizer(self._json, n_vocab=self._vocab_size,
+                                                         eos_token=self._eos)
+            return self._tokenizer
+
+    def compile(self, grammar: Grammar) -> GrammarState:
+        """The matcher for ``grammar`` in its start state; ``GrammarRejected`` with the compiler's message."""
+        if len(grammar.value.encode("utf-8")) > MAX_GRAMMAR_BYTES:
+            raise GrammarRejected(f"the {grammar.kind} grammar is {len(grammar.value.encode('utf-8'))} bytes, "
+                                  f"more than the limit of {MAX_GRAMMAR_BYTES}")
+        text = _llguidance_grammar(grammar)
+        matcher = llguidance.LLMatcher(self.tokenizer, text, log_level=0,
+                                       limits=llguidance.LLParserLimits(**LIMITS))
+        if matcher.is_error():
+            raise GrammarRejected(_first_lines(matcher.get_error()))
+        return GrammarState(matcher, self._vocab_size)
+
+
+class GrammarState:
+    """One request's grammar: the matcher, advanced by each chosen token, and its latest mask."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
+        self.matcher = matcher
+        self.vocab_size = vocab_size
+        self.bitmask: np.ndarray | None = None  # [ceil(V/32)] int32, set by MaskBatch
+
+    def allowed(self) -> np.ndarray:
+        """The tokens the grammar allows next: bool [V] (EOS once the grammar may end)."""
+        assert self.bitmask is not None, "the mask of this step was not computed"
+        bits = np.unpackbits(self.bitmask.view(np.uint8), bitorder="little")
+        return bits[: self.vocab_size].astype(bool)
+
+    def advance(self, token_id: int) -> None:
+        """Consume the chosen token; a token the grammar refuses is an error (the mask prevents it)."""
+        self.bitmask = None
+        if not self.matcher.consume_token(token_id) or self.matcher.is_error():
+            raise RuntimeError(f"the grammar refused token {token_id}: {self.matcher.get_error()}")
+
+
+class MaskBatch:
+    """Masks for the constrained rows of one step, computed on a worker thread while the forward pass
+    runs (llguidance releases the GIL); ``wait`` before sampling the first of them."""
+
+    def __init__(self, pool: ThreadPoolExecutor, executor: llguidance.LLExecutor, states: list[GrammarState],
+                 stats: MaskStats) -> None:
+        self._states = states
+        self._future: Future | None = pool.submit(self._compute, executor, stats) if states else None
+
+    def _compute(self, executor: llguidance.LLExecutor, stats: MaskStats) -> None:
+        started = time.perf_counter()
+        masks = allocate_token_bitmask(len(self._states), self._states[0].vocab_size)
+        fill_next_token_bitmask_par(executor, [(s.matcher, i) for i, s in enumerate(self._states)], masks)
+        for state, row in zip(self._states, masks):
+            state.bitmask = row
+        stats.seconds += time.perf_counter() - started
+        stats.masks += len(self._states)
+        stats.batches += 1
+
+    def wait(self) -> None:
+        if self._future is not None:
+            self._future.result()
+            self._future = None
+
+
+class MaskWorker:
+    """The engine's mask thread and llguidance executor, and the running cost of masks."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mindserve-masks")
+        self._executor = llguidance.LLExecutor(num_threads=1)
+        self.stats = MaskStats()
+
+    def start(self, states: list[GrammarState]) -> MaskBatch:
+        return MaskBatch(self._pool, self._executor, states, self.stats)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+
+
+def _llguidance_grammar(grammar: Grammar) -> str:
+    if grammar.kind == "regex":
+        return llguidance.LLMatcher.grammar_from_regex(grammar.value)
+    try:
+        schema = json.loads(grammar.value)
+    except ValueError as exc:
+        raise GrammarRejected(f"the JSON Schema is not JSON: {exc}") from None
+    except RecursionError:
+        raise GrammarRejected("the JSON Schema nests too deeply") from None
+    if not isinstance(schema, dict):
+        raise GrammarRejected(f"the JSON Schema must be an object, got {type(schema).__name__}")
+    try:
+        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+    except (ValueError, TypeError) as exc:
+        raise GrammarRejected(str(exc)) from None
+
+
+def _first_lines(message: str, limit: int = 600) -> str:
+    message = message.strip()
+    return message if len(message) <= limit else message[:limit] + "…"
