@@ -3,8 +3,10 @@
 Each app gets its own ``CollectorRegistry`` (never the process-global one). Counting rule: a request to
 a generation route counts as *received* once its handler starts, then exactly once as *success* (the
 whole response or stream was delivered) or *failed* (an error status — validation errors included —,
-an error event in a stream, or a client disconnect). Token totals and the e2e/token histograms count
-successful requests only, so they equal the sums of the ``details`` the clients received.
+an error event in a stream, or a client disconnect). A failed request also counts once in
+``request_errors_total`` under its ``error_type`` (the one its client was sent, or ``CLIENT_GONE_TYPE``).
+Token totals and the e2e/token histograms count successful requests only, so they equal the sums of the
+``details`` the clients received.
 """
 from __future__ import annotations
 
@@ -16,9 +18,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from backends.types import GenerationResult, TokenEvent
+from service.access_log import CLIENT_GONE
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 LABELS = ("model_name",)
+CLIENT_GONE_TYPE = "Client Gone"  # the error_type label of a request whose client left (no error was sent)
 # Bucket ranges from the reference server (TTFT 0.001..10 s, TPOT 0.01..2.5 s, e2e 1..60 s,
 # token counts 10..128000); the edges in between are ours.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
@@ -106,6 +110,9 @@ class ServiceMetrics:
         self.received = counter("request_received_total", "Generation requests received.")
         self.success = counter("request_success_total", "Generation requests answered in full.")
         self.failed = counter("request_failed_total", "Generation requests that ended in an error or a disconnect.")
+        self.errors = Counter("request_errors_total", "Failed generation requests by the error_type their client was "
+                              f"sent ('{CLIENT_GONE_TYPE}': the client left).", (*LABELS, "error_type"),
+                              registry=self.registry)
         self.prompt_tokens = counter("prompt_tokens_total", "Prompt tokens of successful requests.")
         self.generation_tokens = counter("generation_tokens_total", "Generated tokens of successful requests.")
         histogram = self._histogram
@@ -155,6 +162,7 @@ class RequestObserver:
         self.outcome: str | None = None  # "success" | "failed" once finished
         self._last_token: float | None = None
         self._error = False
+        self._error_type: str | None = None
         self._client_gone = False
         if metrics is not None:
             metrics.received.inc()
@@ -191,6 +199,10 @@ class RequestObserver:
     def client_gone(self) -> None:
         self._client_gone = True
 
+    def error_sent(self, error_type: str) -> None:
+        """The client was sent an error of this ``error_type`` (a status, or an error event in a stream)."""
+        self._error_type = error_type
+
     def fail(self) -> None:
         """The service gave up on the request (a timeout): it counts as failed whatever comes next."""
         self._error = True
@@ -206,6 +218,8 @@ class RequestObserver:
             return
         if not ok:
             m.failed.inc()
+            gone = self._client_gone or status == CLIENT_GONE
+            m.errors.labels(m.model_name, self._error_type or (CLIENT_GONE_TYPE if gone else "Unknown")).inc()
             return
         assert self.result is not None
         m.success.inc()

@@ -50,6 +50,8 @@ class GenerationHandler(JsonBodyHandler):
         self.dialect = dialect
 
     def render_error(self, error: ServiceError) -> tuple[int, Any]:
+        if self.observer is not None:
+            self.observer.error_sent(error.error_type.value)
         return self.dialect.render_error(error)
 
     def prepare(self) -> Any:
@@ -141,6 +143,7 @@ class GenerationHandler(JsonBodyHandler):
             except ServiceError as exc:
                 if not self._headers_written:  # nothing sent yet: a plain JSON error still fits
                     raise
+                self.observer.error_sent(exc.error_type.value)
                 await self._send(codec.on_error(exc))
                 return
             if isinstance(event, GenerationResult):

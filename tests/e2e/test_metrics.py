@@ -26,7 +26,7 @@ GAUGES = ("num_requests_running", "num_requests_waiting", "cpu_cache_usage_perc"
 
 def scrape(url: str) -> dict[str, float]:
     """Sample name → value for the samples labelled with the model (a histogram bucket keeps its ``le``, an HTTP
-    timeout or refusal counter its ``kind`` or ``reason``)."""
+    timeout or refusal counter its ``kind`` or ``reason``, the failures by type their ``error_type``)."""
     reply = requests.get(url + "/metrics", timeout=10)
     assert reply.status_code == 200
     assert reply.headers["Content-Type"].startswith("text/plain")
@@ -34,7 +34,8 @@ def scrape(url: str) -> dict[str, float]:
     for family in text_string_to_metric_families(reply.text):
         for sample in family.samples:
             extra = set(sample.labels) - {"model_name"}
-            assert "model_name" in sample.labels and len(extra) <= 1 and extra <= {"le", "kind", "reason"}, sample
+            assert "model_name" in sample.labels and len(extra) <= 1, sample
+            assert extra <= {"le", "kind", "reason", "error_type"}, sample
             key = sample.name + "".join(f"{{{name}={sample.labels[name]}}}" for name in extra)
             out[key] = sample.value
     return out
@@ -42,6 +43,13 @@ def scrape(url: str) -> dict[str, float]:
 
 def delta(before: dict[str, float], after: dict[str, float], name: str) -> float:
     return after.get(name, 0.0) - before.get(name, 0.0)
+
+
+def error_deltas(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """error_type → how much ``request_errors_total`` moved for it (types that did not move left out)."""
+    prefix = "request_errors_total{error_type="
+    moved = {key[len(prefix):-1]: delta(before, after, key) for key in {*before, *after} if key.startswith(prefix)}
+    return {kind: n for kind, n in moved.items() if n}
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +87,7 @@ def test_counters_move_by_exactly_what_the_requests_did(metrics_url):
     assert delta(before, after, "request_received_total") == 3
     assert delta(before, after, "request_success_total") == 2
     assert delta(before, after, "request_failed_total") == 1
+    assert error_deltas(before, after) == {"Input Validation Error": 1}
     prompt = sum(d["prompt_tokens"] for d in details)
     generated = sum(d["generated_tokens"] for d in details)
     assert delta(before, after, "prompt_tokens_total") == prompt
@@ -101,6 +110,7 @@ def test_prompt_rejected_by_the_engine_counts_as_failed(metrics_url):
     assert delta(before, after, "request_failed_total") == 1
     assert delta(before, after, "request_success_total") == 0
     assert delta(before, after, "prompt_tokens_total") == 0
+    assert error_deltas(before, after) == {"Input Validation Error": 1}
 
 
 def test_client_disconnect_mid_stream_counts_as_failed(metrics_url):
@@ -117,6 +127,7 @@ def test_client_disconnect_mid_stream_counts_as_failed(metrics_url):
     assert delta(before, after, "request_received_total") == 1
     assert delta(before, after, "request_failed_total") == 1
     assert delta(before, after, "request_success_total") == 0
+    assert error_deltas(before, after) == {"Client Gone": 1}
 
 
 def test_the_prefix_cache_is_reported_in_metrics_and_info(metrics_url):
