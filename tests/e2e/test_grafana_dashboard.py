@@ -87,12 +87,13 @@ def test_the_dashboard_is_grafana_json_with_the_panels_the_issue_asks_for():
     dashboard = json.loads(DASHBOARD.read_text())
     queried = set().union(*map(metric_names, dashboard_queries(dashboard)))
     wanted = {"request_received_total",                                  # request rate
-              "request_failed_total", "http_timeouts_total", "http_refused_total",  # errors by type
+              "request_errors_total", "http_timeouts_total", "http_refused_total",  # errors by type
               "time_to_first_token_seconds_bucket", "time_per_output_token_seconds_bucket",  # TTFT / ITL
               "num_requests_waiting", "http_requests_waiting_for_slot",  # queue depth
               "num_requests_running",                                    # batch size
               "cpu_cache_usage_perc",                                    # cache blocks in use
-              "http_slots_in_use", "http_requests_reading_body", "http_open_connections"}
+              "http_slots_in_use", "http_requests_reading_body", "http_open_connections",
+              "prefix_cache_hit_rate"}
     assert wanted <= queried, sorted(wanted - queried)
     ids = [panel["id"] for panel in dashboard["panels"]]
     assert len(ids) == len(set(ids)) and dashboard["uid"] and dashboard["schemaVersion"] >= 30
