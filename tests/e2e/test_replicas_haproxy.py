@@ -43,6 +43,7 @@ SLOW_DECODE = 0.03       # s per decode step: a request takes about half a secon
 GRACE = 30               # shutdownGracePeriod of the replicas
 WARM = 4.0               # s of load before the SIGTERM, and after the rejoin
 REQUEST_TIMEOUT = 60
+SIGNAL_MARGIN = 0.5      # s from the SIGTERM until the replica is surely refusing (its loop handles the signal)
 
 
 @dataclass
@@ -228,7 +229,7 @@ def test_two_replicas_behind_haproxy_lose_no_request_through_a_sigterm_and_a_res
     # In flight on r1 when the signal came: finished there, in full.
     drained = [o for o in outcomes if o.replica == "r1" and o.started < killed < o.ended and o.ended < exited]
     # Sent after r1 was seen draining and before it was back: all on r2 (the 503s HAProxy retried included).
-    meanwhile = [o for o in outcomes if killed + 0.2 < o.started and o.ended < up]
+    meanwhile = [o for o in outcomes if killed + SIGNAL_MARGIN < o.started and o.ended < up]
     rejoined = [o for o in outcomes if o.started > up and o.replica == "r1"]
     log = "".join(haproxy.log)
     # httplog's "actconn/feconn/beconn/srv_conn/retries" field: "+N" when the request was redispatched.
