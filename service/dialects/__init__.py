@@ -5,16 +5,17 @@ renders a stream one event at a time (``StreamCodec``) and renders an error. ``t
 ``/generate`` and ``/generate_stream``; ``openai.py`` is ``/v1/completions`` and ``/v1/chat/completions``.
 A third dialect is one more module here and its routes in ``service/app.py``.
 
-The request rules every dialect shares live here too (the stop list).
+The request rules every dialect shares live here too (the stop list, a grammar's text).
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from backends.base import Backend
 from backends.errors import BackendError
-from backends.types import GenerationResult, RequestParams, TokenEvent
+from backends.types import GenerationResult, Grammar, RequestParams, TokenEvent
 from service.context import AppContext
 from service.errors import ServiceError
 
@@ -70,3 +71,13 @@ def stop_sequences(stop: str | list[str] | None, field: str,
         raise invalid(f"{field} must total at most {STOP_TOTAL_MAX_CHARS} characters, "
                       f"got {total} in {len(stop)} strings")
     return tuple(stop)
+
+
+def json_schema_grammar(schema: dict[str, Any] | str, field: str, invalid: Callable[[str], ServiceError]) -> Grammar:
+    """A JSON Schema (an object, or its text) as the engine's grammar; the engine compiles it."""
+    if isinstance(schema, str):
+        return Grammar("json", schema)
+    try:
+        return Grammar("json", json.dumps(schema, separators=(",", ":")))
+    except RecursionError:
+        raise invalid(f"{field} nests too deeply") from None

@@ -14,10 +14,11 @@ from typing import Any, Literal
 
 from backends.base import Backend
 from backends.errors import BackendError
-from backends.types import FinishReason, GenerationResult, RequestParams, Token, TokenEvent
+from backends.grammar import GrammarRejected
+from backends.types import FinishReason, GenerationResult, Grammar, RequestParams, Token, TokenEvent
 from service import sse
 from service.context import AppContext, RequestLimits
-from service.dialects import stop_sequences
+from service.dialects import json_schema_grammar, stop_sequences
 from service.errors import ServiceError, ValidationError, error_body, from_backend_error
 from service.validation import show
 
@@ -29,7 +30,6 @@ NEUTRAL_CLIENT_KEYS: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
     "top_n_tokens": (None, 0),
     "frequency_penalty": (None, 0),
-    "grammar": (None,),
 }
 _BOOL_FIELDS = ("watermark", "decoder_input_details")
 _FLOAT_FIELDS = ("temperature", "top_p", "typical_p", "repetition_penalty")
@@ -130,7 +130,17 @@ def _parse_params(raw: dict[str, Any], limits: RequestLimits) -> RequestParams:
             kwargs[name] = int(raw[name])  # JSON Schema also calls 20.0 an integer
     kwargs["stop"] = stop_sequences(raw.get("stop"), "parameters.stop", ValidationError)
     kwargs["adapter_id"] = _parse_adapter(raw.get("adapter_id"), limits)
+    kwargs["grammar"] = _parse_grammar(raw.get("grammar"))
     return RequestParams(**kwargs)
+
+
+def _parse_grammar(grammar: dict[str, Any] | None) -> Grammar | None:
+    """TGI's ``{"type": "json", "value": <JSON Schema>}`` or ``{"type": "regex", "value": "..."}``."""
+    if grammar is None:
+        return None
+    if grammar["type"] == "regex":
+        return Grammar("regex", grammar["value"])
+    return json_schema_grammar(grammar["value"], "parameters.grammar.value", ValidationError)
 
 
 def _parse_adapter(adapter_id: str | None, limits: RequestLimits) -> str | None:
@@ -284,6 +294,8 @@ class TGIDialect:
         return req
 
     def submit_error(self, error: BackendError, req: ParsedRequest) -> ServiceError:
+        if isinstance(error, GrammarRejected):
+            return ValidationError(f"parameters.grammar does not compile: {error}")
         return from_backend_error(error)
 
     def render_result(self, req: ParsedRequest, result: GenerationResult, ctx: AppContext) -> Any:

@@ -9,6 +9,7 @@ from backends import errors as backend_errors
 from backends.types import (
     FinishReason,
     GenerationResult,
+    Grammar,
     RequestParams,
     Token,
     TokenEvent,
@@ -88,7 +89,6 @@ def test_stream_and_details_flags(body: dict[str, Any], stream: bool, details: b
     ({"best_of": True}, ["parameters.best_of", "true"]),
     ({"top_n_tokens": 5}, ["parameters.top_n_tokens", "5"]),
     ({"frequency_penalty": 0.5}, ["parameters.frequency_penalty", "0.5"]),
-    ({"grammar": {"type": "regex", "value": "a+"}}, ["parameters.grammar", "regex"]),
     ({"stop": ["x" * 1024] * 32 + ["y"]}, ["parameters.stop", "32768", "32769"]),
 ])
 def test_cross_field_rules_name_field_and_value(parameters: dict[str, Any], fragments: list[str]) -> None:
@@ -268,3 +268,23 @@ def test_backend_errors_map_to_statuses(exc: Exception, status: int, message: st
 
 def test_unknown_status_is_500() -> None:
     assert errors.for_status(418, "teapot").status == 500
+
+
+@pytest.mark.parametrize("grammar, expected", [
+    ({"type": "regex", "value": "a+"}, Grammar("regex", "a+")),
+    ({"type": "json", "value": {"type": "object", "required": ["a"]}},
+     Grammar("json", '{"type":"object","required":["a"]}')),
+    ({"type": "json", "value": '{"type": "integer"}'}, Grammar("json", '{"type": "integer"}')),
+    (None, None),
+])
+def test_grammar_becomes_the_engines_grammar(grammar: Any, expected: Any) -> None:
+    assert _parse({"grammar": grammar}).params.grammar == expected
+
+
+def test_grammar_that_does_not_compile_is_a_422_naming_the_field() -> None:
+    from backends.grammar import GrammarRejected
+    from service.dialects.tgi import TGIDialect
+
+    err = TGIDialect().submit_error(GrammarRejected("regex parse error: unclosed group"), _parse({}))
+    assert err.status == 422
+    assert "parameters.grammar" in err.message and "unclosed group" in err.message
