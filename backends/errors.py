@@ -10,6 +10,15 @@ class InputRejected(BackendError):
     """The request is well-formed but this model/configuration cannot take it (e.g. too many tokens)."""
 
 
+class ParameterRejected(InputRejected):
+    """One request parameter cannot be used (a grammar that does not compile, a token id outside the
+    vocabulary); ``param`` is the engine's name for it (``RequestParams`` field), which a dialect renames."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 class EngineOverloaded(BackendError):
     """No room to queue the request."""
 

@@ -18,7 +18,7 @@ import llguidance
 import numpy as np
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask_par
 
-from backends.errors import InputRejected
+from backends.errors import ParameterRejected
 from backends.types import Grammar
 
 MAX_GRAMMAR_BYTES = 65_536  # the serialized schema or the regex
@@ -30,8 +30,11 @@ JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separa
 ANY_JSON_OBJECT = '{"type": "object"}'
 
 
-class GrammarRejected(InputRejected):
+class GrammarRejected(ParameterRejected):
     """The request's grammar does not compile (or is over a bound); the message is the compiler's."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("grammar", message)
 
 
 @dataclass(slots=True)

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 
 from backends.base import RequestHandle
+from backends.errors import ParameterRejected
 from backends.grammar import GrammarCompiler, GrammarState
 from backends.mindspore.tokenizer import IncrementalDetokenizer, Tokenizer
 from backends.params import resolve
@@ -45,6 +46,10 @@ class SeqState:
         (logit_bias and the EOS ban of min_tokens/ignore_eos first), its stop rules into its stopper, its
         grammar compiled (``GrammarRejected`` if it does not compile)."""
         sampling = resolve(params, defaults, vocab_size)
+        outside = [tid for tid, _ in params.logit_bias if not 0 <= tid < vocab_size]
+        if outside:
+            raise ParameterRejected("logit_bias", f"logit_bias has token id {outside[0]}, outside the "
+                                                  f"vocabulary of {vocab_size} tokens")
         eos_until = (sys.maxsize if params.ignore_eos else len(prompt_ids) + params.min_tokens
                      if params.min_tokens else 0)  # the length before which EOS is banned
         first = request_processors(params.logit_bias, sorted(eos_ids), eos_until)

@@ -25,11 +25,12 @@ from typing import Any, Literal
 import jsonschema.exceptions
 
 from backends.base import Backend
-from backends.errors import BackendError, InputRejected
-from backends.types import FinishReason, GenerationResult, RequestParams, TokenEvent
+from backends.errors import BackendError, InputRejected, ParameterRejected
+from backends.grammar import ANY_JSON_OBJECT
+from backends.types import FinishReason, GenerationResult, Grammar, RequestParams, TokenEvent
 from service import sse
 from service.context import AppContext
-from service.dialects import stop_sequences
+from service.dialects import json_schema_grammar, stop_sequences
 from service.errors import NotFound, ServiceError, ValidationError, from_backend_error
 from service.validation import Schemas, describe, field_path, show
 
@@ -42,6 +43,7 @@ DONE_EVENT = "data: [DONE]\n\n"
 FINISH_REASONS = {FinishReason.LENGTH: "length", FinishReason.EOS_TOKEN: "stop",
                   FinishReason.STOP_SEQUENCE: "stop"}
 ROLE_ALIASES = {"developer": "system"}  # HF chat templates know system, not developer
+ENGINE_PARAMS = {"grammar": "response_format"}  # the engine's parameter name -> this dialect's field
 
 # status → (status sent, OpenAI error type). Validation is 400 here: OpenAI's status for a bad request,
 # which the official client raises as BadRequestError (422 would be UnprocessableEntityError).
@@ -126,7 +128,23 @@ def _params(kind: Kind, body: dict[str, Any]) -> RequestParams:
         seed=_int_or_none(body.get("seed")),
         max_new_tokens=_max_tokens(kind, body),
         stop=stop_sequences(body.get("stop"), "stop", lambda message: InvalidRequest(message, "stop")),
+        grammar=_grammar(body.get("response_format")),
+        logit_bias=tuple((int(tid), float(bias)) for tid, bias in (body.get("logit_bias") or {}).items()),
+        ignore_eos=bool(body.get("ignore_eos")),
+        min_tokens=int(body.get("min_tokens") or 0),
     )
+
+
+def _grammar(response_format: dict[str, Any] | None) -> Grammar | None:
+    """response_format json_object: any JSON object; json_schema: its schema (none given: any JSON)."""
+    kind = (response_format or {}).get("type", "text")
+    if kind == "json_object":
+        return Grammar("json", ANY_JSON_OBJECT)
+    if kind == "json_schema":
+        schema = response_format["json_schema"].get("schema")
+        invalid = lambda message: InvalidRequest(message, "response_format")  # noqa: E731
+        return json_schema_grammar({} if schema is None else schema, "response_format.json_schema.schema", invalid)
+    return None
 
 
 def _max_tokens(kind: Kind, body: dict[str, Any]) -> int:
@@ -290,6 +308,10 @@ class OpenAIDialect:
         return parse_openai_request(self.kind, body, ctx.schemas, ctx.backend.model_name)
 
     def submit_error(self, error: BackendError, req: OpenAIRequest) -> ServiceError:
+        if isinstance(error, ParameterRejected):
+            param = ENGINE_PARAMS.get(error.param, error.param)
+            verb = " does not compile" if error.param == "grammar" else ""
+            return InvalidRequest(f"{param}{verb}: {error}", param)
         if isinstance(error, InputRejected):
             return InvalidRequest(str(error), self.prompt_field)
         return from_backend_error(error)

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from backends.base import Backend
-from backends.errors import BackendError
-from backends.grammar import GrammarRejected
+from backends.errors import BackendError, ParameterRejected
 from backends.types import FinishReason, GenerationResult, Grammar, RequestParams, Token, TokenEvent
 from service import sse
 from service.context import AppContext, RequestLimits
@@ -294,7 +293,7 @@ class TGIDialect:
         return req
 
     def submit_error(self, error: BackendError, req: ParsedRequest) -> ServiceError:
-        if isinstance(error, GrammarRejected):
+        if isinstance(error, ParameterRejected) and error.param == "grammar":
             return ValidationError(f"parameters.grammar does not compile: {error}")
         return from_backend_error(error)
 
