@@ -40,6 +40,9 @@ function setUpGrammar(grammar, resolve) {
   if (!kinds.length) ui.grammarType.append(new Option("as JSON", "raw"));
   page.grammar = { kinds };
   ui.grammarField.hidden = false;
+  const showValue = () => { ui.grammarValue.hidden = ui.grammarType.value === ""; };
+  ui.grammarType.addEventListener("change", showValue);
+  showValue();
 }
 
 async function setUpAdapters(adapterProp) {
