@@ -25,7 +25,7 @@ from service.state import ServerState
 from service.validation import SCHEMA_DIR, Schemas
 from tests.support.browser import MISSING, chromium, find_chromium
 from tests.support.fake_backend import FakeBackend, Pace
-from tests.support.golden import GREEDY_TEXT, NUMPY_GOLDEN, PROMPT
+from tests.support.golden import GREEDY_TEXT, NUMPY_GOLDEN, PROMPT, PROMPT_IDS
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(find_chromium() is None, reason=MISSING)]
@@ -197,6 +197,20 @@ def test_stop_mid_stream_frees_the_request(browser, split):
     assert GREEDY_TEXT.startswith(text_of(browser, "output"))
 
 
+def test_without_streaming_the_prompt_and_generated_tokens_are_listed(browser, split):
+    business, _ = split
+    open_page(browser, business + "/playground")
+    browser.find_element(By.ID, "stream").click()
+    set_field(browser, "do_sample", "false")
+    set_field(browser, "max_new_tokens", "3")
+    set_field(browser, "decoder_input_details", "true")
+    assert generate(browser, PROMPT) == "done"
+    rows = token_rows(browser)
+    assert [int(r[1]) for r in rows if r[0] == "prompt"] == PROMPT_IDS
+    assert [int(r[1]) for r in rows if r[0] != "prompt"] == NUMPY_GOLDEN["generated_ids"][:3]
+    assert GREEDY_TEXT.startswith(text_of(browser, "output")) and text_of(browser, "stat-prompt") == "8"
+
+
 def test_the_page_needs_nothing_from_the_management_port(browser, split):
     """The model is named from v1/models (business port); the adapter picker stays hidden (no adapters
     listed there) and the structured-output field shows exactly when the served schema takes a grammar."""
@@ -286,3 +300,7 @@ def test_the_page_works_over_https(browser, https_url):
     assert generate(browser, "x") == "done"
     assert text_of(browser, "output") == "aaaa"
     assert browser.execute_script("return location.protocol;") == "https:"
+    browser.find_element(By.ID, "stream").click()  # off: one JSON answer
+    assert generate(browser, "x") == "done"
+    assert text_of(browser, "output") == "aaaa" and text_of(browser, "stat-finish") == "length"
+    assert json.loads(sent_body(browser))["stream"] is False
