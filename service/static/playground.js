@@ -99,6 +99,7 @@ async function run(event) {
     if (err.name === "AbortError") finishRun("stopped", `stopped after ${stats.count} tokens`);
     else showError(`The request failed: ${err.message}`);
   } finally {
+    controller.abort();  // a reply left unread (a garbled event) is dropped, and the server frees the request
     page.running = null;
     setRunning(false);
   }
