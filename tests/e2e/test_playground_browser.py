@@ -281,6 +281,46 @@ def test_the_form_is_built_from_the_schema_the_server_validates_with(browser, ch
     assert json.loads(sent_body(browser))["parameters"]["grammar"] == {"type": "json", "value": {"type": "object"}}
 
 
+# --- the page's own pieces, run in the browser --------------------------------------------------------------
+
+RUN_MODULE = """
+const done = arguments[arguments.length - 1];
+(async () => { const m = await import(new URL("playground/%s", location.href).href); %s })()
+  .then(done, (e) => done("error: " + e));
+"""
+
+
+def run_module(driver, name: str, body: str) -> Any:
+    """``body`` (an async function body) run with the page's module ``name`` as ``m``; its return value. (The
+    page's CSP refuses eval, so the body is part of the WebDriver script.)"""
+    return driver.execute_async_script(RUN_MODULE % (name, body))
+
+
+def test_sse_parsing_survives_any_chunking(browser, changed_schema_url):
+    open_page(browser, changed_schema_url[0] + "/playground")
+    text = ('data: {"a":1}\r\n\r\ndata: x\ndata: y\n\n: keep-alive\n\nevent: e\ndata:z\r\r'
+            'data: p\r\ndata: q\r\n\r\ndata: last')
+    expected = ['{"a":1}', "x\ny", "z", "p\nq", "last"]
+    for size in (1, 2, 3, 7, len(text)):
+        chunks = [text[i:i + size] for i in range(0, len(text), size)]
+        got = run_module(browser, "sse.js", """
+            const chunks = %s, out = [];
+            const body = new ReadableStream({start(c) { for (const x of chunks) c.enqueue(new TextEncoder().encode(x)); c.close(); }});
+            for await (const data of m.sseData(body)) out.push(data);
+            return out;""" % json.dumps(chunks))
+        assert got == expected, (size, got)
+
+
+def test_numbers_are_sent_as_typed(browser, changed_schema_url):
+    open_page(browser, changed_schema_url[0] + "/playground")
+    got = run_module(browser, "schema_form.js", """
+        return m.toJson({seed: new m.RawNumber("18446744073709551615"), top_p: new m.RawNumber("1.0"),
+                         inputs: "raw:1 \\"quoted\\" 18446744073709551615", n: 0.5});""")
+    assert json.loads(got) == {"seed": 18446744073709551615, "top_p": 1.0,
+                               "inputs": 'raw:1 "quoted" 18446744073709551615', "n": 0.5}
+    assert '"top_p": 1.0' in got and '"seed": 18446744073709551615' in got
+
+
 # --- HTTPS ------------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
