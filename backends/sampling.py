@@ -235,6 +235,14 @@ class NextTokenChooser:
 
         Returns (id, log-probability of id under the final processed distribution).
         """
+        token, logprob, _ = self.choose_with_top(logits, history_ids, allowed)
+        return token, logprob
+
+    def choose_with_top(self, logits: np.ndarray, history_ids: Sequence[int] | np.ndarray,
+                        allowed: np.ndarray | None = None, top: int = 0
+                        ) -> tuple[int, float, tuple[tuple[int, float], ...]]:
+        """``choose``, plus the ``top`` most likely (id, logprob) under the same distribution, best first
+        (ties by id; fewer if fewer tokens are possible)."""
         scores = np.asarray(logits)[: self.vocab_size].astype(np.float64)  # always a fresh copy
         if allowed is not None:
             scores[~allowed[: scores.size]] = -np.inf
@@ -242,7 +250,17 @@ class NextTokenChooser:
         for process in self.processors:
             scores = process(scores, history)
         token = _sample(scores, self.rng) if self.params.do_sample else int(np.argmax(scores))
-        return token, float(scores[token] - log_sum_exp(scores))
+        norm = log_sum_exp(scores)
+        return token, float(scores[token] - norm), _top(scores, norm, top)
+
+
+def _top(scores: np.ndarray, norm: float, k: int) -> tuple[tuple[int, float], ...]:
+    if k <= 0:
+        return ()
+    k = min(k, scores.size)
+    cand = np.argpartition(-scores, k - 1)[:k]
+    cand = cand[np.lexsort((cand, -scores[cand]))]
+    return tuple((int(i), float(scores[i] - norm)) for i in cand if scores[i] > -np.inf)
 
 
 def choose_batch(

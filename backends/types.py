@@ -46,6 +46,7 @@ class RequestParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
     ignore_eos: bool = False  # never choose EOS: generate until the length cap
     min_tokens: int = 0  # no EOS before this many generated tokens
+    top_logprobs: int = 0  # report this many most likely alternatives with each generated token
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +81,7 @@ class Token:
     text: str
     logprob: float | None
     special: bool
+    top: tuple[Token, ...] = ()  # the most likely alternatives (RequestParams.top_logprobs), best first
 
 
 @dataclass(frozen=True, slots=True)

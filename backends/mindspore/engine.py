@@ -225,8 +225,8 @@ class Engine:
                 return  # more of the prompt to go
             if seq.grammar is not None:
                 masks.wait()
-            token_id, logprob = seq.sample(out.logits)
-            token, delta = self._detokenize(seq, token_id, logprob)
+            token_id, logprob, top = seq.sample(out.logits)
+            token, delta = self._detokenize(seq, token_id, logprob, tuple(self._token(i, lp) for i, lp in top))
             self._emit(seq, token, seq.stopper.push(token_id, delta))
         except Exception as exc:
             self._fail(seq, exc)
@@ -257,12 +257,14 @@ class Engine:
     def _token(self, tid: int, logprob: float | None) -> Token:
         return Token(tid, self.tokenizer.token_text(tid), logprob, self.tokenizer.is_special(tid))
 
-    def _detokenize(self, seq: SeqState, token_id: int, logprob: float) -> tuple[Token, str]:
-        """The token as the client sees it, and the text it adds to the output (none for a special token)."""
+    def _detokenize(self, seq: SeqState, token_id: int, logprob: float, top: tuple[Token, ...] = ()
+                    ) -> tuple[Token, str]:
+        """The token as the client sees it (with its top alternatives), and the text it adds to the output
+        (none for a special token)."""
         if self.tokenizer.is_special(token_id):
-            return Token(token_id, self.tokenizer.token_text(token_id), logprob, True), ""
+            return Token(token_id, self.tokenizer.token_text(token_id), logprob, True, top), ""
         delta = seq.detokenizer.push(token_id)
-        return Token(token_id, delta, logprob, False), delta
+        return Token(token_id, delta, logprob, False, top), delta
 
     def _emit(self, seq: SeqState, token: Token, outcome: StepOutcome) -> None:
         """The token's event (the released text), then the result if the request finished."""

@@ -32,6 +32,7 @@ class SeqState:
     seed: int
     want_prefill: bool = False  # decoder_input_details: prompt tokens with their logprobs
     grammar: GrammarState | None = None  # constrained decoding: the mask before sampling, advanced after
+    top_logprobs: int = 0  # alternatives reported with each token
     blocks: list[int] = field(default_factory=list)
     prefilled: int = 0  # prompt tokens already in the cache
     generated: list[int] = field(default_factory=list)
@@ -62,7 +63,7 @@ class SeqState:
                    chooser=NextTokenChooser(sampling, vocab_size, first), grammar=grammar,
                    stopper=Stopper(max_new_tokens, eos_ids, params.stop),
                    detokenizer=IncrementalDetokenizer(tokenizer, prompt_ids), seed=sampling.seed,
-                   want_prefill=params.decoder_input_details)
+                   want_prefill=params.decoder_input_details, top_logprobs=params.top_logprobs)
 
     @property
     def length(self) -> int:
@@ -77,12 +78,13 @@ class SeqState:
     def prompt_done(self) -> bool:
         return self.prefilled == len(self.prompt_ids)
 
-    def sample(self, logits: np.ndarray) -> tuple[int, float]:
+    def sample(self, logits: np.ndarray) -> tuple[int, float, tuple[tuple[int, float], ...]]:
         """Choose the next token from ``logits`` [V] (within the grammar's mask), append it and advance
-        the grammar: (id, logprob)."""
+        the grammar: (id, logprob, the top_logprobs most likely (id, logprob))."""
         allowed = self.grammar.allowed() if self.grammar is not None else None
-        token_id, logprob = self.chooser.choose(logits, self.prompt_ids + self.generated, allowed)
+        token_id, logprob, top = self.chooser.choose_with_top(logits, self.prompt_ids + self.generated, allowed,
+                                                              self.top_logprobs)
         self.generated.append(token_id)
         if self.grammar is not None:
             self.grammar.advance(token_id)
-        return token_id, logprob
+        return token_id, logprob, top

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import jsonschema.exceptions
@@ -27,7 +27,7 @@ import jsonschema.exceptions
 from backends.base import Backend
 from backends.errors import BackendError, InputRejected, ParameterRejected
 from backends.grammar import ANY_JSON_OBJECT
-from backends.types import FinishReason, GenerationResult, Grammar, RequestParams, TokenEvent
+from backends.types import FinishReason, GenerationResult, Grammar, RequestParams, Token, TokenEvent
 from service import sse
 from service.context import AppContext
 from service.dialects import json_schema_grammar, stop_sequences
@@ -86,6 +86,7 @@ class OpenAIRequest:
     include_usage: bool = False
     echo: bool = False
     response_id: str = ""
+    logprobs: bool = False  # choices[].logprobs in OpenAI's shape (the alternatives: params.top_logprobs)
 
     def render_prompt(self, backend: Backend) -> str:
         """The text to generate from: chat messages rendered with the model's chat template."""
@@ -105,7 +106,8 @@ def parse_openai_request(kind: Kind, body: Any, schemas: Schemas, model_name: st
     options = body.get("stream_options")
     if options is not None and not stream:
         raise InvalidRequest("stream_options is only allowed when stream is true", "stream_options")
-    common = {"params": _params(kind, body), "stream": stream,
+    logprobs, top = _logprobs(kind, body)
+    common = {"params": replace(_params(kind, body), top_logprobs=top), "stream": stream, "logprobs": logprobs,
               "include_usage": bool(options and options.get("include_usage")), "response_id": new_response_id(kind)}
     if kind == "chat":
         return OpenAIRequest(kind, "", messages=tuple(_message(m) for m in body["messages"]), **common)
@@ -145,6 +147,18 @@ def _grammar(response_format: dict[str, Any] | None) -> Grammar | None:
         invalid = lambda message: InvalidRequest(message, "response_format")  # noqa: E731
         return json_schema_grammar({} if schema is None else schema, "response_format.json_schema.schema", invalid)
     return None
+
+
+def _logprobs(kind: Kind, body: dict[str, Any]) -> tuple[bool, int]:
+    """(logprobs wanted, alternatives per token): completions' logprobs is the count; chat's a flag with
+    top_logprobs beside it."""
+    if kind == "completion":
+        count = body.get("logprobs")
+        return count is not None, int(count or 0)
+    wanted, top = bool(body.get("logprobs")), int(body.get("top_logprobs") or 0)
+    if top and not wanted:
+        raise InvalidRequest(f"top_logprobs needs logprobs true, got top_logprobs {top}", "top_logprobs")
+    return wanted, top
 
 
 def _max_tokens(kind: Kind, body: dict[str, Any]) -> int:
@@ -199,17 +213,46 @@ def usage(result: GenerationResult) -> dict[str, int]:
             "total_tokens": result.prompt_tokens + result.generated_tokens}
 
 
+def reported_tokens(result: GenerationResult) -> tuple[Token, ...]:
+    """The tokens logprobs covers: every generated token but a final EOS."""
+    ends_at_eos = result.finish_reason is FinishReason.EOS_TOKEN and result.tokens and result.tokens[-1].special
+    return result.tokens[:-1] if ends_at_eos else result.tokens
+
+
+def render_logprobs(req: OpenAIRequest, tokens: tuple[Token, ...], offset: int = 0) -> dict[str, Any] | None:
+    """OpenAI's logprobs of ``tokens``: chat's ``{"content": [...]}``, completions' parallel lists
+    (``offset``: where the first token's text starts in the choice's text)."""
+    if not req.logprobs:
+        return None
+    if req.kind == "chat":
+        return {"content": [{**_entry(t), "top_logprobs": [_entry(a) for a in t.top]} for t in tokens],
+                "refusal": None}
+    offsets = []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t.text)
+    return {"tokens": [t.text for t in tokens], "token_logprobs": [t.logprob for t in tokens],
+            "top_logprobs": [{a.text: a.logprob for a in t.top} for t in tokens] if req.params.top_logprobs else None,
+            "text_offset": offsets}
+
+
+def _entry(token: Token) -> dict[str, Any]:
+    return {"token": token.text, "logprob": token.logprob, "bytes": list(token.text.encode("utf-8"))}
+
+
 def render_completion(req: OpenAIRequest, result: GenerationResult, *, response_id: str, model: str,
                       created: int | None = None) -> dict[str, Any]:
     """The non-stream body: a ``text_completion`` or a ``chat.completion``."""
     finish = FINISH_REASONS[FinishReason(result.finish_reason)]
+    start = len(req.prompt) if req.kind == "completion" and req.echo else 0
+    logprobs = render_logprobs(req, reported_tokens(result), start)
     if req.kind == "chat":
         object_, choice = "chat.completion", {"message": {"role": "assistant", "content": result.generated_text}}
     else:
         text = (req.prompt if req.echo else "") + result.generated_text
         object_, choice = "text_completion", {"text": text}
     return {"id": response_id, "object": object_, "created": created or int(time.time()), "model": model,
-            "choices": [{"index": 0, **choice, "logprobs": None, "finish_reason": finish}],
+            "choices": [{"index": 0, **choice, "logprobs": logprobs, "finish_reason": finish}],
             "usage": usage(result)}
 
 
@@ -228,8 +271,12 @@ class ChunkRenderer:
             return self._chunk({"role": "assistant", "content": ""})
         return self.text(self._req.prompt) if self._req.echo else None
 
-    def text(self, text: str) -> dict[str, Any]:
-        return self._chunk({"content": text} if self._req.kind == "chat" else text)
+    def text(self, text: str, tokens: tuple[Token, ...] = (), offset: int = 0) -> dict[str, Any]:
+        """A text chunk; with logprobs asked, the logprobs of ``tokens`` (the tokens that produced it)."""
+        chunk = self._chunk({"content": text} if self._req.kind == "chat" else text)
+        if tokens:
+            chunk["choices"][0]["logprobs"] = render_logprobs(self._req, tokens, offset)
+        return chunk
 
     def finish(self, result: GenerationResult) -> dict[str, Any]:
         finish = FINISH_REASONS[FinishReason(result.finish_reason)]
@@ -278,7 +325,11 @@ class OpenAIStream:
 
     def on_token(self, event: TokenEvent) -> list[str]:
         out = self._open()
-        if event.text:  # what this token adds to the generated text
+        if self._req.logprobs and not (event.last and event.token.special):  # a chunk per token, a final EOS aside
+            offset = len(self._sent) + (len(self._req.prompt) if self._req.echo else 0)
+            self._sent += event.text
+            out.append(sse.event(self._chunks.text(event.text, (event.token,), offset)))
+        elif event.text:  # what this token adds to the generated text
             self._sent += event.text
             out.append(sse.event(self._chunks.text(event.text)))
         return out

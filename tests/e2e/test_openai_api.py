@@ -152,7 +152,7 @@ def test_bodies_and_chunks_match_their_schemas(openai_url, model, path, body, re
     ({"max_tokens": 0}, "max_tokens"),
     ({"n": 2}, "n"),
     ({"frequency_penalty": 0.5}, "frequency_penalty"),
-    ({"logprobs": 2}, "logprobs"),
+    ({"logprobs": 21}, "logprobs"),
     ({"extra_body": {"tmperature": 0.5}}, "tmperature"),
     ({"stop": ["x" * 1025]}, "stop[0]"),
     ({"stream": True, "n": 2}, "n"),

@@ -125,3 +125,25 @@ def test_openai_ignore_eos_min_tokens_and_logit_bias(client, default_engine):
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model=model, prompt="x", logit_bias={str(default_engine.vocab_size): 5})
     assert info.value.param == "logit_bias"
+
+
+def test_openai_logprobs_on_the_real_model(client, default_engine):
+    model, messages = default_engine.model_name, [{"role": "user", "content": "What is the capital of France?"}]
+    chat = client.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0,
+                                          logprobs=True, top_logprobs=3)
+    content = chat.choices[0].logprobs.content
+    reported = chat.usage.completion_tokens - (chat.choices[0].finish_reason == "stop")
+    assert len(content) == reported and "".join(c.token for c in content) == chat.choices[0].message.content
+    for entry in content:  # greedy: the chosen token is the most likely alternative
+        assert len(entry.top_logprobs) == 3 and entry.logprob <= 0
+        assert entry.top_logprobs[0].logprob == entry.logprob
+        assert [a.logprob for a in entry.top_logprobs] == sorted((a.logprob for a in entry.top_logprobs), reverse=True)
+    completion = client.completions.create(model=model, prompt="The capital of France is", max_tokens=5, logprobs=2,
+                                           temperature=0)
+    lp = completion.choices[0].logprobs
+    assert "".join(lp.tokens) == completion.choices[0].text and len(lp.top_logprobs) == 5
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(5)]
+    streamed = client.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0,
+                                              logprobs=True, stream=True)
+    tokens = [c.choices[0].logprobs.content[0].token for c in streamed if c.choices and c.choices[0].logprobs]
+    assert tokens == [c.token for c in content]

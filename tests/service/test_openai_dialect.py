@@ -72,3 +72,75 @@ def test_engine_refusals_name_the_openai_field(dialect):
     assert grammar.param == "response_format" and "unclosed group" in grammar.message
     bias = dialect.submit_error(ParameterRejected("logit_bias", "token id 99999 outside"), None)
     assert bias.param == "logit_bias" and "99999" in bias.message
+
+
+# --- logprobs --------------------------------------------------------------------------------------------
+
+from backends.types import FinishReason, GenerationResult, Token  # noqa: E402
+from service.dialects.openai import ChunkRenderer, OpenAIStream, render_completion  # noqa: E402
+
+
+def _result() -> GenerationResult:
+    alt = (Token(5, "Hi", -0.1, False), Token(6, "Yo", -2.5, False))
+    tokens = (Token(5, "Hi", -0.1, False, alt), Token(7, "!", -0.3, False, (Token(7, "!", -0.3, False),)),
+              Token(2, "<|im_end|>", -0.01, True, ()))
+    return GenerationResult("Hi!", FinishReason.EOS_TOKEN, 3, 3, 1, tokens)
+
+
+@pytest.mark.parametrize("fields, logprobs, top", [
+    ({}, False, 0), ({"logprobs": True}, True, 0), ({"logprobs": True, "top_logprobs": 2}, True, 2),
+    ({"logprobs": False}, False, 0),
+])
+def test_chat_logprobs_fields(fields, logprobs, top):
+    req = chat(**fields)
+    assert (req.logprobs, req.params.top_logprobs) == (logprobs, top)
+
+
+def test_completion_logprobs_is_the_count():
+    assert (completion(logprobs=3).logprobs, completion(logprobs=3).params.top_logprobs) == (True, 3)
+    assert (completion(logprobs=0).logprobs, completion().logprobs) == (True, False)
+
+
+@pytest.mark.parametrize("fields, param", [({"top_logprobs": 2}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 21},
+                                                                                    "top_logprobs")])
+def test_bad_logprobs_fields(fields, param):
+    with pytest.raises(InvalidRequest) as caught:
+        chat(**fields)
+    assert caught.value.param == param
+
+
+def test_chat_logprobs_shape_and_schema():
+    body = render_completion(chat(logprobs=True, top_logprobs=2), _result(), response_id="chatcmpl-x", model=MODEL)
+    SCHEMAS.validate("openai_chat_response", body)
+    content = body["choices"][0]["logprobs"]["content"]
+    assert [c["token"] for c in content] == ["Hi", "!"]  # the final EOS is not reported
+    assert content[0]["top_logprobs"] == [{"token": "Hi", "logprob": -0.1, "bytes": [72, 105]},
+                                          {"token": "Yo", "logprob": -2.5, "bytes": [89, 111]}]
+
+
+def test_completion_logprobs_shape_offsets_with_echo():
+    req = completion(logprobs=1, echo=True)
+    body = render_completion(req, _result(), response_id="cmpl-x", model=MODEL)
+    SCHEMAS.validate("openai_completion_response", body)
+    lp = body["choices"][0]["logprobs"]
+    assert lp["tokens"] == ["Hi", "!"] and lp["token_logprobs"] == [-0.1, -0.3]
+    assert lp["text_offset"] == [2, 4]  # after the echoed prompt "hi"
+    assert lp["top_logprobs"] == [{"Hi": -0.1, "Yo": -2.5}, {"!": -0.3}]
+
+
+def test_stream_sends_a_chunk_per_token_with_its_logprobs():
+    import json as _json
+
+    req = chat(logprobs=True, stream=True)
+    stream = OpenAIStream(req, ChunkRenderer(req, response_id="chatcmpl-x", model=MODEL))
+    result = _result()
+    from backends.types import TokenEvent
+
+    events = []
+    for i, token in enumerate(result.tokens):
+        events += stream.on_token(TokenEvent(token, i, "" if token.special else token.text, last=i == 2))
+    chunks = [_json.loads(e.removeprefix("data: ")) for e in events]
+    for chunk in chunks:
+        SCHEMAS.validate("openai_chat_chunk", chunk)
+    with_logprobs = [c["choices"][0]["logprobs"]["content"][0]["token"] for c in chunks if c["choices"][0]["logprobs"]]
+    assert with_logprobs == ["Hi", "!"]
