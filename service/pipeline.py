@@ -26,7 +26,7 @@ from service import sse
 from service.access_log import CLIENT_GONE
 from service.admission import Deadlines
 from service.context import AppContext
-from service.dialects import Dialect, GenerationRequest
+from service.dialects import Dialect, GenerationRequest, choice_params
 from service.errors import ServiceError, ServiceUnavailable, from_backend_error
 from service.http import JsonBodyHandler
 from service.metrics import RequestObserver
@@ -39,7 +39,8 @@ STALLED_CLIENT_GRACE = 0.5  # seconds a write may still take once the request's 
 class GenerationHandler(JsonBodyHandler):
     """One generation route: its ``dialect`` parses and renders, everything else happens here."""
 
-    _handle: RequestHandle | None = None
+    _handle: RequestHandle | None = None  # the first choice's (its id names the request in logs)
+    _handles: tuple[RequestHandle, ...] = ()  # one per choice (n > 1: several sequences of one prompt)
     _admitting: asyncio.Task | None = None
     _admitted = False
     observer: RequestObserver | None = None  # metrics + access-log token counts, from prepare() on
@@ -69,8 +70,8 @@ class GenerationHandler(JsonBodyHandler):
         if req.stream:
             await self._stream(req, events)
         else:
-            result = await self._result(events)
-            self.write_json(self.dialect.render_result(req, result, self.ctx))
+            results = await self._results(events, req.choices)
+            self.write_json(self.dialect.render_result(req, results, self.ctx))
         log.debug("%s %s done in %.3fs", self._handle.request_id, self.request.path,
                   time.monotonic() - self.deadlines.started)
 
@@ -92,54 +93,76 @@ class GenerationHandler(JsonBodyHandler):
         return True
 
     async def _submit(self, req: GenerationRequest) -> tornado.queues.Queue:
-        """Submit off the loop (a chat template renders there too); the events arrive on the returned queue."""
+        """Submit off the loop (a chat template renders there too), one engine request per choice; the
+        events arrive on the returned queue as (choice index, event)."""
         events: tornado.queues.Queue = tornado.queues.Queue()
         loop = asyncio.get_running_loop()
         backend, observer = self.ctx.backend, self.observer
 
-        def listener(event: Event) -> None:
-            observer.on_event(event)
-            loop.call_soon_threadsafe(events.put_nowait, event)
+        def listener_of(index: int):
+            def listener(event: Event) -> None:
+                observer.on_event(event)
+                loop.call_soon_threadsafe(events.put_nowait, (index, event))
+            return listener
+
+        def submit_all() -> tuple[RequestHandle, ...]:
+            prompt, handles = req.render_prompt(backend), []
+            try:
+                for i in range(req.choices):
+                    handles.append(backend.submit(prompt, choice_params(req.params, i), listener_of(i)))
+            except BackendError:
+                for handle in handles:  # the choices already queued go too
+                    handle.cancel()
+                raise
+            return tuple(handles)
 
         try:
-            self._handle = await loop.run_in_executor(
-                None, lambda: backend.submit(req.render_prompt(backend), req.params, listener))
+            self._handles = await loop.run_in_executor(None, submit_all)
         except BackendError as exc:
             raise self.dialect.submit_error(exc, req) from None
+        self._handle = self._handles[0]
         if self.client_gone:  # the client left while the request was being queued
-            self._handle.cancel()
+            self._cancel()
         return events
+
+    def _cancel(self) -> None:
+        for handle in self._handles:
+            handle.cancel()
 
     # --- relaying events ---------------------------------------------------------------------------
 
-    async def _next_event(self, events: tornado.queues.Queue) -> TokenEvent | GenerationResult:
-        """The next event; a failed request raises its service error, a missed deadline cancels it and
-        raises ``IncompleteGeneration``."""
+    async def _next_event(self, events: tornado.queues.Queue) -> tuple[int, TokenEvent | GenerationResult]:
+        """The next (choice index, event); a failed request raises its service error (cancelling its other
+        choices), a missed deadline cancels it and raises ``IncompleteGeneration``."""
         try:
-            event = await events.get(timeout=datetime.timedelta(seconds=max(self.deadlines.left(), 0.0)))
+            index, event = await events.get(timeout=datetime.timedelta(seconds=max(self.deadlines.left(), 0.0)))
         except tornado.util.TimeoutError:
-            self._handle.cancel()
+            self._cancel()
             self.observer.fail()
             error = self.deadlines.expired()
             log.warning("%s %s: %s", self._handle.request_id, self.request.path, error.message)
             raise error from None
         if isinstance(event, BackendError):
+            self._cancel()
             raise from_backend_error(event)
         if isinstance(event, TokenEvent):
             self.deadlines.token()
-        return event
+        return index, event
 
-    async def _result(self, events: tornado.queues.Queue) -> GenerationResult:
-        while True:
-            event = await self._next_event(events)
+    async def _results(self, events: tornado.queues.Queue, choices: int) -> list[GenerationResult]:
+        """Every choice's result, in choice order."""
+        results: dict[int, GenerationResult] = {}
+        while len(results) < choices:
+            index, event = await self._next_event(events)
             if isinstance(event, GenerationResult):
-                return event
+                results[index] = event
+        return [results[i] for i in range(choices)]
 
     async def _stream(self, req: GenerationRequest, events: tornado.queues.Queue) -> None:
         codec = self.dialect.stream_codec(req, self.ctx)
         while not self.client_gone:
             try:
-                event = await self._next_event(events)
+                _, event = await self._next_event(events)  # a stream has one choice
             except ServiceError as exc:
                 if not self._headers_written:  # nothing sent yet: a plain JSON error still fits
                     raise
@@ -183,8 +206,7 @@ class GenerationHandler(JsonBodyHandler):
             return
         super().on_connection_close()
         self.observer.client_gone()
-        if self._handle is not None:
-            self._handle.cancel()
+        self._cancel()
         if self._admitting is not None:
             self._admitting.cancel()
 

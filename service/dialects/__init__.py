@@ -5,12 +5,14 @@ renders a stream one event at a time (``StreamCodec``) and renders an error. ``t
 ``/generate`` and ``/generate_stream``; ``openai.py`` is ``/v1/completions`` and ``/v1/chat/completions``.
 A third dialect is one more module here and its routes in ``service/app.py``.
 
-The request rules every dialect shares live here too (the stop list, a grammar's text).
+The request rules every dialect shares live here too (the stop list, a grammar's text, the seed of each
+choice).
 """
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Protocol
 
 from backends.base import Backend
@@ -27,6 +29,7 @@ class GenerationRequest(Protocol):
 
     params: RequestParams
     stream: bool
+    choices: int  # sequences generated for the prompt (OpenAI's n); a stream has one
 
     def render_prompt(self, backend: Backend) -> str:
         """The text to generate from (a chat request renders its messages here, off the event loop)."""
@@ -50,7 +53,8 @@ class Dialect(Protocol):
     def submit_error(self, error: BackendError, req: GenerationRequest) -> ServiceError:
         """The error for a request the backend refused at submit (e.g. a prompt over the token limit)."""
 
-    def render_result(self, req: GenerationRequest, result: GenerationResult, ctx: AppContext) -> Any: ...
+    def render_result(self, req: GenerationRequest, results: list[GenerationResult], ctx: AppContext) -> Any:
+        """The non-stream body of ``req``'s results, one per choice."""
 
     def stream_codec(self, req: GenerationRequest, ctx: AppContext) -> StreamCodec: ...
 
@@ -81,3 +85,11 @@ def json_schema_grammar(schema: dict[str, Any] | str, field: str, invalid: Calla
         return Grammar("json", json.dumps(schema, separators=(",", ":")))
     except RecursionError:
         raise invalid(f"{field} nests too deeply") from None
+
+
+def choice_params(params: RequestParams, index: int) -> RequestParams:
+    """The parameters of choice ``index``: choice 0 is the request; the others sample with the request's
+    seed + index (wrapping within 1..2**64-1), or a seed of their own when the request set none."""
+    if index == 0 or params.seed is None:
+        return params
+    return replace(params, seed=(params.seed - 1 + index) % (2**64 - 1) + 1)

@@ -87,6 +87,7 @@ class OpenAIRequest:
     echo: bool = False
     response_id: str = ""
     logprobs: bool = False  # choices[].logprobs in OpenAI's shape (the alternatives: params.top_logprobs)
+    choices: int = 1  # n: sequences for the prompt (not with stream)
 
     def render_prompt(self, backend: Backend) -> str:
         """The text to generate from: chat messages rendered with the model's chat template."""
@@ -103,11 +104,14 @@ def parse_openai_request(kind: Kind, body: Any, schemas: Schemas, model_name: st
     if body["model"] != model_name:
         raise ModelNotFound(body["model"], model_name)
     stream = bool(body.get("stream"))
+    choices = int(body.get("n") or 1)
+    if choices > 1 and stream:
+        raise InvalidRequest(f"n > 1 is not supported with stream, got n {choices}", "n")
     options = body.get("stream_options")
     if options is not None and not stream:
         raise InvalidRequest("stream_options is only allowed when stream is true", "stream_options")
     logprobs, top = _logprobs(kind, body)
-    common = {"params": replace(_params(kind, body), top_logprobs=top), "stream": stream, "logprobs": logprobs,
+    common = {"params": replace(_params(kind, body), top_logprobs=top), "stream": stream, "logprobs": logprobs, "choices": choices,
               "include_usage": bool(options and options.get("include_usage")), "response_id": new_response_id(kind)}
     if kind == "chat":
         return OpenAIRequest(kind, "", messages=tuple(_message(m) for m in body["messages"]), **common)
@@ -240,20 +244,29 @@ def _entry(token: Token) -> dict[str, Any]:
     return {"token": token.text, "logprob": token.logprob, "bytes": list(token.text.encode("utf-8"))}
 
 
-def render_completion(req: OpenAIRequest, result: GenerationResult, *, response_id: str, model: str,
-                      created: int | None = None) -> dict[str, Any]:
-    """The non-stream body: a ``text_completion`` or a ``chat.completion``."""
+def render_completion(req: OpenAIRequest, results: GenerationResult | list[GenerationResult], *, response_id: str,
+                      model: str, created: int | None = None) -> dict[str, Any]:
+    """The non-stream body: a ``text_completion`` or a ``chat.completion``, one choice per result (n); usage
+    counts the prompt once and every choice's tokens."""
+    results = [results] if isinstance(results, GenerationResult) else results
+    object_ = "chat.completion" if req.kind == "chat" else "text_completion"
+    prompt_tokens = results[0].prompt_tokens
+    completion_tokens = sum(r.generated_tokens for r in results)
+    return {"id": response_id, "object": object_, "created": created or int(time.time()), "model": model,
+            "choices": [_choice(req, i, r) for i, r in enumerate(results)],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens}}
+
+
+def _choice(req: OpenAIRequest, index: int, result: GenerationResult) -> dict[str, Any]:
     finish = FINISH_REASONS[FinishReason(result.finish_reason)]
     start = len(req.prompt) if req.kind == "completion" and req.echo else 0
     logprobs = render_logprobs(req, reported_tokens(result), start)
     if req.kind == "chat":
-        object_, choice = "chat.completion", {"message": {"role": "assistant", "content": result.generated_text}}
+        choice = {"message": {"role": "assistant", "content": result.generated_text}}
     else:
-        text = (req.prompt if req.echo else "") + result.generated_text
-        object_, choice = "text_completion", {"text": text}
-    return {"id": response_id, "object": object_, "created": created or int(time.time()), "model": model,
-            "choices": [{"index": 0, **choice, "logprobs": logprobs, "finish_reason": finish}],
-            "usage": usage(result)}
+        choice = {"text": (req.prompt if req.echo else "") + result.generated_text}
+    return {"index": index, **choice, "logprobs": logprobs, "finish_reason": finish}
 
 
 class ChunkRenderer:
@@ -367,8 +380,8 @@ class OpenAIDialect:
             return InvalidRequest(str(error), self.prompt_field)
         return from_backend_error(error)
 
-    def render_result(self, req: OpenAIRequest, result: GenerationResult, ctx: AppContext) -> Any:
-        return render_completion(req, result, response_id=req.response_id, model=ctx.backend.model_name)
+    def render_result(self, req: OpenAIRequest, results: list[GenerationResult], ctx: AppContext) -> Any:
+        return render_completion(req, results, response_id=req.response_id, model=ctx.backend.model_name)
 
     def stream_codec(self, req: OpenAIRequest, ctx: AppContext) -> OpenAIStream:
         return OpenAIStream(req, ChunkRenderer(req, response_id=req.response_id, model=ctx.backend.model_name))

@@ -50,6 +50,7 @@ class ParsedRequest:
     stream: bool = False
     details: bool = False  # the client's `details` flag (decoder_input_details lives in params)
     return_full_text: bool = False  # prepend the text inputs to generated_text (a rendering choice)
+    choices: int = 1  # TGI generates one sequence per request
 
     @property
     def want_details(self) -> bool:
@@ -297,8 +298,8 @@ class TGIDialect:
             return ValidationError(f"parameters.grammar does not compile: {error}")
         return from_backend_error(error)
 
-    def render_result(self, req: ParsedRequest, result: GenerationResult, ctx: AppContext) -> Any:
-        body = render_response(result, req)
+    def render_result(self, req: ParsedRequest, results: list[GenerationResult], ctx: AppContext) -> Any:
+        body = render_response(results[0], req)
         return body if self.route is Route.ROOT else body[0]
 
     def stream_codec(self, req: ParsedRequest, ctx: AppContext) -> TGIStream:

@@ -147,3 +147,18 @@ def test_openai_logprobs_on_the_real_model(client, default_engine):
                                               logprobs=True, stream=True)
     tokens = [c.choices[0].logprobs.content[0].token for c in streamed if c.choices and c.choices[0].logprobs]
     assert tokens == [c.token for c in content]
+
+
+def test_openai_n_gives_n_choices(client, default_engine):
+    model, messages = default_engine.model_name, [{"role": "user", "content": "Name a fruit."}]
+    chat = client.chat.completions.create(model=model, messages=messages, max_tokens=8, n=3, temperature=1.0, seed=11)
+    assert [c.index for c in chat.choices] == [0, 1, 2]
+    again = client.chat.completions.create(model=model, messages=messages, max_tokens=8, n=1, temperature=1.0, seed=12)
+    assert chat.choices[1].message.content == again.choices[0].message.content  # choice i samples with seed + i
+    greedy = client.completions.create(model=model, prompt="The capital of France is", max_tokens=5, n=3,
+                                       temperature=0, extra_body={"response_format": {"type": "json_object"}})
+    assert len({c.text for c in greedy.choices}) == 1 and greedy.choices[0].text.startswith("{")
+    single = client.completions.create(model=model, prompt="The capital of France is", max_tokens=5, temperature=0,
+                                       extra_body={"response_format": {"type": "json_object"}})
+    assert greedy.usage.prompt_tokens == single.usage.prompt_tokens
+    assert greedy.usage.completion_tokens == 3 * single.usage.completion_tokens

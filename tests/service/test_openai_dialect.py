@@ -144,3 +144,31 @@ def test_stream_sends_a_chunk_per_token_with_its_logprobs():
         SCHEMAS.validate("openai_chat_chunk", chunk)
     with_logprobs = [c["choices"][0]["logprobs"]["content"][0]["token"] for c in chunks if c["choices"][0]["logprobs"]]
     assert with_logprobs == ["Hi", "!"]
+
+
+# --- n ---------------------------------------------------------------------------------------------------
+
+from service.dialects import choice_params  # noqa: E402
+
+
+def test_n_is_the_number_of_choices_and_not_with_stream():
+    assert chat(n=3).choices == 3 and completion().choices == 1
+    with pytest.raises(InvalidRequest) as caught:
+        chat(n=2, stream=True)
+    assert caught.value.param == "n"
+
+
+@pytest.mark.parametrize("seed, index, expected", [(None, 2, None), (5, 0, 5), (5, 2, 7), (2**64 - 1, 1, 1)])
+def test_choice_seeds(seed, index, expected):
+    from backends.types import RequestParams
+
+    assert choice_params(RequestParams(seed=seed), index).seed == expected
+
+
+def test_n_choices_render_in_order_with_usage_summed():
+    other = GenerationResult("Yo", FinishReason.LENGTH, 3, 5, 2, ())
+    body = render_completion(chat(n=2), [_result(), other], response_id="chatcmpl-x", model=MODEL)
+    SCHEMAS.validate("openai_chat_response", body)
+    assert [(c["index"], c["message"]["content"], c["finish_reason"]) for c in body["choices"]] == [
+        (0, "Hi!", "stop"), (1, "Yo", "length")]
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 8, "total_tokens": 11}
