@@ -110,7 +110,10 @@ HOSTILE = {
                               + '{"type":"integer"}' + "}}" * 1000),
     "huge enum": Grammar("json", json.dumps({"enum": [f"value-{i}" for i in range(100_000)]})),
     "enum at the size bound": Grammar("json", json.dumps({"enum": [f"v{i}" for i in range(7_000)]})),
-    "catastrophic regex": Grammar("regex", "(a+)+(b+)+" * 300 + "("),
+    "catastrophic regex, unclosed": Grammar("regex", "(a+)+(b+)+" * 300 + "("),
+    "catastrophic regex": Grammar("regex", "((a+)+(b+)+c)" * 300),  # nested quantifiers: no backtracking here
+    "nested stars": Grammar("regex", "(x*)*y" * 1000),
+    "huge repetition": Grammar("regex", "[a-z]{1000}{1000}"),
     "unclosed regex": Grammar("regex", "a(b"),
     "unknown type": Grammar("json", '{"type": "objectx"}'),
 }

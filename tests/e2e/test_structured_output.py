@@ -162,3 +162,16 @@ def test_openai_n_gives_n_choices(client, default_engine):
                                        extra_body={"response_format": {"type": "json_object"}})
     assert greedy.usage.prompt_tokens == single.usage.prompt_tokens
     assert greedy.usage.completion_tokens == 3 * single.usage.completion_tokens
+
+
+@pytest.mark.parametrize("pattern", ["((a+)+(b+)+c)" * 300, "(x*)*y" * 1000, "[a-z]{1000}{1000}"])
+def test_catastrophic_regexes_compile_within_bounds_and_generate(url, pattern):
+    import time
+
+    started = time.perf_counter()
+    body = {"inputs": "x", "parameters": {"max_new_tokens": 4, "grammar": {"type": "regex", "value": pattern}}}
+    reply = requests.post(url + "/generate", json=body, timeout=60)
+    assert reply.status_code == 200, reply.text
+    assert re.fullmatch("[abcxy]*|[a-z]*", reply.json()["generated_text"])
+    assert time.perf_counter() - started < 10
+    assert requests.get(url + "/health", timeout=10).status_code == 200
