@@ -51,9 +51,7 @@ class SeqState:
         if outside:
             raise ParameterRejected("logit_bias", f"logit_bias has token id {outside[0]}, outside the "
                                                   f"vocabulary of {vocab_size} tokens")
-        eos_until = (sys.maxsize if params.ignore_eos else len(prompt_ids) + params.min_tokens
-                     if params.min_tokens else 0)  # the length before which EOS is banned
-        first = request_processors(params.logit_bias, sorted(eos_ids), eos_until)
+        first = request_processors(params.logit_bias, sorted(eos_ids), _eos_banned_until(params, len(prompt_ids)))
         grammar = None
         if params.grammar is not None:
             if grammars is None:
@@ -88,3 +86,11 @@ class SeqState:
         if self.grammar is not None:
             self.grammar.advance(token_id)
         return token_id, logprob, top
+
+
+def _eos_banned_until(params: RequestParams, prompt_len: int) -> int:
+    """The sequence length before which EOS is banned: never reached with ignore_eos, the prompt plus
+    min_tokens with min_tokens, else 0 (no ban)."""
+    if params.ignore_eos:
+        return sys.maxsize
+    return prompt_len + params.min_tokens if params.min_tokens else 0
