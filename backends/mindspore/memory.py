@@ -138,11 +138,15 @@ def weights_bytes(checkpoint: Path) -> int:
 
 
 def _safetensors_bytes(path: Path) -> int:
-    """float32 bytes of every tensor a safetensors file holds (its header: u64 length, then JSON)."""
-    with path.open("rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(length))
-    return sum(math.prod(t["shape"]) * 4 for name, t in header.items() if name != "__metadata__")
+    """float32 bytes of every tensor a safetensors file holds (its header: u64 length, then JSON); the file
+    size when the header does not parse (loading the weights then says what is wrong with them)."""
+    try:
+        with path.open("rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
+        return sum(math.prod(t["shape"]) * 4 for name, t in header.items() if name != "__metadata__")
+    except (ValueError, struct.error, KeyError, TypeError, AttributeError):
+        return path.stat().st_size
 
 
 def _meminfo(path: Path) -> dict[str, int]:
