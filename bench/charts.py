@@ -10,7 +10,10 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
+try:
+    import matplotlib
+except ImportError as exc:  # the scripts import this module before a long run, so this stops them at once
+    raise SystemExit(f"charts need matplotlib ({exc}): pip install -e '.[bench]'") from None
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402

@@ -890,12 +890,8 @@ def report(res: dict, rounds: int) -> str:
 
 
 def charts():
-    """bench/charts.py, or a clear exit when matplotlib (a bench dependency) is missing."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    try:
-        import charts as module
-    except ImportError as exc:
-        raise SystemExit(f"charts need matplotlib ({exc}): pip install -e '.[bench]'") from None
+    """bench/charts.py (a script's directory is on sys.path; it exits with the install hint without matplotlib)."""
+    import charts as module
     return module
 
 

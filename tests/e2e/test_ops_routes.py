@@ -8,7 +8,6 @@ import os
 import queue
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +22,8 @@ from service.app import BUSINESS, MANAGEMENT, METRICS
 from service.metrics import ServiceMetrics
 from service.state import ServerState
 from service.validation import default_schemas
+from tests.support.cli import server_config
+from tests.support.http import free_ports
 from tests.support.paths import REPO
 
 TIMEOUT = 120
@@ -288,29 +289,9 @@ def test_management_and_metrics_planes_on_their_own_servers(live_servers, defaul
     assert requests.get(management + "/health", timeout=10).status_code == 503
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def test_serve_listens_on_one_port_per_plane(tmp_path, tiny_model_dir):
-    port, management_port, metrics_port = _free_ports(3)
-    cfg = {
-        "ServerConfig": {"ipAddress": "127.0.0.1", "port": port, "managementPort": management_port,
-                         "metricsPort": metrics_port, "httpsEnabled": False},
-        "BackendConfig": {
-            "ModelDeployConfig": {"maxSeqLen": 64, "maxInputTokenLen": 48,
-                                  "ModelConfig": [{"modelName": "tiny", "modelWeightPath": str(tiny_model_dir),
-                                                   "backendType": "ms"}]},
-            "ScheduleConfig": {"maxBatchSize": 2, "maxPrefillBatchSize": 1, "maxIterTimes": 32,
-                               "cacheBlockSize": 16, "batchBuckets": [1, 2], "windowBuckets": [64]},
-        },
-    }
+    port, management_port, metrics_port = free_ports(3)
+    cfg = server_config(tiny_model_dir, port=port, managementPort=management_port, metricsPort=metrics_port)
     path = tmp_path / "server.yaml"
     path.write_text(yaml.safe_dump(cfg))
     proc = subprocess.Popen([sys.executable, "-m", "service", "serve", "--config", str(path)], cwd=REPO,

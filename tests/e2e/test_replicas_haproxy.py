@@ -28,7 +28,7 @@ import requests
 import yaml
 
 from tests.support.cli import server_config
-from tests.support.http import until
+from tests.support.http import free_ports, until
 from tests.support.paths import REPO
 from tests.support.served import Served
 
@@ -56,16 +56,6 @@ class Outcome:
     stream: bool
     ok: bool
     error: str = ""
-
-
-def free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def replica_config(tmp_path: Path, model_dir: Path, name: str, port: int, health_port: int) -> Path:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 from typing import Any
 
@@ -106,3 +107,14 @@ def until(predicate: Any, seconds: float, poll: float = 0.005) -> bool:
             return True
         time.sleep(poll)
     return bool(predicate())
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ports free on 127.0.0.1 right now (for a server process told its ports up front)."""
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
