@@ -4,6 +4,8 @@
 
 * ``matmul`` -- ``fast_matmul()`` below; ``matmul_add(x, w, res)`` = ``res + x @ W`` (a residual
   connection without a separate Add; the residual is added once, after the product);
+  ``matmul_lora`` / ``matmul_add_lora`` take four more inputs ``(a, b, rows, segs)`` and add each row's
+  LoRA delta (multi-LoRA serving, lora.h);
 * ``attention(q [N, H, D], k_cache, v_cache [KV*S, D], table [R, NB] int32, pos [N] int32,
   rows [N] int32, meta [2] int32 = (KV, block_size)) -> [N, H*D]``: causal attention straight out of
   the layer's paged K/V cache (attention.cc) for N query tokens of any sequences (token i belongs to
@@ -95,6 +97,8 @@ def kernel_library(cache_dir: str | os.PathLike | None = None) -> ctypes.CDLL:
         lib.mindserve_matmul_panel_width.restype = ctypes.c_int
         lib.mindserve_matmul_raw.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
         lib.mindserve_matmul_add_raw.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
+        lib.mindserve_matmul_lora_raw.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 4
+                                                  + [ctypes.c_int64] * 3)
         lib.mindserve_attention_raw.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 8
         lib.mindserve_attention_raw.restype = ctypes.c_int
         lib.mindserve_kernel_stats.argtypes = [ctypes.c_int] + [ctypes.POINTER(ctypes.c_uint64)] * 2 + [ctypes.c_int]
@@ -145,6 +149,8 @@ class AotOps:
 
     matmul: Any
     matmul_add: Any
+    matmul_lora: Any  # matmul(x, w, a, b, rows, segs): + each row's LoRA delta (lora.h)
+    matmul_add_lora: Any  # matmul_add(x, w, res, a, b, rows, segs)
     attention: Any
     rmsnorm: Any
     swiglu: Any
@@ -166,6 +172,8 @@ def aot_ops(heads: int, kv_heads: int, head_dim: int, cache_dir: str | os.PathLi
     return AotOps(
         matmul=custom(ENTRY, _out_shape, _out_dtype),
         matmul_add=custom("MindserveMatMulAdd", lambda x, w, r: _out_shape(x, w), _first_dtype),
+        matmul_lora=custom(ENTRY, lambda x, w, *_: _out_shape(x, w)),
+        matmul_add_lora=custom("MindserveMatMulAdd", lambda x, w, *_: _out_shape(x, w)),
         attention=custom(ATTENTION_ENTRY, lambda q, *_: [q[0], q[1] * q[2]]),
         rmsnorm=custom("MindserveRMSNorm", lambda x, *_: list(x)),
         swiglu=custom("MindserveSwiGLU", lambda gu: list(gu[:-1]) + [gu[-1] // 2]),

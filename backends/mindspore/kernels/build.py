@@ -18,8 +18,8 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-SOURCES = ("matmul.cc", "attention.cc", "fused.cc")
-HEADERS = ("entry.h", "pool.h", "simd.h")
+SOURCES = ("matmul.cc", "attention.cc", "fused.cc", "lora.cc")
+HEADERS = ("entry.h", "pool.h", "simd.h", "lora.h")
 CXXFLAGS = ("-O3", "-march=native", "-std=c++20", "-fPIC", "-shared", "-pthread", "-Wall")
 
 

@@ -29,6 +29,8 @@
 //   void mindserve_matmul_raw(const float *x, const float *w_packed, float *y, int64_t M, K, N)
 //   void mindserve_matmul_add_raw(x, w_packed, const float *res, y, M, K, N)   -- y = res + x @ W
 //   int MindserveMatMulAdd(...)  -- the AOT kernel with a residual input: y = res + x @ W
+//   Both take the four optional LoRA inputs of lora.h after their own.
+//   void mindserve_matmul_lora_raw(x, w_packed, res, y, M, K, N, a, b, rows, segs, S, G, R)  -- tests
 #include <immintrin.h>
 
 #include <algorithm>
@@ -39,6 +41,7 @@
 #include <utility>
 
 #include "entry.h"
+#include "lora.h"
 #include "pool.h"
 
 #if !defined(__AVX512F__)
@@ -230,21 +233,38 @@ void mindserve_matmul_add_raw(const float *x, const float *w_packed, const float
   matmul(x, w_packed, res, y, M, K, N);
 }
 
-// AOT entries: inputs x [..., K], the packed W [1, K, N] and (MatMulAdd) res [..., N]; output
-// y [..., N] = x @ W (+ res); float32 only.
+// y = (res +) x @ W + each row's LoRA delta (lora.h; a [S, K, G*R], b [S, R, N], rows [M], segs [G + 1]).
+void mindserve_matmul_lora_raw(const float *x, const float *w_packed, const float *res, float *y, int64_t M,
+                               int64_t K, int64_t N, const float *a, const float *b, const int32_t *rows,
+                               const int32_t *segs, int64_t S, int64_t G, int64_t R) {
+  matmul(x, w_packed, res, y, M, K, N);
+  mindserve::lora_apply(mindserve::LoraArgs{a, b, rows, segs, S, G, R}, x, M, K, y, N);
+}
+
+// AOT entries: inputs x [..., K], the packed W [1, K, N], (MatMulAdd) res [..., N] and optionally the four
+// LoRA inputs of lora.h; output y [..., N] = x @ W (+ res) (+ each row's LoRA delta); float32 only.
 static int matmul_entry(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, bool add) {
   const int nin = add ? 3 : 2;
-  if (nparam != nin + 1) return 1;
-  if (!mindserve::all_f32(dtypes, nin + 1)) return 2;
-  if (ndims[0] < 1 || ndims[1] != 3 || shapes[1][0] != 1 || ndims[nin] < 1) return 3;
+  const bool lora = nparam == nin + mindserve::kLoraInputs + 1;
+  if (nparam != nin + 1 && !lora) return 1;
+  const int out = nparam - 1;
+  if (!mindserve::all_f32(dtypes, nin) || !mindserve::is_f32(dtypes[out])) return 2;
+  if (ndims[0] < 1 || ndims[1] != 3 || shapes[1][0] != 1 || ndims[out] < 1) return 3;
   const int64_t K = shapes[0][ndims[0] - 1];
   const int64_t M = mindserve::rows_of(ndims[0], shapes[0]);
   if (shapes[1][1] != K) return 4;
   const int64_t N = shapes[1][2];
-  if (shapes[nin][ndims[nin] - 1] != N) return 5;
+  if (shapes[out][ndims[out] - 1] != N) return 5;
   if (add && (ndims[2] < 1 || shapes[2][ndims[2] - 1] != N || mindserve::rows_of(ndims[2], shapes[2]) != M)) return 6;
-  matmul(static_cast<const float *>(params[0]), static_cast<const float *>(params[1]),
-         add ? static_cast<const float *>(params[2]) : nullptr, static_cast<float *>(params[nin]), M, K, N);
+  mindserve::LoraArgs l;
+  if (lora) {
+    const int err = mindserve::lora_args(params, ndims, shapes, dtypes, nin, M, K, N, &l);
+    if (err != 0) return err;
+  }
+  const auto *x = static_cast<const float *>(params[0]);
+  auto *y = static_cast<float *>(params[out]);
+  matmul(x, static_cast<const float *>(params[1]), add ? static_cast<const float *>(params[2]) : nullptr, y, M, K, N);
+  if (lora) mindserve::lora_apply(l, x, M, K, y, N);
   return 0;
 }
 
