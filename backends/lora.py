@@ -69,14 +69,20 @@ def _files(name: str, directory: Path) -> tuple[Path, Path]:
         what = "is not a directory" if directory.exists() else "does not exist"
         raise AdapterError(name, directory, f"the adapter directory {what}")
     config_file, weights_file = directory / CONFIG_FILE, directory / WEIGHTS_FILE
-    if not config_file.is_file():
-        raise AdapterError(name, config_file, f"missing: a PEFT adapter directory holds {CONFIG_FILE}")
-    if not weights_file.is_file():
-        if (directory / PICKLE_FILE).exists():
-            raise AdapterError(name, directory / PICKLE_FILE, f"is a pickle, which is never loaded; convert it to "
-                               f"{WEIGHTS_FILE} (see docs/lora.md, 'Converting a .bin')", PICKLE_FILE)
-        raise AdapterError(name, weights_file, f"missing: a PEFT adapter directory holds {WEIGHTS_FILE}")
+    _regular_file(name, config_file)
+    if not weights_file.exists() and (directory / PICKLE_FILE).exists():
+        raise AdapterError(name, directory / PICKLE_FILE, f"is a pickle, which is never loaded; convert it to "
+                           f"{WEIGHTS_FILE} (see docs/lora.md, 'Converting a .bin')", PICKLE_FILE)
+    _regular_file(name, weights_file)
     return config_file, weights_file
+
+
+def _regular_file(name: str, file: Path) -> None:
+    """Present and a regular file (a FIFO or a device would block or never end)."""
+    if not file.exists():
+        raise AdapterError(name, file, f"missing: a PEFT adapter directory holds {file.name}")
+    if not file.is_file():
+        raise AdapterError(name, file, "is not a regular file")
 
 
 def _header(name: str, file: Path) -> Header:
