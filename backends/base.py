@@ -86,4 +86,14 @@ class Backend(Protocol):
         max_batch_size, max_prefill_tokens, block_size, free_blocks, total_blocks, running, waiting,
         compiled_graphs (a key may be missing; the service then reports null)."""
 
+    def adapters(self) -> list[dict]:
+        """The LoRA adapters requests may name (``adapter_id``, an OpenAI ``model``): each a dict with at least
+        ``name``, ``rank``, ``targets``, ``scale`` (empty without adapters)."""
+
+    def load_adapter(self, name: str, path: str) -> dict:
+        """Load a PEFT adapter at run time; its ``adapters()`` entry. ValueError (AdapterError) if refused."""
+
+    def unload_adapter(self, name: str) -> bool:
+        """Refuse new requests for ``name``; True if its slot was freed at once. KeyError if not loaded."""
+
     def close(self) -> None: ...

@@ -72,7 +72,7 @@ async def serve(cfg: ServerConfig) -> None:
     admission, connections = Admission(cfg.server.max_link_num), ConnectionTracker(cfg.server)
     servers, business_url = listen(cfg, ssl_context, lambda planes: make_app(
         backend, cfg.server, state=state, metrics=metrics, admission=admission, connections=connections,
-        planes=planes))
+        planes=planes, lora=cfg.engine.lora))
     started = time.monotonic()
     log.info("loading model %s; /health answers 503 until it is loaded and warmed up", cfg.model.name)
     loading = load_in_background(lambda: load_backend(cfg.model.backend_type, prepare_model(cfg), cfg.engine,

@@ -7,6 +7,7 @@ from typing import Any
 import tornado.web
 
 from backends.base import Backend
+from backends.settings import LoraSettings
 from service.access_log import log_request
 from service.admission import Admission
 from service.config import BUSINESS, MANAGEMENT, METRICS, ServerSettings
@@ -16,6 +17,7 @@ from service.dialects.openai import CHAT, COMPLETIONS
 from service.dialects.tgi import Route as TGIRoute
 from service.dialects.tgi import TGIDialect
 from service.http import NotFoundHandler
+from service.lora_admin import lora_admin_routes
 from service.metrics import ServiceMetrics
 from service.ops_handlers import (HealthHandler, InfoHandler, LiveHandler, MetricsHandler, ModelHandler,
                                   ModelsHandler, OpenAPIHandler, TokenizerHandler)
@@ -57,6 +59,7 @@ def management_routes(ctx: AppContext) -> list[Route]:
         (r"/v2/health/live", LiveHandler, args),
         (r"/v2/health/ready", HealthHandler, args),
         (r"/info", InfoHandler, args),
+        *lora_admin_routes(ctx),
     ]
 
 
@@ -69,10 +72,10 @@ _PLANE_ROUTES = {BUSINESS: business_routes, MANAGEMENT: management_routes, METRI
 
 
 def make_app(backend: Backend, settings: ServerSettings = ServerSettings(), *,
-             schemas: Schemas | None = None, limits: RequestLimits = RequestLimits(adapter_ids=frozenset()),
+             schemas: Schemas | None = None, limits: RequestLimits = RequestLimits(),
              state: ServerState | None = None, metrics: ServiceMetrics | None = None,
              admission: Admission | None = None, connections: ConnectionTracker | None = None,
-             planes: Iterable[str] = ALL_PLANES) -> tornado.web.Application:
+             planes: Iterable[str] = ALL_PLANES, lora: LoraSettings = LoraSettings()) -> tornado.web.Application:
     """One app serving ``planes``. The apps of one process share ``state``, ``metrics``, ``admission`` and
     ``connections``; without a ``state`` the app is ready at once (the backend handed in is already loaded
     and warmed up); without an ``admission`` the app gets its own (``maxLinkNum`` in flight, twice that
@@ -85,7 +88,7 @@ def make_app(backend: Backend, settings: ServerSettings = ServerSettings(), *,
     connections = connections or ConnectionTracker(settings)
     metrics.watch_http(admission, connections)
     ctx = AppContext(backend, settings, schemas or default_schemas(), limits, state or ServerState(ready=True),
-                     metrics, admission, connections)
+                     metrics, admission, connections, lora)
     routes = [route for plane in (BUSINESS, MANAGEMENT, METRICS) if plane in planes
               for route in _PLANE_ROUTES[plane](ctx)]
     return tornado.web.Application(routes, default_handler_class=NotFoundHandler,

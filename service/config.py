@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from backends.mindspore.shapes import ShapeError, check_buckets
-from backends.settings import EngineConfig
+from backends.settings import EngineConfig, LoraModuleConfig, LoraSettings
 from service.errors import ValidationError
 from service.validation import default_schemas
 
@@ -144,7 +144,36 @@ def _server(data: dict, base: Path) -> ServerSettings:
     )
 
 
-def _engine(data: dict) -> EngineConfig:
+_DEPLOY = "BackendConfig.ModelDeployConfig"
+
+
+def _lora(deploy: _Section, base: Path) -> LoraSettings:
+    """LoraModules and the LoRA keys, checked across entries: unique names, a served baseModelName, a
+    loraRoot with runtime updates. ValueError naming the key, the entry and the value."""
+    served = [m["modelName"] for m in deploy["ModelConfig"]]
+    modules, seen = [], {}
+    for i, entry in enumerate(deploy["LoraModules"] or []):
+        key = f"{_DEPLOY}.LoraModules[{i}]"
+        if entry["name"] in seen:
+            raise ValueError(f"{key}.name {entry['name']!r} is already the name of LoraModules[{seen[entry['name']]}]; "
+                             "adapter names must be unique")
+        if entry["baseModelName"] not in served:
+            raise ValueError(f"{key}.baseModelName {entry['baseModelName']!r} is not a served model "
+                             f"(ModelConfig modelName: {', '.join(map(repr, served))})")
+        seen[entry["name"]] = i
+        modules.append(LoraModuleConfig(entry["name"], _resolve(base, entry["path"])))
+    runtime, root = bool(deploy["allowRuntimeLoraUpdating"]), _resolve(base, deploy["loraRoot"])
+    if runtime and root is None:
+        raise ValueError(f"{_DEPLOY}.allowRuntimeLoraUpdating is true but {_DEPLOY}.loraRoot is not set: runtime "
+                         "loads are taken only from under that directory")
+    lora = LoraSettings(modules=tuple(modules), max_loras=deploy["maxLoras"], max_rank=deploy["maxLoraRank"],
+                        runtime_updates=runtime, root=root, max_loaded=deploy["maxLoadedLoras"])
+    if lora.max_loaded and lora.max_loaded < len(modules):
+        raise ValueError(f"{_DEPLOY}.maxLoadedLoras {lora.max_loaded} is fewer than the {len(modules)} LoraModules")
+    return lora
+
+
+def _engine(data: dict, base: Path) -> EngineConfig:
     deploy = _Section("ModelDeployConfig", data["BackendConfig"].get("ModelDeployConfig"))
     model = _Section("ModelConfig", deploy["ModelConfig"][0])
     sched = _Section("ScheduleConfig", data["BackendConfig"].get("ScheduleConfig"))
@@ -158,6 +187,7 @@ def _engine(data: dict) -> EngineConfig:
         max_prefill_batch=sched["maxPrefillBatchSize"], max_prefill_tokens=sched["maxPrefillTokens"],
         batch_buckets=buckets["batchBuckets"], window_buckets=buckets["windowBuckets"],
         cache_gb=float(model["npuMemSize"]), prefix_caching=sched["enablePrefixCaching"],
+        lora=_lora(deploy, base),
     )
 
 
@@ -250,12 +280,12 @@ def load_server_config(path: Path | str) -> ServerConfig:
     model = data["BackendConfig"]["ModelDeployConfig"]["ModelConfig"][0]
     model_cfg = _Section("ModelConfig", model)
     base = path.resolve().parent
-    config = ServerConfig(
-        path=path, server=_server(data, base),
-        model=ModelSettings(model["modelName"], _resolve(base, model["modelWeightPath"]), model_cfg["backendType"]),
-        engine=_engine(data),
-    )
     try:
+        config = ServerConfig(
+            path=path, server=_server(data, base),
+            model=ModelSettings(model["modelName"], _resolve(base, model["modelWeightPath"]), model_cfg["backendType"]),
+            engine=_engine(data, base),
+        )
         check_engine(config.engine)
         check_listeners(config.server)
     except ValueError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from backends.base import Backend
+from backends.settings import LoraSettings
 from service.admission import Admission
 from service.config import ServerSettings
 from service.connections import ConnectionTracker
@@ -17,7 +18,8 @@ class RequestLimits:
     """What the served model/server can take, for the request checks that depend on it."""
 
     media_types: frozenset[str] = frozenset()  # part types besides text the model accepts
-    adapter_ids: frozenset[str] | None = None  # loaded LoRA adapters; None = not checked here
+    adapter_ids: frozenset[str] | None = None  # a fixed set of adapters to check against (tests); None = the
+    # backend checks (adapters load and unload at run time)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,3 +34,4 @@ class AppContext:
     metrics: ServiceMetrics
     admission: Admission
     connections: ConnectionTracker
+    lora: LoraSettings = LoraSettings()  # the runtime adapter routes' switch and root

@@ -60,6 +60,15 @@ class LoadingBackend:
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]]) -> str:
         return self._loaded().apply_chat_template(messages)
 
+    def adapters(self) -> list[dict]:
+        return self._backend.adapters() if self._backend is not None else []
+
+    def load_adapter(self, name: str, path: str) -> dict:
+        return self._loaded().load_adapter(name, path)
+
+    def unload_adapter(self, name: str) -> bool:
+        return self._loaded().unload_adapter(name)
+
     def info(self) -> dict:
         """The loaded backend's figures; before that, what the config says (the rest is null)."""
         if self._backend is not None:

@@ -29,7 +29,7 @@ from service.context import AppContext
 from service.dialects import Dialect, GenerationRequest, choice_params
 from service.errors import ServiceError, ServiceUnavailable, from_backend_error
 from service.http import JsonBodyHandler
-from service.metrics import RequestObserver
+from service.metrics import BASE_ADAPTER, RequestObserver
 
 log = logging.getLogger("mindserve.http")
 
@@ -64,6 +64,7 @@ class GenerationHandler(JsonBodyHandler):
 
     async def post(self) -> None:
         req = self.dialect.parse(self.json_body(), self.ctx)  # the whole body is in, and valid
+        self.observer.adapter = req.params.adapter_id or BASE_ADAPTER
         if not await self._admit():
             return  # the client left while waiting for a slot
         events = await self._submit(req)

@@ -296,6 +296,8 @@ class TGIDialect:
     def submit_error(self, error: BackendError, req: ParsedRequest) -> ServiceError:
         if isinstance(error, ParameterRejected) and error.param == "grammar":
             return ValidationError(f"parameters.grammar does not compile: {error}")
+        if isinstance(error, ParameterRejected) and error.param == "adapter_id":
+            return ValidationError(f"parameters.adapter_id {error}")
         return from_backend_error(error)
 
     def render_result(self, req: ParsedRequest, results: list[GenerationResult], ctx: AppContext) -> Any:

@@ -88,6 +88,10 @@ APPLIED = {
     ("ScheduleConfig", "maxPrefillTokens"): lambda c: c.engine.max_prefill_tokens,
     ("ScheduleConfig", "maxIterTimes"): lambda c: c.engine.max_iter_times,
     ("ScheduleConfig", "enablePrefixCaching"): lambda c: c.engine.prefix_caching,
+    ("ModelDeployConfig", "maxLoras"): lambda c: c.engine.lora.max_loras,
+    ("ModelDeployConfig", "maxLoraRank"): lambda c: c.engine.lora.max_rank,
+    ("ModelDeployConfig", "maxLoadedLoras"): lambda c: c.engine.lora.max_loaded,
+    ("ModelDeployConfig", "allowRuntimeLoraUpdating"): lambda c: c.engine.lora.runtime_updates,
 }
 # Reference keys whose schema default documents the reference server; mindserve does not use them.
 UNUSED = {("ModelConfig", "worldSize"), ("ModelConfig", "trustRemoteCode")}
@@ -117,6 +121,8 @@ OTHER = {
     "maxInputTokenLen": (99, {}), "truncation": (1, {}), "cacheBlockSize": (64, {}),
     "maxBatchSize": (3, {"maxPrefillBatchSize": 1}), "maxPrefillBatchSize": (2, {}), "maxPrefillTokens": (64, {}),
     "maxIterTimes": (100, {}), "npuMemSize": (0.5, {}), "enablePrefixCaching": (False, {}),
+    "maxLoras": (2, {}), "maxLoraRank": (32, {}), "maxLoadedLoras": (3, {}),
+    "allowRuntimeLoraUpdating": (True, {"ModelDeployConfig.loraRoot": "/tmp"}),
 }
 
 
@@ -128,8 +134,10 @@ def test_a_set_key_is_applied(tmp_path, section, key):
     sections = {section: {key: value}}
     if extra:
         sections = {"ModelDeployConfig": {}, "ScheduleConfig": {}, **sections}
-        target = "ScheduleConfig"
-        sections[target] = {**sections[target], **extra}
+        for name, extra_value in extra.items():  # "key" (a ScheduleConfig key) or "Section.key"
+            target, _, extra_key = name.rpartition(".")
+            target = target or "ScheduleConfig"
+            sections[target] = {**sections[target], extra_key: extra_value}
     config = load_server_config(write(tmp_path, config_with(**sections)))
     assert APPLIED[section, key](config) == value
 
@@ -199,7 +207,7 @@ ZERO_IP = "listens on every network interface; set ServerConfig.allowAllZeroIpLi
 
 
 @pytest.mark.parametrize("sections, fragment", [
-    ({"ServerConfig": {"adapters": {"sql-lora": "/a"}}}, "ServerConfig.adapters is not allowed: LoRA adapters"),
+    ({"ServerConfig": {"adapters": {"sql-lora": "/a"}}}, "ServerConfig.adapters is not allowed: Not a key of this server"),
     # maxPrefillBatchSize absent: its default (4) is checked against maxBatchSize
     ({"ScheduleConfig": {"maxBatchSize": 2}}, f"{SCHED}.maxPrefillBatchSize 4 must be <= maxBatchSize 2"),
     ({"ScheduleConfig": {"maxBatchSize": 8, "maxPrefillBatchSize": 9}},

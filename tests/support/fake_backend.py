@@ -88,6 +88,15 @@ class FakeBackend:
     def info(self) -> dict:
         return {"model_name": self.model_name, "running": self.running}
 
+    def adapters(self) -> list[dict]:
+        return []
+
+    def load_adapter(self, name: str, path: str) -> dict:
+        raise ValueError("the fake backend has no adapter slots")
+
+    def unload_adapter(self, name: str) -> bool:
+        raise KeyError(name)
+
     def close(self) -> None:
         pass
 
