@@ -380,3 +380,46 @@ def test_serve_names_the_key_of_a_port_it_cannot_bind(tmp_path, tiny_model_dir):
     assert (f"ServerConfig.managementIpAddress/managementPort: cannot listen on 127.0.0.1:{port} "
             f"(management): the port is in use") in out.stderr
     assert "Traceback" not in out.stderr
+
+
+# --- LoRA adapters (BackendConfig.ModelDeployConfig) --------------------------------------------------
+
+def _lora(modules: list[dict], **keys) -> dict:
+    return config_with(ModelDeployConfig={"LoraModules": modules, **keys})
+
+
+@pytest.mark.parametrize("modules, keys, message", [
+    ([{"name": "a", "path": "/x", "baseModelName": "m"}, {"name": "a", "path": "/y", "baseModelName": "m"}], {},
+     "BackendConfig.ModelDeployConfig.LoraModules[1].name 'a' is already the name of LoraModules[0]"),
+    ([{"name": "a", "path": "/x", "baseModelName": "other"}], {},
+     "BackendConfig.ModelDeployConfig.LoraModules[0].baseModelName 'other' is not a served model "
+     "(ModelConfig modelName: 'm')"),
+    ([{"name": "_a", "path": "/x", "baseModelName": "m"}], {},
+     'BackendConfig.ModelDeployConfig.LoraModules[0].name must match'),
+    ([{"name": "a-", "path": "/x", "baseModelName": "m"}], {}, 'LoraModules[0].name must match'),
+    ([{"name": "a.b", "path": "/x", "baseModelName": "m"}], {}, 'LoraModules[0].name must match'),
+    ([{"name": "a" * 257, "path": "/x", "baseModelName": "m"}], {}, 'LoraModules[0].name must match'),
+    ([{"name": "a", "baseModelName": "m"}], {}, "LoraModules[0]"),
+    ([{"name": "a", "path": "/x"}], {}, "LoraModules[0]"),
+    ([], {"allowRuntimeLoraUpdating": True},
+     "BackendConfig.ModelDeployConfig.allowRuntimeLoraUpdating is true but BackendConfig.ModelDeployConfig.loraRoot "
+     "is not set"),
+    ([{"name": "a", "path": "/x", "baseModelName": "m"}, {"name": "b", "path": "/y", "baseModelName": "m"}],
+     {"maxLoadedLoras": 1}, "maxLoadedLoras 1 is fewer than the 2 LoraModules"),
+    ([], {"maxLoraRank": 1025}, "maxLoraRank"),
+    ([], {"maxLoras": -1}, "maxLoras"),
+])
+def test_lora_config_errors_name_the_key_the_entry_and_the_value(tmp_path, modules, keys, message):
+    with pytest.raises(ConfigFileError) as err:
+        load_server_config(write(tmp_path, _lora(modules, **keys)))
+    assert message in str(err.value)
+
+
+def test_lora_modules_are_read_with_paths_relative_to_the_file(tmp_path):
+    config = load_server_config(write(tmp_path, _lora(
+        [{"name": "sql-v1", "path": "adapters/sql", "baseModelName": "m"}],
+        maxLoras=2, maxLoraRank=16, allowRuntimeLoraUpdating=True, loraRoot="adapters")))
+    lora = config.engine.lora
+    assert [(m.name, m.path) for m in lora.modules] == [("sql-v1", tmp_path / "adapters" / "sql")]
+    assert (lora.max_loras, lora.max_rank, lora.runtime_updates, lora.root) == (2, 16, True, tmp_path / "adapters")
+    assert lora.slots == 1 + 4  # the configured one and four for runtime loads
