@@ -178,7 +178,8 @@ def _finite(name: str, file: Path, f: BinaryIO, entry: TensorEntry) -> np.ndarra
     bad = ~np.isfinite(array)
     if bad.any():
         first = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise AdapterError(name, file, f"tensor {entry.name!r} has {int(bad.sum())} non-finite values (the first "
-                           f"at index {list(first)})", entry.name)
+        count = int(bad.sum())
+        raise AdapterError(name, file, f"tensor {entry.name!r} has {count} non-finite value{'s' * (count > 1)} "
+                           f"(NaN or infinity; the first at index {list(first)})", entry.name)
     array.flags.writeable = False
     return array

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -131,8 +132,8 @@ class _Failer:
 
 def _read_json(fail: _Failer, file: Path) -> dict[str, Any]:
     try:
-        with file.open("rb") as f:
-            raw = f.read(CONFIG_CAP + 1)
+        with file.open("rb") as f:  # never more than the file's size is allocated (read(n) allocates n)
+            raw = f.read(min(os.fstat(f.fileno()).st_size, CONFIG_CAP) + 1)
     except OSError as exc:
         raise fail(f"cannot be read: {exc.strerror or exc}") from None
     if len(raw) > CONFIG_CAP:

@@ -521,7 +521,7 @@ def _peak_while_refused(path: Path, *words: str) -> int:
         tracemalloc.stop()
 
 
-PEAK_LIMIT = 2 << 20  # bytes: what a hostile file may make us allocate (it claims gigabytes)
+PEAK_LIMIT = 256 << 10  # bytes: what a hostile file may make us allocate (it claims gigabytes)
 
 
 def _tiny(tmp_path: Path) -> tuple[Path, bytes]:
