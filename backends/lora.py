@@ -52,8 +52,9 @@ class LoraAdapter:
 
 
 def load_adapter(name: str, path: Path | str, dims: BaseDims, max_rank: int | None = None) -> LoraAdapter:
-    """Load and check the PEFT adapter in directory ``path`` against the base model's ``dims``; every
-    failure is an AdapterError naming the adapter, the file and the tensor or key."""
+    """Load and check the PEFT adapter in directory ``path`` against the base model's ``dims`` (``max_rank``
+    None: no rank limit beyond 1024); every failure is an AdapterError naming the adapter, the file and the
+    tensor or key."""
     directory = Path(path)
     config_file, weights_file = _files(name, directory)
     plan = read_plan(name, config_file, dims, max_rank)
