@@ -52,8 +52,9 @@ class LoraAdapter:
 
 
 def load_adapter(name: str, path: Path | str, dims: BaseDims, max_rank: int | None = None) -> LoraAdapter:
-    """Load and check the PEFT adapter in directory ``path`` against the base model's ``dims``; every
-    failure is an AdapterError naming the adapter, the file and the tensor or key."""
+    """Load and check the PEFT adapter in directory ``path`` against the base model's ``dims`` (``max_rank``
+    None: no rank limit beyond 1024); every failure is an AdapterError naming the adapter, the file and the
+    tensor or key."""
     directory = Path(path)
     config_file, weights_file = _files(name, directory)
     plan = read_plan(name, config_file, dims, max_rank)
@@ -178,7 +179,8 @@ def _finite(name: str, file: Path, f: BinaryIO, entry: TensorEntry) -> np.ndarra
     bad = ~np.isfinite(array)
     if bad.any():
         first = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise AdapterError(name, file, f"tensor {entry.name!r} has {int(bad.sum())} non-finite values (the first "
-                           f"at index {list(first)})", entry.name)
+        count = int(bad.sum())
+        raise AdapterError(name, file, f"tensor {entry.name!r} has {count} non-finite value{'s' * (count > 1)} "
+                           f"(NaN or infinity; the first at index {list(first)})", entry.name)
     array.flags.writeable = False
     return array

@@ -4,19 +4,22 @@ adapter targets and each one's rank and scale, matched the way PEFT matches (``t
 
 from __future__ import annotations
 
-import json
 import math
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from backends import bounded_json
+
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 BLOCK = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
          "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
 MAX_VALUE = 1024  # r, lora_alpha and every pattern value lie in (0, MAX_VALUE]
 CONFIG_CAP = 1 << 20  # bytes of adapter_config.json read at most
+CONFIG_DEPTH = 16  # PEFT's own nest 3 deep (layer_replication, the variants' configs)
 EMBEDDINGS = ("model.embed_tokens", "lm_head")
 _LAYER_PARTS = ("", ".self_attn", ".mlp", ".input_layernorm", ".post_attention_layernorm", ".mlp.act_fn",
                 ".self_attn.rotary_emb")
@@ -131,15 +134,15 @@ class _Failer:
 
 def _read_json(fail: _Failer, file: Path) -> dict[str, Any]:
     try:
-        with file.open("rb") as f:
-            raw = f.read(CONFIG_CAP + 1)
+        with file.open("rb") as f:  # never more than the file's size is allocated (read(n) allocates n)
+            raw = f.read(min(os.fstat(f.fileno()).st_size, CONFIG_CAP) + 1)
     except OSError as exc:
         raise fail(f"cannot be read: {exc.strerror or exc}") from None
     if len(raw) > CONFIG_CAP:
         raise fail(f"is larger than {CONFIG_CAP} bytes")
     try:
-        config = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        config = bounded_json.loads(raw, max_depth=CONFIG_DEPTH)
+    except ValueError as exc:
         raise fail(f"is not valid JSON: {exc}") from None
     if not isinstance(config, dict):
         raise fail(f"must hold a JSON object, not a {type(config).__name__}")

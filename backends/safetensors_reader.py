@@ -4,7 +4,6 @@ what its header claims. Tensors come back as float32 (F32, F16 and BF16 on disk)
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
@@ -12,6 +11,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
+
+from backends import bounded_json
 
 HEADER_CAP = 1 << 20  # bytes; a LoRA header for 30 layers x 7 projections is ~55 KB
 ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
@@ -87,22 +88,13 @@ def _header_length(prefix: bytes, size: int, cap: int) -> int:
 
 
 def _parse_json(raw: bytes) -> dict[str, Any]:
-    try:
-        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+    try:  # a header nests 3 deep: {name: {"shape": [...]}}
+        header = bounded_json.loads(raw, max_depth=3, unique_keys=True)
+    except ValueError as exc:
         raise SafetensorsFormatError(f"the header is not valid JSON: {exc}") from None
     if not isinstance(header, dict):
         raise SafetensorsFormatError(f"the header is a JSON {type(header).__name__}, not an object")
     return header
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"key {key!r} appears twice")
-        out[key] = value
-    return out
 
 
 def _metadata(value: Any) -> dict[str, str]:

@@ -6,7 +6,10 @@ Magnitudes: each module's delta scale·B@A has entries of standard deviation ``s
 weight's (measured from ``base_weights`` when given, else ``DEFAULT_WEIGHT_STD``), so the delta moves the
 projection's output by about ``strength`` times its own spread: enough to change greedy text, not enough to
 blow up the numbers. SmolLM2-135M's projection weights have std 0.05–0.4 (per layer and projection), so
-pass its weights for calibrated adapters.
+pass its weights for calibrated adapters. Measured on SmolLM2 with its weights passed, a chat prompt and
+strength 1: the delta's output std over the projection's own is 0.65–1.56 (median per projection), logits
+stay finite with the base's spread, and the greedy text changes completely (strength 0.1 keeps the base's
+greedy tokens, 0.2 changes them).
 """
 
 from __future__ import annotations
