@@ -64,10 +64,11 @@ class GenerationHandler(JsonBodyHandler):
 
     async def post(self) -> None:
         req = self.dialect.parse(self.json_body(), self.ctx)  # the whole body is in, and valid
-        self.observer.adapter = req.params.adapter_id or BASE_ADAPTER
         if not await self._admit():
             return  # the client left while waiting for a slot
         events = await self._submit(req)
+        # Labelled only once the engine took it: a name that is not loaded never becomes a label value.
+        self.observer.adapter = req.params.adapter_id or BASE_ADAPTER
         if req.stream:
             await self._stream(req, events)
         else:

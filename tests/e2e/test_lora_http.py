@@ -94,10 +94,12 @@ def test_metrics_count_requests_and_tokens_by_adapter(lora_url):
     before = scrape(lora_url)
     generated(lora_url, "qv")
     post(lora_url, {"inputs": PROMPT, "parameters": {"adapter_id": "qv", "top_p": 1.0}})
+    post(lora_url, {"inputs": PROMPT, "parameters": {"adapter_id": "made-up-by-a-client"}})
     after = scrape(lora_url)
+    assert not [k for k in after if "made-up-by-a-client" in k]  # a client cannot mint label values
     assert delta(before, after, "adapter_requests_total{adapter=qv}{outcome=success}") == 1
     assert delta(before, after, "adapter_generation_tokens_total{adapter=qv}") == GREEDY["max_new_tokens"]
-    assert delta(before, after, "adapter_requests_total{adapter=None}{outcome=failed}") == 1  # refused at parse
+    assert delta(before, after, "adapter_requests_total{adapter=None}{outcome=failed}") == 2  # refused
 
 
 # --- run-time load and unload ----------------------------------------------------------------------
