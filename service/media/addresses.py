@@ -30,8 +30,8 @@ def _embedded(ip: IPAddress) -> list[IPAddress]:
 
 
 def refusal(address: str, *, allow_loopback: bool = False) -> str | None:
-    """Why ``address`` (an IP literal, maybe with an IPv6 zone) may not be connected to, or None if it is
-    public. ``allow_loopback`` (tests only) lets loopback addresses through."""
+    """Why ``address`` (an IP literal, maybe with an IPv6 zone) may not be connected to ("10.0.0.1, which
+    is a private address"), or None if it is public. ``allow_loopback`` (tests only) lets loopback addresses through."""
     ip = ipaddress.ip_address(address.split("%", 1)[0])
     for candidate in _embedded(ip):
         if allow_loopback and candidate.is_loopback:
@@ -39,5 +39,5 @@ def refusal(address: str, *, allow_loopback: bool = False) -> str | None:
         for category, test in _CATEGORIES:
             if test(candidate):
                 shown = str(candidate) if candidate == ip else f"{ip} (IPv4 {candidate})"
-                return f"{shown} is {category}"
+                return f"{shown}, which is {category}"
     return None

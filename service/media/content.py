@@ -57,16 +57,21 @@ def _checked_image(ref: MediaRef, data: bytes, max_pixels: int) -> str:
                 if fmt not in IMAGE_FORMATS:
                     raise ref.refused(f"is a {fmt} image; an image_url must be JPEG or PNG")
                 if width * height > max_pixels:
-                    raise ref.refused(f"is {width}x{height} = {width * height} pixels; an image may have at most "
-                                      f"{max_pixels} (a larger one could be a decompression bomb)")
+                    raise ref.refused(f"is {width}x{height} = {width * height} pixels; {_bomb(max_pixels)}")
                 image.verify()
             with Image.open(io.BytesIO(data)) as image:
                 image.load()  # verify() checks the structure; decoding every pixel finds a truncated image
     except ServiceError:
         raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:  # Pillow's check, at open
+        raise ref.refused(f"is too large to decode safely; {_bomb(max_pixels)}") from None
     except Exception as exc:  # noqa: BLE001 - whatever a crafted file makes Pillow raise is a bad image
         raise ref.refused(f"is not a valid image: {_reason(exc)}") from None
     return IMAGE_FORMATS[fmt]
+
+
+def _bomb(max_pixels: int) -> str:
+    return f"an image may have at most {max_pixels} pixels (a larger one could be a decompression bomb)"
 
 
 def _reason(exc: Exception) -> str:

@@ -213,6 +213,7 @@ def _declared(headers: httputil.HTTPHeaders) -> int | None:
 
 
 def _os_reason(exc: BaseException) -> str:
-    if isinstance(exc, socket.gaierror) or (isinstance(exc, OSError) and exc.strerror):
-        return exc.strerror or str(exc)
+    exc = getattr(exc, "real_error", None) or exc  # a StreamClosedError carries the socket's error
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
     return str(exc) or type(exc).__name__

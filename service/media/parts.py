@@ -118,8 +118,8 @@ def _mime(kind: Kind, path: str, url: str, field: str) -> str:
     suffix = PurePosixPath(path).suffix.lower()
     if suffix not in kind.extensions:
         got = f"extension {suffix}" if suffix else "no extension"
-        raise MediaRefused(field, f"an {kind.part_type} must have an {kind.name} extension "
-                                  f"({', '.join(kind.extensions)}), got {got}", url)
+        raise MediaRefused(field, f"{kind.part_type} needs one of the {kind.name} extensions "
+                                  f"{', '.join(kind.extensions)}; got {got}", url)
     return MIME_OF_EXTENSION[suffix]
 
 
@@ -130,8 +130,8 @@ def _data_url(kind: Kind, url: str, field: str, position: int) -> MediaRef:
         raise MediaRefused(field, "a data: URL must be base64 (data:<media type>;base64,<data>)", url)
     mime = mime.lower()
     if mime not in kind.mime_types:
-        raise MediaRefused(field, f"a data: URL in an {kind.part_type} must have an {kind.name} media type "
-                                  f"({', '.join(kind.mime_types)}), got {mime or 'none'}", url)
+        raise MediaRefused(field, f"a data: URL in {kind.part_type} needs one of the {kind.name} media types "
+                                  f"{', '.join(kind.mime_types)}; got {mime or 'none'}", url)
     return MediaRef(kind, Source.DATA, url, field, CANONICAL_MIME.get(mime, mime), _WHITESPACE.sub("", payload),
                     position)
 
