@@ -379,3 +379,55 @@ def test_a_client_leaving_during_a_download_frees_everything(servers, site):
     server = servers["loopback"]
     with pytest.raises(requests.exceptions.ReadTimeout):
         requests.post(server.url, json={"inputs": image(f"http://media.test:{port}/trickle.png")}, timeout=0.3)
+
+
+# --- DNS rebinding and the process-wide bounds ------------------------------------------------------------
+
+class RebindingResolver(MappedResolver):
+    """media.test is 127.0.0.1 at the first lookup and 10.0.0.9 at every later one."""
+
+    def initialize(self, table: dict[str, list[str]]) -> None:  # type: ignore[override]
+        super().initialize(table)
+        self.calls = 0
+
+    async def resolve(self, host: str, port: int, family: socket.AddressFamily = socket.AF_UNSPEC):
+        self.calls += 1
+        if self.calls > 1:
+            self.table = {**self.table, "media.test": ["10.0.0.9"]}
+        return await super().resolve(host, port, family)
+
+
+def test_the_connection_goes_to_the_address_that_was_checked(live_servers, servers, media_root, site):
+    """No second lookup between the check and the connection: a rebinding name cannot swap the address."""
+    media, port = site
+    resolver = RebindingResolver(table={"media.test": ["127.0.0.1"]})
+    server = _start(live_servers, MediaPolicy(root=media_root, domains=frozenset({"media.test"}), resolver=resolver,
+                                              allow_loopback_for_tests=True))
+    servers["rebinding"] = server  # checked after the test like the others
+    ok_json(post(server.url, {"inputs": image(f"http://media.test:{port}/ok.png"), "parameters": {"max_new_tokens": 1}}))
+    assert resolver.calls == 1
+    assert server.backend.media[-1][1][0].data == media.image
+    refused(server, image(f"http://media.test:{port}/ok.png"), 422, "10.0.0.9, which is a private address")
+
+
+def test_a_request_over_the_media_loads_bound_gets_429(live_servers, servers, media_root, site):
+    import threading
+
+    _, port = site
+    server = _start(live_servers, MediaPolicy(root=media_root, domains=frozenset({"media.test"}),
+                                              resolver=MappedResolver(table=NAMES), fetch_timeout=2.0,
+                                              allow_loopback_for_tests=True, max_loads=1))
+    servers["one-load"] = server
+    slow = threading.Thread(target=post, args=(server.url, {"inputs": image(f"http://media.test:{port}/trickle.png")}))
+    slow.start()
+    assert until(lambda: server.loader.gate.loading == 1, 10)
+    refused(server, image("ok.png"), 429, "loading media for 1 requests", "maxMediaLoads")
+    slow.join(30)
+    ok_json(post(server.url, {"inputs": image("ok.png"), "parameters": {"max_new_tokens": 1}}))
+
+
+def test_a_part_over_the_media_buffer_gets_429(live_servers, servers, media_root):
+    server = _start(live_servers, MediaPolicy(root=media_root, max_held_bytes=100))
+    servers["small-buffer"] = server
+    refused(server, image("photo.jpg"), 429, "inputs[1]", "maxMediaBufferMB")
+    assert server.loader.gate.held == 0
