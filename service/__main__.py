@@ -73,6 +73,9 @@ async def serve(cfg: ServerConfig) -> None:
     state, metrics = ServerState(), ServiceMetrics.for_backend(backend)
     admission, connections = Admission(cfg.server.max_link_num), ConnectionTracker(cfg.server)
     media = MediaLoader(MediaPolicy.from_settings(cfg.server, os.environ))  # the one read of the whitelist
+    hosts = ", ".join(sorted(media.policy.domains))
+    log.info("media: local files under %s; remote media %s", media.policy.root,
+             f"from {hosts}" if hosts else "refused (ALLOWED_MEDIA_DOMAINS_ENV lists no host)")
     servers, business_url = listen(cfg, ssl_context, lambda planes: make_app(
         backend, cfg.server, state=state, metrics=metrics, admission=admission, connections=connections,
         media=media, planes=planes))
