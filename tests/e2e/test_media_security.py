@@ -431,3 +431,20 @@ def test_a_part_over_the_media_buffer_gets_429(live_servers, servers, media_root
     servers["small-buffer"] = server
     refused(server, image("photo.jpg"), 429, "inputs[1]", "maxMediaBufferMB")
     assert server.loader.gate.held == 0
+
+
+@pytest.mark.skipif(__import__("shutil").which("curl") is None, reason="curl is not installed")
+def test_the_readme_media_example_answers_what_it_says(servers):
+    import json
+    import re
+    import subprocess
+
+    from tests.support.paths import REPO
+
+    section = re.search(r"^## Images and other media\n(.*?)(?=^## )", (REPO / "README.md").read_text(encoding="utf-8"),
+                        re.S | re.M).group(1)
+    (script,) = re.findall(r"```bash\n(.*?)```", section, re.S)
+    done = subprocess.run(["bash", "-e", "-c", script], env={**os.environ, "URL": servers["text"].url},
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    claimed = json.loads(re.search(r"answers `(\{.*?\})`", section, re.S).group(1))
+    assert json.loads(done.stdout) == claimed
