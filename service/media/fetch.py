@@ -121,7 +121,7 @@ async def _get(ref: MediaRef, policy: MediaPolicy, stream: IOStream, parts: Any,
     if timed_out is not None:
         raise DownloadFailed(ref.field, ref.url, host, timed_out)
     if not body.complete:
-        raise DownloadFailed(ref.field, ref.url, host, "the connection closed before the whole body arrived")
+        raise DownloadFailed(ref.field, ref.url, host, "its response ended early or was not valid HTTP")
     return b"".join(body.chunks)
 
 
@@ -145,7 +145,9 @@ async def _read_watched(conn: HTTP1Connection, body: _Body, policy: MediaPolicy,
         try:
             await reading
         except StreamClosedError:
-            pass
+            pass  # closed by us (a refusal, a timeout) or by the host: ``body`` says which
+        except Exception as exc:  # noqa: BLE001 - a response Tornado cannot read (e.g. a header over the cap)
+            body.error = body.error or f"its response could not be read: {_os_reason(exc)}"
     finally:
         stream.close()
         if not reading.done():

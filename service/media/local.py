@@ -7,7 +7,7 @@ import os
 import stat
 from pathlib import Path
 
-from service.media.errors import MediaRefused, OverLimit
+from service.media.errors import OverLimit
 from service.media.parts import MediaRef
 
 READ_CHUNK = 1 << 20

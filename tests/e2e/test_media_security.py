@@ -232,6 +232,9 @@ def test_a_declared_oversize_body_is_refused_before_it_is_read(servers, site):
     ("missing", ["download from host media.test failed", "it answered 404"]),
     ("gzip", ["Content-Encoding gzip; only identity is accepted"]),
     ("text", ["is not a valid image"]),
+    ("raw-garbage", ["download from host media.test failed", "ended early or was not valid HTTP"]),
+    ("raw-short", ["download from host media.test failed", "ended early or was not valid HTTP"]),
+    ("raw-header", ["download from host media.test failed", "ended early or was not valid HTTP"]),
 ])
 def test_a_misbehaving_host_is_refused(servers, site, route, fragments):
     _, port = site

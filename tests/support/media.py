@@ -128,6 +128,18 @@ class Declared(_Route):
         self.site.sent["declared"] = 2
 
 
+class Raw(_Route):
+    """Writes ``RAW[name]`` as the whole response, below Tornado's own framing."""
+
+    RAW = {"garbage": b"SPDY/9 what\r\n\r\n", "header": b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n",
+           "short": b"HTTP/1.1 200 OK\r\nContent-Length: 500\r\n\r\nonly this"}
+
+    def get(self, name: str) -> None:
+        self._auto_finish = False
+        stream = self.request.connection.stream
+        stream.write(self.RAW[name]).add_done_callback(lambda _: stream.close())
+
+
 class Stalled(_Route):
     """Headers and a first byte, then silence."""
 
@@ -157,5 +169,5 @@ def media_app(site: MediaSite) -> tornado.web.Application:
         (r"/ok\.png", OkImage, args), (r"/text\.png", NotAnImage, args), (r"/redirect\.png", Redirect, args),
         (r"/missing\.png", Missing, args), (r"/gzip\.png", Gzipped, args), (r"/endless\.png", Endless, args),
         (r"/declared\.png", Declared, args), (r"/stalled\.png", Stalled, args), (r"/trickle\.png", Trickle, args),
-        (r"/silent\.png", Silent, args),
+        (r"/silent\.png", Silent, args), (r"/raw-(\w+)\.png", Raw, args),
     ])
