@@ -87,7 +87,8 @@ class GenerationHandler(JsonBodyHandler):
         if not req.media:
             return ()
         self._media_lease = self.ctx.media.lease()
-        self._loading = asyncio.ensure_future(self.ctx.media.load(req.media, self._media_lease))
+        self._loading = asyncio.ensure_future(self.ctx.media.load(req.media, self._media_lease,
+                                                                   self.deadlines.e2e_left()))
         try:
             return await self._loading
         except asyncio.CancelledError:

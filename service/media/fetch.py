@@ -57,14 +57,12 @@ def _tls() -> ssl.SSLContext:
     return ssl.create_default_context()
 
 
-async def fetch(ref: MediaRef, policy: MediaPolicy, limit: int, time_left: float) -> bytes:
-    """The body of ``ref``'s URL within ``min(fetch_timeout, time_left)`` seconds; ``OverLimit`` past
-    ``limit`` bytes, ``DownloadFailed`` naming the host, ``MediaRefused`` for an address that is not
-    public."""
+async def fetch(ref: MediaRef, policy: MediaPolicy, limit: int, deadline: float) -> bytes:
+    """The body of ``ref``'s URL by ``deadline`` (loop time); ``OverLimit`` past ``limit`` bytes,
+    ``DownloadFailed`` naming the host, ``MediaRefused`` for an address that is not public."""
     parts, loop = urlsplit(ref.url), asyncio.get_running_loop()
     host, https = parts.hostname or "", parts.scheme.lower() == "https"
     port = parts.port or (443 if https else 80)
-    deadline = loop.time() + min(policy.fetch_timeout, time_left)
     addresses = await _vetted(ref, policy, host, port, deadline)
     try:
         stream = await TCPClient(resolver=PinnedResolver(addresses=addresses)).connect(
@@ -131,14 +129,15 @@ async def _read_watched(conn: HTTP1Connection, body: _Body, policy: MediaPolicy,
     deadline passed (returning why), or when this task is cancelled (the client left)."""
     loop = asyncio.get_running_loop()
     reading = asyncio.ensure_future(conn.read_response(body))
-    timed_out = None
+    timed_out, window = None, deadline - loop.time()
     try:
         while not reading.done():
             idle_end = body.last + policy.read_idle_timeout
             now = loop.time()
             if now >= min(idle_end, deadline):
                 timed_out = (f"no data for {policy.read_idle_timeout:g} s" if idle_end < deadline
-                             else f"not complete within {policy.fetch_timeout:g} s")
+                             else f"not complete in time (it had {window:.3g} s left of the request's "
+                                  f"{policy.fetch_timeout:g} s for media)")
                 stream.close()
                 break
             await asyncio.wait({reading}, timeout=min(idle_end, deadline) - now)

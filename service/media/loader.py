@@ -1,5 +1,6 @@
 """One request's media, from ``MediaRef``s to ``MediaInput``s: the whitelist first for every part (no I/O
-before a rule that needs none), then each part in order, all within the policy's ``fetch_timeout``.
+before a rule that needs none), then each part in order, all within the policy's ``fetch_timeout`` (and
+the request's own deadline).
 Remote files are fetched on the event loop; local files, base64 and Pillow run on a small executor of
 their own, so neither the loop nor the default executor waits on them. The pipeline calls ``load`` before
 the request takes a generation slot (docs/multimodal.md)."""
@@ -28,13 +29,16 @@ class MediaLoader:
     def lease(self) -> Lease:
         return self.gate.lease()
 
-    async def load(self, refs: tuple[MediaRef, ...], lease: Lease) -> tuple[MediaInput, ...]:
-        """The parts' checked bytes, in order; raises the first part's refusal. The bytes stay reserved in
-        ``lease`` until the caller releases it."""
+    async def load(self, refs: tuple[MediaRef, ...], lease: Lease,
+                   time_left: float | None = None) -> tuple[MediaInput, ...]:
+        """The parts' checked bytes, in order, within ``fetch_timeout`` (and ``time_left``, the request's
+        own deadline); raises the first part's refusal. The bytes stay reserved in ``lease`` until the
+        caller releases it."""
         for ref in refs:
             if ref.source is Source.REMOTE:
                 fetch.check_host(ref, self.policy)
-        deadline = asyncio.get_running_loop().time() + self.policy.fetch_timeout
+        window = self.policy.fetch_timeout if time_left is None else min(self.policy.fetch_timeout, time_left)
+        deadline = asyncio.get_running_loop().time() + window
         try:
             out, total = [], 0
             for ref in refs:
@@ -63,11 +67,10 @@ class MediaLoader:
 
     async def _bytes(self, ref: MediaRef, limit: int, deadline: float) -> bytes:
         if ref.source is Source.REMOTE:
-            left = deadline - asyncio.get_running_loop().time()
-            if left <= 0:
-                raise DownloadFailed(ref.field, ref.url, fetch.host_of(ref),
-                                     f"the request's media were not all in within {self.policy.fetch_timeout:g} s")
-            return await fetch.fetch(ref, self.policy, limit, left)
+            if deadline <= asyncio.get_running_loop().time():
+                raise DownloadFailed(ref.field, ref.url, fetch.host_of(ref), "no time was left of the request's "
+                                     f"{self.policy.fetch_timeout:g} s for media")
+            return await fetch.fetch(ref, self.policy, limit, deadline)
         if ref.source is Source.LOCAL:
             return await self._run(local.read_local, ref, self.policy.root, limit)
         return await self._run(content.decode_inline, ref, limit)

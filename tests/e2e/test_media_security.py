@@ -228,7 +228,7 @@ def test_a_declared_oversize_body_is_refused_before_it_is_read(servers, site):
 @pytest.mark.parametrize("route, fragments", [
     ("stalled", ["download from host media.test failed", "no data for 0.5 s"]),
     ("silent", ["download from host media.test failed", "no data for 0.5 s"]),
-    ("trickle", ["download from host media.test failed", "not complete within 2 s"]),
+    ("trickle", ["download from host media.test failed", "not complete in time", "of the request's 2 s for media"]),
     ("missing", ["download from host media.test failed", "it answered 404"]),
     ("gzip", ["Content-Encoding gzip; only identity is accepted"]),
     ("text", ["is not a valid image"]),
@@ -451,3 +451,29 @@ def test_the_readme_media_example_answers_what_it_says(servers):
                           capture_output=True, text=True, timeout=TIMEOUT)
     claimed = json.loads(re.search(r"answers `(\{.*?\})`", section, re.S).group(1))
     assert json.loads(done.stdout) == claimed
+
+
+def test_a_stream_request_with_a_bad_part_gets_a_json_error_not_a_stream(servers):
+    reply = post(servers["strict"].url, {"inputs": image("out.png"), "stream": True})
+    assert "leads out of the media root" in error_json(reply, 422, "Input Validation Error")
+
+
+def test_a_stream_request_with_media_streams(servers):
+    from tests.support.http import stream_events
+
+    reply = post(servers["strict"].url, {"inputs": image("photo.jpg"), "stream": True,
+                                         "parameters": {"max_new_tokens": 2}}, stream=True)
+    assert len(stream_events(reply)) == 2
+
+
+def test_the_requests_own_deadline_bounds_its_downloads(live_servers, servers, media_root, site):
+    from service.config import ServerSettings
+
+    _, port = site
+    backend = FakeBackend(Pace(tokens=1), media_kinds=frozenset({"image"}))
+    loader = MediaLoader(MediaPolicy(root=media_root, domains=frozenset({"media.test"}),
+                                     resolver=MappedResolver(table=NAMES), allow_loopback_for_tests=True))
+    server = Server(live_servers.start(backend, ServerSettings(e2e_timeout=1.0), media=loader), backend, loader)
+    servers["short-e2e"] = server
+    refused(server, image(f"http://media.test:{port}/trickle.png"), 422, "not complete in time",
+            "of the request's 60 s for media")
