@@ -1,10 +1,11 @@
 """The one generation pipeline every dialect runs through (``service/dialects/``).
 
 ``GenerationHandler``: read the body (the reading bound of ``service/http.py``), parse it with the route's
-dialect, load its media parts if any (``service/media/loader.py``, holding no slot), *then* take a generation slot (``service/admission.py``: 429 when the line is full, 503 while
-draining), submit to the backend off the event loop, and relay its events as one JSON body or an SSE stream
-under the deadlines (``tokenTimeout``, ``e2eTimeout``, a stalled reader); a client that leaves cancels the
-engine request. Errors are rendered by the dialect.
+dialect, load its media parts if any (``service/media/loader.py``, holding no slot), *then* take a
+generation slot (``service/admission.py``: 429 when the line is full, 503 while draining), submit to the
+backend off the event loop, and relay its events as one JSON body or an SSE stream under the deadlines
+(``tokenTimeout``, ``e2eTimeout``, a stalled reader); a client that leaves cancels the engine request (or
+its media load). Errors are rendered by the dialect.
 """
 from __future__ import annotations
 
