@@ -198,3 +198,10 @@ def test_containers_by_their_header(kind, data, mime):
 def test_containers_that_are_not(kind, data):
     with pytest.raises(MediaRefused, match="its header matches none"):
         content.checked(_ref(kind, "x.mp4" if kind == "video" else "x.wav"), data, 0)
+
+
+def test_the_service_kinds_are_the_backend_kinds():
+    from backends.base import MEDIA_KINDS
+    from service.media.kinds import KINDS
+
+    assert tuple(kind.name for kind in KINDS) == MEDIA_KINDS
