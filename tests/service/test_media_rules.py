@@ -205,3 +205,20 @@ def test_the_service_kinds_are_the_backend_kinds():
     from service.media.kinds import KINDS
 
     assert tuple(kind.name for kind in KINDS) == MEDIA_KINDS
+
+
+def test_the_loading_stand_in_forwards_media_and_kinds():
+    from backends.settings import EngineConfig
+    from backends.types import MediaInput, RequestParams
+    from service.loading import LoadingBackend
+    from tests.support.fake_backend import FakeBackend, Pace
+
+    stand_in, fake = LoadingBackend("m", EngineConfig()), FakeBackend(Pace(tokens=1), media_kinds=frozenset({"image"}))
+    assert stand_in.media_kinds == frozenset()
+    stand_in.attach(fake)
+    assert stand_in.media_kinds == frozenset({"image"})
+    item = MediaInput("image", png(), "image/png", "a.png", 2)
+    stand_in.submit("ab", RequestParams(max_new_tokens=1), media=(item,)).result(10)
+    stand_in.submit("text only", RequestParams(max_new_tokens=1)).result(10)
+    assert fake.media == [("ab", (item,))]
+    assert "data=" not in repr(item)  # the bytes never show in a repr (logs)
