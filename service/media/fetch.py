@@ -8,6 +8,7 @@ import asyncio
 import functools
 import socket
 import ssl
+from concurrent.futures import Executor
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -52,18 +53,34 @@ class PinnedResolver(tornado.netutil.Resolver):
         return self.addresses
 
 
+class SystemResolver(tornado.netutil.Resolver):
+    """The system's ``getaddrinfo`` on an executor of its own: a slow lookup waits there, never in the
+    event loop's default executor (which the generation routes use)."""
+
+    def initialize(self, executor: Executor) -> None:  # type: ignore[override]
+        self.executor = executor
+
+    async def resolve(self, host: str, port: int, family: socket.AddressFamily = socket.AF_UNSPEC
+                      ) -> list[tuple[int, Any]]:
+        infos = await asyncio.get_running_loop().run_in_executor(
+            self.executor, functools.partial(socket.getaddrinfo, host, port, family, socket.SOCK_STREAM))
+        return [(af, sockaddr) for af, _, _, _, sockaddr in infos]
+
+
 @functools.cache
 def _tls() -> ssl.SSLContext:
     return ssl.create_default_context()
 
 
-async def fetch(ref: MediaRef, policy: MediaPolicy, limit: int, deadline: float) -> bytes:
-    """The body of ``ref``'s URL by ``deadline`` (loop time); ``OverLimit`` past ``limit`` bytes,
-    ``DownloadFailed`` naming the host, ``MediaRefused`` for an address that is not public."""
+async def fetch(ref: MediaRef, policy: MediaPolicy, limit: int, deadline: float,
+                resolver: tornado.netutil.Resolver) -> bytes:
+    """The body of ``ref``'s URL by ``deadline`` (loop time), its host looked up with ``resolver``;
+    ``OverLimit`` past ``limit`` bytes, ``DownloadFailed`` naming the host, ``MediaRefused`` for an address
+    that is not public."""
     parts, loop = urlsplit(ref.url), asyncio.get_running_loop()
     host, https = parts.hostname or "", parts.scheme.lower() == "https"
     port = parts.port or (443 if https else 80)
-    addresses = await _vetted(ref, policy, host, port, deadline)
+    addresses = await _vetted(ref, policy, resolver, host, port, deadline)
     try:
         stream = await TCPClient(resolver=PinnedResolver(addresses=addresses)).connect(
             host, port, ssl_options=_tls() if https else None,
@@ -80,9 +97,9 @@ async def fetch(ref: MediaRef, policy: MediaPolicy, limit: int, deadline: float)
         stream.close()
 
 
-async def _vetted(ref: MediaRef, policy: MediaPolicy, host: str, port: int, deadline: float) -> list[tuple[int, Any]]:
+async def _vetted(ref: MediaRef, policy: MediaPolicy, resolver: tornado.netutil.Resolver, host: str, port: int,
+                  deadline: float) -> list[tuple[int, Any]]:
     """Every address ``host`` resolves to, each one public (else the part is refused)."""
-    resolver = policy.resolver or tornado.netutil.DefaultResolver()
     try:
         addresses = await asyncio.wait_for(resolver.resolve(host, port, socket.AF_UNSPEC),
                                            deadline - asyncio.get_running_loop().time())

@@ -17,6 +17,7 @@ from service.media.parts import MediaRef, Source
 from service.media.policy import MediaPolicy
 
 WORKERS = 2  # threads reading files and decoding images, for the whole process
+DNS_WORKERS = 4  # threads looking up remote hosts
 _CAP_NAMES = {"image": "maxRequestLength", "audio": "maxRequestLength", "video": "the video cap"}
 
 
@@ -25,6 +26,8 @@ class MediaLoader:
         self.policy = policy
         self.gate = MediaGate(policy.max_loads, policy.max_held_bytes)
         self._executor = ThreadPoolExecutor(WORKERS, thread_name_prefix="mindserve-media")
+        self._dns = None if policy.resolver is not None else ThreadPoolExecutor(DNS_WORKERS, "mindserve-dns")
+        self._resolver = policy.resolver or fetch.SystemResolver(executor=self._dns)
 
     def lease(self) -> Lease:
         return self.gate.lease()
@@ -70,7 +73,7 @@ class MediaLoader:
             if deadline <= asyncio.get_running_loop().time():
                 raise DownloadFailed(ref.field, ref.url, fetch.host_of(ref), "no time was left of the request's "
                                      f"{self.policy.fetch_timeout:g} s for media")
-            return await fetch.fetch(ref, self.policy, limit, deadline)
+            return await fetch.fetch(ref, self.policy, limit, deadline, self._resolver)
         if ref.source is Source.LOCAL:
             return await self._run(local.read_local, ref, self.policy.root, limit)
         return await self._run(content.decode_inline, ref, limit)
@@ -93,7 +96,9 @@ class MediaLoader:
         return MediaBusy(f"{ref.field}: the server holds as much media as it may (maxMediaBufferMB); retry later")
 
     def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        for executor in (self._executor, self._dns):
+            if executor is not None:
+                executor.shutdown(wait=False, cancel_futures=True)
 
 
 def _source(ref: MediaRef) -> str:

@@ -477,3 +477,10 @@ def test_the_requests_own_deadline_bounds_its_downloads(live_servers, servers, m
     servers["short-e2e"] = server
     refused(server, image(f"http://media.test:{port}/trickle.png"), 422, "not complete in time",
             "of the request's 60 s for media")
+
+
+def test_the_system_resolver_is_checked_the_same_way(live_servers, servers, media_root):
+    """No test resolver: the system's own lookup of localhost (/etc/hosts) is vetted like any other."""
+    server = _start(live_servers, MediaPolicy(root=media_root, domains=frozenset({"localhost"})))
+    servers["system-dns"] = server
+    refused(server, image("http://localhost/a.png"), 422, "host localhost resolves to", "which is a loopback address")

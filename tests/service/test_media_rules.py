@@ -222,3 +222,19 @@ def test_the_loading_stand_in_forwards_media_and_kinds():
     stand_in.submit("text only", RequestParams(max_new_tokens=1)).result(10)
     assert fake.media == [("ab", (item,))]
     assert "data=" not in repr(item)  # the bytes never show in a repr (logs)
+
+
+def test_the_system_resolver_answers_from_its_own_threads():
+    import asyncio
+    import socket
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from service.media.fetch import SystemResolver
+
+    names: list[str] = []
+    executor = ThreadPoolExecutor(1, thread_name_prefix="test-dns", initializer=lambda: names.append(
+        threading.current_thread().name))
+    answers = asyncio.run(SystemResolver(executor=executor).resolve("127.0.0.1", 80, socket.AF_INET))
+    assert answers == [(socket.AF_INET, ("127.0.0.1", 80))] and names[0].startswith("test-dns")
+    executor.shutdown()
