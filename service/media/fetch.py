@@ -89,7 +89,7 @@ async def fetch(ref: MediaRef, policy: MediaPolicy, limit: int, deadline: float,
         raise DownloadFailed(ref.field, ref.url, host, f"could not connect within {policy.connect_timeout:g} s") from None
     except ssl.SSLError as exc:
         raise DownloadFailed(ref.field, ref.url, host, f"TLS failed: {exc.reason or exc}") from None
-    except (OSError, StreamClosedError) as exc:
+    except (OSError, ValueError, StreamClosedError) as exc:
         raise DownloadFailed(ref.field, ref.url, host, f"could not connect: {_os_reason(exc)}") from None
     try:
         return await _get(ref, policy, stream, parts, limit, deadline)
@@ -105,7 +105,7 @@ async def _vetted(ref: MediaRef, policy: MediaPolicy, resolver: tornado.netutil.
                                            deadline - asyncio.get_running_loop().time())
     except asyncio.TimeoutError:
         raise DownloadFailed(ref.field, ref.url, host, "its name did not resolve in time") from None
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: a name getaddrinfo cannot encode (a label over 63)
         raise DownloadFailed(ref.field, ref.url, host, f"its name does not resolve: {_os_reason(exc)}") from None
     if not addresses:
         raise DownloadFailed(ref.field, ref.url, host, "its name resolves to no address")

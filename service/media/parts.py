@@ -100,6 +100,9 @@ def _remote(kind: Kind, url: str, field: str, position: int) -> MediaRef:
         raise MediaRefused(field, f"is not a valid URL: {exc}", url) from None
     if not parts.hostname:
         raise MediaRefused(field, "an http(s) URL needs a host", url)
+    if not parts.hostname.isascii():
+        raise MediaRefused(field, "the host of a media URL must be ASCII (an international name in its xn-- form)",
+                           url)
     if parts.username is not None or parts.password is not None:
         raise MediaRefused(field, "an http(s) URL must not carry credentials (user@host)", url)
     return MediaRef(kind, Source.REMOTE, url, field, _mime(kind, unquote(parts.path), url, field), url, position)

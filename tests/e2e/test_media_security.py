@@ -480,7 +480,10 @@ def test_the_requests_own_deadline_bounds_its_downloads(live_servers, servers, m
 
 
 def test_the_system_resolver_is_checked_the_same_way(live_servers, servers, media_root):
-    """No test resolver: the system's own lookup of localhost (/etc/hosts) is vetted like any other."""
-    server = _start(live_servers, MediaPolicy(root=media_root, domains=frozenset({"localhost"})))
+    """No test resolver: the system's own lookup of localhost (/etc/hosts) is vetted like any other, and a
+    name it cannot even encode is a download failure, not a crash."""
+    bad = "a" * 64 + ".example"
+    server = _start(live_servers, MediaPolicy(root=media_root, domains=frozenset({"localhost", bad})))
     servers["system-dns"] = server
     refused(server, image("http://localhost/a.png"), 422, "host localhost resolves to", "which is a loopback address")
+    refused(server, image(f"http://{bad}/a.png"), 422, f"download from host {bad} failed: its name does not resolve")

@@ -51,6 +51,7 @@ def test_sources_and_types(kind, url, source, mime, location):
     (IMAGE, "http:///x.png", "needs a host"),
     (IMAGE, "http://h:99999/x.png", "is not a valid URL"),
     (IMAGE, "http://u:p@h/x.png", "must not carry credentials"),
+    (IMAGE, "http://bücher.example/x.png", "must be ASCII"),
     (IMAGE, "data:image/png,abc", "must be base64"),
     (IMAGE, "data:text/html;base64,QUJD", "got text/html"),
     (AUDIO, "data:image/png;base64,QUJD", "audio media types"),
