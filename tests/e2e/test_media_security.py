@@ -68,6 +68,8 @@ def media_root(tmp_path_factory) -> Path:
     (root / "zero.png").symlink_to("/dev/zero")
     (root / "outdir").symlink_to(outside)
     os.mkfifo(root / "fifo.png")
+    (root / "loop-a.png").symlink_to(root / "loop-b.png")
+    (root / "loop-b.png").symlink_to(root / "loop-a.png")
     try:
         os.mknod(root / "zero-device.png", stat.S_IFCHR | 0o600, os.makedev(1, 5))  # a copy of /dev/zero
     except (PermissionError, OSError):
@@ -276,6 +278,7 @@ def test_local_rules(servers, media_root):
         ("fifo.png", 422, "is not a regular file"),
         ("dir.png", 422, "is a directory"),
         ("missing.png", 422, "no such file"),
+        ("loop-a.png", 422, "Too many levels of symbolic links"),
         (f"file://otherhost{media_root}/ok.png", 422, "not on host otherhost"),
     ]
     for path, status, fragment in cases:
