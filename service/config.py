@@ -54,6 +54,10 @@ class ServerSettings:
     max_reading_requests: int = 1000  # requests reading their body at once; beyond, 429 at once
     max_buffered_body_bytes: int = 256 * 1024 * 1024  # body bytes those requests may hold in all; beyond, 503
     listen_backlog: int = 1024  # connections the kernel queues before the server accepts them
+    # Media parts of requests (service/media/, docs/multimodal.md)
+    media_root: str = "/data/multimodal_inputs/"  # local media files must be under it
+    max_media_loads: int = 8  # requests loading media at once; beyond, 429 at once
+    max_media_buffer_bytes: int = 2048 * 1024 * 1024  # media bytes requests may hold at once; beyond, 429
 
     @property
     def management_address(self) -> str:
@@ -141,6 +145,8 @@ def _server(data: dict, base: Path) -> ServerSettings:
         keep_alive_timeout=float(s["keepAliveTimeout"]), max_header_bytes=int(s["maxHeaderBytes"]),
         max_reading_requests=int(s["maxReadingRequests"]),
         max_buffered_body_bytes=int(s["maxBufferedBodyMB"]) * 1024 * 1024, listen_backlog=int(s["listenBacklog"]),
+        media_root=s["mediaRoot"], max_media_loads=int(s["maxMediaLoads"]),
+        max_media_buffer_bytes=int(s["maxMediaBufferMB"]) * 1024 * 1024,
     )
 
 

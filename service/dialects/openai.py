@@ -90,6 +90,7 @@ class OpenAIRequest:
     response_id: str = ""
     logprobs: bool = False  # choices[].logprobs in OpenAI's shape (the alternatives: params.top_logprobs)
     choices: int = 1  # n: sequences for the prompt (not with stream)
+    media: tuple = ()  # no media parts on these routes (service/media/)
 
     def render_prompt(self, backend: Backend) -> str:
         """The text to generate from: chat messages rendered with the model's chat template."""
