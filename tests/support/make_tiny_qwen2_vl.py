@@ -88,7 +88,7 @@ def make_tiny_qwen2_vl(out_dir: str | Path, *, arch: str = "qwen2_vl", seed: int
     (out / "tokenizer.json").write_text(tokenizer.to_str(pretty=True), encoding="utf-8")
     vocab = tokenizer.get_vocab_size()
     ids = {tok: tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS}
-    tie = arch == "qwen2_vl"  # the 2B Qwen2-VL ties its head; the 2.5 one here does not
+    tie = False  # tied tiny heads (as the 2B ships) make greedy repeat its input token; the loader handles both
     save_file(random_weights(arch, vocab, seed, tie), str(out / "model.safetensors"), metadata={"format": "pt"})
     _write_json(out / "config.json", hf_config(arch, vocab, tie, ids))
     _write_json(out / "tokenizer_config.json", _tokenizer_config(ids, arch))
