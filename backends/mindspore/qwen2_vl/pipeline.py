@@ -1,0 +1,295 @@
+"""Qwen2-VL end to end on the paged KV cache: weights (HF safetensors layout) -> the vision tower and the
+language model cells; a prompt with its media -> expanded ids, M-RoPE positions and media rows (the vision
+tower runs once per image or video) -> prefill in fixed-size chunks through the cache (a media item may
+span chunks: each chunk carries its own rows) -> decode steps at ``cache index + delta``.
+
+Graphs: the vision tower once per patch-count bucket, the language model once per (rows, tokens, window).
+``Qwen2VL`` drives one or several sequences on explicit block lists (block 0 is the scratch block, as in
+``kv_cache``); the engine's scheduler is not involved here.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import mindspore as ms
+
+from backends.chat_template import render_chat_template
+from backends.mindspore.config import ConfigError
+from backends.mindspore.kv_cache import block_table, token_slots
+from backends.mindspore.qwen2_vl.config import VLSpec, load_vl_spec
+from backends.mindspore.qwen2_vl.positions import frame_ids, rope_index, segment_mask, vision_cos_sin, window_ids
+from backends.mindspore.qwen2_vl.preprocess import MediaError, Patches, expand_media_tokens
+from backends.mindspore.qwen2_vl.text import Qwen2VLText
+from backends.mindspore.qwen2_vl.vision import VisionTower
+from backends.mindspore.split import window_inputs
+from backends.mindspore.tokenizer import Tokenizer
+from backends.mindspore.weights import WeightsError, load_weights
+
+VISION_BUCKETS = (64, 256, 1024, 4096, 16384)  # patches per vision-tower call
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """A prompt ready for prefill: expanded ids, their M-RoPE positions and the media rows."""
+
+    ids: np.ndarray  # [L] int32
+    positions: np.ndarray  # [3, L] int32
+    delta: int  # decode position = cache index + delta
+    media: np.ndarray  # [L, D] float32: the vision tower's rows at the placeholder tokens, zeros elsewhere
+    media_mask: np.ndarray  # [L] float32: 1 at the placeholder tokens
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+@dataclass(slots=True)
+class VLSequence:
+    """One sequence's cache state: its prompt, its blocks, the tokens after the prompt."""
+
+    prompt: Prompt
+    blocks: list[int]
+    generated: list[int] = field(default_factory=list)
+    prefilled: int = 0
+
+
+def split_weights(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Released names as they are; a checkpoint saved by transformers >= 4.52 (``model.language_model.*``,
+    ``model.visual.*``) renamed back to them."""
+    out = {}
+    for name, value in weights.items():
+        if name.startswith("model.language_model."):
+            name = "model." + name[len("model.language_model."):]
+        elif name.startswith("model.visual."):
+            name = name[len("model."):]
+        out[name] = value
+    return out
+
+
+def expected_shapes(spec: VLSpec) -> dict[str, tuple[int, ...]]:
+    """Every parameter the two towers read, with its HF shape ([out, in] for linears)."""
+    t, v = spec.text, spec.vision
+    d, hd = t.hidden_size, t.head_dim
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (t.vocab_size, d), "model.norm.weight": (d,)}
+    if not t.tie_word_embeddings:
+        shapes["lm_head.weight"] = (t.vocab_size, d)
+    for i in range(t.num_layers):
+        p = f"model.layers.{i}."
+        for n, out in (("q", t.num_heads * hd), ("k", t.num_kv_heads * hd), ("v", t.num_kv_heads * hd)):
+            shapes[p + f"self_attn.{n}_proj.weight"] = (out, d)
+            if t.qkv_has_bias:
+                shapes[p + f"self_attn.{n}_proj.bias"] = (out,)
+        shapes[p + "self_attn.o_proj.weight"] = (d, t.num_heads * hd)
+        shapes[p + "mlp.gate_proj.weight"] = shapes[p + "mlp.up_proj.weight"] = (t.intermediate_size, d)
+        shapes[p + "mlp.down_proj.weight"] = (d, t.intermediate_size)
+        shapes[p + "input_layernorm.weight"] = shapes[p + "post_attention_layernorm.weight"] = (d,)
+    w, layer_norm = v.width, v.family == "qwen2_vl"
+    shapes["visual.patch_embed.proj.weight"] = (w, v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size)
+    linears = {"attn.qkv": (3 * w, w), "attn.proj": (w, w)}
+    if layer_norm:
+        linears.update({"mlp.fc1": (v.mlp_hidden, w), "mlp.fc2": (w, v.mlp_hidden)})
+    else:
+        linears.update({"mlp.gate_proj": (v.mlp_hidden, w), "mlp.up_proj": (v.mlp_hidden, w),
+                        "mlp.down_proj": (w, v.mlp_hidden)})
+    norms = ["norm1", "norm2"]
+    for i in range(v.depth):
+        p = f"visual.blocks.{i}."
+        for name, shape in linears.items():
+            shapes[p + name + ".weight"], shapes[p + name + ".bias"] = shape, (shape[0],)
+        for norm in norms:
+            shapes[p + norm + ".weight"] = (w,)
+            if layer_norm:
+                shapes[p + norm + ".bias"] = (w,)
+    merged = w * v.merge_size ** 2
+    shapes["visual.merger.ln_q.weight"] = (w,)
+    if layer_norm:
+        shapes["visual.merger.ln_q.bias"] = (w,)
+    shapes.update({"visual.merger.mlp.0.weight": (merged, merged), "visual.merger.mlp.0.bias": (merged,),
+                   "visual.merger.mlp.2.weight": (v.out_dim, merged), "visual.merger.mlp.2.bias": (v.out_dim,)})
+    return shapes
+
+
+def load_vl_weights(spec: VLSpec) -> dict[str, np.ndarray]:
+    """The checkpoint's arrays, checked name by name and shape by shape against the config."""
+    if spec.text.checkpoint_format != "safetensors":
+        raise ConfigError(spec.text.yaml_path, "load_ckpt_format",
+                          f"a vision-language model loads from the HF safetensors layout, got "
+                          f"{spec.text.checkpoint_format!r}")
+    weights = split_weights(load_weights(spec.text.checkpoint, "safetensors"))
+    if spec.text.tie_word_embeddings:
+        weights.pop("lm_head.weight", None)
+    shapes = expected_shapes(spec)
+    missing = sorted(set(shapes) - set(weights))
+    unknown = sorted(set(weights) - set(shapes))
+    if missing or unknown:
+        raise WeightsError(f"{spec.text.checkpoint}: missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+                           f"unexpected {unknown[:5]}{'...' if len(unknown) > 5 else ''}")
+    for name, shape in shapes.items():
+        if weights[name].shape != shape:
+            raise WeightsError(f"{spec.text.checkpoint}: {name} has shape {list(weights[name].shape)}, "
+                               f"the config asks for {list(shape)}")
+    return weights
+
+
+class Qwen2VL:
+    """The model on a KV cache of ``num_blocks`` x ``block_size`` slots; prefill chunks of ``prefill_chunk``
+    tokens, attention windows of ``window`` tokens."""
+
+    def __init__(self, model_dir: str | Path, *, num_blocks: int = 64, block_size: int = 16,
+                 prefill_chunk: int = 64, window: int = 256,
+                 vision_buckets: Sequence[int] = VISION_BUCKETS) -> None:
+        if window % block_size or window > (num_blocks - 1) * block_size:
+            raise ValueError(f"window {window} must be a multiple of block_size {block_size} within the cache "
+                             f"({num_blocks - 1} usable blocks)")
+        self.spec = spec = load_vl_spec(model_dir)
+        weights = load_vl_weights(spec)
+        self.tokenizer = Tokenizer.from_model_dir(spec.text.model_dir, spec.text.tokenizer)
+        self.block_size, self.num_slots = block_size, num_blocks * block_size
+        self.prefill_chunk, self.window = prefill_chunk, window
+        merge2 = spec.vision.merge_size ** 2
+        self.vision_buckets = tuple(sorted(b for b in vision_buckets if b % merge2 == 0))
+        self.max_positions = spec.text.max_position_embeddings
+        self.vision = VisionTower(spec.vision, weights)
+        self.text = Qwen2VLText(spec, weights, num_blocks, block_size, self.max_positions)
+        self.vision.set_train(False)
+        self.text.set_train(False)
+        head = weights["model.embed_tokens.weight"] if spec.text.tie_word_embeddings else weights["lm_head.weight"]
+        self._head = np.ascontiguousarray(head.T)  # prompt logits from hidden rows, host side
+        self.compile_seconds: dict[tuple, float] = {}
+
+    # --- prompt ---
+
+    def chat(self, messages: Sequence[dict]) -> str:
+        """The chat template's prompt text (one vision_start/pad/vision_end per image or video part)."""
+        return render_chat_template(self.tokenizer.chat_template, messages, add_generation_prompt=True)
+
+    def prompt(self, text: str, media: Sequence[Patches] = ()) -> Prompt:
+        """Tokenise ``text``, expand its placeholders for ``media`` (in order), run the vision tower on each
+        item and place its rows at the item's tokens."""
+        s = self.spec
+        merge = s.vision.merge_size
+        ids = expand_media_tokens(self.tokenizer.encode(text), media, s.image_token_id, s.video_token_id, merge)
+        positions, delta = rope_index(ids, media, s.image_token_id, s.video_token_id, merge,
+                                      s.vision.tokens_per_second, timed_video=s.family == "qwen2_5_vl")
+        if len(ids) and positions.max() >= self.max_positions:
+            raise MediaError(f"M-RoPE position {int(positions.max())} exceeds the model's "
+                             f"max_position_embedding {self.max_positions}")
+        rows = np.zeros((len(ids), s.text.hidden_size), np.float32)
+        mask = np.zeros(len(ids), np.float32)
+        ids_arr = np.asarray(ids, np.int32)
+        for kind, token in (("image", s.image_token_id), ("video", s.video_token_id)):
+            items = [p for p in media if p.kind == kind]
+            where = np.flatnonzero(ids_arr == token)
+            if items:
+                rows[where] = np.concatenate([self.encode_media(p) for p in items])
+                mask[where] = 1.0
+        return Prompt(ids_arr, positions.astype(np.int32), delta, rows, mask)
+
+    def encode_media(self, item: Patches) -> np.ndarray:
+        """The vision tower's rows [tokens, D] for one image or video (padded to a compiled bucket)."""
+        v = self.spec.vision
+        n = len(item.pixel_values)
+        bucket = next((b for b in self.vision_buckets if b >= n), None)
+        if bucket is None:
+            raise MediaError(f"the {item.kind} has {n} patches, more than the largest vision bucket "
+                             f"{self.vision_buckets[-1]}; lower max_pixels")
+        patches = np.zeros((bucket, v.patch_dim), np.float32)
+        patches[:n] = item.pixel_values
+        cos = np.zeros((bucket, v.head_dim), np.float32)
+        sin = np.zeros((bucket, v.head_dim), np.float32)
+        cos[:n], sin[:n] = vision_cos_sin(item.grid, v.merge_size, v.head_dim, v.rope_theta)
+        full = segment_mask(frame_ids(item.grid), bucket)
+        window = segment_mask(window_ids(item.grid, v.merge_size, v.window_units), bucket) if v.window_size else full
+        started = time.perf_counter()
+        out = self.vision(*(ms.Tensor(a) for a in (patches, cos, sin, full, window))).asnumpy()
+        self._timed(("vision", bucket), started)
+        return out[: item.tokens(v.merge_size)]
+
+    # --- cache ---
+
+    def blocks_for(self, tokens: int, first: int = 1) -> list[int]:
+        """Consecutive blocks from ``first`` for ``tokens`` cache slots (block 0 is the scratch block)."""
+        n = -(-tokens // self.block_size)
+        if first + n > self.num_slots // self.block_size:
+            raise ValueError(f"{tokens} tokens from block {first} do not fit the cache")
+        return list(range(first, first + n))
+
+    def prefill(self, seqs: Sequence[VLSequence]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The next chunk (up to ``prefill_chunk`` tokens) of each sequence's prompt, one row each, in one
+        call: (logits of each row's last token [n, V], each row's final-normed hidden rows)."""
+        size, n, d = self.prefill_chunk, len(seqs), self.spec.text.hidden_size
+        ids, pos = np.zeros((n, size), np.int32), np.zeros((n, size), np.int32)
+        slots = np.zeros((n, size), np.int32)
+        media, media_mask = np.zeros((n, size, d), np.float32), np.zeros((n, size, 1), np.float32)
+        mpos = np.zeros((3, n, size), np.int32)
+        last_rows, lengths = np.arange(n, dtype=np.int32) * size, []
+        for i, seq in enumerate(seqs):
+            a = seq.prefilled
+            b = min(a + size, len(seq.prompt))
+            t = b - a
+            if t <= 0:
+                raise ValueError(f"sequence {i} has no prompt left to prefill")
+            ids[i, :t], pos[i, :t] = seq.prompt.ids[a:b], np.arange(a, b)
+            slots[i, :t] = token_slots(seq.blocks, pos[i, :t], self.block_size)
+            media[i, :t], media_mask[i, :t, 0] = seq.prompt.media[a:b], seq.prompt.media_mask[a:b]
+            mpos[:, i, :t] = seq.prompt.positions[:, a:b]
+            last_rows[i] += t - 1
+            lengths.append(t)
+        logits, hidden = self._forward(("prefill", n, size), ids, media, media_mask, mpos, pos, slots,
+                                       [s.blocks for s in seqs], last_rows)
+        for seq, t in zip(seqs, lengths):
+            seq.prefilled += t
+        return logits, [hidden[i * size: i * size + t] for i, t in enumerate(lengths)]
+
+    def decode(self, seqs: Sequence[VLSequence]) -> np.ndarray:
+        """One step for each sequence (its last generated token): logits [n, V]."""
+        n, d = len(seqs), self.spec.text.hidden_size
+        ids = np.array([[s.generated[-1]] for s in seqs], np.int32)
+        pos = np.array([[len(s.prompt) + len(s.generated) - 1] for s in seqs], np.int32)
+        mpos = np.broadcast_to(pos + np.array([[s.prompt.delta] for s in seqs], np.int32), (3, n, 1)).copy()
+        slots = np.array([token_slots(s.blocks, p, self.block_size) for s, p in zip(seqs, pos)], np.int32)
+        logits, _ = self._forward(("decode", n), ids, np.zeros((n, 1, d), np.float32), np.zeros((n, 1, 1), np.float32),
+                                  mpos, pos, slots, [s.blocks for s in seqs], np.arange(n, dtype=np.int32))
+        return logits
+
+    def prompt_logits(self, hidden: np.ndarray) -> np.ndarray:
+        """Logits [t, V] of final-normed hidden rows (the head as a host matmul)."""
+        return hidden @ self._head
+
+    def _forward(self, key: tuple, ids, media, media_mask, mpos, pos, slots, blocks, last_rows):
+        spec = self.spec.text
+        table = block_table(blocks, self.window // self.block_size)
+        ids, pos, write, read, mask, last_rows = window_inputs(ids, pos, slots.reshape(-1), table, last_rows,
+                                                               self.block_size, spec.num_kv_heads, self.num_slots)
+        started = time.perf_counter()
+        logits, hidden = self.text(*(ms.Tensor(a) for a in (ids, media, media_mask, mpos, pos, write, read, mask,
+                                                              last_rows)))
+        out = logits.asnumpy(), hidden.asnumpy()
+        self._timed((*key, self.window), started)
+        return out
+
+    def _timed(self, key: tuple, started: float) -> None:
+        self.compile_seconds.setdefault(key, time.perf_counter() - started)
+
+    # --- generation ---
+
+    def greedy(self, prompt: Prompt, new_tokens: int,
+               first_block: int = 1) -> tuple[list[int], list[np.ndarray], np.ndarray]:
+        """Greedy ids (EOS not special), the logits of every step (step 0: the prompt's last token) and the
+        prompt's final-normed hidden rows."""
+        if len(prompt) + new_tokens > self.window:
+            raise ValueError(f"{len(prompt)} prompt + {new_tokens} new tokens exceed the window {self.window}")
+        seq = VLSequence(prompt, self.blocks_for(len(prompt) + new_tokens, first_block))
+        hidden_rows, steps = [], []
+        while seq.prefilled < len(prompt):
+            logits, hidden = self.prefill([seq])
+            hidden_rows.append(hidden[0])
+        steps.append(logits[0])
+        seq.generated.append(int(np.argmax(logits[0])))
+        while len(seq.generated) < new_tokens:
+            steps.append(self.decode([seq])[0])
+            seq.generated.append(int(np.argmax(steps[-1])))
+        return seq.generated, steps, np.concatenate(hidden_rows)
