@@ -9,6 +9,7 @@ Graphs: the vision tower once per patch-count bucket, the language model once pe
 """
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ import mindspore as ms
 from backends.chat_template import render_chat_template
 from backends.mindspore.config import ConfigError
 from backends.mindspore.kv_cache import block_table, token_slots
+from backends.mindspore.model import set_device
 from backends.mindspore.qwen2_vl.config import VLSpec, load_vl_spec
 from backends.mindspore.qwen2_vl.positions import frame_ids, rope_index, segment_mask, vision_cos_sin, window_ids
 from backends.mindspore.qwen2_vl.preprocess import MediaError, Patches, expand_media_tokens
@@ -67,6 +69,18 @@ def split_weights(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             name = name[len("model."):]
         out[name] = value
     return out
+
+
+def _processor_chat_template(model_dir: Path) -> str:
+    """The released checkpoints' chat_template.json (the processor's template), when the tokenizer has none."""
+    path = model_dir / "chat_template.json"
+    try:
+        template = json.loads(path.read_text(encoding="utf-8")).get("chat_template")
+    except (OSError, ValueError, AttributeError):
+        template = None
+    if not isinstance(template, str):
+        raise ConfigError(path, "chat_template", "no chat template in tokenizer_config.json or chat_template.json")
+    return template
 
 
 def expected_shapes(spec: VLSpec) -> dict[str, tuple[int, ...]]:
@@ -140,13 +154,15 @@ class Qwen2VL:
 
     def __init__(self, model_dir: str | Path, *, num_blocks: int = 64, block_size: int = 16,
                  prefill_chunk: int = 64, window: int = 256,
-                 vision_buckets: Sequence[int] = VISION_BUCKETS) -> None:
+                 vision_buckets: Sequence[int] = VISION_BUCKETS, threads: int | None = None) -> None:
         if window % block_size or window > (num_blocks - 1) * block_size:
             raise ValueError(f"window {window} must be a multiple of block_size {block_size} within the cache "
                              f"({num_blocks - 1} usable blocks)")
         self.spec = spec = load_vl_spec(model_dir)
+        self.device = set_device(spec.text, threads)  # the yaml's context (mode, device_target)
         weights = load_vl_weights(spec)
         self.tokenizer = Tokenizer.from_model_dir(spec.text.model_dir, spec.text.tokenizer)
+        self.chat_template = self.tokenizer.chat_template or _processor_chat_template(spec.text.model_dir)
         self.block_size, self.num_slots = block_size, num_blocks * block_size
         self.prefill_chunk, self.window = prefill_chunk, window
         merge2 = spec.vision.merge_size ** 2
@@ -164,7 +180,7 @@ class Qwen2VL:
 
     def chat(self, messages: Sequence[dict]) -> str:
         """The chat template's prompt text (one vision_start/pad/vision_end per image or video part)."""
-        return render_chat_template(self.tokenizer.chat_template, messages, add_generation_prompt=True)
+        return render_chat_template(self.chat_template, messages, add_generation_prompt=True)
 
     def prompt(self, text: str, media: Sequence[Patches] = ()) -> Prompt:
         """Tokenise ``text``, expand its placeholders for ``media`` (in order), run the vision tower on each
