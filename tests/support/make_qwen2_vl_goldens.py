@@ -14,7 +14,9 @@ tests/golden/qwen2_vl_preprocess.json (processor output on each image and on the
 pixel_values shape, sums, per-patch and per-column sums, strided samples; image_grid_thw) and
 tests/golden/qwen2_vl_{qwen2_vl,qwen2_5_vl}.json (per prompt: the chat text, input_ids, M-RoPE
 positions, logits at a few prompt positions, 16 greedy ids and the logits of every greedy step).
-Without --write it only prints a summary.
+Without --write it only prints a summary. ``--check`` recomputes the image prompts' logits from the
+committed goldens with whatever transformers is installed (run with 5.24.0 in /work/venv-hf: within
+1.5e-6 of the 4.51.3 goldens, the rounding of the committed values).
 """
 from __future__ import annotations
 
@@ -146,15 +148,60 @@ def model_golden(arch: str, model_dir: Path, images: dict, frames: list) -> dict
     return {"arch": arch, "new_tokens": NEW_TOKENS, "prompts": prompts}
 
 
+def check(tmp: Path) -> None:
+    """Recompute the image prompts' logits with the installed transformers (e.g. 5.x, whose video processor
+    needs torchvision: images only) from the committed ids, and print the largest difference to the goldens."""
+    import torch
+    from PIL import Image
+    from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration
+
+    try:  # transformers 5.x: the Pillow backend; 4.x: the NumPy/Pillow Qwen2VLImageProcessor
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil as Processor
+    except ImportError:
+        from transformers import Qwen2VLImageProcessor as Processor
+    from tests.support.make_tiny_qwen2_vl import MAX_PIXELS, MIN_PIXELS
+
+    image_processor = Processor(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
+    for arch, cls in (("qwen2_vl", Qwen2VLForConditionalGeneration), ("qwen2_5_vl", Qwen2_5_VLForConditionalGeneration)):
+        model = cls.from_pretrained(make_tiny_qwen2_vl(tmp / arch, arch=arch), torch_dtype=torch.float32,
+                                    attn_implementation="eager").eval()
+        golden = json.loads((GOLDEN_DIR / f"qwen2_vl_{arch}.json").read_text(encoding="utf-8"))
+        for name, (spec, _) in PROMPTS.items():
+            if not spec.get("images"):
+                continue
+            g = golden["prompts"][name]
+            feats = image_processor(images=[Image.open(DATA_DIR / IMAGE_FILES[k]).convert("RGB")
+                                            for k in spec["images"]], return_tensors="pt")
+            ids = torch.tensor([g["input_ids"]])
+            kwargs = {"mm_token_type_ids": (ids == model.config.image_token_id).int()}
+            with torch.no_grad():
+                try:
+                    logits = model(input_ids=ids, pixel_values=feats["pixel_values"],
+                                   image_grid_thw=feats["image_grid_thw"], **kwargs).logits[0].numpy()
+                except TypeError:  # 4.x has no mm_token_type_ids
+                    logits = model(input_ids=ids, pixel_values=feats["pixel_values"],
+                                   image_grid_thw=feats["image_grid_thw"]).logits[0].numpy()
+            diff = max(float(np.abs(logits[p] - np.asarray(v)).max())
+                       for p, v in zip(g["prompt_logits"]["positions"], g["prompt_logits"]["values"]))
+            print(f"{arch} {name}: max |logit - golden| {diff:.2e}")
+
+
 def main(argv: list[str] | None = None) -> None:
     import transformers
     import torch
 
     parser = argparse.ArgumentParser(description="HF transformers goldens for the Qwen2-VL tests")
     parser.add_argument("--write", action="store_true", help="write tests/data/*.png and tests/golden/*.json")
+    parser.add_argument("--check", action="store_true",
+                        help="only compare the committed image-prompt goldens with this transformers")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     torch.set_num_threads(2)
+    print("transformers", transformers.__version__, "torch", torch.__version__)
+    if args.check:
+        with tempfile.TemporaryDirectory() as tmp:
+            check(Path(tmp))
+        return
     if args.write:
         write_images(DATA_DIR)
     from PIL import Image
