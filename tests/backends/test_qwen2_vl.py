@@ -261,7 +261,7 @@ def test_released_keys_fall_back_to_config_json(tmp_path):
 def test_weights_are_checked_by_name_and_shape(tmp_path):
     from safetensors.numpy import load_file, save_file
 
-    from backends.mindspore.qwen2_vl.pipeline import load_vl_weights
+    from backends.mindspore.qwen2_vl.weights import load_vl_weights
     from backends.mindspore.weights import WeightsError
 
     d = make_tiny_qwen2_vl(tmp_path / "m", arch="qwen2_vl")

@@ -162,7 +162,8 @@ def check(tmp: Path) -> None:
     from tests.support.make_tiny_qwen2_vl import MAX_PIXELS, MIN_PIXELS
 
     image_processor = Processor(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
-    for arch, cls in (("qwen2_vl", Qwen2VLForConditionalGeneration), ("qwen2_5_vl", Qwen2_5_VLForConditionalGeneration)):
+    classes = {"qwen2_vl": Qwen2VLForConditionalGeneration, "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration}
+    for arch, cls in classes.items():
         model = cls.from_pretrained(make_tiny_qwen2_vl(tmp / arch, arch=arch), torch_dtype=torch.float32,
                                     attn_implementation="eager").eval()
         golden = json.loads((GOLDEN_DIR / f"qwen2_vl_{arch}.json").read_text(encoding="utf-8"))

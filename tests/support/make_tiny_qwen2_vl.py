@@ -105,7 +105,8 @@ def train_tokenizer(vocab_size: int) -> Tokenizer:
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    corpus = CORPUS + "Describe the picture. What is in this image? Compare the two images. What happens in the video?\n"
+    corpus = CORPUS + ("Describe the picture. What is in this image? Compare the two images. "
+                       "What happens in the video?\n")
     tokenizer.train_from_iterator(corpus.splitlines(keepends=True), trainer=trainer)
     return tokenizer
 

@@ -9,5 +9,6 @@ video.py       frames of a video file at a sampling fps (PyAV)
 positions.py   M-RoPE positions (get_rope_index), vision rotary angles, window / frame attention masks
 vision.py      the vision tower cell (patch embed, blocks, patch merger)
 text.py        the language model cell (DecoderLayer stack, M-RoPE cos/sin, media rows spliced in)
+weights.py     the HF safetensors layout, checked by name and shape
 pipeline.py    weights -> cells; prompt -> media embeddings -> chunked prefill -> decode (greedy)
 """

@@ -115,9 +115,6 @@ class VisionTower(nn.Cell):
     def __init__(self, spec: VisionSpec, w: dict[str, np.ndarray]) -> None:
         super().__init__()
         conv = w["visual.patch_embed.proj.weight"]  # [width, C, T, P, P]: one dot product per patch
-        if conv.shape != (spec.width, spec.in_channels, spec.temporal_patch_size, spec.patch_size, spec.patch_size):
-            raise ValueError(f"visual.patch_embed.proj.weight has shape {list(conv.shape)}, the config asks for "
-                             f"{[spec.width, spec.in_channels, spec.temporal_patch_size, spec.patch_size, spec.patch_size]}")
         self.patch_embed = _param(conv.reshape(spec.width, -1).T, "visual.patch_embed")
         self.blocks = nn.CellList([VisionBlock(spec, w, i) for i in range(spec.depth)])
         self.merger = PatchMerger(spec, w)
