@@ -189,7 +189,7 @@ def test_segment_mask_isolates_padding():
 
 # --- config and weights errors (no graphs) ---
 
-RELEASED = {  # the released checkpoints' config.json / preprocessor_config.json values
+RELEASED = {  # the released checkpoints' config.json values; max_pixels the image processor's class default
     "predict_qwen2_vl_7b_instruct.yaml": {
         "family": "qwen2_vl", "text.hidden_size": 3584, "text.num_layers": 28, "text.num_heads": 28,
         "text.num_kv_heads": 4, "text.head_dim": 128, "text.intermediate_size": 18944, "text.vocab_size": 152064,
@@ -197,13 +197,13 @@ RELEASED = {  # the released checkpoints' config.json / preprocessor_config.json
         "mrope_section": (16, 24, 24), "image_token_id": 151655, "video_token_id": 151656,
         "vision_start_token_id": 151652, "vision.depth": 32, "vision.width": 1280, "vision.num_heads": 16,
         "vision.mlp_hidden": 5120, "vision.hidden_act": "quick_gelu", "vision.out_dim": 3584,
-        "vision.window_size": 0, "processor.min_pixels": 3136, "processor.max_pixels": 12845056},
+        "vision.window_size": 0, "processor.min_pixels": 3136, "processor.max_pixels": 1003520},
     "predict_qwen2_5_vl_7b_instruct.yaml": {
         "family": "qwen2_5_vl", "text.hidden_size": 3584, "text.num_layers": 28, "text.vocab_size": 152064,
         "text.max_position_embeddings": 128000, "mrope_section": (16, 24, 24), "vision.depth": 32,
         "vision.width": 1280, "vision.mlp_hidden": 3420, "vision.hidden_act": "silu", "vision.out_dim": 3584,
         "vision.window_units": 4, "vision.full_attention_blocks": (7, 15, 23, 31), "vision.tokens_per_second": 2.0,
-        "processor.max_pixels": 12845056},
+        "processor.max_pixels": 1003520},
 }
 
 

@@ -31,7 +31,7 @@ from backends.mindspore.split import window_inputs
 from backends.mindspore.qwen2_vl.weights import load_vl_weights
 from backends.mindspore.tokenizer import Tokenizer
 
-VISION_BUCKETS = (64, 256, 1024, 4096, 16384)  # patches per vision-tower call
+VISION_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)  # patches per vision-tower call (graphs on demand)
 
 
 @dataclass(frozen=True, slots=True)
