@@ -286,11 +286,12 @@ def test_weights_are_checked_by_name_and_shape(tmp_path):
 
 # --- the model in MindSpore GRAPH mode (slow: compiles graphs) ---
 
-@pytest.fixture(scope="module")
-def models(model_dirs):
+@pytest.fixture(scope="module", params=["ms", "aot"])
+def models(request, model_dirs):
+    """Both archs on one kernel path: stock MindSpore ops (SplitRunner's) or the AOT kernels (PackedRunner's)."""
     from backends.mindspore.qwen2_vl.pipeline import Qwen2VL
 
-    return {arch: Qwen2VL(d, threads=2) for arch, d in model_dirs.items()}
+    return {arch: Qwen2VL(d, threads=2, kernels=request.param) for arch, d in model_dirs.items()}
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,8 @@ tower runs once per image or video) -> prefill in fixed-size chunks through the 
 span chunks: each chunk carries its own rows) -> decode steps at ``cache index + delta``.
 
 Graphs: the vision tower once per patch-count bucket, the language model once per (rows, tokens, window).
+``kernels``: "ms" (stock ops, windowed attention under a mask, as ``SplitRunner``) or "aot" (the AOT
+kernels' paged attention and fused ops, as ``PackedRunner``).
 ``Qwen2VL`` drives one or several sequences on explicit block lists (block 0 is the scratch block, as in
 ``kv_cache``); the engine's scheduler is not involved here.
 """
@@ -27,6 +29,8 @@ from backends.mindspore.qwen2_vl.positions import frame_ids, rope_index, segment
 from backends.mindspore.qwen2_vl.preprocess import MediaError, Patches, expand_media_tokens
 from backends.mindspore.qwen2_vl.text import Qwen2VLText
 from backends.mindspore.qwen2_vl.vision import VisionTower
+from backends.mindspore.packed import packed_inputs
+from backends.mindspore.runner import _aot_ops
 from backends.mindspore.split import window_inputs
 from backends.mindspore.qwen2_vl.weights import load_vl_weights
 from backends.mindspore.tokenizer import Tokenizer
@@ -76,7 +80,8 @@ class Qwen2VL:
 
     def __init__(self, model_dir: str | Path, *, num_blocks: int = 64, block_size: int = 16,
                  prefill_chunk: int = 64, window: int = 256,
-                 vision_buckets: Sequence[int] = VISION_BUCKETS, threads: int | None = None) -> None:
+                 vision_buckets: Sequence[int] = VISION_BUCKETS, threads: int | None = None,
+                 kernels: str = "ms") -> None:
         if window % block_size or window > (num_blocks - 1) * block_size:
             raise ValueError(f"window {window} must be a multiple of block_size {block_size} within the cache "
                              f"({num_blocks - 1} usable blocks)")
@@ -91,7 +96,10 @@ class Qwen2VL:
         self.vision_buckets = tuple(sorted(b for b in vision_buckets if b % merge2 == 0))
         self.max_positions = spec.text.max_position_embeddings
         self.vision = VisionTower(spec.vision, weights)
-        self.text = Qwen2VLText(spec, weights, num_blocks, block_size, self.max_positions)
+        self.aot = _aot_ops(spec.text) if kernels == "aot" else None
+        if kernels not in ("ms", "aot") or (kernels == "aot" and self.aot is None):
+            raise ValueError(f"kernels must be 'ms' or 'aot' (and the AOT kernels must build), got {kernels!r}")
+        self.text = Qwen2VLText(spec, weights, num_blocks, block_size, self.max_positions, self.aot)
         self.vision.set_train(False)
         self.text.set_train(False)
         head = weights["model.embed_tokens.weight"] if spec.text.tie_word_embeddings else weights["lm_head.weight"]
@@ -200,10 +208,14 @@ class Qwen2VL:
     def _forward(self, key: tuple, ids, media, media_mask, mpos, pos, slots, blocks, last_rows):
         spec = self.spec.text
         table = block_table(blocks, self.window // self.block_size)
-        ids, pos, write, read, mask, last_rows = window_inputs(ids, pos, slots.reshape(-1), table, last_rows,
-                                                               self.block_size, spec.num_kv_heads, self.num_slots)
+        if self.aot is not None:  # the paged attention kernel: the table and each token's table row
+            ids, pos, write, index, aux, last_rows = packed_inputs(ids, pos, slots.reshape(-1), table, last_rows,
+                                                                   spec.num_kv_heads, self.num_slots)
+        else:  # stock ops: each row's window of cache rows under a causal mask over cache indices
+            ids, pos, write, index, aux, last_rows = window_inputs(ids, pos, slots.reshape(-1), table, last_rows,
+                                                                   self.block_size, spec.num_kv_heads, self.num_slots)
         started = time.perf_counter()
-        logits, hidden = self.text(*(ms.Tensor(a) for a in (ids, media, media_mask, mpos, pos, write, read, mask,
+        logits, hidden = self.text(*(ms.Tensor(a) for a in (ids, media, media_mask, mpos, pos, write, index, aux,
                                                               last_rows)))
         out = logits.asnumpy(), hidden.asnumpy()
         self._timed((*key, self.window), started)
