@@ -114,6 +114,15 @@ def test_frame_sampling_matches_qwen_vl_utils(total, video_fps, specs):
     assert indices[0] == 0 and indices[-1] == total - 1 and indices == sorted(indices)
 
 
+def test_fixed_frame_count_sampling(specs):
+    import dataclasses
+
+    proc = dataclasses.replace(specs["qwen2_vl"].processor, video_frames=5)  # rounded to 6 (2 per patch)
+    assert sample_frame_indices(300, 30, proc) == [int(i) for i in np.round(np.linspace(0, 299, 6))]
+    with pytest.raises(MediaError, match="asks for 6 frames of a video that has 4"):
+        sample_frame_indices(4, 30, proc)
+
+
 def test_bad_media_are_clear_errors(specs, tmp_path):
     proc = specs["qwen2_vl"].processor
     with pytest.raises(MediaError, match="aspect ratio"):

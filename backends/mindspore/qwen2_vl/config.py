@@ -68,6 +68,7 @@ class ProcessorSpec:
     video_fps: float  # frames sampled per second of video
     video_min_frames: int
     video_max_frames: int
+    video_frames: int | None = None  # a fixed frame count instead of fps (rounded to temporal_patch_size)
 
     @property
     def factor(self) -> int:
@@ -229,7 +230,7 @@ def _processor_spec(yaml_path: Path, proc: _Section, pre: dict, vision: VisionSp
         image_mean=tuple(float(v) for v in mean), image_std=tuple(float(v) for v in std),
         patch_size=vision.patch_size, temporal_patch_size=vision.temporal_patch_size, merge_size=vision.merge_size,
         video_fps=video.get("fps", float, 2.0), video_min_frames=video.positive("min_frames", 4),
-        video_max_frames=video.positive("max_frames", 768),
+        video_max_frames=video.positive("max_frames", 768), video_frames=video.positive("frames", None),
     )
     if spec.min_pixels > spec.max_pixels:
         raise ConfigError(yaml_path, "processor.image_processor.min_pixels",

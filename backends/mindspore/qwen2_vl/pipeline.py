@@ -82,6 +82,8 @@ class Qwen2VL:
                  prefill_chunk: int = 64, window: int = 256,
                  vision_buckets: Sequence[int] = VISION_BUCKETS, threads: int | None = None,
                  kernels: str = "ms") -> None:
+        if kernels not in ("ms", "aot"):
+            raise ValueError(f"kernels must be 'ms' or 'aot', got {kernels!r}")
         if window % block_size or window > (num_blocks - 1) * block_size:
             raise ValueError(f"window {window} must be a multiple of block_size {block_size} within the cache "
                              f"({num_blocks - 1} usable blocks)")
@@ -97,14 +99,14 @@ class Qwen2VL:
         self.max_positions = spec.text.max_position_embeddings
         self.vision = VisionTower(spec.vision, weights)
         self.aot = _aot_ops(spec.text) if kernels == "aot" else None
-        if kernels not in ("ms", "aot") or (kernels == "aot" and self.aot is None):
-            raise ValueError(f"kernels must be 'ms' or 'aot' (and the AOT kernels must build), got {kernels!r}")
+        if kernels == "aot" and self.aot is None:
+            raise RuntimeError("kernels 'aot' asked for, but the AOT kernels could not be built (see the log)")
         self.text = Qwen2VLText(spec, weights, num_blocks, block_size, self.max_positions, self.aot)
         self.vision.set_train(False)
         self.text.set_train(False)
         head = weights["model.embed_tokens.weight"] if spec.text.tie_word_embeddings else weights["lm_head.weight"]
         self._head = np.ascontiguousarray(head.T)  # prompt logits from hidden rows, host side
-        self.compile_seconds: dict[tuple, float] = {}
+        self.first_call_seconds: dict[tuple, float] = {}
 
     # --- prompt ---
 
@@ -222,7 +224,7 @@ class Qwen2VL:
         return out
 
     def _timed(self, key: tuple, started: float) -> None:
-        self.compile_seconds.setdefault(key, time.perf_counter() - started)
+        self.first_call_seconds.setdefault(key, time.perf_counter() - started)
 
     # --- generation ---
 

@@ -117,14 +117,19 @@ def preprocess_video(frames: Sequence[np.ndarray] | np.ndarray, spec: ProcessorS
 
 
 def sample_frame_indices(total: int, video_fps: float, spec: ProcessorSpec) -> list[int]:
-    """Which of a video's ``total`` frames to keep: ``spec.video_fps`` per second of video, an even count
-    (temporal_patch_size frames per patch) within [min_frames, max_frames], spread evenly from the first
-    frame to the last (qwen-vl-utils' rule)."""
+    """Which of a video's ``total`` frames to keep: ``spec.video_fps`` per second of video (or
+    ``spec.video_frames`` in all), an even count (temporal_patch_size frames per patch) within
+    [min_frames, max_frames], spread evenly from the first frame to the last (qwen-vl-utils' rule)."""
     if total < 1:
         raise MediaError("the video has no frames")
     if video_fps <= 0:
         raise MediaError(f"the video's frame rate {video_fps} is not positive")
     factor = spec.temporal_patch_size
+    if spec.video_frames is not None:
+        n = max(factor, round(spec.video_frames / factor) * factor)
+        if n > total:
+            raise MediaError(f"processor.video.frames asks for {n} frames of a video that has {total}")
+        return [int(i) for i in np.round(np.linspace(0, total - 1, n))]
     lo = math.ceil(spec.video_min_frames / factor) * factor
     hi = math.floor(min(spec.video_max_frames, total) / factor) * factor
     if hi < factor:
