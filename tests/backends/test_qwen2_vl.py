@@ -117,9 +117,9 @@ def test_frame_sampling_matches_qwen_vl_utils(total, video_fps, specs):
 def test_fixed_frame_count_sampling(specs):
     import dataclasses
 
-    proc = dataclasses.replace(specs["qwen2_vl"].processor, video_frames=5)  # rounded to 6 (2 per patch)
-    assert sample_frame_indices(300, 30, proc) == [int(i) for i in np.round(np.linspace(0, 299, 6))]
-    with pytest.raises(MediaError, match="asks for 6 frames of a video that has 4"):
+    proc = dataclasses.replace(specs["qwen2_vl"].processor, video_frames=7)  # round(7 / 2) * 2 = 8, as qwen-vl-utils
+    assert sample_frame_indices(300, 30, proc) == [int(i) for i in np.round(np.linspace(0, 299, 8))]
+    with pytest.raises(MediaError, match="asks for 8 frames of a video that has 4"):
         sample_frame_indices(4, 30, proc)
 
 
