@@ -25,7 +25,8 @@ from backends.mindspore.config import ConfigError
 from backends.mindspore.kv_cache import block_table, token_slots
 from backends.mindspore.model import set_device
 from backends.mindspore.qwen2_vl.config import load_vl_spec
-from backends.mindspore.qwen2_vl.positions import frame_ids, rope_index, segment_mask, vision_cos_sin, window_ids
+from backends.mindspore.qwen2_vl.positions import (WindowLayout, frame_ids, rope_index, segment_mask, vision_cos_sin,
+                                                   window_ids, window_layout)
 from backends.mindspore.qwen2_vl.preprocess import MediaError, Patches, expand_media_tokens
 from backends.mindspore.qwen2_vl.text import Qwen2VLText
 from backends.mindspore.qwen2_vl.vision import VisionTower
@@ -150,11 +151,22 @@ class Qwen2VL:
         sin = np.zeros((bucket, v.head_dim), np.float32)
         cos[:n], sin[:n] = vision_cos_sin(item.grid, v.merge_size, v.head_dim, v.rope_theta)
         full = segment_mask(frame_ids(item.grid), bucket)
-        window = segment_mask(window_ids(item.grid, v.merge_size, v.window_units), bucket) if v.window_size else full
+        layout = self.window_layout(item, bucket)
         started = time.perf_counter()
-        out = self.vision(*(ms.Tensor(a) for a in (patches, cos, sin, full, window))).asnumpy()
-        self._timed(("vision", bucket), started)
+        out = self.vision(*(ms.Tensor(a) for a in (patches, cos, sin, full, layout.index, layout.inverse,
+                                                     layout.key_mask))).asnumpy()
+        self._timed(("vision", bucket, layout.key_mask.shape[0], layout.key_mask.shape[3]), started)
         return out[: item.tokens(v.merge_size)]
+
+    def window_layout(self, item: Patches, bucket: int) -> WindowLayout:
+        """Qwen2.5-VL's windows of ``item`` (a power-of-two window count, so few graphs); a one-slot
+        placeholder for a tower without window blocks."""
+        v = self.spec.vision
+        if not v.window_size:
+            return window_layout(np.zeros(1, np.int64), bucket, 1, 1)
+        segments = window_ids(item.grid, v.merge_size, v.window_units)
+        windows = 1 << int(segments.max()).bit_length()  # the next power of two above the largest id
+        return window_layout(segments, bucket, (v.window_units * v.merge_size) ** 2, windows)
 
     # --- cache ---
 

@@ -1,5 +1,5 @@
 """Positions, host side (NumPy): the language model's multimodal rotary positions (M-RoPE), the vision
-tower's 2-D rotary angles, and the vision attention masks (per frame; per window for Qwen2.5-VL).
+tower's 2-D rotary angles, the per-frame attention mask and Qwen2.5-VL's window layout.
 
 M-RoPE gives every prompt token three positions (temporal, height, width). Text tokens carry one running
 index on all three. An image or video of ``t x h x w`` merged units starting after index ``s`` gets
@@ -11,6 +11,7 @@ text after it resumes at the block's largest position + 1. After the prompt, a t
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -122,3 +123,35 @@ def segment_mask(segments: np.ndarray, size: int) -> np.ndarray:
     n = len(segments)
     seg = np.concatenate([segments.astype(np.int64), -1 - np.arange(size - n)])
     return np.where(seg[:, None] == seg[None, :], np.float32(0), NEG).astype(np.float32)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowLayout:
+    """Patches gathered window by window for batched attention: ``index`` [W*S] the patch in each window
+    slot (``pad`` = the row past the patches, a zero row), ``key_mask`` [W, 1, 1, S] (0 on a real patch,
+    -1e9 on a pad slot), ``inverse`` [n] each patch's slot in the W*S layout (rows past the segments: 0)."""
+
+    index: np.ndarray
+    key_mask: np.ndarray
+    inverse: np.ndarray
+
+
+def window_layout(segments: np.ndarray, size: int, slots: int, windows: int) -> WindowLayout:
+    """The layout of ``segments`` (each patch's window id, 0..k-1) over ``size`` patch rows, ``windows``
+    windows (>= k; the extra ones all padding) of ``slots`` patches each."""
+    counts = np.bincount(segments)
+    if len(counts) > windows or counts.max() > slots:
+        raise ValueError(f"{len(counts)} windows of up to {counts.max()} patches exceed the layout "
+                         f"{windows} x {slots}")
+    order = np.argsort(segments, kind="stable")
+    index = np.full((windows, slots), size, np.int32)
+    key_mask = np.full((windows, 1, 1, slots), NEG, np.float32)
+    inverse = np.zeros(size, np.int32)
+    start = 0
+    for w, count in enumerate(counts):
+        members = order[start:start + count]
+        index[w, :count] = members
+        key_mask[w, 0, 0, :count] = 0.0
+        inverse[members] = w * slots + np.arange(count)
+        start += count
+    return WindowLayout(index.reshape(-1), key_mask, inverse)

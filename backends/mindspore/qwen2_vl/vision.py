@@ -5,10 +5,11 @@ whole patch, i.e. one matmul) -> ``depth`` pre-norm blocks (attention with the 2
 additive mask, then the MLP) -> the patch merger (norm, each 2x2 group of consecutive patches
 concatenated, Linear-GELU-Linear) -> [N/4, out_dim], one row per language-model token.
 
-Attention is masked rather than split: the host's masks say which patches see each other (the same frame;
-for Qwen2.5-VL's window blocks, the same window too), so one graph serves any grid of its bucket size.
-The reference reorders patches window by window and back; attention under the window mask is the same
-computation in the processor's order.
+Full attention (Qwen2-VL's blocks, Qwen2.5-VL's ``fullatt_block_indexes``) runs over all N patches under
+the host's additive mask (patches see their own frame; bucket padding sees itself), so one graph serves
+any grid of its bucket size. Qwen2.5-VL's window blocks gather q/k/v window by window ([W, S] slots: W
+windows of up to S = 64 patches, padded) and attend in one batch, O(N * S) instead of O(N^2); the
+reference's reorder of the whole sequence window by window and back becomes this gather and its inverse.
 """
 from __future__ import annotations
 
@@ -79,18 +80,39 @@ class VisionBlock(nn.Cell):
         half = self.head_dim // 2
         return x * cos + ops.concat((-x[..., half:], x[..., :half]), -1) * sin
 
-    def _attention(self, x, cos, sin, mask):
-        n = x.shape[0]
-        qkv = ops.reshape(self.qkv(x), (n, 3, self.heads, self.head_dim))
-        q = ops.transpose(self._rope(qkv[:, 0], cos, sin), (1, 0, 2))  # [heads, N, hd]
-        k = ops.transpose(self._rope(qkv[:, 1], cos, sin), (1, 0, 2))
-        v = ops.transpose(qkv[:, 2], (1, 0, 2))
+    def _qkv(self, x, cos, sin):
+        """q, k (rotated), v: [N, heads, hd] each."""
+        qkv = ops.reshape(self.qkv(x), (x.shape[0], 3, self.heads, self.head_dim))
+        return self._rope(qkv[:, 0], cos, sin), self._rope(qkv[:, 1], cos, sin), qkv[:, 2]
+
+    def _full_attention(self, x, cos, sin, mask):
+        """All N patches at once under ``mask`` [N, N]."""
+        q, k, v = (ops.transpose(t, (1, 0, 2)) for t in self._qkv(x, cos, sin))  # [heads, N, hd]
         probs = ops.softmax(self.bmm_t(q, k) * self.scale + mask, -1)
         out = ops.transpose(self.bmm(probs, v), (1, 0, 2))
-        return self.proj(ops.reshape(out, (n, self.heads * self.head_dim)))
+        return ops.reshape(out, (x.shape[0], self.heads * self.head_dim))
 
-    def construct(self, x, cos, sin, full_mask, window_mask):
-        x = x + self._attention(self.norm1(x), cos, sin, full_mask if self.full else window_mask)
+    def _windows(self, t, index, w, s):
+        """[N, heads, hd] -> [W*heads, S, hd]: each window's slots (the pad slot reads a zero row)."""
+        t = ops.gather(ops.concat((t, ops.zeros_like(t[:1])), 0), index, 0)
+        t = ops.transpose(ops.reshape(t, (w, s, self.heads, self.head_dim)), (0, 2, 1, 3))
+        return ops.reshape(t, (w * self.heads, s, self.head_dim))
+
+    def _window_attention(self, x, cos, sin, index, inverse, key_mask):
+        """Each window's patches among themselves: index [W*S], inverse [N], key_mask [W, 1, 1, S]."""
+        w, s = key_mask.shape[0], key_mask.shape[3]
+        q, k, v = (self._windows(t, index, w, s) for t in self._qkv(x, cos, sin))
+        scores = ops.reshape(self.bmm_t(q, k) * self.scale, (w, self.heads, s, s)) + key_mask
+        probs = ops.reshape(ops.softmax(scores, -1), (w * self.heads, s, s))
+        out = ops.transpose(ops.reshape(self.bmm(probs, v), (w, self.heads, s, self.head_dim)), (0, 2, 1, 3))
+        return ops.gather(ops.reshape(out, (w * s, self.heads * self.head_dim)), inverse, 0)
+
+    def construct(self, x, cos, sin, full_mask, index, inverse, key_mask):
+        h = self.norm1(x)
+        if self.full:
+            x = x + self.proj(self._full_attention(h, cos, sin, full_mask))
+        else:
+            x = x + self.proj(self._window_attention(h, cos, sin, index, inverse, key_mask))
         h = self.norm2(x)
         if self.gated:
             return x + self.down(self._activation(self.gate(h)) * self.up(h))
@@ -110,7 +132,8 @@ class PatchMerger(nn.Cell):
 
 
 class VisionTower(nn.Cell):
-    """patches [N, patch_dim], cos/sin [N, head_dim], full_mask/window_mask [N, N] -> [N / merge^2, out_dim]."""
+    """patches [N, patch_dim], cos/sin [N, head_dim], full_mask [N, N], the window layout (index [W*S],
+    inverse [N], key_mask [W, 1, 1, S]; unused without window blocks) -> [N / merge^2, out_dim]."""
 
     def __init__(self, spec: VisionSpec, w: dict[str, np.ndarray]) -> None:
         super().__init__()
@@ -119,10 +142,10 @@ class VisionTower(nn.Cell):
         self.blocks = nn.CellList([VisionBlock(spec, w, i) for i in range(spec.depth)])
         self.merger = PatchMerger(spec, w)
 
-    def construct(self, patches, cos, sin, full_mask, window_mask):
+    def construct(self, patches, cos, sin, full_mask, index, inverse, key_mask):
         x = ops.matmul(patches, self.patch_embed)
         cos, sin = ops.expand_dims(cos, 1), ops.expand_dims(sin, 1)  # [N, 1, hd] over the heads
         for block in self.blocks:
-            x = block(x, cos, sin, full_mask, window_mask)
+            x = block(x, cos, sin, full_mask, index, inverse, key_mask)
         return self.merger(x)
 
