@@ -23,7 +23,7 @@ from backends.chat_template import render_chat_template
 from tests.support.make_qwen2_vl_goldens import PROMPTS, messages_for
 from tests.support.make_tiny_qwen2_vl import make_tiny_qwen2_vl
 from tests.support.paths import DATA_DIR, GOLDEN_DIR
-from tests.support.vlm_media import IMAGE_FILES, VIDEO_FPS, video_frames, write_mp4
+from tests.support.vlm_media import IMAGE_FILES, VIDEO_FPS, video_frames, write_mp4, write_video
 
 ARCHS = ("qwen2_vl", "qwen2_5_vl")
 LOGIT_TOL = 1e-4
@@ -99,6 +99,17 @@ def test_video_from_mp4_is_sampled_and_preprocessed_as_the_reference(clip, specs
     assert [list(patches.grid)] == golden["video_grid_thw"]
     _assert_pixels(patches.pixel_values, golden["pixel_values_videos"])
     assert patches.second_per_grid == 1.0  # 2 frames per temporal patch at 2 fps
+
+
+@pytest.mark.parametrize("container,codec,suffix", [("mp4", "libx264", "mp4"), ("avi", "mpeg4", "avi"),
+                                                    ("asf", "wmv2", "wmv")])
+def test_video_containers_the_ingress_accepts_are_sampled(container, codec, suffix, specs, tmp_path):
+    """mp4/avi/wmv (lossy codecs): the same sampled frames, close to the drawn ones."""
+    path = write_video(tmp_path / f"clip.{suffix}", video_frames(), VIDEO_FPS, container, codec)
+    clip = read_video(path, specs["qwen2_vl"].processor)
+    assert clip.indices == (0, 2, 5, 7) and clip.video_fps == VIDEO_FPS and clip.sample_fps == 2.0
+    drawn = video_frames()[list(clip.indices)]
+    assert clip.frames.shape == drawn.shape and np.abs(clip.frames.astype(int) - drawn).mean() < 12
 
 
 def _qwen_vl_utils_nframes(total: int, video_fps: float, fps: float) -> int:

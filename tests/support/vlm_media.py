@@ -1,6 +1,7 @@
 """Deterministic test media for the Qwen2-VL tests: three images of different sizes (gradients and shapes,
 drawn with Pillow; committed as PNGs in tests/data/ by make_qwen2_vl_goldens.py), the frames of a short
-clip, and a lossless H.264 mp4 of them (PyAV), so a decoded frame is byte-equal to the one drawn.
+clip, and video files of them (PyAV): a lossless H.264 mp4, so a decoded frame is byte-equal to the one
+drawn, or any container/codec.
 
 The three sizes take the three branches of the reference's smart_resize under the tiny checkpoint's
 pixel bounds (3136..50176): A (300x220) is scaled down to fit max_pixels, B (123x77) only rounds to
@@ -62,14 +63,20 @@ def video_frames() -> np.ndarray:
 
 def write_mp4(path: Path, frames: np.ndarray, fps: int) -> Path:
     """A lossless H.264 (libx264rgb, crf 0) mp4 of ``frames`` at ``fps``."""
+    return write_video(path, frames, fps, "mp4", "libx264rgb", "rgb24", {"crf": "0", "preset": "ultrafast"})
+
+
+def write_video(path: Path, frames: np.ndarray, fps: int, container: str, codec: str, pix_fmt: str = "yuv420p",
+                options: dict[str, str] | None = None) -> Path:
+    """``frames`` encoded with ``codec`` in ``container`` (PyAV): e.g. mp4/libx264, avi/mpeg4, asf/wmv2."""
     import av
 
-    with av.open(str(path), "w", format="mp4") as container:
-        stream = container.add_stream("libx264rgb", rate=fps, options={"crf": "0", "preset": "ultrafast"})
-        stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "rgb24"
+    with av.open(str(path), "w", format=container) as out:
+        stream = out.add_stream(codec, rate=fps, options=options or {})
+        stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], pix_fmt
         for frame in frames:
             for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                container.mux(packet)
+                out.mux(packet)
         for packet in stream.encode():
-            container.mux(packet)
+            out.mux(packet)
     return path
