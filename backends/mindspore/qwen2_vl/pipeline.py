@@ -24,16 +24,16 @@ from backends.chat_template import render_chat_template
 from backends.mindspore.config import ConfigError
 from backends.mindspore.kv_cache import block_table, token_slots
 from backends.mindspore.model import set_device
+from backends.mindspore.packed import packed_inputs
 from backends.mindspore.qwen2_vl.config import load_vl_spec
 from backends.mindspore.qwen2_vl.positions import (WindowLayout, frame_ids, rope_index, segment_mask, vision_cos_sin,
                                                    window_ids, window_layout)
 from backends.mindspore.qwen2_vl.preprocess import MediaError, Patches, expand_media_tokens
 from backends.mindspore.qwen2_vl.text import Qwen2VLText
 from backends.mindspore.qwen2_vl.vision import VisionTower
-from backends.mindspore.packed import packed_inputs
-from backends.mindspore.runner import _aot_ops
-from backends.mindspore.split import window_inputs
 from backends.mindspore.qwen2_vl.weights import load_vl_weights
+from backends.mindspore.runner import _aot_ops  # the text models' AOT kernel build (and its fit check)
+from backends.mindspore.split import window_inputs
 from backends.mindspore.tokenizer import Tokenizer
 
 VISION_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)  # patches per vision-tower call (graphs on demand)
@@ -211,8 +211,9 @@ class Qwen2VL:
         pos = np.array([[len(s.prompt) + len(s.generated) - 1] for s in seqs], np.int32)
         mpos = np.broadcast_to(pos + np.array([[s.prompt.delta] for s in seqs], np.int32), (3, n, 1)).copy()
         slots = np.array([token_slots(s.blocks, p, self.block_size) for s, p in zip(seqs, pos)], np.int32)
-        logits, _ = self._forward(("decode", n), ids, np.zeros((n, 1, d), np.float32), np.zeros((n, 1, 1), np.float32),
-                                  mpos, pos, slots, [s.blocks for s in seqs], np.arange(n, dtype=np.int32))
+        no_media = np.zeros((n, 1, d), np.float32), np.zeros((n, 1, 1), np.float32)
+        logits, _ = self._forward(("decode", n), ids, *no_media, mpos, pos, slots, [s.blocks for s in seqs],
+                                  np.arange(n, dtype=np.int32))
         return logits
 
     def prompt_logits(self, hidden: np.ndarray) -> np.ndarray:
