@@ -12,6 +12,7 @@ import yaml
 from backends.types import ModelDefaults
 
 SUPPORTED_ARCHS = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "ParallelLlamaForCausalLM")
+VL_ARCHS = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")  # qwen2_vl/config.py
 DEVICE_TARGETS = ("CPU", "GPU", "Ascend")
 _MAX_BASE_DEPTH = 8
 
@@ -210,14 +211,20 @@ def _context(tree: dict, yaml_path: Path) -> tuple[int, str]:
 
 
 def load_model_spec(path: Path | str) -> ModelSpec:
-    """Read a model directory (or one yaml inside it) into a ``ModelSpec``."""
+    """Read a model directory (or one yaml inside it) into a ``ModelSpec``; for a vision-language arch
+    (``qwen2_vl.config``), its language model's."""
     path = Path(path)
     yaml_path = find_model_yaml(path) if path.is_dir() else path
     tree = load_yaml_tree(yaml_path)
     model = _Section(yaml_path, "model", tree.get("model"))
     arch = _Section(yaml_path, "model.arch", model.get("arch", dict)).get("type", str)
+    if arch in VL_ARCHS:
+        from backends.mindspore.qwen2_vl.config import load_vl_spec
+
+        return load_vl_spec(yaml_path).text
     if arch not in SUPPORTED_ARCHS:
-        raise ConfigError(yaml_path, "model.arch.type", f"{arch!r} is not supported; use one of {SUPPORTED_ARCHS}")
+        raise ConfigError(yaml_path, "model.arch.type",
+                          f"{arch!r} is not supported; use one of {SUPPORTED_ARCHS + VL_ARCHS}")
     mc = _Section(yaml_path, "model.model_config", model.get("model_config", dict))
     hidden, heads = mc.positive("hidden_size"), mc.positive("num_heads")
     kv_heads = mc.positive("n_kv_heads", heads, "num_key_value_heads")

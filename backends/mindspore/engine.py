@@ -1,4 +1,8 @@
-"""The MindSpore engine: load a model directory, then loop plan -> run -> for each row: sample -> stop -> emit."""
+"""The MindSpore engine: load a model directory, then loop plan -> run -> for each row: sample -> stop -> emit.
+
+A vision-language model (Qwen2-VL / Qwen2.5-VL) takes image and video parts: preprocessed on the submitting
+thread (``qwen2_vl.request``), the vision tower run on the engine thread once per item, at the first step
+whose prompt chunk reaches it (``_encode_media``), its rows dropped once the prompt is in the cache."""
 from __future__ import annotations
 
 import functools
@@ -21,12 +25,18 @@ from backends.chat_template import render_chat_template
 from backends.errors import EngineOverloaded, EngineUnavailable, GenerationFailed, InputRejected, ParameterRejected
 from backends.grammar import GrammarCompiler, GrammarState, MaskBatch, MaskWorker
 from backends.limits import longest_sequence, prompt_token_limit
-from backends.mindspore.config import load_model_spec
+from backends.mindspore.config import VL_ARCHS, load_model_spec
 from backends.lora import BaseDims, LoraAdapter, load_adapter
 from backends.mindspore.kv_cache import BlockAllocator
 from backends.mindspore.lora_slots import LoraSlots
 from backends.mindspore.memory import Footprint, available_memory, plan_cache
 from backends.mindspore.model import set_device
+from backends.mindspore.qwen2_vl.config import VLSpec, load_vl_spec
+from backends.mindspore.qwen2_vl.encoder import VisionEncoder
+from backends.mindspore.qwen2_vl.pipeline import processor_chat_template
+from backends.mindspore.qwen2_vl.preprocess import MediaError, Patches
+from backends.mindspore.qwen2_vl.request import VisionPrompt, build_prompt, truncate_prompt
+from backends.mindspore.qwen2_vl.weights import load_vl_weights
 from backends.mindspore.runner import RowOutput, build_runner
 from backends.mindspore.scheduler import Scheduler, StepPlan
 from backends.mindspore.sequence import SeqState
@@ -36,7 +46,7 @@ from backends.mindspore.weights import load_weights
 from backends.params import effective_max_new_tokens
 from backends.settings import EngineConfig, LoraSettings
 from backends.stopping import StepOutcome
-from backends.types import FinishReason, GenerationResult, RequestParams, Token, TokenEvent
+from backends.types import FinishReason, GenerationResult, MediaInput, RequestParams, Token, TokenEvent
 
 log = logging.getLogger("mindserve.engine")
 
@@ -58,6 +68,8 @@ class Engine:
                  warmup: bool = True, progress: bool = False, model_name: str | None = None) -> None:
         started = time.perf_counter()
         self.spec = spec = load_model_spec(model_dir)
+        self.vl = vl = _vl_spec(spec)
+        self.media_kinds = frozenset({"image", "video"}) if vl is not None else frozenset()
         # The cache within its memory budget (npuMemSize), the batch capped at what it holds.
         cache = plan_cache(config, Footprint.of(spec), available_memory(), spec.max_position_embeddings)
         log.info("%s", cache.describe())
@@ -65,15 +77,22 @@ class Engine:
         num_blocks = cache.num_blocks
         self.model_name = model_name or spec.model_dir.name
         self.tokenizer = Tokenizer.from_model_dir(spec.model_dir, spec.tokenizer)
+        self.chat_template = self.tokenizer.chat_template
+        if self.chat_template is None and vl is not None:
+            self.chat_template = processor_chat_template(spec.model_dir)
         self.max_seq_len = longest_sequence(config, spec.max_position_embeddings)
         self.prompt_limit = prompt_token_limit(config, spec.max_position_embeddings)
         shapes = plan_shapes(config, spec.max_position_embeddings)
         self.device = set_device(spec, config.threads)
-        weights = load_weights(spec.checkpoint, spec.checkpoint_format)
+        weights = _load_weights(spec, vl)
         adapters = load_configured_adapters(config.lora, BaseDims.of(spec))
         lora_shape = lora_slot_shape(config.lora, adapters)
+        if vl is not None and lora_shape is not None:
+            raise ValueError(f"{spec.arch}: LoRA adapters are not supported for a vision-language model; "
+                             "remove LoraModules / allowRuntimeLoraUpdating")
         # The execution strategy, chosen once: the packed AOT step or the split stock-op step.
-        self.runner = build_runner(spec, weights, shapes, num_blocks, config.kernels, self.device, lora_shape)
+        self.runner = build_runner(spec, weights, shapes, num_blocks, config.kernels, self.device, lora_shape, vl)
+        self.vision = VisionEncoder(vl, weights) if vl is not None else None
         del weights
         self.loras = (LoraSlots(BaseDims.of(spec), *lora_shape, self.runner.write_lora)
                       if lora_shape is not None else None)
@@ -102,6 +121,8 @@ class Engine:
                  time.perf_counter() - started, num_blocks, self.runner.shapes.block_size)
         if warmup:
             self.runner.warmup(progress)
+            if self.vision is not None:
+                self.vision.warmup()
 
     @property
     def max_prompt_tokens(self) -> int:
@@ -137,7 +158,7 @@ class Engine:
 
     def apply_chat_template(self, messages: Seq[Mapping[str, Any]]) -> str:
         """The prompt for a chat (the tokenizer config's template, with the generation prompt)."""
-        template = self.tokenizer.chat_template
+        template = self.chat_template
         if template is None:
             raise InputRejected(f"model {self.model_name} has no chat template; "
                                 "send a plain prompt to /v1/completions instead")
@@ -147,22 +168,56 @@ class Engine:
     def prompt_ids(self, text: str, truncate: int | None) -> list[int]:
         """Tokenize and apply ``truncate`` and the token limit (or the server's ``truncation`` policy)."""
         ids = self.tokenizer.encode(text)
-        if truncate is not None and truncate < len(ids):
-            ids = ids[-truncate:]
-        limit = self.prompt_limit.tokens
-        if len(ids) > limit:
-            if self.config.truncation == 0:
-                raise InputRejected(f"inputs has {len(ids)} tokens, more than the limit of {limit} "
-                                    f"({self.prompt_limit.setting} = {limit})")
-            ids = ids[-limit:] if self.config.truncation == 1 else ids[:limit]
-        if not ids:
-            raise InputRejected("inputs encodes to 0 tokens")
-        return ids
+        start, end = self._kept(len(ids), truncate)
+        return ids[start:end]
 
-    def submit(self, inputs: str, params: RequestParams, listener: Listener | None = None) -> RequestHandle:
+    def _kept(self, n: int, truncate: int | None) -> tuple[int, int]:
+        """The tokens [start, end) of an ``n``-token prompt kept by ``truncate`` and the token limit (or the
+        server's ``truncation`` policy); InputRejected if over the limit without truncation, or none left."""
+        start, end = (n - truncate, n) if truncate is not None and truncate < n else (0, n)
+        limit = self.prompt_limit.tokens
+        if end - start > limit:
+            if self.config.truncation == 0:
+                raise InputRejected(f"inputs has {end - start} tokens, more than the limit of {limit} "
+                                    f"({self.prompt_limit.setting} = {limit})")
+            start, end = (end - limit, end) if self.config.truncation == 1 else (start, start + limit)
+        if end <= start:
+            raise InputRejected("inputs encodes to 0 tokens")
+        return start, end
+
+    def vision_prompt(self, text: str, media: Seq[MediaInput], truncate: int | None
+                      ) -> tuple[VisionPrompt | None, list[Patches]]:
+        """A vision-language model's prompt: the media preprocessed, the vision tokens expanded, then cut to
+        the limits (never through an image); (None, []) for a prompt without media."""
+        try:
+            prompt, items = build_prompt(text, media, self.vl, self.tokenizer.encode)
+            for i, item in enumerate(items):
+                if len(item.pixel_values) > self.vision.max_patches:
+                    raise MediaError(f"inputs media part {i}: the {item.kind} has {len(item.pixel_values)} patches, "
+                                     f"more than the largest vision bucket {self.vision.max_patches} (lower "
+                                     f"processor max_pixels, or the video's fps / frames)")
+            start, end = self._kept(len(prompt.ids), truncate)
+            if (start, end) != (0, len(prompt.ids)):
+                prompt, items = truncate_prompt(prompt, items, start, end, self.vl)
+        except MediaError as exc:
+            raise InputRejected(str(exc)) from None
+        longest = int(prompt.positions.max(initial=0)) + 1, self.max_seq_len + prompt.delta
+        if max(longest) > self.runner.shapes.max_window:
+            raise InputRejected(f"inputs reaches M-RoPE position {max(longest) - 1}, past the model's "
+                                f"{self.runner.shapes.max_window} positions")
+        return (prompt, items) if prompt.spans else (None, [])
+
+    def submit(self, inputs: str, params: RequestParams, listener: Listener | None = None,
+               media: Seq[MediaInput] = ()) -> RequestHandle:
         if self._closing:
             raise EngineUnavailable("the engine is shutting down")
-        ids = self.prompt_ids(inputs, params.truncate)
+        refused = sorted({m.kind for m in media} - self.media_kinds)
+        if refused:
+            raise InputRejected(f"model {self.model_name} does not take {refused[0]} parts (it takes "
+                                f"{', '.join(['text', *sorted(self.media_kinds)])})")
+        vision, items = (self.vision_prompt(inputs, media, params.truncate) if self.vl is not None
+                         else (None, []))
+        ids = list(vision.ids) if vision is not None else self.prompt_ids(inputs, params.truncate)
         handle = RequestHandle(f"req-{next(self._ids)}", listener)
         max_new = effective_max_new_tokens(params.max_new_tokens, self.config.max_iter_times,
                                            self.max_seq_len, len(ids))
@@ -172,6 +227,7 @@ class Engine:
                                         vocab_size=self.vocab_size, eos_ids=self.eos_ids, tokenizer=self.tokenizer,
                                         grammars=self.grammars)
             seq.lora = lease
+            seq.vision, seq.media = vision, items
             if self._inbox.qsize() + len(self.scheduler) >= self.config.max_waiting + self.config.max_batch_size:
                 raise EngineOverloaded(f"{self.config.max_waiting} requests already waiting")
         except BaseException:
@@ -233,7 +289,7 @@ class Engine:
     def info(self) -> dict:
         return {"model_name": self.model_name, "arch": self.spec.arch, "max_seq_len": self.max_seq_len,
                 "max_input_tokens": self.prompt_limit.tokens, "max_batch_size": self.config.max_batch_size,
-                "compiled_graphs": len(self.runner.compiled), "free_blocks": self.allocator.free_blocks,
+                "compiled_graphs": self.compiled_graphs, "free_blocks": self.allocator.free_blocks,
                 "total_blocks": self.allocator.usable_blocks, "running": len(self.scheduler.running),
                 "waiting": len(self.scheduler.waiting) + len(self.scheduler.prefilling),
                 "dtype": _torch_dtype(self.spec.model_dir) or self.spec.compute_dtype,
@@ -245,6 +301,11 @@ class Engine:
                 "lora": None if self.loras is None else {
                     "slots": self.loras.slots, "rank": self.loras.rank, "max_loras": self.config.lora.max_loras,
                     "runtime_updates": self.config.lora.runtime_updates}}
+
+    @property
+    def compiled_graphs(self) -> int:
+        """Graphs compiled so far: the language model's and the vision tower's."""
+        return len(self.runner.compiled) + (len(self.vision.compiled) if self.vision is not None else 0)
 
     # --- engine thread ---
 
@@ -268,10 +329,28 @@ class Engine:
         self._admit()
         self._drop_cancelled()
         plan = self.scheduler.plan()
+        if self.vision is not None:
+            plan = self._encode_media(plan)
         masks = self.masks.start(_constrained_rows(plan))  # overlaps the forward pass
         for out in self.runner.run(plan):
             self._advance(out, masks)
         return not plan.empty
+
+    def _encode_media(self, plan: StepPlan) -> StepPlan:
+        """Run the vision tower for each media item the planned prompt chunks reach and no earlier step
+        encoded (an item the prefix cache holds is never reached); a request whose item fails is failed and
+        leaves the plan."""
+        failed = []
+        for seq, n in plan.prefill:
+            try:
+                for i in seq.unencoded(seq.prefilled, seq.prefilled + n):
+                    seq.media_rows[i] = self.vision.encode(seq.media[i])
+            except Exception as exc:
+                failed.append(seq)
+                self._fail(seq, exc)
+        if not failed:
+            return plan
+        return StepPlan(tuple(w for w in plan.prefill if w[0] not in failed), plan.decode)
 
     def _admit(self) -> None:
         while not self._inbox.empty():
@@ -308,6 +387,7 @@ class Engine:
             self._prompt_logprobs(seq, out.prompt.start, out.hidden)
         seq.prefilled += len(out.prompt.ids)
         if seq.prompt_done:
+            seq.drop_media()
             self.scheduler.prefill_done(seq)
         return seq.prompt_done
 
@@ -360,6 +440,16 @@ class Engine:
         for seq in self.scheduler.all():
             self.scheduler.finish(seq)
             seq.handle.emit(exc if isinstance(exc, EngineUnavailable) else GenerationFailed(str(exc)))
+
+
+def _vl_spec(spec) -> VLSpec | None:
+    """The vision-language spec of a Qwen2-VL / Qwen2.5-VL model directory, None for a text model."""
+    return load_vl_spec(spec.yaml_path) if spec.arch in VL_ARCHS else None
+
+
+def _load_weights(spec, vl: VLSpec | None) -> dict[str, np.ndarray]:
+    """The checkpoint's arrays (a vision-language checkpoint checked name by name against both towers)."""
+    return load_vl_weights(vl) if vl is not None else load_weights(spec.checkpoint, spec.checkpoint_format)
 
 
 def _run_task(task, done: Future) -> None:

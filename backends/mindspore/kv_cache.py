@@ -1,6 +1,7 @@
 """Paged KV-cache bookkeeping: fixed-size blocks with reference counts, each sequence's block table, and the
 prefix cache: a full prompt block is known by the hash of its tokens chained with every block before it (and
-the adapter), so a later prompt that starts the same way shares it instead of prefilling it again.
+the adapter, and the media items whose tokens it holds), so a later prompt that starts the same way shares
+it instead of prefilling it again.
 
 Block 0 is reserved as the scratch block: padding tokens write there and padded table entries point
 there, so no real sequence ever reads it unmasked.
@@ -20,13 +21,17 @@ class CacheFull(RuntimeError):
     pass
 
 
-def block_hashes(ids: Sequence[int], block_size: int, adapter: str | None = None) -> list[bytes]:
-    """The chained hash of each full block of ``ids``: block i's covers its tokens, every token before them
-    and the adapter (None: the base model), so equal hashes mean equal K/V."""
+def block_hashes(ids: Sequence[int], block_size: int, adapter: str | None = None,
+                 media: Sequence[tuple[int, int, bytes]] = ()) -> list[bytes]:
+    """The chained hash of each full block of ``ids``: block i's covers its tokens, every token before them,
+    the adapter (None: the base model) and the digest of every media item whose tokens ``[start, end)``
+    overlap it (every image's placeholder ids are equal, its K/V are not), so equal hashes mean equal K/V."""
     digest, out = hashlib.sha256(f"adapter:{adapter or ''}".encode()).digest(), []
     tokens = np.asarray(ids, dtype=np.int64)
     for start in range(0, len(tokens) - block_size + 1, block_size):
-        digest = hashlib.sha256(digest + tokens[start:start + block_size].tobytes()).digest()
+        end = start + block_size
+        items = b"".join(d for a, b, d in media if a < end and b > start)
+        digest = hashlib.sha256(digest + tokens[start:end].tobytes() + items).digest()
         out.append(digest)
     return out
 

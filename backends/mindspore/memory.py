@@ -31,15 +31,18 @@ class MemoryBudgetError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Footprint:
-    """What one model costs in memory: its weights as loaded, and the K/V bytes of one token."""
+    """What one model costs in memory: its weights as loaded (a vision-language checkpoint: both towers), the
+    K/V bytes of one token, and the vision tower's largest call (0 for a text model)."""
 
     weights_bytes: int
     bytes_per_token: int  # K and V, every layer
+    activation_bytes: int = 0
 
     @classmethod
     def of(cls, spec: ModelSpec) -> Footprint:
         return cls(weights_bytes(spec.checkpoint),
-                   2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * CACHE_DTYPE_BYTES)
+                   2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * CACHE_DTYPE_BYTES,
+                   _vision_activations(spec))
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,16 +94,17 @@ def plan_cache(config: EngineConfig, model: Footprint, available: Available,
     asked = config.max_batch_size
     if config.num_blocks:
         return CachePlan(config.num_blocks, asked, asked, config.num_blocks * block_bytes, "num_blocks (set)")
-    fixed = LOAD_COPIES * model.weights_bytes + RUNTIME_RESERVE
+    fixed = LOAD_COPIES * model.weights_bytes + RUNTIME_RESERVE + model.activation_bytes
     if config.cache_gb > 0:
         budget = int(config.cache_gb * GIB)
         budget_text = f"npuMemSize {config.cache_gb:g} GB"
     else:
         margin = int(MARGIN * available.bytes)
         budget = available.bytes - fixed - margin
+        vision = f" - vision tower {_gib(model.activation_bytes)}" if model.activation_bytes else ""
         budget_text = (f"npuMemSize -1: {_gib(available.bytes)} available ({available.source}) - weights "
-                       f"{_gib(model.weights_bytes)} x {LOAD_COPIES} - runtime reserve {_gib(RUNTIME_RESERVE)} - "
-                       f"margin {MARGIN:.0%} = {_gib(max(budget, 0))}")
+                       f"{_gib(model.weights_bytes)} x {LOAD_COPIES} - runtime reserve {_gib(RUNTIME_RESERVE)}"
+                       f"{vision} - margin {MARGIN:.0%} = {_gib(max(budget, 0))}")
     sequences = max(budget // block_bytes - 1, 0) // per_sequence
     if sequences < 1:
         raise MemoryBudgetError(
@@ -118,6 +122,17 @@ def plan_cache(config: EngineConfig, model: Footprint, available: Available,
             f"{_gib(available.bytes)} available ({available.source}); lower npuMemSize, maxBatchSize or maxSeqLen, "
             "or set npuMemSize -1 to size the cache from what is free")
     return plan
+
+
+def _vision_activations(spec: ModelSpec) -> int:
+    """The vision tower's largest call of a vision-language model (``qwen2_vl.config``), 0 for a text model."""
+    from backends.mindspore.config import VL_ARCHS
+
+    if spec.arch not in VL_ARCHS:
+        return 0
+    from backends.mindspore.qwen2_vl.config import activation_bytes, load_vl_spec
+
+    return activation_bytes(load_vl_spec(spec.yaml_path))
 
 
 def available_memory(proc: Path = Path("/proc"), cgroup_root: Path = Path("/sys/fs/cgroup")) -> Available:

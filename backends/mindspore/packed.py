@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 
 from backends.mindspore.kv_cache import block_table, token_slots
-from backends.mindspore.runner import DecodeRow, ModelRunner, PrefillChunk, RowOutput, write_rows
+from backends.mindspore.runner import DecodeRow, ModelRunner, PrefillChunk, RowOutput, media_inputs, write_rows
 from backends.mindspore.scheduler import StepPlan
 from backends.mindspore.shapes import Shapes
 from backends.settings import EngineConfig
@@ -47,7 +47,8 @@ class PackedRunner(ModelRunner):
         if not plan.prefill:
             return self.decode_rows(plan) if plan.decode else []
         prompts = self.prompt_chunks(plan)
-        rows = [PrefillChunk([s.generated[-1]], s.length - 1, s.blocks, s.lora_slot) for s in plan.decode] + prompts
+        rows = [PrefillChunk([s.generated[-1]], s.length - 1, s.blocks, s.lora_slot, delta=s.delta)
+                for s in plan.decode] + prompts
         outs = [RowOutput(s) for s in plan.decode] + [RowOutput(seq, c) for (seq, _), c in zip(plan.prefill, prompts)]
         return self.isolated(self.prefill, rows, outs)
 
@@ -83,12 +84,13 @@ class PackedRunner(ModelRunner):
             at += t
         window = self.shapes.max_window
         table = block_table([c.blocks for c in chunks] + [[]] * (rows - n), window // self.shapes.block_size)
+        media = media_inputs(chunks, [(0, o) for o in offsets], pos, self.spec.hidden_size) if self.vl else None
         logits, hidden = self._call(("packed", size, rows, window), ids, pos, slots, table, last_rows, token_rows,
-                                    lora_rows)
+                                    lora_rows, media)
         return logits[:n], [hidden[o: o + len(c.ids)] for o, c in zip(offsets, chunks)]
 
     def _decode(self, rows: list[DecodeRow]) -> np.ndarray:
-        return self._prefill([PrefillChunk([r.token], r.position, r.blocks, r.lora) for r in rows])[0]
+        return self._prefill([PrefillChunk([r.token], r.position, r.blocks, r.lora, delta=r.delta) for r in rows])[0]
 
     def warmup_plan(self) -> list[tuple]:
         s = self.shapes

@@ -2,6 +2,10 @@
 row. Two strategies behind one interface, chosen once by ``build_runner``: ``PackedRunner`` (the AOT
 kernels: one packed forward per step, packed.py) and ``SplitRunner`` (stock MindSpore ops: a prefill call,
 then a decode call, split.py). The engine never asks which one it has.
+
+The network is ``LlamaModel``, or for a vision-language model (``vl``) ``Qwen2VLText``: then every call also
+takes media rows, their mask and M-RoPE positions (``media_inputs``; text-only rows: zeros and plain positions
+on all three streams), so image and text requests share one graph.
 """
 from __future__ import annotations
 
@@ -31,6 +35,9 @@ class PrefillChunk:
     start: int  # position of ids[0]
     blocks: list[int]
     lora: int = -1  # adapter slot (-1: the base model)
+    media: tuple[np.ndarray, np.ndarray] | None = None  # vision rows [t, D] and their mask [t]; None: text
+    mpos: np.ndarray | None = None  # M-RoPE positions [3, t]; None: cache index + delta on all three
+    delta: int = 0
 
 
 @dataclass(slots=True)
@@ -39,6 +46,26 @@ class DecodeRow:
     position: int
     blocks: list[int]
     lora: int = -1  # adapter slot (-1: the base model)
+    delta: int = 0  # M-RoPE: the token's position is its cache index + delta
+
+
+def media_inputs(chunks: list[PrefillChunk], places: list[tuple[int, int]], pos: np.ndarray,
+                 dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A vision-language network's extra inputs for tokens laid out as ``pos`` [B, T], chunk i's tokens from
+    (row, column) ``places[i]``: media rows [B, T, D], mask [B, T, 1] and M-RoPE positions [3, B, T]
+    (padding and text: the cache index, plus each chunk's delta)."""
+    b, t = pos.shape
+    media, mask = np.zeros((b, t, dim), np.float32), np.zeros((b, t, 1), np.float32)
+    mpos = np.broadcast_to(pos, (3, b, t)).astype(np.int32)
+    for c, (row, at) in zip(chunks, places):
+        n = len(c.ids)
+        if c.mpos is not None:
+            mpos[:, row, at:at + n] = c.mpos
+        elif c.delta:
+            mpos[:, row, at:at + n] += c.delta
+        if c.media is not None:
+            media[row, at:at + n], mask[row, at:at + n, 0] = c.media
+    return media, mask, mpos
 
 
 @dataclass(slots=True)
@@ -65,7 +92,7 @@ class ModelRunner(ABC):
     prefill_first: ClassVar[int]  # the scheduler's prefill-only steps in a row while prompts wait
 
     def __init__(self, spec: ModelSpec, weights: dict[str, np.ndarray], shapes: Shapes, num_blocks: int,
-                 aot=None, dtype: str = "float32", lora: tuple[int, int] | None = None) -> None:
+                 aot=None, dtype: str = "float32", lora: tuple[int, int] | None = None, vl=None) -> None:
         self.spec = spec
         self.shapes = shapes = self.compiled_shapes(shapes)
         self.dtype = dtype
@@ -73,7 +100,15 @@ class ModelRunner(ABC):
         if spec.num_kv_heads * self.num_slots >= 2**31:
             raise ValueError(f"a KV cache of {num_blocks} blocks x {shapes.block_size} tokens x {spec.num_kv_heads} "
                              "kv heads has more rows than int32 indices address; lower cacheBlockNum")
-        self.net = LlamaModel(spec, weights, num_blocks, shapes.block_size, shapes.max_window, aot, dtype, lora)
+        self.vl = vl is not None  # a Qwen2-VL language model (``vl`` its VLSpec): media inputs on every call
+        if self.vl:
+            from backends.mindspore.qwen2_vl.text import Qwen2VLText
+
+            if lora is not None or dtype != "float32":
+                raise ValueError("a vision-language model runs in float32 without LoRA adapter slots")
+            self.net = Qwen2VLText(vl, weights, num_blocks, shapes.block_size, shapes.max_window, aot)
+        else:
+            self.net = LlamaModel(spec, weights, num_blocks, shapes.block_size, shapes.max_window, aot, dtype, lora)
         self.net.set_train(False)
         self.lora = lora  # (slots, rank) of the adapter slots, None without adapters
         self._lora_host: dict[tuple[int, str, str], np.ndarray] = {}  # host copies of the slot arrays
@@ -126,7 +161,7 @@ class ModelRunner(ABC):
 
     def decode_rows(self, plan: StepPlan) -> list[RowOutput]:
         """The decode call of the plan's running sequences (one token each), with fault isolation."""
-        rows = [DecodeRow(s.generated[-1], s.length - 1, s.blocks, s.lora_slot) for s in plan.decode]
+        rows = [DecodeRow(s.generated[-1], s.length - 1, s.blocks, s.lora_slot, s.delta) for s in plan.decode]
         return self.isolated(lambda r: (self.decode(r), [None] * len(r)), rows, [RowOutput(s) for s in plan.decode])
 
     @staticmethod
@@ -134,7 +169,9 @@ class ModelRunner(ABC):
         """The next prompt tokens of each planned sequence, from ``seq.prefilled`` on: a prompt that shares
         cached prefix blocks starts after them, and its block table still lists them, so attention reads them."""
         return [PrefillChunk(seq.prompt_ids[seq.prefilled:seq.prefilled + n], seq.prefilled, seq.blocks,
-                             seq.lora_slot) for seq, n in plan.prefill]
+                             seq.lora_slot, seq.chunk_media(seq.prefilled, seq.prefilled + n),
+                             seq.chunk_positions(seq.prefilled, seq.prefilled + n), seq.delta)
+                for seq, n in plan.prefill]
 
     @staticmethod
     def isolated(forward: Callable[[list], tuple[np.ndarray, list]], rows: list,
@@ -161,10 +198,12 @@ class ModelRunner(ABC):
                 out.error = exc
         return outs
 
-    def _call(self, key: tuple, ids, pos, slots, table, last_rows, token_rows=None, lora_rows=None):
+    def _call(self, key: tuple, ids, pos, slots, table, last_rows, token_rows=None, lora_rows=None, media=None):
         """One graph call; ``lora_rows`` (each token's adapter slot, -1 padding) is an input only when the
-        network has adapter slots."""
+        network has adapter slots; ``media`` (``media_inputs``) only for a vision-language network."""
         args = self.graph_inputs(ids, pos, slots, table, last_rows, token_rows)
+        if self.vl:
+            args = (args[0], *media, *args[1:])
         if self.lora is not None:
             args = (*args, np.ascontiguousarray(lora_rows, np.int32))
         started = time.perf_counter()
@@ -235,9 +274,11 @@ def _aot_ops(spec: ModelSpec):
 
 
 def build_runner(spec: ModelSpec, weights: dict[str, np.ndarray], shapes: Shapes, num_blocks: int,
-                 kernels: str = "ms", device: str = "CPU", lora: tuple[int, int] | None = None) -> ModelRunner:
+                 kernels: str = "ms", device: str = "CPU", lora: tuple[int, int] | None = None,
+                 vl=None) -> ModelRunner:
     """The runner for ``kernels`` (auto|aot|ms) on ``device``: on CPU the AOT kernels where asked and they
-    build (float32); elsewhere the stock ops in the yaml's compute_dtype."""
+    build (float32); elsewhere the stock ops in the yaml's compute_dtype (float32 for a vision-language
+    model, ``vl`` its VLSpec)."""
     from backends.mindspore.packed import PackedRunner
     from backends.mindspore.split import SplitRunner
 
@@ -247,12 +288,13 @@ def build_runner(spec: ModelSpec, weights: dict[str, np.ndarray], shapes: Shapes
         if kernels == "aot":
             raise ValueError(f"kernels 'aot' asked for, but the AOT kernels are CPU kernels and the model's "
                              f"context.device_target is {device}")
-        runner: ModelRunner = SplitRunner(spec, weights, shapes, num_blocks, dtype=spec.compute_dtype, lora=lora)
+        dtype = "float32" if vl is not None else spec.compute_dtype
+        runner: ModelRunner = SplitRunner(spec, weights, shapes, num_blocks, dtype=dtype, lora=lora, vl=vl)
     else:
         aot = _aot_ops(spec) if kernels != "ms" else None
         if kernels == "aot" and aot is None:
             raise RuntimeError("kernels 'aot' asked for, but the AOT kernels could not be built (see the log)")
-        runner = (PackedRunner(spec, weights, shapes, num_blocks, aot, lora=lora) if aot is not None
-                  else SplitRunner(spec, weights, shapes, num_blocks, lora=lora))
+        runner = (PackedRunner(spec, weights, shapes, num_blocks, aot, lora=lora, vl=vl) if aot is not None
+                  else SplitRunner(spec, weights, shapes, num_blocks, lora=lora, vl=vl))
     log.info("kernels: %s on %s, %s", runner.description, device, runner.dtype)
     return runner

@@ -83,7 +83,8 @@ class Scheduler:
                 continue
             if any(n >= self.patience for held, n in self._passed.items() if held is not seq):
                 break  # a held-back request has waited long enough: the others wait for it
-            hashes = (block_hashes(seq.prompt_ids, self.allocator.block_size, seq.lora.key if seq.lora else None)
+            hashes = (block_hashes(seq.prompt_ids, self.allocator.block_size, seq.lora.key if seq.lora else None,
+                                   seq.media_spans())
                       if self.allocator.prefix_caching else [])
             cached = self._cached(seq, hashes)
             if not self.allocator.can_allocate(seq.capacity, cached):

@@ -2,10 +2,10 @@
 stopper, detokenizer and grammar state are per-row pieces, dropped with the row when it finishes."""
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-
-import sys
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,6 +18,10 @@ from backends.params import resolve
 from backends.sampling import NextTokenChooser, request_processors
 from backends.stopping import Stopper
 from backends.types import ModelDefaults, RequestParams, Token
+
+if TYPE_CHECKING:
+    from backends.mindspore.qwen2_vl.preprocess import Patches
+    from backends.mindspore.qwen2_vl.request import VisionPrompt
 
 
 @dataclass(eq=False, slots=True)
@@ -35,6 +39,9 @@ class SeqState:
     grammar: GrammarState | None = None  # constrained decoding: the mask before sampling, advanced after
     top_logprobs: int = 0  # alternatives reported with each token
     lora: Lease | None = None  # the LoRA adapter this request runs with (None: the base model)
+    vision: VisionPrompt | None = None  # a prompt with media: M-RoPE positions, delta, each item's span
+    media: list[Patches] = field(default_factory=list)  # each span's patches, until the prompt is in
+    media_rows: dict[int, np.ndarray] = field(default_factory=dict)  # span index -> the vision tower's rows
     blocks: list[int] = field(default_factory=list)
     prefilled: int = 0  # prompt tokens already in the cache
     generated: list[int] = field(default_factory=list)
@@ -79,6 +86,49 @@ class SeqState:
         """The request is over (finished, failed or refused): let go of what it holds outside the cache."""
         if self.lora is not None:
             self.lora.release()
+        self.drop_media()
+
+    # --- media (a vision-language prompt) ---
+
+    @property
+    def delta(self) -> int:
+        """M-RoPE: a token after the prompt sits at position cache index + delta (0 without media)."""
+        return self.vision.delta if self.vision is not None else 0
+
+    def media_spans(self) -> list[tuple[int, int, bytes]]:
+        """(start, end, digest) of each media item, for the prefix cache's block hashes."""
+        return [(s.start, s.end, s.digest) for s in self.vision.spans] if self.vision is not None else []
+
+    def unencoded(self, start: int, end: int) -> list[int]:
+        """The media items overlapping prompt tokens [start, end) whose rows are not computed yet."""
+        if self.vision is None:
+            return []
+        return [i for i, s in enumerate(self.vision.spans)
+                if s.start < end and s.end > start and i not in self.media_rows]
+
+    def chunk_media(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The media rows [t, D] and mask [t] of prompt tokens [start, end) (each overlapping item's rows
+        computed, ``unencoded``); None if no item overlaps."""
+        spans = [(i, s) for i, s in enumerate(self.vision.spans) if s.start < end and s.end > start] \
+            if self.vision is not None else []
+        if not spans:
+            return None
+        dim = self.media_rows[spans[0][0]].shape[1]
+        rows, mask = np.zeros((end - start, dim), np.float32), np.zeros(end - start, np.float32)
+        for i, s in spans:
+            a, b = max(s.start, start), min(s.end, end)
+            rows[a - start:b - start] = self.media_rows[i][a - s.start:b - s.start]
+            mask[a - start:b - start] = 1.0
+        return rows, mask
+
+    def chunk_positions(self, start: int, end: int) -> np.ndarray | None:
+        """M-RoPE positions [3, t] of prompt tokens [start, end); None without media (plain positions)."""
+        return self.vision.positions[:, start:end] if self.vision is not None else None
+
+    def drop_media(self) -> None:
+        """The prompt is in the cache: its patches and vision rows are not needed any more."""
+        self.media = []
+        self.media_rows.clear()
 
     @property
     def length(self) -> int:

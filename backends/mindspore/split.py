@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from backends.mindspore.kv_cache import block_table, token_slots
-from backends.mindspore.runner import DecodeRow, ModelRunner, PrefillChunk, RowOutput, write_rows
+from backends.mindspore.runner import DecodeRow, ModelRunner, PrefillChunk, RowOutput, media_inputs, write_rows
 from backends.mindspore.scheduler import PREFILL_FIRST, StepPlan
 from backends.settings import EngineConfig
 
@@ -70,8 +70,9 @@ class SplitRunner(ModelRunner):
             lora_rows[i, :t] = c.lora
             last_rows[i] += t - 1
         table = block_table([c.blocks for c in chunks] + [[]] * (batch - n), window // self.shapes.block_size)
+        media = media_inputs(chunks, [(i, 0) for i in range(n)], pos, self.spec.hidden_size) if self.vl else None
         logits, hidden = self._call(("prefill", batch, size, window), ids, pos, slots.reshape(-1), table, last_rows,
-                                    lora_rows=lora_rows.reshape(-1))
+                                    lora_rows=lora_rows.reshape(-1), media=media)
         return logits[:n], [hidden[i * size: i * size + len(c.ids)] for i, c in enumerate(chunks)]
 
     def _decode(self, rows: list[DecodeRow]) -> np.ndarray:
@@ -85,8 +86,12 @@ class SplitRunner(ModelRunner):
             ids[i, 0], pos[i, 0], lora_rows[i] = row.token, row.position, row.lora
             slots[i] = token_slots(row.blocks, pos[i], self.shapes.block_size)[0]
         table = block_table([r.blocks for r in rows] + [[]] * (batch - n), window // self.shapes.block_size)
+        media = None
+        if self.vl:
+            chunks = [PrefillChunk([r.token], r.position, r.blocks, delta=r.delta) for r in rows]
+            media = media_inputs(chunks, [(i, 0) for i in range(n)], pos, self.spec.hidden_size)
         logits, _ = self._call(("decode", batch, window), ids, pos, slots, table, np.arange(batch, dtype=np.int32),
-                               lora_rows=lora_rows)
+                               lora_rows=lora_rows, media=media)
         return logits[:n]
 
     def warmup_plan(self) -> list[tuple]:

@@ -238,3 +238,27 @@ def _processor_spec(yaml_path: Path, proc: _Section, pre: dict, vision: VisionSp
     if spec.video_fps <= 0:
         raise ConfigError(yaml_path, "processor.video.fps", f"must be > 0, got {spec.video_fps}")
     return spec
+
+
+VISION_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)  # patches per vision-tower call
+
+
+def vision_buckets(spec: VLSpec) -> tuple[int, ...]:
+    """The patch buckets the engine compiles: those up to the first holding the largest image (max_pixels)."""
+    merge2 = spec.vision.merge_size ** 2
+    largest = spec.processor.max_pixels // spec.processor.patch_size ** 2
+    usable = [b for b in VISION_BUCKETS if b % merge2 == 0]
+    top = next((b for b in usable if b >= largest), usable[-1])
+    return tuple(b for b in usable if b <= top)
+
+
+def activation_bytes(spec: VLSpec) -> int:
+    """float32 bytes the tower's largest call holds at once (an estimate for the memory budget): the full
+    attention's scores per head over the largest bucket, the window layout's scores, and a few [N, width]
+    and [N, mlp] buffers."""
+    v = spec.vision
+    n = vision_buckets(spec)[-1]
+    full = v.num_heads * n * n
+    windows = v.num_heads * (n // v.merge_size ** 2) * (v.window_units * v.merge_size) ** 4 if v.window_size else 0
+    rows = n * (8 * v.width + 2 * v.mlp_hidden + v.patch_dim)
+    return 4 * (2 * max(full, windows) + rows)

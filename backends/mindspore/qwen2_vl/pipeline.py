@@ -63,7 +63,7 @@ class VLSequence:
     prefilled: int = 0
 
 
-def _processor_chat_template(model_dir: Path) -> str:
+def processor_chat_template(model_dir: Path) -> str:
     """The released checkpoints' chat_template.json (the processor's template), when the tokenizer has none."""
     path = model_dir / "chat_template.json"
     try:
@@ -92,7 +92,7 @@ class Qwen2VL:
         self.device = set_device(spec.text, threads)  # the yaml's context (mode, device_target)
         weights = load_vl_weights(spec)
         self.tokenizer = Tokenizer.from_model_dir(spec.text.model_dir, spec.text.tokenizer)
-        self.chat_template = self.tokenizer.chat_template or _processor_chat_template(spec.text.model_dir)
+        self.chat_template = self.tokenizer.chat_template or processor_chat_template(spec.text.model_dir)
         self.block_size, self.num_slots = block_size, num_blocks * block_size
         self.prefill_chunk, self.window = prefill_chunk, window
         merge2 = spec.vision.merge_size ** 2

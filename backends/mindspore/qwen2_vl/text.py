@@ -16,6 +16,7 @@ paged attention kernel is causal over ``pos``, the cache index, while cos/sin ca
 """
 from __future__ import annotations
 
+import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn, ops
 
@@ -31,6 +32,7 @@ class Qwen2VLText(nn.Cell):
         t = spec.text
         self.dim = t.hidden_size
         self.aot, self.fused = aot, aot is not None
+        self.dtype, self.low_precision = ms.float32, False  # float32 throughout (what ``LMHead`` reads)
         self.embed = _param(w["model.embed_tokens.weight"], "embed")
         head = w["model.embed_tokens.weight"] if t.tie_word_embeddings else w["lm_head.weight"]
         self.head = _weight(head.T, "lm_head", self.fused)

@@ -2,6 +2,7 @@
 [H, W, 3] uint8 RGB, and the rate they represent (frames kept per second of video)."""
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,41 +20,53 @@ class SampledVideo:
     sample_fps: float  # frames kept per second of video
 
 
-def read_video(path: str | Path, spec: ProcessorSpec) -> SampledVideo:
-    """The sampled frames of the video at ``path``; an unreadable file is a MediaError naming it."""
+def _open(source: str | Path | bytes):
+    """A PyAV container on a file path or on a file's bytes (read from memory)."""
+    import av
+
+    return av.open(io.BytesIO(source) if isinstance(source, bytes) else str(source))
+
+
+def _name(source: str | Path | bytes) -> str:
+    return "the video" if isinstance(source, bytes) else Path(source).name
+
+
+def read_video(path: str | Path | bytes, spec: ProcessorSpec) -> SampledVideo:
+    """The sampled frames of the video at ``path`` (or of a video file's bytes); an unreadable file is a
+    MediaError naming it."""
     import av
 
     total, rate = _probe(path)
     indices = sample_frame_indices(total, rate, spec)
     wanted, frames = set(indices), []
     try:
-        with av.open(str(path)) as container:
+        with _open(path) as container:
             for i, frame in enumerate(container.decode(container.streams.video[0])):
                 if i in wanted:
                     frames.append(frame.to_ndarray(format="rgb24"))
                 if i >= indices[-1]:
                     break
     except av.error.FFmpegError as exc:
-        raise MediaError(f"{Path(path).name}: cannot decode the video: {exc}") from None
+        raise MediaError(f"{_name(path)}: cannot decode the video: {exc}") from None
     if len(frames) != len(indices):
-        raise MediaError(f"{Path(path).name}: decoded {len(frames)} of the {len(indices)} sampled frames")
+        raise MediaError(f"{_name(path)}: decoded {len(frames)} of the {len(indices)} sampled frames")
     return SampledVideo(np.stack(frames), tuple(indices), rate, len(indices) / total * rate)
 
 
-def _probe(path: str | Path) -> tuple[int, float]:
+def _probe(path: str | Path | bytes) -> tuple[int, float]:
     """(frame count, frames per second) of the first video stream; counted by demuxing if the header
     does not say."""
     import av
 
     try:
-        with av.open(str(path)) as container:
+        with _open(path) as container:
             if not container.streams.video:
-                raise MediaError(f"{Path(path).name}: no video stream")
+                raise MediaError(f"{_name(path)}: no video stream")
             stream = container.streams.video[0]
             rate = float(stream.average_rate or stream.guessed_rate or 0)
             total = stream.frames or sum(1 for packet in container.demux(stream) if packet.size)
     except av.error.FFmpegError as exc:
-        raise MediaError(f"{Path(path).name}: not a readable video: {exc}") from None
+        raise MediaError(f"{_name(path)}: not a readable video: {exc}") from None
     if rate <= 0:
-        raise MediaError(f"{Path(path).name}: the video has no frame rate")
+        raise MediaError(f"{_name(path)}: the video has no frame rate")
     return int(total), rate
