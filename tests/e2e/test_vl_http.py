@@ -1,0 +1,158 @@
+"""A Qwen2-VL model served on a real socket (the tiny random checkpoint, tests/support/make_tiny_qwen2_vl.py):
+POST / with media parts (a local file under the media root, a data: URL, a whitelisted URL served by the test
+HTTP server on 127.0.0.1 with the test-only loopback allowance) returns HF transformers' golden greedy ids;
+text-only requests still work, an audio part is a 422, /info lists the accepted part types, and no request is
+left holding a slot.
+"""
+from __future__ import annotations
+
+import base64
+import shutil
+from pathlib import Path
+
+import pytest
+import requests
+
+from service.media.loader import MediaLoader
+from service.media.policy import MediaPolicy
+from tests.support.http import TIMEOUT, error_json, ok_json, post, until
+from tests.support.make_tiny_qwen2_vl import make_tiny_qwen2_vl
+from tests.support.media import MappedResolver, MediaSite, media_app
+from tests.support.vl_requests import golden, golden_request, write_golden_clip
+
+pytestmark = pytest.mark.slow
+ARCH = "qwen2_vl"
+GREEDY = {"max_new_tokens": 16, "do_sample": False, "details": True}
+
+
+@pytest.fixture(scope="module")
+def media_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("vl_media")
+    write_golden_clip(root / "clip.mp4")
+    return root
+
+
+@pytest.fixture(scope="module")
+def vl_engine(tmp_path_factory):
+    from backends.mindspore.engine import Engine
+    from backends.settings import EngineConfig
+
+    model_dir = make_tiny_qwen2_vl(tmp_path_factory.mktemp("tiny_vl_http") / ARCH, arch=ARCH)
+    config = EngineConfig(max_seq_len=256, max_input_tokens=200, max_batch_size=4, max_iter_times=64, block_size=16,
+                          prefill_chunk=32, window_buckets=(256,), batch_buckets=(1, 4), threads=2)
+    with Engine(model_dir, config) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def site_port(live_servers) -> tuple[MediaSite, int]:
+    """The test media HTTP server on 127.0.0.1 (its /ok.png serves ``site.image``)."""
+    import asyncio
+
+    import tornado.netutil
+    from tornado.httpserver import HTTPServer
+
+    site = MediaSite()
+
+    async def bind() -> int:
+        sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
+        server = HTTPServer(media_app(site))
+        server.add_sockets(sockets)
+        live_servers.servers.append(server)
+        return sockets[0].getsockname()[1]
+
+    return site, asyncio.run_coroutine_threadsafe(bind(), live_servers.loop).result(30)
+
+
+@pytest.fixture(scope="module")
+def url(live_servers, vl_engine, media_root):
+    policy = MediaPolicy(root=media_root, domains=frozenset({"media.test"}),
+                         resolver=MappedResolver(table={"media.test": ["127.0.0.1"]}), allow_loopback_for_tests=True)
+    return live_servers.start(vl_engine, media=MediaLoader(policy))
+
+
+@pytest.fixture(autouse=True)
+def leaves_no_slot(request):
+    """After each case the server is healthy and no request holds a slot."""
+    yield
+    if "url" not in request.fixturenames:
+        return
+    url = request.getfixturevalue("url")
+    assert requests.get(url + "/health", timeout=TIMEOUT).status_code == 200
+
+    def idle() -> bool:
+        return requests.get(url + "/info", timeout=TIMEOUT).json()["mindserve"]["http"]["slots_in_use"] == 0
+    assert until(idle, 10, poll=0.05)
+
+
+def inputs(name: str, urls: list[str], clip: Path) -> list[dict]:
+    """The golden prompt ``name`` as TGI parts, its media given by ``urls`` in order."""
+    req = golden_request(ARCH, name, clip)
+    parts, at = [], 0
+    for (kind, position, _), link in zip(req.parts, urls):
+        if position > at:
+            parts.append({"type": "text", "text": req.text[at:position]})
+        parts.append({"type": f"{kind}_url", f"{kind}_url": {"url": link}})
+        at = position
+    return [*parts, {"type": "text", "text": req.text[at:]}]
+
+
+def generated_ids(url: str, parts: list[dict]) -> list[int]:
+    body = ok_json(post(url, {"inputs": parts, "parameters": GREEDY}))
+    return [t["id"] for t in body["details"]["tokens"]]
+
+
+def _image_files(name: str, media_root: Path) -> list[Path]:
+    """The golden images of ``name``, copied under the media root."""
+    req = golden_request(ARCH, name, media_root / "clip.mp4")
+    out = []
+    for kind, _, path in req.parts:
+        target = media_root / path.name
+        if kind == "image" and not target.exists():
+            shutil.copy(path, target)
+        out.append(target)
+    return out
+
+
+@pytest.mark.parametrize("name", ["one_image", "two_images", "video"])
+def test_local_files_under_the_media_root_give_the_golden_ids(url, media_root, name):
+    links = [str(p) for p in _image_files(name, media_root)]
+    assert generated_ids(url, inputs(name, links, media_root / "clip.mp4")) == golden(ARCH)["prompts"][name]["greedy_ids"]
+
+
+def test_data_url_gives_the_golden_ids(url, media_root):
+    (path,) = _image_files("one_image", media_root)
+    link = "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
+    assert generated_ids(url, inputs("one_image", [link], path)) == golden(ARCH)["prompts"]["one_image"]["greedy_ids"]
+
+
+def test_whitelisted_url_gives_the_golden_ids(url, media_root, site_port):
+    site, port = site_port
+    (path,) = _image_files("one_image", media_root)
+    site.image = path.read_bytes()
+    link = f"http://media.test:{port}/ok.png"
+    assert generated_ids(url, inputs("one_image", [link], path)) == golden(ARCH)["prompts"]["one_image"]["greedy_ids"]
+
+
+def test_text_only_requests_still_work(url):
+    body = ok_json(post(url, {"inputs": "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n",
+                              "parameters": {"max_new_tokens": 5, "do_sample": False, "details": True}}))
+    assert body["details"]["generated_tokens"] == 5
+
+
+def test_audio_part_is_a_422_naming_the_type(url):
+    reply = post(url, {"inputs": [{"type": "text", "text": "Listen "},
+                                  {"type": "audio_url", "audio_url": {"url": "/nowhere/a.wav"}}]})
+    message = error_json(reply, 422, "Input Validation Error")
+    assert "audio_url" in message and "image_url" in message
+
+
+def test_info_lists_the_accepted_part_types(url):
+    info = requests.get(url + "/info", timeout=TIMEOUT).json()
+    assert info["mindserve"]["accepted_part_types"] == ["text", "image_url", "video_url"]
+
+
+def test_a_media_error_the_ingress_lets_through_is_a_422(url, media_root):
+    """A literal placeholder token in the text with no image for it: the engine's 422, the server healthy."""
+    reply = post(url, {"inputs": "look <|vision_start|><|image_pad|><|vision_end|>", "parameters": GREEDY})
+    assert "more image placeholders than images" in error_json(reply, 422, "Input Validation Error")
