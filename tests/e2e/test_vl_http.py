@@ -156,3 +156,36 @@ def test_a_media_error_the_ingress_lets_through_is_a_422(url, media_root):
     """A literal placeholder token in the text with no image for it: the engine's 422, the server healthy."""
     reply = post(url, {"inputs": "look <|vision_start|><|image_pad|><|vision_end|>", "parameters": GREEDY})
     assert "more image placeholders than images" in error_json(reply, 422, "Input Validation Error")
+
+
+def test_mindserve_serve_a_qwen2_vl_model_directory(tmp_path, media_root):
+    """``mindserve serve --config`` on the tiny checkpoint's directory (its predict yaml): an image as a
+    data: URL gives the golden ids; SIGTERM exits 0."""
+    import signal
+
+    import yaml
+
+    from tests.support.cli import server_config
+    from tests.support.served import Served
+
+    model_dir = make_tiny_qwen2_vl(tmp_path / ARCH, arch=ARCH)
+    config = server_config(model_dir, mediaRoot=str(media_root))
+    deploy = config["BackendConfig"]["ModelDeployConfig"]
+    deploy.update({"maxSeqLen": 256, "maxInputTokenLen": 200})
+    config["BackendConfig"]["ScheduleConfig"]["windowBuckets"] = [256]
+    path = tmp_path / "server.yaml"
+    path.write_text(yaml.safe_dump(config))
+    served = Served(path)
+    try:
+        url = served.wait_url()
+        assert "vision warm-up done" in served.text()
+        (image,) = _image_files("one_image", media_root)
+        link = "data:image/png;base64," + base64.b64encode(image.read_bytes()).decode()
+        want = golden(ARCH)["prompts"]["one_image"]["greedy_ids"]
+        assert generated_ids(url, inputs("one_image", [link], image)) == want
+        info = requests.get(url + "/info", timeout=TIMEOUT).json()
+        assert info["mindserve"]["accepted_part_types"] == ["text", "image_url", "video_url"]
+        served.proc.send_signal(signal.SIGTERM)
+        assert served.proc.wait(60) == 0
+    finally:
+        served.stop()
