@@ -95,6 +95,24 @@ def test_media_inputs_lay_out_rows_positions_and_deltas():
     assert mpos[:, 0, 3].tolist() == [33, 33, 33] and mpos[:, 0, 4:].tolist() == [[0, 0]] * 3
 
 
+def test_vision_buckets_and_the_memory_budget(model_dirs):
+    """The released yamls compile buckets up to their largest image exactly (5120 patches, no 8192); a
+    vision-language model's footprint has the tower's activations, a text model's none."""
+    from backends.mindspore.config import load_model_spec
+    from backends.mindspore.memory import Footprint, _vision_activations
+    from backends.mindspore.qwen2_vl.config import activation_bytes, load_vl_spec, vision_buckets
+    from tests.support.paths import REPO
+
+    released = load_vl_spec(REPO / "configs" / "models" / "predict_qwen2_vl_7b_instruct.yaml")
+    assert vision_buckets(released) == (64, 128, 256, 512, 1024, 2048, 4096, 5120)
+    # Qwen2-VL 7B at 5120 patches: 16 heads x 5120^2 float32 scores, twice (scores and probabilities)
+    assert activation_bytes(released) >= 2 * 16 * 5120 ** 2 * 4
+    tiny = load_vl_spec(model_dirs["qwen2_vl"])
+    assert vision_buckets(tiny) == (64, 128, 256)  # max_pixels 56*56*16: 256 patches
+    assert Footprint.of(load_model_spec(model_dirs["qwen2_vl"])).activation_bytes == activation_bytes(tiny) > 0
+    assert _vision_activations(load_model_spec(REPO / "configs" / "models" / "predict_llama2_7b.yaml")) == 0
+
+
 def test_golden_requests_rebuild_the_golden_prompts(model_dirs, clip):
     """The engine's prompt construction (text + parts at positions) gives the golden ids and positions."""
     from backends.mindspore.qwen2_vl.config import load_vl_spec

@@ -244,12 +244,12 @@ VISION_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)  # patches per visi
 
 
 def vision_buckets(spec: VLSpec) -> tuple[int, ...]:
-    """The patch buckets the engine compiles: those up to the first holding the largest image (max_pixels)."""
+    """The patch buckets the engine compiles: the powers of two of ``VISION_BUCKETS`` below the largest image
+    (``max_pixels``), then that image's own patch count (rounded up to whole merge groups), so the largest
+    call pads nothing (Qwen2-VL 7B's 1003520 pixels: 5120 patches, not 8192)."""
     merge2 = spec.vision.merge_size ** 2
-    largest = spec.processor.max_pixels // spec.processor.patch_size ** 2
-    usable = [b for b in VISION_BUCKETS if b % merge2 == 0]
-    top = next((b for b in usable if b >= largest), usable[-1])
-    return tuple(b for b in usable if b <= top)
+    largest = -(-(spec.processor.max_pixels // spec.processor.patch_size ** 2) // merge2) * merge2
+    return (*(b for b in VISION_BUCKETS if b < largest and b % merge2 == 0), largest)
 
 
 def activation_bytes(spec: VLSpec) -> int:
