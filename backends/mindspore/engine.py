@@ -190,12 +190,7 @@ class Engine:
         """A vision-language model's prompt: the media preprocessed, the vision tokens expanded, then cut to
         the limits (never through an image); (None, []) for a prompt without media."""
         try:
-            prompt, items = build_prompt(text, media, self.vl, self.tokenizer.encode)
-            for i, item in enumerate(items):
-                if len(item.pixel_values) > self.vision.max_patches:
-                    raise MediaError(f"inputs media part {i}: the {item.kind} has {len(item.pixel_values)} patches, "
-                                     f"more than the largest vision bucket {self.vision.max_patches} (lower "
-                                     f"processor max_pixels, or the video's fps / frames)")
+            prompt, items = build_prompt(text, media, self.vl, self.tokenizer.encode, self.vision.max_patches)
             start, end = self._kept(len(prompt.ids), truncate)
             if (start, end) != (0, len(prompt.ids)):
                 prompt, items = truncate_prompt(prompt, items, start, end, self.vl)

@@ -113,6 +113,40 @@ def test_vision_buckets_and_the_memory_budget(model_dirs):
     assert _vision_activations(load_model_spec(REPO / "configs" / "models" / "predict_llama2_7b.yaml")) == 0
 
 
+def test_videos_are_bounded_before_their_frames_are_decoded(model_dirs, tmp_path):
+    """A video whose sampled frames exceed the largest vision bucket is refused from its header; frames fitted
+    while decoding give the same patches as full-size frames resized by the preprocessing."""
+    from backends.mindspore.qwen2_vl.config import load_vl_spec
+    from backends.mindspore.qwen2_vl.preprocess import MediaError, preprocess_video
+    from backends.mindspore.qwen2_vl.request import build_prompt
+    from backends.mindspore.qwen2_vl.video import read_video
+    from backends.mindspore.tokenizer import Tokenizer
+    from tests.support.vlm_media import video_frames, write_mp4
+
+    spec = load_vl_spec(model_dirs["qwen2_vl"])
+    tokenizer = Tokenizer.from_model_dir(model_dirs["qwen2_vl"], spec.text.tokenizer)
+    long_clip = write_mp4(tmp_path / "long.mp4", np.concatenate([video_frames()] * 4), 4)  # 8 s: 16 frames kept
+    part = MediaInput("video", long_clip.read_bytes(), "video/mp4", "long.mp4", 0)
+    with pytest.raises(MediaError, match="16 sampled frames of 112x84 make 384 vision patches, more than the "
+                                         "largest vision bucket 256"):
+        build_prompt("watch", [part], spec, tokenizer.encode, max_patches=256)
+    odd = write_mp4(tmp_path / "odd.mp4", video_frames()[:, :70, :100], 4)  # 100x70: resized to 112x56
+    full, fitted = read_video(odd, spec.processor), read_video(odd.read_bytes(), spec.processor, fit=True)
+    assert full.frames.shape[1:3] == (70, 100) and fitted.frames.shape[1:3] == (56, 112)
+    np.testing.assert_array_equal(preprocess_video(full.frames, spec.processor, fps=full.sample_fps).pixel_values,
+                                  preprocess_video(fitted.frames, spec.processor, fps=fitted.sample_fps).pixel_values)
+
+
+def test_frame_pixels_are_bounded():
+    from backends.mindspore.qwen2_vl.preprocess import MediaError
+    from backends.mindspore.qwen2_vl.video import MAX_FRAME_PIXELS, _check_pixels
+
+    _check_pixels("ok.mp4", 7680, 4320)
+    with pytest.raises(MediaError, match=f"big.mp4: frames of 7681x4320 = 33181920 pixels; a video frame may have "
+                                         f"at most {MAX_FRAME_PIXELS}"):
+        _check_pixels("big.mp4", 7681, 4320)
+
+
 def test_golden_requests_rebuild_the_golden_prompts(model_dirs, clip):
     """The engine's prompt construction (text + parts at positions) gives the golden ids and positions."""
     from backends.mindspore.qwen2_vl.config import load_vl_spec

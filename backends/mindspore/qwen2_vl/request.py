@@ -64,15 +64,16 @@ def _label(i: int, part: MediaInput) -> str:
     return f"inputs media part {i} ({part.kind} from {part.source})"
 
 
-def preprocess_part(i: int, part: MediaInput, spec: VLSpec) -> Patches:
-    """One part's patches (Pillow / PyAV on the bytes); MediaError naming the part."""
+def preprocess_part(i: int, part: MediaInput, spec: VLSpec, max_patches: int | None = None) -> Patches:
+    """One part's patches (Pillow / PyAV on the bytes; a video of more than ``max_patches`` patches refused
+    before its frames are decoded); MediaError naming the part."""
     try:
         if part.kind == "image":
             with Image.open(io.BytesIO(part.data)) as image:
                 image.load()
                 return preprocess_image(image, spec.processor)
         if part.kind == "video":
-            clip = read_video(part.data, spec.processor)
+            clip = read_video(part.data, spec.processor, max_patches=max_patches, fit=True)
             return preprocess_video(clip.frames, spec.processor, fps=clip.sample_fps)
     except MediaError as exc:
         raise MediaError(f"{_label(i, part)}: {exc}") from None
@@ -105,10 +106,15 @@ def media_digest(part: MediaInput) -> bytes:
 
 
 def build_prompt(text: str, media: Sequence[MediaInput], spec: VLSpec, encode: Callable[[str], list[int]],
-                 ) -> tuple[VisionPrompt, list[Patches]]:
-    """Text + media parts -> the expanded prompt and each item's patches (in prompt order)."""
+                 max_patches: int | None = None) -> tuple[VisionPrompt, list[Patches]]:
+    """Text + media parts -> the expanded prompt and each item's patches (in prompt order); an item of more
+    than ``max_patches`` patches is a MediaError."""
     ordered = sorted(media, key=lambda m: m.position)
-    items = [preprocess_part(i, part, spec) for i, part in enumerate(ordered)]
+    items = [preprocess_part(i, part, spec, max_patches) for i, part in enumerate(ordered)]
+    for i, item in enumerate(items):
+        if max_patches is not None and len(item.pixel_values) > max_patches:
+            raise MediaError(f"{_label(i, ordered[i])}: the {item.kind} has {len(item.pixel_values)} patches, more "
+                             f"than the largest vision bucket {max_patches} (lower processor max_pixels)")
     ids = encode(insert_vision_tokens(text, ordered))
     return vision_prompt(ids, items, [media_digest(p) for p in ordered], spec), items
 
