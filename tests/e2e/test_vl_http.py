@@ -117,7 +117,8 @@ def _image_files(name: str, media_root: Path) -> list[Path]:
 @pytest.mark.parametrize("name", ["one_image", "two_images", "video"])
 def test_local_files_under_the_media_root_give_the_golden_ids(url, media_root, name):
     links = [str(p) for p in _image_files(name, media_root)]
-    assert generated_ids(url, inputs(name, links, media_root / "clip.mp4")) == golden(ARCH)["prompts"][name]["greedy_ids"]
+    want = golden(ARCH)["prompts"][name]["greedy_ids"]
+    assert generated_ids(url, inputs(name, links, media_root / "clip.mp4")) == want
 
 
 def test_data_url_gives_the_golden_ids(url, media_root):

@@ -77,8 +77,8 @@ def preprocess_part(i: int, part: MediaInput, spec: VLSpec, max_patches: int | N
             return preprocess_video(clip.frames, spec.processor, fps=clip.sample_fps)
     except MediaError as exc:
         raise MediaError(f"{_label(i, part)}: {exc}") from None
-    except (OSError, ValueError, Image.DecompressionBombError) as exc:
-        raise MediaError(f"{_label(i, part)}: cannot be read as an {part.kind}: {exc}") from None
+    except Exception as exc:  # Pillow and PyAV raise what they like on hostile bytes: never past this point
+        raise MediaError(f"{_label(i, part)}: cannot be read as an {part.kind}: {type(exc).__name__}: {exc}") from None
     raise MediaError(f"{_label(i, part)}: this model takes image and video parts, not {part.kind}")
 
 
