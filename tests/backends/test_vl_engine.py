@@ -181,6 +181,33 @@ def test_engine_gives_the_golden_greedy_ids(arch, name, engines, clip):
     assert _ids(result) == golden(arch)["prompts"][name]["greedy_ids"]
 
 
+def _log_softmax(logits) -> np.ndarray:
+    x = np.asarray(logits, np.float64)
+    x = x - x.max()
+    return x - np.log(np.exp(x).sum())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", PROMPTS)
+def test_engine_logprobs_equal_the_golden_logits(arch, name, engines, clip):
+    """decoder_input_details: each prompt token's logprob at the golden's prompt positions, and each step's
+    token logprob, from HF's logits (log-softmax, float64) within 1e-4."""
+    engine, want = engines[0][arch], golden(arch)["prompts"][name]
+    req = golden_request(arch, name, clip)
+    params = RequestParams(max_new_tokens=16, do_sample=False, decoder_input_details=True)
+    result = engine.submit(req.text, params, media=req.media()).result(timeout=120)
+    ids, length = want["input_ids"], len(want["input_ids"])
+    assert [t.id for t in result.prefill] == ids and _ids(result) == want["greedy_ids"]
+    for p, logits in zip(want["prompt_logits"]["positions"], want["prompt_logits"]["values"]):
+        expected = _log_softmax(logits)[ids[p + 1] if p + 1 < length else want["greedy_ids"][0]]
+        got = result.prefill[p + 1].logprob if p + 1 < length else result.tokens[0].logprob
+        assert abs(got - expected) < 1e-4, (p, got, expected)
+    for step, logits in zip(want["step_logits"]["steps"], want["step_logits"]["values"]):
+        expected = _log_softmax(logits)[want["greedy_ids"][step]]
+        assert abs(result.tokens[step].logprob - expected) < 1e-4, (step, result.tokens[step].logprob, expected)
+
+
 @pytest.mark.slow
 def test_image_request_batched_with_text_requests_as_alone(engines, clip):
     engine = engines[0]["qwen2_5_vl"]
