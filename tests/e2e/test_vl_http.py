@@ -15,7 +15,7 @@ import requests
 
 from service.media.loader import MediaLoader
 from service.media.policy import MediaPolicy
-from tests.support.http import TIMEOUT, error_json, ok_json, post, until
+from tests.support.http import TIMEOUT, error_json, ok_json, post, stream_events, until
 from tests.support.make_tiny_qwen2_vl import make_tiny_qwen2_vl
 from tests.support.media import MappedResolver, MediaSite, media_app
 from tests.support.vl_requests import golden, golden_request, write_golden_clip
@@ -135,6 +135,15 @@ def test_whitelisted_url_gives_the_golden_ids(url, media_root, site_port):
     assert generated_ids(url, inputs("one_image", [link], path)) == golden(ARCH)["prompts"]["one_image"]["greedy_ids"]
 
 
+def test_generate_stream_streams_the_golden_ids(url, media_root):
+    links = [str(p) for p in _image_files("two_images", media_root)]
+    reply = post(url, {"inputs": inputs("two_images", links, media_root / "clip.mp4"), "parameters": GREEDY},
+                 path="/generate_stream", stream=True)
+    ids = [event["token"]["id"] for event in stream_events(reply)]
+    ids = [i[0] if isinstance(i, list) else i for i in ids]  # tokenIdFormat list (the default): [id]
+    assert ids == golden(ARCH)["prompts"]["two_images"]["greedy_ids"]
+
+
 def test_text_only_requests_still_work(url):
     body = ok_json(post(url, {"inputs": "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n",
                               "parameters": {"max_new_tokens": 5, "do_sample": False, "details": True}}))
@@ -157,6 +166,25 @@ def test_a_media_error_the_ingress_lets_through_is_a_422(url, media_root):
     """A literal placeholder token in the text with no image for it: the engine's 422, the server healthy."""
     reply = post(url, {"inputs": "look <|vision_start|><|image_pad|><|vision_end|>", "parameters": GREEDY})
     assert "more image placeholders than images" in error_json(reply, 422, "Input Validation Error")
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_the_readme_vision_example_answers_what_it_says(url):
+    """README's "Vision-language models" curl, run from the repository root against this server."""
+    import json
+    import os
+    import re
+    import subprocess
+
+    from tests.support.paths import REPO
+
+    section = re.search(r"^## Vision-language models\n(.*?)(?=^## )", (REPO / "README.md").read_text(encoding="utf-8"),
+                        re.S | re.M).group(1)
+    (script,) = re.findall(r"```bash\n(.*?)```", section, re.S)
+    done = subprocess.run(["bash", "-e", "-c", script], env={**os.environ, "URL": url}, cwd=REPO,
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    claimed = json.loads(re.search(r"answers `(\[.*?\])`", section, re.S).group(1))
+    assert json.loads(done.stdout) == claimed
 
 
 def test_mindserve_serve_a_qwen2_vl_model_directory(tmp_path, media_root):
