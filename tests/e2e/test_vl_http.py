@@ -218,3 +218,16 @@ def test_mindserve_serve_a_qwen2_vl_model_directory(tmp_path, media_root):
         assert served.proc.wait(60) == 0
     finally:
         served.stop()
+
+
+def test_openai_chat_with_text_parts_works(url, vl_engine):
+    """/v1/chat/completions (text parts only: the OpenAI routes take no media) renders the model's Qwen2-VL chat
+    template (its default system turn) and generates."""
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Hello"}]}]
+    reply = requests.post(url + "/v1/chat/completions", json={"model": vl_engine.model_name, "messages": messages,
+                                                              "max_tokens": 4, "temperature": 0}, timeout=TIMEOUT)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["completion_tokens"] == 4
+    prompt = vl_engine.apply_chat_template([{"role": "user", "content": "Hello"}])
+    assert prompt.startswith("<|im_start|>system\n") and prompt.endswith("<|im_start|>assistant\n")
+    assert reply.json()["usage"]["prompt_tokens"] == vl_engine.count_tokens(prompt)
