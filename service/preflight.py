@@ -76,7 +76,13 @@ def check_adapters(cfg: ServerConfig, spec) -> list:
     an error naming its entry (the reference server warns and skips it; we refuse)."""
     from backends.lora import AdapterError, BaseDims, load_adapter
 
+    from backends.mindspore.config import VL_ARCHS
+
     lora, dims, adapters = cfg.engine.lora, BaseDims.of(spec), []
+    if lora.enabled and spec.arch in VL_ARCHS:
+        raise ConfigFileError(f"{cfg.path}: BackendConfig.ModelDeployConfig.LoraModules: LoRA adapters are not "
+                              f"supported for a vision-language model ({spec.arch}); remove LoraModules and "
+                              "allowRuntimeLoraUpdating")
     for i, module in enumerate(lora.modules):
         try:
             adapters.append(load_adapter(module.name, module.path, dims, lora.max_rank or None))

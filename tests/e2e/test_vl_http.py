@@ -231,3 +231,19 @@ def test_openai_chat_with_text_parts_works(url, vl_engine):
     prompt = vl_engine.apply_chat_template([{"role": "user", "content": "Hello"}])
     assert prompt.startswith("<|im_start|>system\n") and prompt.endswith("<|im_start|>assistant\n")
     assert reply.json()["usage"]["prompt_tokens"] == vl_engine.count_tokens(prompt)
+
+
+def test_lora_on_a_qwen2_vl_model_is_refused_before_start_up(tmp_path):
+    import yaml
+
+    from tests.support.cli import run_cli, server_config
+
+    model_dir = make_tiny_qwen2_vl(tmp_path / ARCH, arch=ARCH)
+    config = server_config(model_dir)
+    config["BackendConfig"]["ModelDeployConfig"].update(allowRuntimeLoraUpdating=True, loraRoot=str(tmp_path))
+    path = tmp_path / "lora.yaml"
+    path.write_text(yaml.safe_dump(config))
+    out = run_cli("validate-config", str(path))
+    assert out.returncode == 2, out.stderr
+    assert ("LoraModules: LoRA adapters are not supported for a vision-language model "
+            "(Qwen2VLForConditionalGeneration)") in out.stderr and "Traceback" not in out.stderr
