@@ -128,10 +128,10 @@ class GenerationHandler(JsonBodyHandler):
                 loop.call_soon_threadsafe(events.put_nowait, (index, event))
             return listener
 
-        extra = {"media": media} if media else {}
-
         def submit_all() -> tuple[RequestHandle, ...]:
             prompt, handles = req.render_prompt(backend), []
+            prompt, placed = req.place_media(prompt, media)
+            extra = {"media": placed} if placed else {}
             try:
                 for i in range(req.choices):
                     handles.append(backend.submit(prompt, choice_params(req.params, i), listener_of(i), **extra))

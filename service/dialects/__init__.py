@@ -35,6 +35,9 @@ class GenerationRequest(Protocol):
     def render_prompt(self, backend: Backend) -> str:
         """The text to generate from (a chat request renders its messages here, off the event loop)."""
 
+    def place_media(self, prompt: str, media: tuple) -> tuple[str, tuple]:
+        """``prompt`` (from ``render_prompt``) and the loaded ``MediaInput``s with their final positions in it."""
+
 
 class StreamCodec(Protocol):
     """The SSE events of one stream, each an already framed ``data: ...`` string."""

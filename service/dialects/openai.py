@@ -28,11 +28,13 @@ import jsonschema.exceptions
 from backends.base import Backend
 from backends.errors import BackendError, InputRejected, ParameterRejected
 from backends.grammar import ANY_JSON_OBJECT
-from backends.types import FinishReason, GenerationResult, Grammar, RequestParams, Token, TokenEvent
+from backends.types import FinishReason, GenerationResult, Grammar, MediaInput, RequestParams, Token, TokenEvent
 from service import sse
 from service.context import AppContext
 from service.dialects import json_schema_grammar, stop_sequences
 from service.errors import NotFound, ServiceError, ValidationError, from_backend_error
+from service.media.kinds import BY_PART_TYPE
+from service.media.parts import MAX_MEDIA_PARTS, MediaRef, media_ref
 from service.validation import Schemas, describe, field_path, show
 
 Kind = Literal["completion", "chat"]
@@ -90,19 +92,34 @@ class OpenAIRequest:
     response_id: str = ""
     logprobs: bool = False  # choices[].logprobs in OpenAI's shape (the alternatives: params.top_logprobs)
     choices: int = 1  # n: sequences for the prompt (not with stream)
-    media: tuple = ()  # no media parts on these routes (service/media/)
+    media: tuple[MediaRef, ...] = ()  # chat: the image_url parts, in order (service/media/)
 
     def render_prompt(self, backend: Backend) -> str:
-        """The text to generate from: chat messages rendered with the model's chat template."""
+        """The text to generate from: chat messages rendered with the model's chat template (each image part
+        a ``MEDIA_MARK`` in its message's content until ``place_media``)."""
         return backend.apply_chat_template(self.messages) if self.kind == "chat" else self.prompt
+
+    def place_media(self, prompt: str, media: tuple[MediaInput, ...]) -> tuple[str, tuple[MediaInput, ...]]:
+        """The rendered prompt without its media marks, and each loaded part placed where its mark was."""
+        if not media:
+            return prompt, media
+        pieces = prompt.split(MEDIA_MARK)
+        if len(pieces) != len(media) + 1:
+            raise InputRejected(f"the chat template kept {len(pieces) - 1} of the {len(media)} image parts")
+        at, placed = 0, []
+        for piece, part in zip(pieces, media):
+            at += len(piece)
+            placed.append(replace(part, position=at))
+        return "".join(pieces), tuple(placed)
 
 
 # --- request ---------------------------------------------------------------------------------------
 
 def parse_openai_request(kind: Kind, body: Any, schemas: Schemas, model_name: str,
-                         adapters: Collection[str] = ()) -> OpenAIRequest:
+                         adapters: Collection[str] = (), media_types: Collection[str] = ()) -> OpenAIRequest:
     """Validate ``body`` and convert it; errors are ``InvalidRequest`` (400) or ``ModelNotFound`` (404).
-    ``model`` is the base model's name, or a LoRA adapter's (``adapters``), which the request then runs with."""
+    ``model`` is the base model's name, or a LoRA adapter's (``adapters``), which the request then runs with.
+    Chat image_url parts only if ``media_types`` (the part types the model takes beside text) has it."""
     error = jsonschema.exceptions.best_match(schemas.validator(SCHEMA[kind]).iter_errors(body))
     if error is not None:
         raise InvalidRequest(describe(error), _param_of(error))
@@ -120,7 +137,8 @@ def parse_openai_request(kind: Kind, body: Any, schemas: Schemas, model_name: st
     common = {"params": replace(_params(kind, body), top_logprobs=top, adapter_id=adapter), "stream": stream, "logprobs": logprobs, "choices": choices,
               "include_usage": bool(options and options.get("include_usage")), "response_id": new_response_id(kind)}
     if kind == "chat":
-        return OpenAIRequest(kind, "", messages=tuple(_message(m) for m in body["messages"]), **common)
+        messages, media = _messages(body["messages"], frozenset(media_types))
+        return OpenAIRequest(kind, "", messages=messages, media=media, **common)
     prompt = body["prompt"]
     return OpenAIRequest(kind, prompt if isinstance(prompt, str) else prompt[0],
                          echo=bool(body.get("echo")), **common)
@@ -183,10 +201,45 @@ def _max_tokens(kind: Kind, body: dict[str, Any]) -> int:
     return UNCAPPED_MAX_TOKENS if value is None else int(value)
 
 
-def _message(message: dict[str, Any]) -> dict[str, str]:
-    content = message["content"]
-    if not isinstance(content, str):
-        content = "".join(part["text"] for part in content)
+MEDIA_MARK = "\ue000"  # a private-use character: where an image part sits, until the chat template has rendered
+
+
+def _messages(messages: list[dict[str, Any]], media_types: frozenset[str]
+              ) -> tuple[tuple[dict[str, str], ...], tuple[MediaRef, ...]]:
+    """The messages for the chat template (text parts joined, an image part as ``MEDIA_MARK``) and the image
+    parts as media references naming ``messages[i].content[j]``."""
+    out, refs = [], []
+    for i, message in enumerate(messages):
+        content = message["content"]
+        if not isinstance(content, str):
+            content = "".join(_part(part, f"messages[{i}].content[{j}]", media_types, refs)
+                              for j, part in enumerate(content))
+        out.append(_message(message, content))
+    if refs:
+        for i, message in enumerate(out):
+            if message["content"].count(MEDIA_MARK) != sum(r.field.startswith(f"messages[{i}].") for r in refs):
+                raise InvalidRequest(f"messages[{i}].content has the character U+E000, which this server reserves "
+                                     "in a request with image parts", f"messages[{i}].content")
+    return tuple(out), tuple(refs)
+
+
+def _part(part: dict[str, Any], field: str, media_types: frozenset[str], refs: list[MediaRef]) -> str:
+    """A content part's text; an image part's reference appended to ``refs`` (its text: ``MEDIA_MARK``)."""
+    if part["type"] == "text":
+        return part["text"]
+    if part["type"] not in media_types:
+        accepted = ", ".join(["text", *sorted(media_types)])
+        raise InvalidRequest(f'{field} has type "{part["type"]}", which this model does not accept (accepted part '
+                             f"types: {accepted})", f"{field}.type")
+    if len(refs) == MAX_MEDIA_PARTS:
+        raise InvalidRequest(f"{field}: a request may have at most {MAX_MEDIA_PARTS} media parts; this is media "
+                             f"part {MAX_MEDIA_PARTS + 1}", field)
+    value = part["image_url"]
+    refs.append(media_ref(BY_PART_TYPE[part["type"]], value if isinstance(value, str) else value["url"], field))
+    return MEDIA_MARK
+
+
+def _message(message: dict[str, Any], content: str) -> dict[str, str]:
     out = {"role": ROLE_ALIASES.get(message["role"], message["role"]), "content": content}
     if message.get("name") is not None:
         out["name"] = message["name"]
@@ -376,7 +429,7 @@ class OpenAIDialect:
 
     def parse(self, body: Any, ctx: AppContext) -> OpenAIRequest:
         return parse_openai_request(self.kind, body, ctx.schemas, ctx.backend.model_name,
-                                    [a["name"] for a in ctx.backend.adapters()])
+                                    [a["name"] for a in ctx.backend.adapters()], ctx.accepted_part_types()[1:])
 
     def submit_error(self, error: BackendError, req: OpenAIRequest) -> ServiceError:
         if isinstance(error, ParameterRejected):

@@ -69,6 +69,10 @@ class ParsedRequest:
     def render_prompt(self, backend: Backend) -> str:
         return self.prompt_text
 
+    def place_media(self, prompt: str, media: tuple) -> tuple[str, tuple]:
+        """Each part already sits at its position among the text parts."""
+        return prompt, media
+
 
 def parse_generate_request(body: dict[str, Any], *, limits: RequestLimits = RequestLimits()) -> ParsedRequest:
     """Convert a body that passed ``generate_request.schema.json``; cross-field errors → ``ValidationError``."""

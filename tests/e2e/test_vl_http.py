@@ -247,3 +247,41 @@ def test_lora_on_a_qwen2_vl_model_is_refused_before_start_up(tmp_path):
     assert out.returncode == 2, out.stderr
     assert ("LoraModules: LoRA adapters are not supported for a vision-language model "
             "(Qwen2VLForConditionalGeneration)") in out.stderr and "Traceback" not in out.stderr
+
+
+def _chat(url: str, model: str, content: list[dict], **extra) -> requests.Response:
+    return requests.post(url + "/v1/chat/completions", json={"model": model, "temperature": 0, "max_tokens": 16,
+                                                              "messages": [{"role": "user", "content": content}],
+                                                              **extra}, timeout=TIMEOUT)
+
+
+def test_openai_chat_image_parts_give_the_golden_text(url, vl_engine, media_root):
+    """/v1/chat/completions with image_url parts (a data: URL, a local path) renders the chat template with each
+    image where its part was: the golden prompt, the golden greedy text."""
+    a, = _image_files("one_image", media_root)
+    b, c = _image_files("two_images", media_root)
+    data = "data:image/png;base64," + base64.b64encode(a.read_bytes()).decode()
+    cases = {"one_image": [{"type": "image_url", "image_url": {"url": data, "detail": "auto"}},
+                           {"type": "text", "text": "Describe the picture."}],
+             "two_images": [{"type": "image_url", "image_url": str(b)},
+                            {"type": "image_url", "image_url": {"url": str(c)}},
+                            {"type": "text", "text": "Compare the two images."}]}
+    for name, content in cases.items():
+        want = golden(ARCH)["prompts"][name]
+        reply = _chat(url, vl_engine.model_name, content)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["usage"]["prompt_tokens"] == len(want["input_ids"])
+        assert reply.json()["choices"][0]["message"]["content"] == vl_engine.tokenizer.decode(want["greedy_ids"])
+
+
+def test_openai_chat_media_errors_are_400s_naming_the_part(url, vl_engine):
+    outside = _chat(url, vl_engine.model_name, [{"type": "text", "text": "Look "},
+                                                {"type": "image_url", "image_url": {"url": "/etc/passwd.png"}}])
+    assert outside.status_code == 400
+    error = outside.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["message"].startswith("messages[0].content[1] ")
+    video = _chat(url, vl_engine.model_name, [{"type": "video_url", "video_url": {"url": "clip.mp4"}}])
+    assert video.status_code == 400 and video.json()["error"]["param"] == "messages[0].content[0].type"
+    marked = _chat(url, vl_engine.model_name, [{"type": "text", "text": "a \ue000 b"},
+                                               {"type": "image_url", "image_url": {"url": "x.png"}}])
+    assert marked.status_code == 400 and "U+E000" in marked.json()["error"]["message"]
