@@ -248,7 +248,7 @@ def _write_weights(reader: GGUFReader, config: dict[str, Any], path: Path, progr
     formats: dict[str, str] = {}
     for t in tqdm(reader.tensors, desc="convert", unit="tensor", file=sys.stderr, disable=not progress):
         shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims innermost-first
-        fmt = _storage_format(t.tensor_type, len(shape), dtype)
+        fmt = _storage_format(t.tensor_type, shape, dtype)
         if fmt in _KEPT.values() and _KEPT.get(t.tensor_type) == fmt:
             w = np.asarray(t.data, dtype=np.uint8).reshape(shape[0], -1)  # the GGUF blocks, row by row
         else:
@@ -268,9 +268,10 @@ def _write_weights(reader: GGUFReader, config: dict[str, Any], path: Path, progr
     return formats
 
 
-def _storage_format(kind: GGMLQuantizationType, ndim: int, dtype: str) -> str:
-    """How one tensor is stored: ``float32`` or a block format (see the module docstring)."""
-    if ndim != 2 or dtype == "fp32":
+def _storage_format(kind: GGMLQuantizationType, shape: tuple[int, ...], dtype: str) -> str:
+    """How one tensor is stored: ``float32`` or a block format (see the module docstring). Vectors, and rows
+    that are not whole blocks of 32, stay float32."""
+    if len(shape) != 2 or shape[1] % 32 or dtype == "fp32":
         return "float32"
     if dtype == "q8_0":
         return "q8_0"
