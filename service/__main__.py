@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from backends.mindspore.default_model import MODEL_DIR_NAME
+from backends.mindspore.default_model import DEFAULT_DIRS
 from service.config import ConfigFileError, ServerConfig, load_server_config, with_port
 from service.install_check import import_name_conflict
 from service.loading import LOAD_THREAD
@@ -39,11 +39,12 @@ def prepare_model(cfg: ServerConfig) -> Path:
     path = cfg.model.weight_path
     if is_model_dir(path):
         return path
-    if path.name == MODEL_DIR_NAME:
+    if path.name in DEFAULT_DIRS:
         from backends.mindspore.default_model import ensure_default_model
 
-        log.info("default model not found at %s: preparing it (download + conversion)", path)
-        return ensure_default_model(path.parent)
+        log.info("default model not found at %s: preparing it (download + conversion --dtype %s)", path,
+                 DEFAULT_DIRS[path.name])
+        return ensure_default_model(path.parent, name=path.name)
     raise ConfigFileError(f"{cfg.path}: {MODEL_KEY}: {path} is not a model directory (no .yaml inside)")
 
 
