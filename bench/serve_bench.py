@@ -658,7 +658,9 @@ class LlamaServer(Server):
                 "ignore_eos": True, "cache_prompt": True, "return_tokens": True, "stream": True}
         res = RequestResult(ok=False, start=time.perf_counter())
         try:
-            async with session.post(self.base + "/completion", json=body) as resp:
+            # A fresh connection each time: llama-server's HTTP library closes a kept-alive connection after a
+            # few requests, and reusing it fails with "Can not write request body".
+            async with session.post(self.base + "/completion", json=body, headers={"Connection": "close"}) as resp:
                 if resp.status != 200:
                     res.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
                     return res

@@ -307,7 +307,7 @@ def _predict_yaml(c: dict[str, Any], weight_dtype: str = "float32") -> dict[str,
         "tie_word_embeddings": c["tie_word_embeddings"], "bos_token_id": c["bos_token_id"],
         "eos_token_id": c["eos_token_id"], "pad_token_id": c["pad_token_id"],
         "compute_dtype": "float32", "param_init_type": "float32", "use_past": True,
-        "weight_dtype": weight_dtype,
+        **({} if weight_dtype == "float32" else {"weight_dtype": weight_dtype}),  # absent means float32
     }
     return {
         "run_mode": "predict", "load_checkpoint": "model.safetensors",
