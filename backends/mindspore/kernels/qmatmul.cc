@@ -14,7 +14,7 @@
 //   Q4_1:       acc = fma(d_w * dx, (float)sum_k(q_k * qx_k), acc);  acc = fma(m_w, dx * (float)sx, acc)
 // and y = acc (+ res, added once at the end), then each row's LoRA delta (lora.h) when the LoRA inputs are
 // given. This fixed sequence does not depend on M, on the other rows, on the thread count or on the tile
-// shape (work is split over rows and over groups of 16 output columns, never over K), so a row is
+// shape (work is split over rows and over groups of 16 output columns, one or two at a time, never over K), so a row is
 // bit-identical alone or batched. The integer sums are exact whatever instructions compute them, so the
 // AVX-512 VNNI, AVX-512BW and AVX2 paths below give identical bits too.
 //
@@ -67,7 +67,8 @@ constexpr int kGroup = 16;  // output columns per group (one vector of lanes)
 // 16 lanes of int32 / float32: one zmm, or two ymm halves.
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define MINDSERVE_Q512 1
-constexpr int kMaxMR = 8;
+constexpr int kMaxMR = 8;   // rows per tile of one group of columns
+constexpr int kMaxMR2 = 6;  // rows per tile of two groups
 using VI = __m512i;
 using VF = __m512;
 inline __mmask16 lanes(int w) { return static_cast<__mmask16>(w >= 16 ? 0xFFFF : ((1u << w) - 1)); }
@@ -125,6 +126,7 @@ inline void store_f(float *p, VF v, int w) {
 }
 #else
 constexpr int kMaxMR = 2;
+constexpr int kMaxMR2 = 1;
 struct VI {
   __m256i a, b;
 };
@@ -275,67 +277,95 @@ void quantize_rows(const float *x, int64_t M, int64_t K, QX *out) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Register tile: rows [m0, m0 + MR) times one group of w columns (FULL: w == 16) at `g`, over every block.
-template <int MR, int F, bool FULL>
-void tile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int w, const float *__restrict res, float *__restrict y,
-          int64_t ldy) {
+// Register tile: rows [m0, m0 + MR) times NG groups of columns over every block: NG == 2 takes two full groups
+// (g, and g + group_bytes), so every broadcast activation dword and scale feeds two dot products; NG == 1 one
+// group of w columns (FULL: w == 16). Each output element sees the same operations either way.
+template <int MR, int NG, int F, bool FULL>
+void tile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t group_bytes, int w, const float *__restrict res,
+          float *__restrict y, int64_t ldy) {
   constexpr int D = F == kQ8_0 ? 8 : 4;  // quant dwords per column per block
   constexpr int B = kBlockBytes[F];
   const int64_t K = qx.K, nb = qx.nb;
-  VF facc[MR];
-  _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) facc[r] = vf_zero();
+  VF facc[MR][NG];
+  _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)
+    _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) facc[r][n] = vf_zero();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t *blk = g + b * w * B;
     const int8_t *xq = qx.q.data() + m0 * K + 32 * b;
-    VI iacc[MR];
-    _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) iacc[r] = vi_zero();
+    VI iacc[MR][NG];
+    _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)
+      _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) iacc[r][n] = vi_zero();
     _Pragma("GCC unroll 8") for (int j = 0; j < D; ++j) {
-      const VI raw = load_q<FULL>(blk + j * 4 * w, w);
+      VI raw[NG];
+      _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) raw[n] = load_q<FULL>(blk + n * group_bytes + j * 4 * w, w);
       if constexpr (F == kQ8_0) {
-        _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) iacc[r] = dot_byte(iacc[r], raw, bcast4(xq + r * K + 4 * j));
-      } else {
-        const VI lo = nib_lo(raw), hi = nib_hi(raw);
         _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
-          iacc[r] = dot_small(iacc[r], lo, bcast4(xq + r * K + 4 * j));
-          iacc[r] = dot_small(iacc[r], hi, bcast4(xq + r * K + 16 + 4 * j));
+          const VI xb = bcast4(xq + r * K + 4 * j);
+          _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) iacc[r][n] = dot_byte(iacc[r][n], raw[n], xb);
+        }
+      } else {
+        VI lo[NG], hi[NG];
+        _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) {
+          lo[n] = nib_lo(raw[n]);
+          hi[n] = nib_hi(raw[n]);
+        }
+        _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
+          const VI xl = bcast4(xq + r * K + 4 * j), xh = bcast4(xq + r * K + 16 + 4 * j);
+          _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) {
+            iacc[r][n] = dot_small(iacc[r][n], lo[n], xl);
+            iacc[r][n] = dot_small(iacc[r][n], hi[n], xh);
+          }
         }
       }
     }
-    const VF dw = load_h<FULL>(blk + D * 4 * w, w);
+    VF dw[NG];
+    _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) dw[n] = load_h<FULL>(blk + n * group_bytes + D * 4 * w, w);
     _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
       const int64_t i = (m0 + r) * nb + b;
-      VI isum = iacc[r];
-      if constexpr (F == kQ8_0) isum = vi_sub(isum, 128 * qx.s[i]);
-      if constexpr (F == kQ4_0) isum = vi_sub(isum, 8 * qx.s[i]);
-      facc[r] = vf_fma(vf_mul(dw, vf_set1(qx.d[i])), to_f(isum), facc[r]);
+      const VF dx = vf_set1(qx.d[i]);
+      _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) {
+        VI isum = iacc[r][n];
+        if constexpr (F == kQ8_0) isum = vi_sub(isum, 128 * qx.s[i]);
+        if constexpr (F == kQ4_0) isum = vi_sub(isum, 8 * qx.s[i]);
+        facc[r][n] = vf_fma(vf_mul(dw[n], dx), to_f(isum), facc[r][n]);
+      }
     }
     if constexpr (F == kQ4_1) {
-      const VF mw = load_h<FULL>(blk + D * 4 * w + 2 * w, w);
-      _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) facc[r] = vf_fma(mw, vf_set1(qx.sf[(m0 + r) * nb + b]), facc[r]);
+      VF mw[NG];
+      _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) mw[n] = load_h<FULL>(blk + n * group_bytes + D * 4 * w + 2 * w, w);
+      _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
+        const VF sf = vf_set1(qx.sf[(m0 + r) * nb + b]);
+        _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) facc[r][n] = vf_fma(mw[n], sf, facc[r][n]);
+      }
     }
   }
   _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
-    VF v = facc[r];
-    if (res != nullptr) v = vf_add(v, load_f<FULL>(res + r * ldy, w));
-    store_f<FULL>(y + r * ldy, v, w);
+    _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) {
+      VF v = facc[r][n];
+      if (res != nullptr) v = vf_add(v, load_f<FULL>(res + r * ldy + kGroup * n, w));
+      store_f<FULL>(y + r * ldy + kGroup * n, v, w);
+    }
   }
 }
 
-using TileFn = void (*)(const QX &, int64_t, const uint8_t *, int, const float *, float *, int64_t);
+using TileFn = void (*)(const QX &, int64_t, const uint8_t *, int64_t, int, const float *, float *, int64_t);
 
-template <int F, bool FULL, int... MRs>
+template <int NG, int F, bool FULL, int... MRs>
 constexpr void fill_rows(TileFn *row, std::integer_sequence<int, MRs...>) {
-  ((row[MRs] = &tile<MRs + 1, F, FULL>), ...);
+  ((row[MRs] = &tile<MRs + 1, NG, F, FULL>), ...);
+}
+template <int F>
+constexpr void fill_format(TileFn (*t)[kMaxMR]) {
+  fill_rows<1, F, false>(t[0], std::make_integer_sequence<int, kMaxMR>{});
+  fill_rows<1, F, true>(t[1], std::make_integer_sequence<int, kMaxMR>{});
+  fill_rows<2, F, true>(t[2], std::make_integer_sequence<int, kMaxMR2>{});
 }
 struct Tiles {
-  TileFn fn[kFormats][2][kMaxMR]{};  // [format][full][rows - 1]
+  TileFn fn[kFormats][3][kMaxMR]{};  // [format][0 one partial group, 1 one full group, 2 two full groups][rows - 1]
   constexpr Tiles() {
-    fill_rows<kQ8_0, false>(fn[kQ8_0][0], std::make_integer_sequence<int, kMaxMR>{});
-    fill_rows<kQ8_0, true>(fn[kQ8_0][1], std::make_integer_sequence<int, kMaxMR>{});
-    fill_rows<kQ4_0, false>(fn[kQ4_0][0], std::make_integer_sequence<int, kMaxMR>{});
-    fill_rows<kQ4_0, true>(fn[kQ4_0][1], std::make_integer_sequence<int, kMaxMR>{});
-    fill_rows<kQ4_1, false>(fn[kQ4_1][0], std::make_integer_sequence<int, kMaxMR>{});
-    fill_rows<kQ4_1, true>(fn[kQ4_1][1], std::make_integer_sequence<int, kMaxMR>{});
+    fill_format<kQ8_0>(fn[kQ8_0]);
+    fill_format<kQ4_0>(fn[kQ4_0]);
+    fill_format<kQ4_1>(fn[kQ4_1]);
   }
 };
 constexpr Tiles kTiles{};
@@ -350,22 +380,41 @@ struct Job {
   int64_t groups, nchunks;
 };
 
-// Output columns of groups [g0, g1) for every row: rows cut into nearly equal blocks of at most kMaxMR.
+// Rows [0, M) cut into nearly equal blocks of at most `most` rows: block b of n has (M - m) / (n - b) rows.
+template <typename Fn>
+inline void row_blocks(int64_t M, int most, Fn &&fn) {
+  const int64_t nblocks = (M + most - 1) / most;
+  int64_t m = 0;
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const int64_t rows = (M - m) / (nblocks - b);
+    fn(m, rows);
+    m += rows;
+  }
+}
+
+// Output columns of groups [g0, g1) for every row; full groups two at a time (a pair never straddles chunks).
 void run_chunk(const void *ctx, int64_t c) {
   const Job &j = *static_cast<const Job *>(ctx);
   const int64_t g0 = j.groups * c / j.nchunks, g1 = j.groups * (c + 1) / j.nchunks;
-  const int64_t nblocks = (j.M + kMaxMR - 1) / kMaxMR;
   const int64_t group_bytes = int64_t{kGroup} * j.qx->nb * kBlockBytes[j.fmt];
-  for (int64_t g = g0; g < g1; ++g) {
+  for (int64_t g = g0; g < g1;) {
     const int64_t n0 = g * kGroup;
     const int w = static_cast<int>(std::min<int64_t>(kGroup, j.N - n0));
+    const bool pair = j.M > 1 && g + 1 < g1 && j.N - n0 >= 2 * kGroup;  // measured: no gain for one row
     const uint8_t *wg = j.w + g * group_bytes;
-    int64_t m = 0;
-    for (int64_t b = 0; b < nblocks; ++b) {
-      const int64_t rows = (j.M - m) / (nblocks - b);
-      kTiles.fn[j.fmt][w == kGroup][rows - 1](*j.qx, m, wg, w, j.res == nullptr ? nullptr : j.res + m * j.N + n0,
-                                               j.y + m * j.N + n0, j.N);
-      m += rows;
+    const float *res = j.res == nullptr ? nullptr : j.res + n0;
+    if (pair) {
+      row_blocks(j.M, kMaxMR2, [&](int64_t m, int64_t rows) {
+        kTiles.fn[j.fmt][2][rows - 1](*j.qx, m, wg, group_bytes, kGroup, res == nullptr ? nullptr : res + m * j.N,
+                                      j.y + m * j.N + n0, j.N);
+      });
+      g += 2;
+    } else {
+      row_blocks(j.M, kMaxMR, [&](int64_t m, int64_t rows) {
+        kTiles.fn[j.fmt][w == kGroup][rows - 1](*j.qx, m, wg, group_bytes, w, res == nullptr ? nullptr : res + m * j.N,
+                                                j.y + m * j.N + n0, j.N);
+      });
+      g += 1;
     }
   }
 }
