@@ -149,3 +149,32 @@ def test_a_bad_weight_dtype_in_the_yaml_is_named(tmp_path):
     y.write_text(y.read_text().replace("weight_dtype: q4_1", "weight_dtype: q5_k"))
     with pytest.raises(ConfigError, match=r"model.model_config.weight_dtype: must be one of .*got 'q5_k'"):
         load_model_spec(out)
+
+
+@pytest.mark.parametrize("name", ["SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct-q8_0", "SmolLM2-135M-Instruct-Q4_1"])
+def test_each_default_directory_is_left_for_serve_to_prepare(tmp_path, name):
+    from backends.mindspore.default_model import DEFAULT_DIRS
+    from service.config import load_server_config
+    from service.preflight import check_model
+    from tests.support.cli import server_config
+
+    assert name in DEFAULT_DIRS
+    path = tmp_path / "server.yaml"
+    path.write_text(yaml.safe_dump(server_config(tmp_path / name)))
+    assert not check_model(load_server_config(path)).prepared  # absent: serve converts it with its --dtype
+
+
+def test_the_shipped_config_serves_the_default_gguf_as_shipped():
+    from backends.mindspore.default_model import DEFAULT_DIRS
+    from service.config import load_server_config
+    from tests.support.paths import REPO
+
+    path = load_server_config(REPO / "configs" / "server.yaml").model.weight_path
+    assert DEFAULT_DIRS[path.name] == "as-shipped"
+
+
+def test_an_unknown_default_directory_name_is_refused(tmp_path):
+    from backends.mindspore.default_model import ensure_default_model
+
+    with pytest.raises(ValueError, match="'SmolLM2-135M-Instruct-q4_k' is not a default model directory"):
+        ensure_default_model(tmp_path, name="SmolLM2-135M-Instruct-q4_k")
