@@ -245,3 +245,41 @@ def test_aot_entry_dispatches_on_a_uint8_weight_and_checks_it(lib):
     assert call([(2, 64), (1, 70, 4), (2, 4)], ["float32", "uint8", "float32"]) != 0  # no format has 35 bytes
     assert call([(2, 63), (1, 68, 4), (2, 4)], ["float32", "uint8", "float32"]) != 0  # K not a multiple of 32
     assert call([(2, 64), (1, 68, 4), (2, 5)], ["float32", "uint8", "float32"]) != 0
+
+
+def _entry(lib, name: str, arrays: list[np.ndarray], dtypes: list[str]) -> int:
+    """Call an AOT entry on plain arrays (the last one is the output)."""
+    n = len(arrays)
+    params = (ctypes.c_void_p * n)(*[a.ctypes.data for a in arrays])
+    ndims = (ctypes.c_int * n)(*[a.ndim for a in arrays])
+    shapes = [(ctypes.c_int64 * a.ndim)(*a.shape) for a in arrays]
+    sp = (ctypes.POINTER(ctypes.c_int64) * n)(*[ctypes.cast(s, ctypes.POINTER(ctypes.c_int64)) for s in shapes])
+    dt = (ctypes.c_char_p * n)(*[d.encode() for d in dtypes])
+    return getattr(lib, name)(n, params, ndims, sp, dt, None, None)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_lora_tail_after_a_quantized_product(lib, fmt):
+    """MindserveMatMulAdd(x, W uint8, res, a, b, rows, segs): the quantized product plus the residual, then each
+    row's LoRA delta (lora.h) -- the delta against float64 NumPy, base rows (slot -1) bit-identical."""
+    rng = np.random.default_rng(11)
+    m, k, segs, rank = 5, 576, [0, 576, 768, 960], 8
+    q, x = _weight(fmt, segs[-1], k, seed=12), _x(m, k, seed=13)
+    res = rng.standard_normal((m, segs[-1])).astype(np.float32)
+    a = (rng.standard_normal((2, k, 3 * rank)) / np.sqrt(k)).astype(np.float32)
+    b = (rng.standard_normal((2, rank, segs[-1])) / np.sqrt(rank)).astype(np.float32)
+    rows = np.array([0, -1, 1, 0, -1], np.int32)
+    seg = np.array(segs, np.int32)
+    y = np.full((m, segs[-1]), np.nan, np.float32)
+    packed = prepare_qweight(q)
+    assert _entry(lib, "MindserveMatMulAdd", [x, packed, res, a, b, rows, seg, y],
+                  ["float32", "uint8", "float32", "float32", "float32", "int32", "int32", "float32"]) == 0
+    base = _qmm(lib, x, q, res)
+    for i, s in enumerate(rows):
+        if s < 0:
+            assert np.array_equal(y[i], base[i])
+            continue
+        t = x[i].astype(np.float64) @ a[s].astype(np.float64)
+        delta = np.concatenate([t[g * rank:(g + 1) * rank] @ b[s][:, segs[g]:segs[g + 1]].astype(np.float64)
+                                for g in range(3)])
+        np.testing.assert_allclose(y[i] - base[i].astype(np.float64), delta, atol=1e-4, rtol=1e-4)
