@@ -185,3 +185,24 @@ def test_default_model_rows_are_bit_identical_alone_or_batched(default_as_shippe
     prefill(runner, list(b), [3, 4])
     batched = runner.decode([DecodeRow(9, len(b), [3, 4]), DecodeRow(token, len(a), [1, 2])])
     assert np.array_equal(solo, batched[1])
+
+
+def _small_engine(path):
+    from backends.mindspore.engine import Engine
+    from backends.settings import EngineConfig
+
+    config = EngineConfig(max_seq_len=128, max_input_tokens=64, max_batch_size=2, max_iter_times=16, block_size=16,
+                          prefill_chunk=16, window_buckets=(128,), batch_buckets=(1, 2))
+    return Engine(path, config, warmup=False)
+
+
+def test_the_engine_reports_the_format_and_checks_the_yaml_against_the_file(tiny_model_dir, tmp_path):
+    from backends.mindspore.config import ConfigError
+
+    path = quantized_copy(tiny_model_dir, tmp_path / "q", "q4_1")
+    with _small_engine(path) as engine:
+        assert engine.info()["weight_dtype"] == "q4_1"
+    y = next(path.glob("*.yaml"))
+    y.write_text(y.read_text().replace("weight_dtype: q4_1", "weight_dtype: float32"))
+    with pytest.raises(ConfigError, match="weight_dtype: says float32, but the checkpoint's layer matrices are q4_1"):
+        _small_engine(path)
