@@ -7,10 +7,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Callable, Protocol
 
 from backends.errors import BackendError, GenerationFailed
-from backends.types import GenerationResult, RequestParams, TokenEvent
+from backends.types import GenerationResult, MediaInput, RequestParams, TokenEvent
 
 Event = TokenEvent | GenerationResult | BackendError
 Listener = Callable[[Event], None]
+MEDIA_KINDS = ("image", "video", "audio")  # every kind a ``MediaInput`` may have
 
 
 class RequestHandle:
@@ -69,9 +70,15 @@ class Backend(Protocol):
     """What ``service/`` needs from a model backend."""
 
     model_name: str
+    # The media kinds (of MEDIA_KINDS) the model takes beside text; empty: a text-only model. Optional: a
+    # backend without the attribute is text-only (``accepted_media``).
+    media_kinds: frozenset[str]
 
-    def submit(self, inputs: str, params: RequestParams, listener: Listener | None = None) -> RequestHandle:
-        """Tokenize, check limits (raising InputRejected), queue; events arrive on the handle."""
+    def submit(self, inputs: str, params: RequestParams, listener: Listener | None = None,
+               media: tuple[MediaInput, ...] = ()) -> RequestHandle:
+        """Tokenize, check limits (raising InputRejected), queue; events arrive on the handle. ``media``
+        (only of ``media_kinds``, each placed in ``inputs`` by its ``position``) is passed only when the
+        request has some: a text-only backend may leave the argument out."""
 
     def count_tokens(self, text: str) -> int: ...
 
@@ -86,4 +93,19 @@ class Backend(Protocol):
         max_batch_size, max_prefill_tokens, block_size, free_blocks, total_blocks, running, waiting,
         compiled_graphs (a key may be missing; the service then reports null)."""
 
+    def adapters(self) -> list[dict]:
+        """The LoRA adapters requests may name (``adapter_id``, an OpenAI ``model``): each a dict with at least
+        ``name``, ``rank``, ``targets``, ``scale`` (empty without adapters)."""
+
+    def load_adapter(self, name: str, path: str) -> dict:
+        """Load a PEFT adapter at run time; its ``adapters()`` entry. ValueError (AdapterError) if refused."""
+
+    def unload_adapter(self, name: str) -> bool:
+        """Refuse new requests for ``name``; True if its slot was freed at once. KeyError if not loaded."""
+
     def close(self) -> None: ...
+
+
+def accepted_media(backend: Backend) -> frozenset[str]:
+    """The media kinds ``backend`` takes beside text: its ``media_kinds``, none when it declares none."""
+    return frozenset(getattr(backend, "media_kinds", ()))

@@ -1,7 +1,36 @@
 """Engine settings (plain data, no MindSpore import): limits and compiled shapes."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class LoraModuleConfig:
+    """One ``LoraModules`` entry: an adapter name and its PEFT directory."""
+
+    name: str
+    path: Path
+
+
+@dataclass(frozen=True, slots=True)
+class LoraSettings:
+    """Multi-LoRA serving (``ModelDeployConfig``'s LoraModules, maxLoras, maxLoraRank and the runtime keys)."""
+
+    modules: tuple[LoraModuleConfig, ...] = ()
+    max_loras: int = 0  # distinct adapters in one step; 0 = as many as loaded
+    max_rank: int = 0  # the slots' rank; 0 = the largest configured rank (16 if none and runtime loading)
+    runtime_updates: bool = False  # POST /v1/load_lora_adapter and /v1/unload_lora_adapter
+    root: Path | None = None  # runtime loads only from directories under this one
+    max_loaded: int = 0  # adapter slots; 0 = len(modules), plus 4 with runtime updates
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.modules) or self.runtime_updates
+
+    @property
+    def slots(self) -> int:
+        return self.max_loaded or len(self.modules) + (4 if self.runtime_updates else 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,3 +58,4 @@ class EngineConfig:
     # row's real keys, so one window serves every length); "ms": MindSpore MatMul and ops attention over
     # bucketed windows; "auto": aot if the kernels build (g++ and an AVX-512 CPU), else ms
     kernels: str = "auto"
+    lora: LoraSettings = field(default_factory=LoraSettings)

@@ -1,4 +1,4 @@
-"""Plain data that crosses the service/backend boundary: params, token events, results."""
+"""Plain data that crosses the service/backend boundary: params, media, token events, results."""
 from __future__ import annotations
 
 import enum
@@ -47,6 +47,22 @@ class RequestParams:
     ignore_eos: bool = False  # never choose EOS: generate until the length cap
     min_tokens: int = 0  # no EOS before this many generated tokens
     top_logprobs: int = 0  # report this many most likely alternatives with each generated token
+
+
+@dataclass(frozen=True, slots=True)
+class MediaInput:
+    """One media part of a prompt, fetched and checked by the service (``service/media/``): the bytes of
+    the file as it came (an image is verified to decode), never a path or URL the backend would open.
+
+    ``position`` is where the part sits in the prompt text: the number of prompt characters before it
+    (the text parts before it, joined). ``source`` says where it came from, for logs and errors only.
+    """
+
+    kind: str  # "image" | "video" | "audio"
+    data: bytes = field(repr=False)
+    mime: str  # the content's own media type, e.g. "image/png"
+    source: str  # a path, an http(s) URL, or "data: URL" / "base64 data"
+    position: int = 0
 
 
 @dataclass(frozen=True, slots=True)

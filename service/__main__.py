@@ -65,15 +65,21 @@ async def serve(cfg: ServerConfig) -> None:
     from service.app import make_app
     from service.connections import ConnectionTracker
     from service.loading import LoadingBackend, load_in_background
+    from service.media.loader import MediaLoader
+    from service.media.policy import MediaPolicy
     from service.metrics import ServiceMetrics
     from service.state import ServerState
 
     backend = LoadingBackend(cfg.model.name, cfg.engine)
     state, metrics = ServerState(), ServiceMetrics.for_backend(backend)
     admission, connections = Admission(cfg.server.max_link_num), ConnectionTracker(cfg.server)
+    media = MediaLoader(MediaPolicy.from_settings(cfg.server, os.environ))  # the one read of the whitelist
+    hosts = ", ".join(sorted(media.policy.domains))
+    log.info("media: local files under %s; remote media %s", media.policy.root,
+             f"from {hosts}" if hosts else "refused (ALLOWED_MEDIA_DOMAINS_ENV lists no host)")
     servers, business_url = listen(cfg, ssl_context, lambda planes: make_app(
         backend, cfg.server, state=state, metrics=metrics, admission=admission, connections=connections,
-        planes=planes))
+        media=media, planes=planes, lora=cfg.engine.lora))
     started = time.monotonic()
     log.info("loading model %s; /health answers 503 until it is loaded and warmed up", cfg.model.name)
     loading = load_in_background(lambda: load_backend(cfg.model.backend_type, prepare_model(cfg), cfg.engine,

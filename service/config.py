@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from backends.mindspore.shapes import ShapeError, check_buckets
-from backends.settings import EngineConfig
+from backends.settings import EngineConfig, LoraModuleConfig, LoraSettings
 from service.errors import ValidationError
 from service.validation import default_schemas
 
@@ -54,6 +54,10 @@ class ServerSettings:
     max_reading_requests: int = 1000  # requests reading their body at once; beyond, 429 at once
     max_buffered_body_bytes: int = 256 * 1024 * 1024  # body bytes those requests may hold in all; beyond, 503
     listen_backlog: int = 1024  # connections the kernel queues before the server accepts them
+    # Media parts of requests (service/media/, docs/multimodal.md)
+    media_root: str = "/data/multimodal_inputs/"  # local media files must be under it
+    max_media_loads: int = 8  # requests loading media at once; beyond, 429 at once
+    max_media_buffer_bytes: int = 2048 * 1024 * 1024  # media bytes requests may hold at once; beyond, 429
 
     @property
     def management_address(self) -> str:
@@ -141,10 +145,41 @@ def _server(data: dict, base: Path) -> ServerSettings:
         keep_alive_timeout=float(s["keepAliveTimeout"]), max_header_bytes=int(s["maxHeaderBytes"]),
         max_reading_requests=int(s["maxReadingRequests"]),
         max_buffered_body_bytes=int(s["maxBufferedBodyMB"]) * 1024 * 1024, listen_backlog=int(s["listenBacklog"]),
+        media_root=s["mediaRoot"], max_media_loads=int(s["maxMediaLoads"]),
+        max_media_buffer_bytes=int(s["maxMediaBufferMB"]) * 1024 * 1024,
     )
 
 
-def _engine(data: dict) -> EngineConfig:
+_DEPLOY = "BackendConfig.ModelDeployConfig"
+
+
+def _lora(deploy: _Section, base: Path) -> LoraSettings:
+    """LoraModules and the LoRA keys, checked across entries: unique names, a served baseModelName, a
+    loraRoot with runtime updates. ValueError naming the key, the entry and the value."""
+    served = [m["modelName"] for m in deploy["ModelConfig"]]
+    modules, seen = [], {}
+    for i, entry in enumerate(deploy["LoraModules"] or []):
+        key = f"{_DEPLOY}.LoraModules[{i}]"
+        if entry["name"] in seen:
+            raise ValueError(f"{key}.name {entry['name']!r} is already the name of LoraModules[{seen[entry['name']]}]; "
+                             "adapter names must be unique")
+        if entry["baseModelName"] not in served:
+            raise ValueError(f"{key}.baseModelName {entry['baseModelName']!r} is not a served model "
+                             f"(ModelConfig modelName: {', '.join(map(repr, served))})")
+        seen[entry["name"]] = i
+        modules.append(LoraModuleConfig(entry["name"], _resolve(base, entry["path"])))
+    runtime, root = bool(deploy["allowRuntimeLoraUpdating"]), _resolve(base, deploy["loraRoot"])
+    if runtime and root is None:
+        raise ValueError(f"{_DEPLOY}.allowRuntimeLoraUpdating is true but {_DEPLOY}.loraRoot is not set: runtime "
+                         "loads are taken only from under that directory")
+    lora = LoraSettings(modules=tuple(modules), max_loras=deploy["maxLoras"], max_rank=deploy["maxLoraRank"],
+                        runtime_updates=runtime, root=root, max_loaded=deploy["maxLoadedLoras"])
+    if lora.max_loaded and lora.max_loaded < len(modules):
+        raise ValueError(f"{_DEPLOY}.maxLoadedLoras {lora.max_loaded} is fewer than the {len(modules)} LoraModules")
+    return lora
+
+
+def _engine(data: dict, base: Path) -> EngineConfig:
     deploy = _Section("ModelDeployConfig", data["BackendConfig"].get("ModelDeployConfig"))
     model = _Section("ModelConfig", deploy["ModelConfig"][0])
     sched = _Section("ScheduleConfig", data["BackendConfig"].get("ScheduleConfig"))
@@ -158,6 +193,7 @@ def _engine(data: dict) -> EngineConfig:
         max_prefill_batch=sched["maxPrefillBatchSize"], max_prefill_tokens=sched["maxPrefillTokens"],
         batch_buckets=buckets["batchBuckets"], window_buckets=buckets["windowBuckets"],
         cache_gb=float(model["npuMemSize"]), prefix_caching=sched["enablePrefixCaching"],
+        lora=_lora(deploy, base),
     )
 
 
@@ -250,12 +286,12 @@ def load_server_config(path: Path | str) -> ServerConfig:
     model = data["BackendConfig"]["ModelDeployConfig"]["ModelConfig"][0]
     model_cfg = _Section("ModelConfig", model)
     base = path.resolve().parent
-    config = ServerConfig(
-        path=path, server=_server(data, base),
-        model=ModelSettings(model["modelName"], _resolve(base, model["modelWeightPath"]), model_cfg["backendType"]),
-        engine=_engine(data),
-    )
     try:
+        config = ServerConfig(
+            path=path, server=_server(data, base),
+            model=ModelSettings(model["modelName"], _resolve(base, model["modelWeightPath"]), model_cfg["backendType"]),
+            engine=_engine(data, base),
+        )
         check_engine(config.engine)
         check_listeners(config.server)
     except ValueError as exc:

@@ -1,12 +1,15 @@
 """``AppContext``: the collaborators every handler gets through ``initialize`` (one per app)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from backends.base import Backend
+from backends.base import Backend, accepted_media
+from backends.settings import LoraSettings
 from service.admission import Admission
 from service.config import ServerSettings
 from service.connections import ConnectionTracker
+from service.media.kinds import TEXT_PART, part_types
+from service.media.loader import MediaLoader
 from service.metrics import ServiceMetrics
 from service.state import ServerState
 from service.validation import Schemas
@@ -16,8 +19,9 @@ from service.validation import Schemas
 class RequestLimits:
     """What the served model/server can take, for the request checks that depend on it."""
 
-    media_types: frozenset[str] = frozenset()  # part types besides text the model accepts
-    adapter_ids: frozenset[str] | None = None  # loaded LoRA adapters; None = not checked here
+    media_types: frozenset[str] | None = None  # part types besides text the model accepts; None: the backend's
+    adapter_ids: frozenset[str] | None = None  # a fixed set of adapters to check against (tests); None = the
+    # backend checks (adapters load and unload at run time)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,3 +36,17 @@ class AppContext:
     metrics: ServiceMetrics
     admission: Admission
     connections: ConnectionTracker
+    media: MediaLoader
+    lora: LoraSettings = LoraSettings()  # the runtime adapter routes' switch and root
+
+    def accepted_part_types(self) -> list[str]:
+        """The part types ``inputs`` may have, text first: the limits', else what the backend accepts."""
+        if self.limits.media_types is not None:
+            return [TEXT_PART, *sorted(self.limits.media_types)]
+        return part_types(accepted_media(self.backend))
+
+    def request_limits(self) -> RequestLimits:
+        """``limits`` with ``media_types`` filled in from the backend when not set."""
+        if self.limits.media_types is not None:
+            return self.limits
+        return replace(self.limits, media_types=frozenset(self.accepted_part_types()[1:]))

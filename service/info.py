@@ -57,12 +57,14 @@ def server_info(ctx: AppContext) -> dict[str, Any]:
             "device": engine.get("device"),
             "kernels": engine.get("kernels"),
             "weight_dtype": engine.get("weight_dtype"),
+            "accepted_part_types": ctx.accepted_part_types() if ctx.state.ready else None,
             "prefix_cache": {
                 "enabled": engine.get("prefix_caching"),
                 "hit_rate": engine.get("prefix_cache_hit_rate"),
                 "hit_tokens": engine.get("prefix_cache_hit_tokens"),
                 "cached_blocks": engine.get("prefix_cache_blocks"),
             },
+            "lora": {**(engine.get("lora") or {"slots": 0}), "adapters": engine.get("adapters") or []},
             "http": http_gauges(ctx),
         },
     }
@@ -91,5 +93,11 @@ def model_card(ctx: AppContext) -> dict[str, Any]:
             "owned_by": OWNED_BY}
 
 
+def adapter_card(ctx: AppContext, adapter: dict[str, Any]) -> dict[str, Any]:
+    """A LoRA adapter's entry of ``GET /v1/models``: its parent is the base model (as vLLM lists them)."""
+    return {"id": adapter["name"], "object": "model", "created": int(ctx.state.started_at), "owned_by": OWNED_BY,
+            "parent": ctx.backend.model_name, "root": ctx.backend.model_name}
+
+
 def model_list(ctx: AppContext) -> dict[str, Any]:
-    return {"object": "list", "data": [model_card(ctx)]}
+    return {"object": "list", "data": [model_card(ctx), *(adapter_card(ctx, a) for a in ctx.backend.adapters())]}

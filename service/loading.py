@@ -11,11 +11,11 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from backends.base import Backend, Listener, RequestHandle
+from backends.base import Backend, Listener, RequestHandle, accepted_media
 from backends.errors import EngineUnavailable
 from backends.limits import prompt_token_limit
 from backends.settings import EngineConfig
-from backends.types import RequestParams
+from backends.types import MediaInput, RequestParams
 
 NOT_LOADED = "the model is still loading or warming up"
 LOAD_THREAD = "mindserve-load"
@@ -48,7 +48,15 @@ class LoadingBackend:
             raise EngineUnavailable(NOT_LOADED)
         return self._backend
 
-    def submit(self, inputs: str, params: RequestParams, listener: Listener | None = None) -> RequestHandle:
+    @property
+    def media_kinds(self) -> frozenset[str]:
+        """The loaded backend's; none before (requests are refused with 503 then anyway)."""
+        return frozenset() if self._backend is None else accepted_media(self._backend)
+
+    def submit(self, inputs: str, params: RequestParams, listener: Listener | None = None,
+               media: tuple[MediaInput, ...] = ()) -> RequestHandle:
+        if media:
+            return self._loaded().submit(inputs, params, listener, media=media)
         return self._loaded().submit(inputs, params, listener)
 
     def count_tokens(self, text: str) -> int:
@@ -59,6 +67,15 @@ class LoadingBackend:
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]]) -> str:
         return self._loaded().apply_chat_template(messages)
+
+    def adapters(self) -> list[dict]:
+        return self._backend.adapters() if self._backend is not None else []
+
+    def load_adapter(self, name: str, path: str) -> dict:
+        return self._loaded().load_adapter(name, path)
+
+    def unload_adapter(self, name: str) -> bool:
+        return self._loaded().unload_adapter(name)
 
     def info(self) -> dict:
         """The loaded backend's figures; before that, what the config says (the rest is null)."""

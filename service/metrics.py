@@ -22,6 +22,7 @@ from service.access_log import CLIENT_GONE
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 LABELS = ("model_name",)
+BASE_ADAPTER = "None"  # the adapter label of base-model requests (the reference's adapter_id for none)
 CLIENT_GONE_TYPE = "Client Gone"  # the error_type label of a request whose client left (no error was sent)
 # Bucket ranges from the reference server (TTFT 0.001..10 s, TPOT 0.01..2.5 s, e2e 1..60 s,
 # token counts 10..128000); the edges in between are ours.
@@ -115,6 +116,14 @@ class ServiceMetrics:
                               registry=self.registry)
         self.prompt_tokens = counter("prompt_tokens_total", "Prompt tokens of successful requests.")
         self.generation_tokens = counter("generation_tokens_total", "Generated tokens of successful requests.")
+        by_adapter = (*LABELS, "adapter")  # each request once, by the LoRA adapter it ran with
+        self.adapter_requests = Counter("adapter_requests_total", "Generation requests by LoRA adapter ('None': the "
+                                        "base model) and outcome (success, failed).", (*by_adapter, "outcome"),
+                                        registry=self.registry)
+        self.adapter_prompt_tokens = Counter("adapter_prompt_tokens_total", "Prompt tokens of successful requests "
+                                             "by LoRA adapter.", by_adapter, registry=self.registry)
+        self.adapter_generation_tokens = Counter("adapter_generation_tokens_total", "Generated tokens of successful "
+                                                 "requests by LoRA adapter.", by_adapter, registry=self.registry)
         histogram = self._histogram
         self.ttft = histogram("time_to_first_token_seconds", "From request received to first token.", TTFT_BUCKETS)
         self.tpot = histogram("time_per_output_token_seconds", "Gap between consecutive tokens.", TPOT_BUCKETS)
@@ -164,6 +173,7 @@ class RequestObserver:
         self._error = False
         self._error_type: str | None = None
         self._client_gone = False
+        self.adapter = BASE_ADAPTER  # the LoRA adapter it runs with, once its body is parsed
         if metrics is not None:
             metrics.received.inc()
 
@@ -216,6 +226,7 @@ class RequestObserver:
         m = self._metrics
         if m is None:
             return
+        m.adapter_requests.labels(m.model_name, self.adapter, self.outcome).inc()
         if not ok:
             m.failed.inc()
             gone = self._client_gone or status == CLIENT_GONE
@@ -225,6 +236,8 @@ class RequestObserver:
         m.success.inc()
         m.prompt_tokens.inc(self.result.prompt_tokens)
         m.generation_tokens.inc(self.result.generated_tokens)
+        m.adapter_prompt_tokens.labels(m.model_name, self.adapter).inc(self.result.prompt_tokens)
+        m.adapter_generation_tokens.labels(m.model_name, self.adapter).inc(self.result.generated_tokens)
         m.request_prompt_tokens.observe(self.result.prompt_tokens)
         m.request_generation_tokens.observe(self.result.generated_tokens)
         m.e2e.observe(time.perf_counter() - self.started)

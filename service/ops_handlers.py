@@ -8,7 +8,7 @@ import asyncio
 from backends.errors import BackendError
 from service.errors import NotFound, ServiceUnavailable, from_backend_error
 from service.http import BaseHandler, GetHandler, JsonBodyHandler
-from service.info import model_card, model_list, server_info
+from service.info import adapter_card, model_card, model_list, server_info
 from service.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from service.openapi import build_openapi
 
@@ -62,9 +62,14 @@ class ModelsHandler(GetHandler):
 
 class ModelHandler(GetHandler):
     def get(self, model_id: str) -> None:
-        if model_id != self.ctx.backend.model_name:
-            raise NotFound(f"model {model_id!r} is not served here (served: {self.ctx.backend.model_name!r})")
-        self.write_json(model_card(self.ctx))
+        if model_id == self.ctx.backend.model_name:
+            self.write_json(model_card(self.ctx))
+            return
+        adapter = next((a for a in self.ctx.backend.adapters() if a["name"] == model_id), None)
+        if adapter is None:
+            raise NotFound(f"model {model_id!r} is not served here (served: {self.ctx.backend.model_name!r} and "
+                           f"{len(self.ctx.backend.adapters())} LoRA adapters)")
+        self.write_json(adapter_card(self.ctx, adapter))
 
 
 class MetricsHandler(GetHandler):

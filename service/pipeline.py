@@ -1,10 +1,11 @@
 """The one generation pipeline every dialect runs through (``service/dialects/``).
 
 ``GenerationHandler``: read the body (the reading bound of ``service/http.py``), parse it with the route's
-dialect, *then* take a generation slot (``service/admission.py``: 429 when the line is full, 503 while
-draining), submit to the backend off the event loop, and relay its events as one JSON body or an SSE stream
-under the deadlines (``tokenTimeout``, ``e2eTimeout``, a stalled reader); a client that leaves cancels the
-engine request. Errors are rendered by the dialect.
+dialect, load its media parts if any (``service/media/loader.py``, holding no slot), *then* take a
+generation slot (``service/admission.py``: 429 when the line is full, 503 while draining), submit to the
+backend off the event loop, and relay its events as one JSON body or an SSE stream under the deadlines
+(``tokenTimeout``, ``e2eTimeout``, a stalled reader); a client that leaves cancels the engine request (or
+its media load). Errors are rendered by the dialect.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import tornado.util
 
 from backends.base import Event, RequestHandle
 from backends.errors import BackendError
-from backends.types import GenerationResult, TokenEvent
+from backends.types import GenerationResult, MediaInput, TokenEvent
 from service import sse
 from service.access_log import CLIENT_GONE
 from service.admission import Deadlines
@@ -29,7 +30,8 @@ from service.context import AppContext
 from service.dialects import Dialect, GenerationRequest, choice_params
 from service.errors import ServiceError, ServiceUnavailable, from_backend_error
 from service.http import JsonBodyHandler
-from service.metrics import RequestObserver
+from service.media.gate import Lease
+from service.metrics import BASE_ADAPTER, RequestObserver
 
 log = logging.getLogger("mindserve.http")
 
@@ -43,6 +45,8 @@ class GenerationHandler(JsonBodyHandler):
     _handles: tuple[RequestHandle, ...] = ()  # one per choice (n > 1: several sequences of one prompt)
     _admitting: asyncio.Task | None = None
     _admitted = False
+    _loading: asyncio.Task | None = None  # the request's media being loaded
+    _media_lease: Lease | None = None  # what the request's media hold of the media gate, until it ends
     observer: RequestObserver | None = None  # metrics + access-log token counts, from prepare() on
     deadlines: Deadlines | None = None
 
@@ -64,9 +68,12 @@ class GenerationHandler(JsonBodyHandler):
 
     async def post(self) -> None:
         req = self.dialect.parse(self.json_body(), self.ctx)  # the whole body is in, and valid
-        if not await self._admit():
-            return  # the client left while waiting for a slot
-        events = await self._submit(req)
+        media = await self._load_media(req)
+        if media is None or not await self._admit():
+            return  # the client left while its media loaded or while it waited for a slot
+        events = await self._submit(req, media)
+        # Labelled only once the engine took it: a name that is not loaded never becomes a label value.
+        self.observer.adapter = req.params.adapter_id or BASE_ADAPTER
         if req.stream:
             await self._stream(req, events)
         else:
@@ -75,7 +82,22 @@ class GenerationHandler(JsonBodyHandler):
         log.debug("%s %s done in %.3fs", self._handle.request_id, self.request.path,
                   time.monotonic() - self.deadlines.started)
 
-    # --- admission and submission ------------------------------------------------------------------
+    # --- media, admission and submission -----------------------------------------------------------
+
+    async def _load_media(self, req: GenerationRequest) -> tuple[MediaInput, ...] | None:
+        """The request's media, loaded before it takes a slot (a slow download holds none); None if the
+        client left meanwhile. The bytes stay counted in the media gate until the request ends."""
+        if not req.media:
+            return ()
+        self._media_lease = self.ctx.media.lease()
+        self._loading = asyncio.ensure_future(self.ctx.media.load(req.media, self._media_lease,
+                                                                   self.deadlines.e2e_left()))
+        try:
+            return await self._loading
+        except asyncio.CancelledError:
+            return None
+        finally:
+            self._loading = None
 
     async def _admit(self) -> bool:
         """Take a generation slot, waiting in line within the e2e deadline; False if the client left
@@ -92,9 +114,10 @@ class GenerationHandler(JsonBodyHandler):
         self._admitted = True
         return True
 
-    async def _submit(self, req: GenerationRequest) -> tornado.queues.Queue:
+    async def _submit(self, req: GenerationRequest, media: tuple[MediaInput, ...] = ()) -> tornado.queues.Queue:
         """Submit off the loop (a chat template renders there too), one engine request per choice; the
-        events arrive on the returned queue as (choice index, event)."""
+        events arrive on the returned queue as (choice index, event). ``media`` goes beside the prompt only
+        when there is some (a text-only backend's ``submit`` need not take it)."""
         events: tornado.queues.Queue = tornado.queues.Queue()
         loop = asyncio.get_running_loop()
         backend, observer = self.ctx.backend, self.observer
@@ -105,11 +128,13 @@ class GenerationHandler(JsonBodyHandler):
                 loop.call_soon_threadsafe(events.put_nowait, (index, event))
             return listener
 
+        extra = {"media": media} if media else {}
+
         def submit_all() -> tuple[RequestHandle, ...]:
             prompt, handles = req.render_prompt(backend), []
             try:
                 for i in range(req.choices):
-                    handles.append(backend.submit(prompt, choice_params(req.params, i), listener_of(i)))
+                    handles.append(backend.submit(prompt, choice_params(req.params, i), listener_of(i), **extra))
             except BackendError:
                 for handle in handles:  # the choices already queued go too
                     handle.cancel()
@@ -209,6 +234,8 @@ class GenerationHandler(JsonBodyHandler):
         self._cancel()
         if self._admitting is not None:
             self._admitting.cancel()
+        if self._loading is not None:
+            self._loading.cancel()
 
     def on_unfinished(self) -> None:
         self._release()
@@ -216,6 +243,9 @@ class GenerationHandler(JsonBodyHandler):
         super().on_unfinished()
 
     def _release(self) -> None:
+        if self._media_lease is not None:
+            self._media_lease.release()
+            self._media_lease = None
         if self._admitted:
             self._admitted = False
             self.ctx.admission.release()

@@ -67,7 +67,22 @@ def check_model(cfg: ServerConfig) -> ModelCheck:
     except Exception as exc:  # noqa: BLE001 - tokenizers and mindformers raise plain exceptions
         raise ConfigFileError(f"{cfg.path}: {MODEL_KEY}: cannot load the tokenizer: {exc}") from None
     _check_windows(cfg, spec.max_position_embeddings)
+    check_adapters(cfg, spec)
     return ModelCheck(spec.model_dir, spec.arch, spec.max_position_embeddings, check_memory(cfg, spec))
+
+
+def check_adapters(cfg: ServerConfig, spec) -> None:
+    """Every LoraModules adapter read and checked against the model, as the engine will load it: a bad one is
+    an error naming its entry (the reference server warns and skips it; we refuse)."""
+    from backends.lora import AdapterError, BaseDims, load_adapter
+
+    lora, dims = cfg.engine.lora, BaseDims.of(spec)
+    for i, module in enumerate(lora.modules):
+        try:
+            load_adapter(module.name, module.path, dims, lora.max_rank or None)
+        except AdapterError as exc:
+            raise ConfigFileError(f"{cfg.path}: BackendConfig.ModelDeployConfig.LoraModules[{i}] "
+                                  f"({module.name}, path {module.path}): {exc}") from None
 
 
 def check_memory(cfg: ServerConfig, spec) -> CachePlan:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from backends.mindspore.default_model import ensure_default_gguf, ensure_default_model
@@ -16,7 +17,7 @@ from tests.support.tiny_model import make_tiny_model
 # (directly or through another fixture) is slow. Modules that compile without them say so themselves
 # (``pytestmark = pytest.mark.slow``).
 SLOW_FIXTURES = frozenset({"default_engine", "default_model_dir", "default_gguf_path", "tiny_model_dir",
-                           "tiny_qwen2_dir", "ms_graph"})
+                           "tiny_qwen2_dir", "ms_graph", "lora_engine", "lora_adapter_dirs"})
 
 
 def pytest_collection_modifyitems(config, items):
@@ -64,4 +65,50 @@ def default_engine(default_model_dir):
     config = EngineConfig(max_seq_len=256, max_input_tokens=200, max_batch_size=4, max_iter_times=64,
                           block_size=64, prefill_chunk=32, window_buckets=(256,), batch_buckets=(1, 4))
     with Engine(default_model_dir, config) as engine:
+        yield engine
+
+
+# LoRA adapters of the default model (tests/support/lora_adapters.py, fixed seeds, non-zero B): every
+# projection; use_rslora on the attention projections; q/v only at a low rank. Each delta's entries have
+# LORA_STRENGTH times the spread of the base weight they adapt: the logits move by about 10 (the greedy text
+# changes) and stay in the range where float32 matches the float64 reference to 1e-4.
+LORA_ADAPTERS = {
+    "all7": {"seed": 11, "rank": 8, "alpha": 16},
+    "rslora": {"seed": 12, "rank": 16, "alpha": 8, "use_rslora": True,
+               "targets": ("q_proj", "k_proj", "v_proj", "o_proj")},
+    "qv": {"seed": 13, "rank": 4, "alpha": 8, "targets": ("q_proj", "v_proj")},
+}
+LORA_STRENGTH = 0.1
+
+
+@pytest.fixture(scope="session")
+def lora_adapter_dirs(tmp_path_factory, default_model_dir) -> dict[str, Path]:
+    """The LORA_ADAPTERS as PEFT directories under one adapter root (the runtime-load root too)."""
+    from backends.lora import BaseDims
+    from backends.mindspore.config import load_model_spec
+    from tests.support.lora_adapters import make_adapter
+    from tests.support.reference_numpy import RefModel
+
+    root = tmp_path_factory.mktemp("lora_root")
+    dims = BaseDims.of(load_model_spec(default_model_dir))
+    base = RefModel.from_dir(default_model_dir, dtype=np.float32).w
+    dirs = {name: root / name for name in LORA_ADAPTERS}
+    for name, kw in LORA_ADAPTERS.items():
+        make_adapter(dirs[name], dims, base_weights=base, strength=LORA_STRENGTH, **kw)
+    return dirs
+
+
+@pytest.fixture(scope="session")
+def lora_engine(default_model_dir, lora_adapter_dirs):
+    """The default model with the LORA_ADAPTERS loaded, two spare slots and runtime updates on (root: the
+    adapters' directory); the default_engine's small shapes."""
+    from backends.mindspore.engine import Engine
+    from backends.settings import EngineConfig, LoraModuleConfig, LoraSettings
+
+    root = next(iter(lora_adapter_dirs.values())).parent
+    lora = LoraSettings(modules=tuple(LoraModuleConfig(n, p) for n, p in lora_adapter_dirs.items()),
+                        runtime_updates=True, root=root, max_loaded=len(lora_adapter_dirs) + 2)
+    config = EngineConfig(max_seq_len=256, max_input_tokens=200, max_batch_size=8, max_iter_times=64,
+                          block_size=64, prefill_chunk=32, window_buckets=(256,), batch_buckets=(1, 4, 8), lora=lora)
+    with Engine(default_model_dir, config, model_name="SmolLM2-135M-Instruct") as engine:
         yield engine

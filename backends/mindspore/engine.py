@@ -9,6 +9,7 @@ import queue
 import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import Future
 from collections.abc import Sequence as Seq
 from pathlib import Path
 from typing import Any
@@ -17,11 +18,13 @@ import numpy as np
 
 from backends.base import Listener, RequestHandle
 from backends.chat_template import render_chat_template
-from backends.errors import EngineOverloaded, EngineUnavailable, GenerationFailed, InputRejected
+from backends.errors import EngineOverloaded, EngineUnavailable, GenerationFailed, InputRejected, ParameterRejected
 from backends.grammar import GrammarCompiler, GrammarState, MaskBatch, MaskWorker
 from backends.limits import longest_sequence, prompt_token_limit
 from backends.mindspore.config import load_model_spec
+from backends.lora import BaseDims, LoraAdapter, load_adapter
 from backends.mindspore.kv_cache import BlockAllocator
+from backends.mindspore.lora_slots import LoraSlots
 from backends.mindspore.memory import Footprint, available_memory, plan_cache
 from backends.mindspore.model import set_device
 from backends.mindspore.runner import RowOutput, build_runner
@@ -31,7 +34,7 @@ from backends.mindspore.shapes import plan_shapes
 from backends.mindspore.tokenizer import Tokenizer
 from backends.mindspore.weights import check_weight_dtype, load_weights
 from backends.params import effective_max_new_tokens
-from backends.settings import EngineConfig
+from backends.settings import EngineConfig, LoraSettings
 from backends.stopping import StepOutcome
 from backends.types import FinishReason, GenerationResult, RequestParams, Token, TokenEvent
 
@@ -68,19 +71,29 @@ class Engine:
         self.device = set_device(spec, config.threads)
         weights = load_weights(spec.checkpoint, spec.checkpoint_format)
         check_weight_dtype(weights, spec.yaml_path, spec.weight_dtype)
+        adapters = load_configured_adapters(config.lora, BaseDims.of(spec))
+        lora_shape = lora_slot_shape(config.lora, adapters)
         # The execution strategy, chosen once: the packed AOT step or the split stock-op step.
-        self.runner = build_runner(spec, weights, shapes, num_blocks, config.kernels, self.device)
+        self.runner = build_runner(spec, weights, shapes, num_blocks, config.kernels, self.device, lora_shape)
         del weights
+        self.loras = (LoraSlots(BaseDims.of(spec), *lora_shape, self.runner.write_lora)
+                      if lora_shape is not None else None)
+        for adapter in adapters:
+            slot = self.loras.load(adapter)
+            log.info("loaded LoRA adapter %s from %s (rank %d, scale %g, targets %s) into slot %d", adapter.name,
+                     adapter.path, adapter.rank, adapter.scale, ",".join(adapter.targets), slot)
         self.allocator = BlockAllocator(num_blocks, self.runner.shapes.block_size, config.prefix_caching)
         self.scheduler = Scheduler(self.allocator, config.max_batch_size, config.max_waiting,
                                    prefill_rows=self.runner.shapes.prefill_batch_buckets[-1],
                                    prefill_tokens=self.runner.prefill_budget(config),
-                                   chunk=self.runner.shapes.prefill_chunk, prefill_first=self.runner.prefill_first)
+                                   chunk=self.runner.shapes.prefill_chunk, prefill_first=self.runner.prefill_first,
+                                   max_loras=config.lora.max_loras)
         self.eos_ids = frozenset(spec.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
         self.vocab_size = spec.config_vocab_size or spec.vocab_size
         self.grammars = GrammarCompiler(self.tokenizer.to_json(), self.vocab_size, self.eos_ids)
         self.masks = MaskWorker()  # grammar masks, computed while the forward pass runs
         self._inbox: queue.SimpleQueue[SeqState] = queue.SimpleQueue()
+        self._tasks: queue.SimpleQueue[tuple[Any, Future]] = queue.SimpleQueue()  # run between steps
         self._wake = threading.Event()
         self._ids = itertools.count(1)
         self._thread: threading.Thread | None = None
@@ -154,14 +167,66 @@ class Engine:
         handle = RequestHandle(f"req-{next(self._ids)}", listener)
         max_new = effective_max_new_tokens(params.max_new_tokens, self.config.max_iter_times,
                                            self.max_seq_len, len(ids))
-        seq = SeqState.from_request(handle, ids, params, max_new_tokens=max_new, defaults=self.spec.defaults,
-                                    vocab_size=self.vocab_size, eos_ids=self.eos_ids, tokenizer=self.tokenizer,
-                                    grammars=self.grammars)
-        if self._inbox.qsize() + len(self.scheduler) >= self.config.max_waiting + self.config.max_batch_size:
-            raise EngineOverloaded(f"{self.config.max_waiting} requests already waiting")
+        lease = self._lease(params.adapter_id)
+        try:
+            seq = SeqState.from_request(handle, ids, params, max_new_tokens=max_new, defaults=self.spec.defaults,
+                                        vocab_size=self.vocab_size, eos_ids=self.eos_ids, tokenizer=self.tokenizer,
+                                        grammars=self.grammars)
+            seq.lora = lease
+            if self._inbox.qsize() + len(self.scheduler) >= self.config.max_waiting + self.config.max_batch_size:
+                raise EngineOverloaded(f"{self.config.max_waiting} requests already waiting")
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
         self._inbox.put(seq)
         self._wake.set()
         return handle
+
+    def _lease(self, adapter_id: str | None):
+        """The request's hold on its adapter (None: the base model); ParameterRejected if it is not loaded."""
+        if adapter_id is None:
+            return None
+        if self.loras is None:
+            raise ParameterRejected("adapter_id", f"{json.dumps(adapter_id)} is not a loaded adapter (loaded: none; "
+                                                  "the server config has no LoraModules)")
+        return self.loras.acquire(adapter_id)
+
+    # --- LoRA adapters at run time (the management plane) ---
+
+    def adapters(self) -> list[dict]:
+        """The loaded adapters (name, rank, targets, scale, use_rslora, slot, requests in flight)."""
+        return self.loras.describe() if self.loras is not None else []
+
+    def load_adapter(self, name: str, path: Path | str) -> dict:
+        """Read and check a PEFT adapter (here, in the caller's thread), then put it in a free slot between
+        two steps; its /info entry. AdapterError for a bad adapter, ValueError if it cannot be held."""
+        if self.loras is None:
+            raise ValueError("this server has no adapter slots (set LoraModules or allowRuntimeLoraUpdating)")
+        adapter = load_adapter(name, path, BaseDims.of(self.spec), self.loras.rank)
+        self._between_steps(lambda: self.loras.load(adapter)).result(timeout=60)
+        log.info("loaded LoRA adapter %s from %s at run time (rank %d, scale %g)", name, path, adapter.rank,
+                 adapter.scale)
+        return next(a for a in self.adapters() if a["name"] == name)
+
+    def unload_adapter(self, name: str) -> bool:
+        """New requests for ``name`` are refused from now on; its slot is freed once the ones in flight end
+        (True: at once). KeyError if it is not loaded."""
+        if self.loras is None:
+            raise KeyError(name)
+        freed = self.loras.unload(name)
+        log.info("unloaded LoRA adapter %s (%s)", name, "slot freed" if freed else "slot freed when its requests end")
+        return freed
+
+    def _between_steps(self, task) -> Future:
+        """Run ``task`` on the engine thread before its next step (or here, if the loop is not running)."""
+        done: Future = Future()
+        if self._thread is None or not self._thread.is_alive():
+            _run_task(task, done)
+        else:
+            self._tasks.put((task, done))
+            self._wake.set()
+        return done
 
     def generate(self, inputs: str, params: RequestParams = RequestParams()) -> GenerationResult:
         return self.submit(inputs, params).result()
@@ -178,7 +243,10 @@ class Engine:
                 "weight_dtype": self.spec.weight_dtype,
                 "prefix_caching": self.allocator.prefix_caching, "prefix_cache_blocks": self.allocator.cached_blocks,
                 "prefix_cache_hit_rate": self.scheduler.hit_tokens / max(self.scheduler.prompt_tokens, 1),
-                "prefix_cache_hit_tokens": self.scheduler.hit_tokens}
+                "prefix_cache_hit_tokens": self.scheduler.hit_tokens, "adapters": self.adapters(),
+                "lora": None if self.loras is None else {
+                    "slots": self.loras.slots, "rank": self.loras.rank, "max_loras": self.config.lora.max_loras,
+                    "runtime_updates": self.config.lora.runtime_updates}}
 
     # --- engine thread ---
 
@@ -197,6 +265,8 @@ class Engine:
 
     def step(self) -> bool:
         """One iteration: admit, drop the cancelled, plan, run, then each row in turn. False if idle."""
+        while not self._tasks.empty():
+            _run_task(*self._tasks.get())
         self._admit()
         self._drop_cancelled()
         plan = self.scheduler.plan()
@@ -209,6 +279,7 @@ class Engine:
         while not self._inbox.empty():
             seq = self._inbox.get()
             if not self.scheduler.add(seq):
+                seq.close()
                 seq.handle.emit(EngineOverloaded("the wait queue is full"))
 
     def _drop_cancelled(self) -> None:
@@ -291,6 +362,27 @@ class Engine:
         for seq in self.scheduler.all():
             self.scheduler.finish(seq)
             seq.handle.emit(exc if isinstance(exc, EngineUnavailable) else GenerationFailed(str(exc)))
+
+
+def _run_task(task, done: Future) -> None:
+    try:
+        done.set_result(task())
+    except Exception as exc:
+        done.set_exception(exc)
+
+
+def load_configured_adapters(lora: LoraSettings, dims: BaseDims) -> list[LoraAdapter]:
+    """The ``LoraModules`` adapters, read and checked; AdapterError naming the entry for a bad one."""
+    return [load_adapter(m.name, m.path, dims, lora.max_rank or None) for m in lora.modules]
+
+
+def lora_slot_shape(lora: LoraSettings, adapters: list[LoraAdapter]) -> tuple[int, int] | None:
+    """(slots, rank) of the adapter slots, None without adapters: maxLoraRank, else the largest configured
+    rank (16 when only runtime loads are allowed)."""
+    if not lora.enabled:
+        return None
+    rank = lora.max_rank or max((a.rank for a in adapters), default=16)
+    return max(lora.slots, 1), rank
 
 
 def _constrained_rows(plan: StepPlan) -> list[GrammarState]:

@@ -81,7 +81,7 @@ class DecoderLayer(nn.Cell):
     """
 
     def __init__(self, spec: ModelSpec, w: dict[str, np.ndarray], i: int, num_slots: int, block_size: int,
-                 aot=None, dtype=ms.float32) -> None:
+                 aot=None, dtype=ms.float32, lora: tuple[int, int] | None = None) -> None:
         super().__init__()
         p = f"model.layers.{i}."
         self.aot = aot
@@ -113,6 +113,63 @@ class DecoderLayer(nn.Cell):
         self.bmm = ops.BatchMatMul()
         self.bmm_t = ops.BatchMatMul(transpose_b=True)
         self.scale = 1.0 / float(np.sqrt(spec.head_dim))
+        self.lora = lora is not None
+        if self.lora:
+            self._lora_params(spec, p, *lora, dtype)
+        else:  # construct passes them along, unused
+            for group in ("qkv", "o", "gate_up", "down"):
+                for part in ("a", "b", "segs", "cols"):
+                    setattr(self, f"lora_{group}_{part}", None)
+
+    def _lora_params(self, spec: ModelSpec, p: str, slots: int, rank: int, dtype) -> None:
+        """Adapter slots (lora_slots.py): per group a [S, K, G*R] and b [S, R, N] (zeros until an adapter is
+        loaded), the column boundaries of its projections, and (stock ops) the mask of each projection's
+        columns [G, N]."""
+        from backends.lora import BaseDims
+        from backends.mindspore.lora_slots import GROUPS, group_segments, group_shapes
+
+        dims = BaseDims.of(spec)
+        for group in GROUPS:
+            a_shape, b_shape = group_shapes(dims, group, slots, rank)
+            setattr(self, f"lora_{group}_a", _param(np.zeros(a_shape, np.float32), p + f"lora_{group}_a", dtype))
+            setattr(self, f"lora_{group}_b", _param(np.zeros(b_shape, np.float32), p + f"lora_{group}_b", dtype))
+            segs = group_segments(dims, group)
+            setattr(self, f"lora_{group}_segs", Tensor(np.array(segs, np.int32)))
+            cols = np.zeros((len(segs) - 1, segs[-1]), np.float32)
+            for g in range(len(segs) - 1):
+                cols[g, segs[g]:segs[g + 1]] = 1
+            setattr(self, f"lora_{group}_cols", Tensor(cols, dtype))
+        self.lora_slot_ids = Tensor(np.arange(slots, dtype=np.int32))
+
+    def _delta(self, x, a, b, cols, rows):
+        """Stock ops: each row's LoRA delta [N, out] for x [N, K], its slot in rows [N] (-1: none, an exact
+        zero). Every slot's shrink in one product, masked to the row's own slot, then one expand whose rows
+        are each slot's b restricted to its projection's columns."""
+        n = x.shape[0]
+        s, k, gr = a.shape
+        t = ops.matmul(x, ops.reshape(ops.transpose(a, (1, 0, 2)), (k, s * gr)))  # [N, S*GR]
+        own = ops.cast(ops.equal(ops.expand_dims(rows, 1), ops.expand_dims(self.lora_slot_ids, 0)), x.dtype)
+        t = ops.reshape(ops.reshape(t, (n, s, gr)) * ops.expand_dims(own, 2), (n, s * gr))
+        expand = ops.expand_dims(b, 1) * ops.expand_dims(ops.expand_dims(cols, 0), 2)  # [S, G, R, N]
+        return ops.matmul(t, ops.reshape(expand, (s * gr, -1)))
+
+    def _mm(self, x, w, a, b, segs, cols, rows):
+        """x @ w, plus each row's LoRA delta (factors a, b of the group; segs/cols its projections' columns;
+        rows each row's slot) when the layer has adapter slots: AOT kernel or stock ops."""
+        if self.fused:
+            if self.lora:
+                return self.aot.matmul_lora(x, w, a, b, rows, segs)
+            return self.aot.matmul(x, w)
+        y = ops.matmul(x, w)
+        if self.lora:
+            y = y + self._delta(x, a, b, cols, rows)
+        return y
+
+    def _mm_add(self, x, w, res, a, b, segs, rows):
+        """res + x @ w (+ LoRA): AOT only."""
+        if self.lora:
+            return self.aot.matmul_add_lora(x, w, res, a, b, rows, segs)
+        return self.aot.matmul_add(x, w, res)
 
     def _rope(self, x, cos, sin):
         # x: [B, T, heads, D]; cos/sin: [B, T, 1, D]
@@ -120,10 +177,10 @@ class DecoderLayer(nn.Cell):
         rotated = ops.concat((-x[..., half:], x[..., :half]), -1)
         return x * cos + rotated * sin
 
-    def _attention_aot(self, h, cos, sin, pos, write_idx, table, token_rows):
-        """h [N, dim] (N = B*T); cos/sin [N, D]; pos, token_rows [N]; table [R, NB]. Returns [N, H*D]
-        before the o projection."""
-        qkv = self.aot.matmul(h, self.wqkv)
+    def _attention_aot(self, h, cos, sin, pos, write_idx, table, token_rows, lora_rows):
+        """h [N, dim] (N = B*T); cos/sin [N, D]; pos, token_rows, lora_rows [N]; table [R, NB]. Returns
+        [N, H*D] before the o projection."""
+        qkv = self._mm(h, self.wqkv, self.lora_qkv_a, self.lora_qkv_b, self.lora_qkv_segs, self.lora_qkv_cols, lora_rows)
         if self.has_bias:
             qkv = qkv + self.bqkv
         q, k, v = self.aot.qkv_rope(qkv, cos, sin)  # [N, H, D], [N*KV, D], [N*KV, D]
@@ -132,12 +189,13 @@ class DecoderLayer(nn.Cell):
         values = self.scatter(self.v_cache, write_idx, v)
         return self.aot.attention(q, keys, values, table, pos, token_rows, self.attn_meta)
 
-    def _attention_ops(self, x, cos, sin, write_idx, read_rows, mask):
-        """x [B, T, dim]; cos/sin [B, T, 1, D]; read_rows [kv, B, W]; mask [B, 1, T, W]."""
+    def _attention_ops(self, x, cos, sin, write_idx, read_rows, mask, lora_rows):
+        """x [B, T, dim]; cos/sin [B, T, 1, D]; read_rows [kv, B, W]; mask [B, 1, T, W]; lora_rows [B*T]."""
         b, t, _ = x.shape
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
         g = h // kvh
-        qkv = ops.matmul(ops.reshape(x, (b * t, -1)), self.wqkv)
+        qkv = self._mm(ops.reshape(x, (b * t, -1)), self.wqkv, self.lora_qkv_a, self.lora_qkv_b, self.lora_qkv_segs,
+                       self.lora_qkv_cols, lora_rows)
         if self.has_bias:
             qkv = qkv + self.bqkv
         q = ops.reshape(qkv[:, : h * d], (b, t, h, d))
@@ -157,19 +215,27 @@ class DecoderLayer(nn.Cell):
         out = ops.transpose(ops.reshape(out, (kvh, b, g, t, d)), (1, 3, 0, 2, 4))
         return ops.reshape(out, (b * t, h * d))
 
-    def construct(self, x, cos, sin, pos, write_idx, index, aux):
+    def construct(self, x, cos, sin, pos, write_idx, index, aux, lora_rows=None):
         """x [B*T, dim] with the AOT kernels (pos flat [B*T], index the table, aux each token's table row),
-        else [B, T, dim] (index the read rows, aux the mask); same shape out."""
+        else [B, T, dim] (index the read rows, aux the mask); lora_rows [B*T] each token's adapter slot (-1:
+        none) when the layer has adapter slots; same shape out."""
         if self.fused:
-            x = self.aot.matmul_add(self._attention_aot(self.attn_norm(x), cos, sin, pos, write_idx, index, aux),
-                                    self.wo, x)
-            return self.aot.matmul_add(self.aot.swiglu(self.aot.matmul(self.ffn_norm(x), self.w_gate_up)), self.w_down, x)
+            attn = self._attention_aot(self.attn_norm(x), cos, sin, pos, write_idx, index, aux, lora_rows)
+            x = self._mm_add(attn, self.wo, x, self.lora_o_a, self.lora_o_b, self.lora_o_segs, lora_rows)
+            gate_up = self._mm(self.ffn_norm(x), self.w_gate_up, self.lora_gate_up_a, self.lora_gate_up_b,
+                               self.lora_gate_up_segs, self.lora_gate_up_cols, lora_rows)
+            return self._mm_add(self.aot.swiglu(gate_up), self.w_down, x, self.lora_down_a, self.lora_down_b,
+                                self.lora_down_segs, lora_rows)
         b, t, dim = x.shape
-        attn = ops.matmul(self._attention_ops(self.attn_norm(x), cos, sin, write_idx, index, aux), self.wo)
+        attn = self._mm(self._attention_ops(self.attn_norm(x), cos, sin, write_idx, index, aux, lora_rows), self.wo,
+                        self.lora_o_a, self.lora_o_b, self.lora_o_segs, self.lora_o_cols, lora_rows)
         x = x + ops.reshape(attn, (b, t, dim))
-        gate_up = ops.matmul(ops.reshape(self.ffn_norm(x), (b * t, dim)), self.w_gate_up)
+        gate_up = self._mm(ops.reshape(self.ffn_norm(x), (b * t, dim)), self.w_gate_up, self.lora_gate_up_a,
+                           self.lora_gate_up_b, self.lora_gate_up_segs, self.lora_gate_up_cols, lora_rows)
         act = ops.silu(gate_up[:, : self.ffn]) * gate_up[:, self.ffn:]
-        return x + ops.reshape(ops.matmul(act, self.w_down), (b, t, dim))
+        down = self._mm(act, self.w_down, self.lora_down_a, self.lora_down_b, self.lora_down_segs, self.lora_down_cols,
+                        lora_rows)
+        return x + ops.reshape(down, (b, t, dim))
 
 
 class LlamaModel(nn.Cell):
@@ -185,8 +251,9 @@ class LlamaModel(nn.Cell):
     """
 
     def __init__(self, spec: ModelSpec, w: dict[str, np.ndarray], num_blocks: int, block_size: int,
-                 max_positions: int, aot=None, dtype: str = "float32") -> None:
+                 max_positions: int, aot=None, dtype: str = "float32", lora: tuple[int, int] | None = None) -> None:
         super().__init__()
+        self.lora = lora is not None  # (slots, rank): adapter slots in every layer, and a lora_rows input
         self.dim, self.head_dim = spec.hidden_size, spec.head_dim
         self.aot = aot
         self.fused = aot is not None
@@ -198,11 +265,11 @@ class LlamaModel(nn.Cell):
         self.head = _weight([head], "lm_head", self.fused, dt)  # [D, V]: a separate copy even when tied
         cos, sin = rope_tables(spec.head_dim, max_positions, spec.rope_theta)
         self.cos, self.sin = _param(cos, "rope_cos", dt), _param(sin, "rope_sin", dt)
-        self.layers = nn.CellList([DecoderLayer(spec, w, i, num_blocks * block_size, block_size, aot, dt)
+        self.layers = nn.CellList([DecoderLayer(spec, w, i, num_blocks * block_size, block_size, aot, dt, lora)
                                    for i in range(spec.num_layers)])
         self.norm = RMSNorm(w["model.norm.weight"], spec.rms_norm_eps, "norm", aot, dt)
 
-    def construct(self, ids, pos, write_idx, index, aux, last_rows):
+    def construct(self, ids, pos, write_idx, index, aux, last_rows, lora_rows=None):
         b, t = ids.shape
         if self.fused:  # rows stay flat [B*T, ...] all the way through
             x = ops.gather(self.embed, ops.reshape(ids, (b * t,)), 0)
@@ -216,7 +283,7 @@ class LlamaModel(nn.Cell):
             if self.low_precision:
                 aux = ops.cast(aux, self.dtype)  # the mask
         for layer in self.layers:
-            x = layer(x, cos, sin, pos, write_idx, index, aux)
+            x = layer(x, cos, sin, pos, write_idx, index, aux, lora_rows)
         hidden = self.norm(ops.reshape(x, (b * t, self.dim)))
         last = ops.gather(hidden, last_rows, 0)
         logits = self.aot.matmul(last, self.head) if self.fused else ops.matmul(last, self.head)  # [B, V]

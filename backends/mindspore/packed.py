@@ -47,7 +47,7 @@ class PackedRunner(ModelRunner):
         if not plan.prefill:
             return self.decode_rows(plan) if plan.decode else []
         prompts = self.prompt_chunks(plan)
-        rows = [PrefillChunk([s.generated[-1]], s.length - 1, s.blocks) for s in plan.decode] + prompts
+        rows = [PrefillChunk([s.generated[-1]], s.length - 1, s.blocks, s.lora_slot) for s in plan.decode] + prompts
         outs = [RowOutput(s) for s in plan.decode] + [RowOutput(seq, c) for (seq, _), c in zip(plan.prefill, prompts)]
         return self.isolated(self.prefill, rows, outs)
 
@@ -66,6 +66,7 @@ class PackedRunner(ModelRunner):
         pos = np.zeros((1, size), np.int32)
         slots = np.zeros(size, np.int32)  # padding tokens write the scratch slot 0 and read table row 0
         token_rows = np.zeros(size, np.int32)
+        lora_rows = np.full(size, -1, np.int32)  # each token's adapter slot; padding: none
         last_rows = np.zeros(rows, np.int32)
         offsets = []
         at = 0
@@ -76,16 +77,18 @@ class PackedRunner(ModelRunner):
             pos[0, at:at + t] = np.arange(c.start, c.start + t)
             slots[at:at + t] = token_slots(c.blocks, pos[0, at:at + t], self.shapes.block_size)
             token_rows[at:at + t] = i
+            lora_rows[at:at + t] = c.lora
             last_rows[i] = at + t - 1
             offsets.append(at)
             at += t
         window = self.shapes.max_window
         table = block_table([c.blocks for c in chunks] + [[]] * (rows - n), window // self.shapes.block_size)
-        logits, hidden = self._call(("packed", size, rows, window), ids, pos, slots, table, last_rows, token_rows)
+        logits, hidden = self._call(("packed", size, rows, window), ids, pos, slots, table, last_rows, token_rows,
+                                    lora_rows)
         return logits[:n], [hidden[o: o + len(c.ids)] for o, c in zip(offsets, chunks)]
 
     def _decode(self, rows: list[DecodeRow]) -> np.ndarray:
-        return self._prefill([PrefillChunk([r.token], r.position, r.blocks) for r in rows])[0]
+        return self._prefill([PrefillChunk([r.token], r.position, r.blocks, r.lora) for r in rows])[0]
 
     def warmup_plan(self) -> list[tuple]:
         s = self.shapes

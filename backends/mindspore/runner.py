@@ -30,6 +30,7 @@ class PrefillChunk:
     ids: list[int]  # this chunk's prompt tokens
     start: int  # position of ids[0]
     blocks: list[int]
+    lora: int = -1  # adapter slot (-1: the base model)
 
 
 @dataclass(slots=True)
@@ -37,6 +38,7 @@ class DecodeRow:
     token: int
     position: int
     blocks: list[int]
+    lora: int = -1  # adapter slot (-1: the base model)
 
 
 @dataclass(slots=True)
@@ -63,7 +65,7 @@ class ModelRunner(ABC):
     prefill_first: ClassVar[int]  # the scheduler's prefill-only steps in a row while prompts wait
 
     def __init__(self, spec: ModelSpec, weights: dict[str, np.ndarray], shapes: Shapes, num_blocks: int,
-                 aot=None, dtype: str = "float32") -> None:
+                 aot=None, dtype: str = "float32", lora: tuple[int, int] | None = None) -> None:
         self.spec = spec
         self.shapes = shapes = self.compiled_shapes(shapes)
         self.dtype = dtype
@@ -71,8 +73,10 @@ class ModelRunner(ABC):
         if spec.num_kv_heads * self.num_slots >= 2**31:
             raise ValueError(f"a KV cache of {num_blocks} blocks x {shapes.block_size} tokens x {spec.num_kv_heads} "
                              "kv heads has more rows than int32 indices address; lower cacheBlockNum")
-        self.net = LlamaModel(spec, weights, num_blocks, shapes.block_size, shapes.max_window, aot, dtype)
+        self.net = LlamaModel(spec, weights, num_blocks, shapes.block_size, shapes.max_window, aot, dtype, lora)
         self.net.set_train(False)
+        self.lora = lora  # (slots, rank) of the adapter slots, None without adapters
+        self._lora_host: dict[tuple[int, str, str], np.ndarray] = {}  # host copies of the slot arrays
         self.head = LMHead(self.net)
         self.compiled: set[tuple] = set()
 
@@ -122,15 +126,15 @@ class ModelRunner(ABC):
 
     def decode_rows(self, plan: StepPlan) -> list[RowOutput]:
         """The decode call of the plan's running sequences (one token each), with fault isolation."""
-        rows = [DecodeRow(s.generated[-1], s.length - 1, s.blocks) for s in plan.decode]
+        rows = [DecodeRow(s.generated[-1], s.length - 1, s.blocks, s.lora_slot) for s in plan.decode]
         return self.isolated(lambda r: (self.decode(r), [None] * len(r)), rows, [RowOutput(s) for s in plan.decode])
 
     @staticmethod
     def prompt_chunks(plan: StepPlan) -> list[PrefillChunk]:
         """The next prompt tokens of each planned sequence, from ``seq.prefilled`` on: a prompt that shares
         cached prefix blocks starts after them, and its block table still lists them, so attention reads them."""
-        return [PrefillChunk(seq.prompt_ids[seq.prefilled:seq.prefilled + n], seq.prefilled, seq.blocks)
-                for seq, n in plan.prefill]
+        return [PrefillChunk(seq.prompt_ids[seq.prefilled:seq.prefilled + n], seq.prefilled, seq.blocks,
+                             seq.lora_slot) for seq, n in plan.prefill]
 
     @staticmethod
     def isolated(forward: Callable[[list], tuple[np.ndarray, list]], rows: list,
@@ -157,8 +161,12 @@ class ModelRunner(ABC):
                 out.error = exc
         return outs
 
-    def _call(self, key: tuple, ids, pos, slots, table, last_rows, token_rows=None):
+    def _call(self, key: tuple, ids, pos, slots, table, last_rows, token_rows=None, lora_rows=None):
+        """One graph call; ``lora_rows`` (each token's adapter slot, -1 padding) is an input only when the
+        network has adapter slots."""
         args = self.graph_inputs(ids, pos, slots, table, last_rows, token_rows)
+        if self.lora is not None:
+            args = (*args, np.ascontiguousarray(lora_rows, np.int32))
         started = time.perf_counter()
         logits, hidden = self.net(*(None if a is None else ms.Tensor(a) for a in args))
         out = logits.asnumpy(), hidden.asnumpy()
@@ -169,6 +177,18 @@ class ModelRunner(ABC):
         if key not in self.compiled:
             self.compiled.add(key)
             log.info("compiled graph %s in %.2fs", key, time.perf_counter() - started)
+
+    def write_lora(self, slot: int, layer: int, group: str, a: np.ndarray, b: np.ndarray) -> None:
+        """Put one adapter slot's factors of one layer's group into the network (lora_slots.LoraSlots)."""
+        cell = self.net.layers[layer]
+        for part, value in (("a", a), ("b", b)):
+            param = getattr(cell, f"lora_{group}_{part}")
+            key = (layer, group, part)
+            if key not in self._lora_host:
+                self._lora_host[key] = param.asnumpy()
+            host = self._lora_host[key]
+            host[slot] = value
+            param.set_data(ms.Tensor(host, param.dtype))
 
     def prompt_logits(self, hidden: np.ndarray) -> np.ndarray:
         """Logits [t, V] for normed hidden rows of one prefill chunk (padded to the chunk shape)."""
@@ -215,7 +235,7 @@ def _aot_ops(spec: ModelSpec):
 
 
 def build_runner(spec: ModelSpec, weights: dict[str, np.ndarray], shapes: Shapes, num_blocks: int,
-                 kernels: str = "ms", device: str = "CPU") -> ModelRunner:
+                 kernels: str = "ms", device: str = "CPU", lora: tuple[int, int] | None = None) -> ModelRunner:
     """The runner for ``kernels`` (auto|aot|ms) on ``device``: on CPU the AOT kernels where asked and they
     build (float32); elsewhere the stock ops in the yaml's compute_dtype."""
     from backends.mindspore.packed import PackedRunner
@@ -227,12 +247,12 @@ def build_runner(spec: ModelSpec, weights: dict[str, np.ndarray], shapes: Shapes
         if kernels == "aot":
             raise ValueError(f"kernels 'aot' asked for, but the AOT kernels are CPU kernels and the model's "
                              f"context.device_target is {device}")
-        runner: ModelRunner = SplitRunner(spec, weights, shapes, num_blocks, dtype=spec.compute_dtype)
+        runner: ModelRunner = SplitRunner(spec, weights, shapes, num_blocks, dtype=spec.compute_dtype, lora=lora)
     else:
         aot = _aot_ops(spec) if kernels != "ms" else None
         if kernels == "aot" and aot is None:
             raise RuntimeError("kernels 'aot' asked for, but the AOT kernels could not be built (see the log)")
-        runner = (PackedRunner(spec, weights, shapes, num_blocks, aot) if aot is not None
-                  else SplitRunner(spec, weights, shapes, num_blocks))
+        runner = (PackedRunner(spec, weights, shapes, num_blocks, aot, lora=lora) if aot is not None
+                  else SplitRunner(spec, weights, shapes, num_blocks, lora=lora))
     log.info("kernels: %s on %s, %s", runner.description, device, runner.dtype)
     return runner

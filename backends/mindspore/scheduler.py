@@ -6,6 +6,7 @@ import itertools
 from dataclasses import dataclass
 
 from backends.mindspore.kv_cache import BlockAllocator, block_hashes
+from backends.mindspore.lora_slots import adapter_fits
 from backends.mindspore.sequence import SeqState
 
 
@@ -35,12 +36,19 @@ class Scheduler:
     With the allocator's prefix caching, a prompt whose first full blocks are cached shares them and starts
     its prefill after them (always leaving at least its last token to compute); its own full prompt blocks
     are registered once written.
+
+    ``max_loras`` (> 0) caps the distinct LoRA adapters among the active sequences (every step then mixes at
+    most that many): a waiting request whose adapter would exceed it is passed over by the ones behind it
+    that fit, but only ``patience`` times; after that nothing else is admitted until it fits, so it cannot
+    starve.
     """
 
     def __init__(self, allocator: BlockAllocator, max_batch: int, max_waiting: int, *,
                  prefill_rows: int = 1, prefill_tokens: int = 64, chunk: int = 64,
-                 prefill_first: int = PREFILL_FIRST) -> None:
+                 prefill_first: int = PREFILL_FIRST, max_loras: int = 0, patience: int = 16) -> None:
         self.allocator, self.max_batch, self.max_waiting = allocator, max_batch, max_waiting
+        self.max_loras, self.patience = max_loras, patience
+        self._passed: dict[SeqState, int] = {}  # waiting sequences held back by max_loras -> times overtaken
         self.prefill_rows, self.prefill_tokens, self.chunk = prefill_rows, prefill_tokens, chunk
         self.prefill_first = prefill_first
         self._prefill_streak = 0  # steps in a row that prefilled without decoding
@@ -65,13 +73,27 @@ class Scheduler:
         return True
 
     def _admit(self) -> None:
-        while self.waiting and self.active < self.max_batch:
-            seq = self.waiting[0]
-            hashes = block_hashes(seq.prompt_ids, self.allocator.block_size) if self.allocator.prefix_caching else []
+        active = {s.adapter for s in (*self.prefilling, *self.running) if s.adapter is not None}
+        i = 0
+        while i < len(self.waiting) and self.active < self.max_batch:
+            seq = self.waiting[i]
+            if not adapter_fits(seq.adapter, active, self.max_loras):
+                self._passed.setdefault(seq, 0)
+                i += 1
+                continue
+            if any(n >= self.patience for held, n in self._passed.items() if held is not seq):
+                break  # a held-back request has waited long enough: the others wait for it
+            hashes = (block_hashes(seq.prompt_ids, self.allocator.block_size, seq.lora.key if seq.lora else None)
+                      if self.allocator.prefix_caching else [])
             cached = self._cached(seq, hashes)
             if not self.allocator.can_allocate(seq.capacity, cached):
                 break  # FIFO: wait for blocks rather than overtaking
-            self.waiting.popleft()
+            del self.waiting[i]
+            for held in itertools.islice(self.waiting, i):  # the ones it overtook
+                self._passed[held] += 1
+            self._passed.pop(seq, None)
+            if seq.adapter is not None:
+                active.add(seq.adapter)
             # Reserve the whole (prompt + max_new_tokens) up front: no preemption needed mid-generation.
             seq.blocks = self.allocator.allocate(seq.capacity, cached)
             seq.prefilled = len(cached) * self.allocator.block_size
@@ -121,7 +143,9 @@ class Scheduler:
             if seq in pool:
                 pool.remove(seq)
         self._hashes.pop(seq, None)
+        self._passed.pop(seq, None)
         self.allocator.release(seq.blocks)
+        seq.close()
 
     def all(self) -> list[SeqState]:
         return [*self.running, *self.prefilling, *self.waiting]

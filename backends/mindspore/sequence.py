@@ -12,6 +12,7 @@ import numpy as np
 from backends.base import RequestHandle
 from backends.errors import ParameterRejected
 from backends.grammar import GrammarCompiler, GrammarState
+from backends.mindspore.lora_slots import Lease
 from backends.mindspore.tokenizer import IncrementalDetokenizer, Tokenizer
 from backends.params import resolve
 from backends.sampling import NextTokenChooser, request_processors
@@ -33,6 +34,7 @@ class SeqState:
     want_prefill: bool = False  # decoder_input_details: prompt tokens with their logprobs
     grammar: GrammarState | None = None  # constrained decoding: the mask before sampling, advanced after
     top_logprobs: int = 0  # alternatives reported with each token
+    lora: Lease | None = None  # the LoRA adapter this request runs with (None: the base model)
     blocks: list[int] = field(default_factory=list)
     prefilled: int = 0  # prompt tokens already in the cache
     generated: list[int] = field(default_factory=list)
@@ -62,6 +64,21 @@ class SeqState:
                    stopper=Stopper(max_new_tokens, eos_ids, params.stop),
                    detokenizer=IncrementalDetokenizer(tokenizer, prompt_ids), seed=sampling.seed,
                    want_prefill=params.decoder_input_details, top_logprobs=params.top_logprobs)
+
+    @property
+    def adapter(self) -> str | None:
+        """The adapter's name, None for the base model."""
+        return self.lora.name if self.lora is not None else None
+
+    @property
+    def lora_slot(self) -> int:
+        """The adapter slot its rows name; -1 = the base model."""
+        return self.lora.slot if self.lora is not None else -1
+
+    def close(self) -> None:
+        """The request is over (finished, failed or refused): let go of what it holds outside the cache."""
+        if self.lora is not None:
+            self.lora.release()
 
     @property
     def length(self) -> int:

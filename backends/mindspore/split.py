@@ -59,6 +59,7 @@ class SplitRunner(ModelRunner):
         ids = np.zeros((batch, size), np.int32)
         pos = np.zeros((batch, size), np.int32)
         slots = np.zeros((batch, size), np.int32)  # padding writes go to the scratch slot 0
+        lora_rows = np.full((batch, size), -1, np.int32)  # each token's adapter slot; padding: none
         last_rows = np.arange(batch, dtype=np.int32) * size
         for i, c in enumerate(chunks):
             t = len(c.ids)
@@ -66,9 +67,11 @@ class SplitRunner(ModelRunner):
             ids[i, :t] = c.ids
             pos[i, :t] = np.arange(c.start, c.start + t)
             slots[i, :t] = token_slots(c.blocks, pos[i, :t], self.shapes.block_size)
+            lora_rows[i, :t] = c.lora
             last_rows[i] += t - 1
         table = block_table([c.blocks for c in chunks] + [[]] * (batch - n), window // self.shapes.block_size)
-        logits, hidden = self._call(("prefill", batch, size, window), ids, pos, slots.reshape(-1), table, last_rows)
+        logits, hidden = self._call(("prefill", batch, size, window), ids, pos, slots.reshape(-1), table, last_rows,
+                                    lora_rows=lora_rows.reshape(-1))
         return logits[:n], [hidden[i * size: i * size + len(c.ids)] for i, c in enumerate(chunks)]
 
     def _decode(self, rows: list[DecodeRow]) -> np.ndarray:
@@ -77,11 +80,13 @@ class SplitRunner(ModelRunner):
         ids = np.zeros((batch, 1), np.int32)
         pos = np.zeros((batch, 1), np.int32)
         slots = np.zeros(batch, np.int32)
+        lora_rows = np.full(batch, -1, np.int32)
         for i, row in enumerate(rows):
-            ids[i, 0], pos[i, 0] = row.token, row.position
+            ids[i, 0], pos[i, 0], lora_rows[i] = row.token, row.position, row.lora
             slots[i] = token_slots(row.blocks, pos[i], self.shapes.block_size)[0]
         table = block_table([r.blocks for r in rows] + [[]] * (batch - n), window // self.shapes.block_size)
-        logits, _ = self._call(("decode", batch, window), ids, pos, slots, table, np.arange(batch, dtype=np.int32))
+        logits, _ = self._call(("decode", batch, window), ids, pos, slots, table, np.arange(batch, dtype=np.int32),
+                               lora_rows=lora_rows)
         return logits[:n]
 
     def warmup_plan(self) -> list[tuple]:

@@ -30,6 +30,7 @@ class GenerationRequest(Protocol):
     params: RequestParams
     stream: bool
     choices: int  # sequences generated for the prompt (OpenAI's n); a stream has one
+    media: tuple  # service.media.parts.MediaRef of each media part, in order; loaded by the pipeline
 
     def render_prompt(self, backend: Backend) -> str:
         """The text to generate from (a chat request renders its messages here, off the event loop)."""

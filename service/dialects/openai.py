@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -43,7 +44,7 @@ DONE_EVENT = "data: [DONE]\n\n"
 FINISH_REASONS = {FinishReason.LENGTH: "length", FinishReason.EOS_TOKEN: "stop",
                   FinishReason.STOP_SEQUENCE: "stop"}
 ROLE_ALIASES = {"developer": "system"}  # HF chat templates know system, not developer
-ENGINE_PARAMS = {"grammar": "response_format"}  # the engine's parameter name -> this dialect's field
+ENGINE_PARAMS = {"grammar": "response_format", "adapter_id": "model"}  # the engine's parameter name -> this dialect's field
 
 # status → (status sent, OpenAI error type). Validation is 400 here: OpenAI's status for a bad request,
 # which the official client raises as BadRequestError (422 would be UnprocessableEntityError).
@@ -72,8 +73,9 @@ class ModelNotFound(NotFound):
     code = "model_not_found"
     param = "model"
 
-    def __init__(self, requested: str, served: str) -> None:
-        super().__init__(f"model {show(requested)} is not served here; this server serves {show(served)}")
+    def __init__(self, requested: str, served: str, adapters: Collection[str] = ()) -> None:
+        also = f" and the LoRA adapters {', '.join(map(show, adapters))}" if adapters else ""
+        super().__init__(f"model {show(requested)} is not served here; this server serves {show(served)}{also}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +90,7 @@ class OpenAIRequest:
     response_id: str = ""
     logprobs: bool = False  # choices[].logprobs in OpenAI's shape (the alternatives: params.top_logprobs)
     choices: int = 1  # n: sequences for the prompt (not with stream)
+    media: tuple = ()  # no media parts on these routes (service/media/)
 
     def render_prompt(self, backend: Backend) -> str:
         """The text to generate from: chat messages rendered with the model's chat template."""
@@ -96,13 +99,16 @@ class OpenAIRequest:
 
 # --- request ---------------------------------------------------------------------------------------
 
-def parse_openai_request(kind: Kind, body: Any, schemas: Schemas, model_name: str) -> OpenAIRequest:
-    """Validate ``body`` and convert it; errors are ``InvalidRequest`` (400) or ``ModelNotFound`` (404)."""
+def parse_openai_request(kind: Kind, body: Any, schemas: Schemas, model_name: str,
+                         adapters: Collection[str] = ()) -> OpenAIRequest:
+    """Validate ``body`` and convert it; errors are ``InvalidRequest`` (400) or ``ModelNotFound`` (404).
+    ``model`` is the base model's name, or a LoRA adapter's (``adapters``), which the request then runs with."""
     error = jsonschema.exceptions.best_match(schemas.validator(SCHEMA[kind]).iter_errors(body))
     if error is not None:
         raise InvalidRequest(describe(error), _param_of(error))
-    if body["model"] != model_name:
-        raise ModelNotFound(body["model"], model_name)
+    if body["model"] != model_name and body["model"] not in adapters:
+        raise ModelNotFound(body["model"], model_name, sorted(adapters))
+    adapter = None if body["model"] == model_name else body["model"]
     stream = bool(body.get("stream"))
     choices = int(body.get("n") or 1)
     if choices > 1 and stream:
@@ -111,7 +117,7 @@ def parse_openai_request(kind: Kind, body: Any, schemas: Schemas, model_name: st
     if options is not None and not stream:
         raise InvalidRequest("stream_options is only allowed when stream is true", "stream_options")
     logprobs, top = _logprobs(kind, body)
-    common = {"params": replace(_params(kind, body), top_logprobs=top), "stream": stream, "logprobs": logprobs, "choices": choices,
+    common = {"params": replace(_params(kind, body), top_logprobs=top, adapter_id=adapter), "stream": stream, "logprobs": logprobs, "choices": choices,
               "include_usage": bool(options and options.get("include_usage")), "response_id": new_response_id(kind)}
     if kind == "chat":
         return OpenAIRequest(kind, "", messages=tuple(_message(m) for m in body["messages"]), **common)
@@ -369,7 +375,8 @@ class OpenAIDialect:
     prompt_field: str  # the request field that token-limit errors name
 
     def parse(self, body: Any, ctx: AppContext) -> OpenAIRequest:
-        return parse_openai_request(self.kind, body, ctx.schemas, ctx.backend.model_name)
+        return parse_openai_request(self.kind, body, ctx.schemas, ctx.backend.model_name,
+                                    [a["name"] for a in ctx.backend.adapters()])
 
     def submit_error(self, error: BackendError, req: OpenAIRequest) -> ServiceError:
         if isinstance(error, ParameterRejected):
@@ -381,10 +388,12 @@ class OpenAIDialect:
         return from_backend_error(error)
 
     def render_result(self, req: OpenAIRequest, results: list[GenerationResult], ctx: AppContext) -> Any:
-        return render_completion(req, results, response_id=req.response_id, model=ctx.backend.model_name)
+        return render_completion(req, results, response_id=req.response_id,
+                                 model=req.params.adapter_id or ctx.backend.model_name)
 
     def stream_codec(self, req: OpenAIRequest, ctx: AppContext) -> OpenAIStream:
-        return OpenAIStream(req, ChunkRenderer(req, response_id=req.response_id, model=ctx.backend.model_name))
+        return OpenAIStream(req, ChunkRenderer(req, response_id=req.response_id,
+                                                       model=req.params.adapter_id or ctx.backend.model_name))
 
     def render_error(self, error: ServiceError) -> tuple[int, Any]:
         return openai_error(error)

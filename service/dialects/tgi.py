@@ -19,6 +19,7 @@ from service import sse
 from service.context import AppContext, RequestLimits
 from service.dialects import json_schema_grammar, stop_sequences
 from service.errors import ServiceError, ValidationError, error_body, from_backend_error
+from service.media.parts import MediaRef, media_refs
 from service.validation import show
 
 BASE_MODEL_ADAPTER = "None"
@@ -51,6 +52,7 @@ class ParsedRequest:
     details: bool = False  # the client's `details` flag (decoder_input_details lives in params)
     return_full_text: bool = False  # prepend the text inputs to generated_text (a rendering choice)
     choices: int = 1  # TGI generates one sequence per request
+    media: tuple[MediaRef, ...] = ()  # the media parts, checked but not loaded (service/media/)
 
     @property
     def want_details(self) -> bool:
@@ -97,9 +99,10 @@ def _parse_inputs(inputs: str | list[Any], limits: RequestLimits) -> str | tuple
     if isinstance(inputs, str):
         return inputs
     parts = tuple(_parse_part(part) for part in inputs)
+    media_types = limits.media_types or frozenset()
     for index, part in enumerate(parts):
-        if part.type != TEXT_PART and part.type not in limits.media_types:
-            accepted = ", ".join([TEXT_PART, *sorted(limits.media_types)])
+        if part.type != TEXT_PART and part.type not in media_types:
+            accepted = ", ".join([TEXT_PART, *sorted(media_types)])
             raise ValidationError(
                 f'inputs[{index}] has type "{part.type}", which this model does not accept '
                 f"(accepted part types: {accepted})"
@@ -283,7 +286,9 @@ class TGIDialect:
 
     def parse(self, body: Any, ctx: AppContext) -> ParsedRequest:
         ctx.schemas.validate("generate_request", body)
-        req = parse_generate_request(body, limits=ctx.limits)
+        req = parse_generate_request(body, limits=ctx.request_limits())
+        if not isinstance(req.inputs, str):
+            req = replace(req, media=media_refs([(part.type, part.value) for part in req.inputs]))
         if self.route is Route.OBJECT:
             return replace(req, stream=False)
         if self.route is Route.STREAM:
@@ -296,6 +301,8 @@ class TGIDialect:
     def submit_error(self, error: BackendError, req: ParsedRequest) -> ServiceError:
         if isinstance(error, ParameterRejected) and error.param == "grammar":
             return ValidationError(f"parameters.grammar does not compile: {error}")
+        if isinstance(error, ParameterRejected) and error.param == "adapter_id":
+            return ValidationError(f"parameters.adapter_id {error}")
         return from_backend_error(error)
 
     def render_result(self, req: ParsedRequest, results: list[GenerationResult], ctx: AppContext) -> Any:

@@ -43,6 +43,35 @@ def test_bad_config_stops_with_a_message_naming_the_key(tmp_path, tiny_model_dir
         assert "Traceback" not in out.stderr
 
 
+def _lora_config(tmp_path, tiny_model_dir, adapter) -> str:
+    cfg = server_config(tiny_model_dir)
+    cfg["BackendConfig"]["ModelDeployConfig"]["LoraModules"] = [{"name": "sql", "path": str(adapter),
+                                                                "baseModelName": "tiny"}]
+    path = tmp_path / "lora.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+def test_lora_modules_are_checked_before_start_up(tmp_path, tiny_model_dir):
+    """A good adapter passes validate-config; a broken one stops both validate-config and serve, naming the entry,
+    before anything is loaded (the reference server would warn and serve without it)."""
+    from backends.lora import BaseDims
+    from backends.mindspore.config import load_model_spec
+    from tests.support.lora_adapters import make_adapter
+
+    adapter = make_adapter(tmp_path / "sql", BaseDims.of(load_model_spec(tiny_model_dir)), seed=1, rank=4)
+    out = run_cli("validate-config", _lora_config(tmp_path, tiny_model_dir, adapter))
+    assert out.returncode == 0, out.stderr
+    weights = adapter / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])  # truncated
+    path = _lora_config(tmp_path, tiny_model_dir, adapter)
+    for args in (("validate-config", path), ("serve", "--config", path)):
+        out = run_cli(*args)
+        assert out.returncode == 2, (args, out.stderr[-500:])
+        assert "BackendConfig.ModelDeployConfig.LoraModules[0] (sql" in out.stderr, out.stderr
+        assert "adapter_model.safetensors" in out.stderr and "Traceback" not in out.stderr
+
+
 def test_reference_config_json_shape_is_accepted(tmp_path, tiny_model_dir):
     cfg = server_config(tiny_model_dir, managementPort=1026, metricsPort=1027, tlsCaPath="security/ca/",
                         interCommTLSEnabled=True, openAiSupport="vllm")

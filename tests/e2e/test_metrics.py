@@ -26,7 +26,8 @@ GAUGES = ("num_requests_running", "num_requests_waiting", "cpu_cache_usage_perc"
 
 def scrape(url: str) -> dict[str, float]:
     """Sample name → value for the samples labelled with the model (a histogram bucket keeps its ``le``, an HTTP
-    timeout or refusal counter its ``kind`` or ``reason``, the failures by type their ``error_type``)."""
+    timeout or refusal counter its ``kind`` or ``reason``, the failures by type their ``error_type``, the
+    per-adapter counters their ``adapter`` (and ``outcome``))."""
     reply = requests.get(url + "/metrics", timeout=10)
     assert reply.status_code == 200
     assert reply.headers["Content-Type"].startswith("text/plain")
@@ -34,9 +35,10 @@ def scrape(url: str) -> dict[str, float]:
     for family in text_string_to_metric_families(reply.text):
         for sample in family.samples:
             extra = set(sample.labels) - {"model_name"}
-            assert "model_name" in sample.labels and len(extra) <= 1, sample
-            assert extra <= {"le", "kind", "reason", "error_type"}, sample
-            key = sample.name + "".join(f"{{{name}={sample.labels[name]}}}" for name in extra)
+            assert "model_name" in sample.labels, sample
+            assert len(extra) <= 1 or extra == {"adapter", "outcome"}, sample
+            assert extra <= {"le", "kind", "reason", "error_type", "adapter", "outcome"}, sample
+            key = sample.name + "".join(f"{{{name}={sample.labels[name]}}}" for name in sorted(extra))
             out[key] = sample.value
     return out
 
@@ -92,6 +94,9 @@ def test_counters_move_by_exactly_what_the_requests_did(metrics_url):
     generated = sum(d["generated_tokens"] for d in details)
     assert delta(before, after, "prompt_tokens_total") == prompt
     assert delta(before, after, "generation_tokens_total") == generated
+    assert delta(before, after, "adapter_requests_total{adapter=None}{outcome=success}") == 2  # the base model
+    assert delta(before, after, "adapter_requests_total{adapter=None}{outcome=failed}") == 1
+    assert delta(before, after, "adapter_generation_tokens_total{adapter=None}") == generated
     assert delta(before, after, "request_prompt_tokens_count") == 2
     assert delta(before, after, "request_prompt_tokens_sum") == prompt
     assert delta(before, after, "request_generation_tokens_sum") == generated

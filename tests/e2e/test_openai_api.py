@@ -233,6 +233,9 @@ class ScriptedBackend:
     def info(self) -> dict:
         return {"model_name": self.model_name}
 
+    def adapters(self) -> list[dict]:
+        return []
+
     def close(self) -> None:
         pass
 

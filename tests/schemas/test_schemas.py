@@ -25,7 +25,8 @@ EXPECTED_SCHEMAS = {"generate_request", "parameters", "response", "stream_event"
                     "openai_completion_request", "openai_chat_request", "openai_error",
                     "openai_completion_response", "openai_chat_response", "openai_completion_chunk",
                     "openai_chat_chunk",
-                    "tokenizer_request", "tokenizer_response", "info", "model_list"}
+                    "tokenizer_request", "tokenizer_response", "info", "model_list",
+                    "lora_load_request", "lora_unload_request"}
 
 
 CASES_DOC = load_cases()
@@ -281,8 +282,8 @@ def test_example_config_validates(schemas: Schemas, config: dict[str, Any]) -> N
     ("ServerConfig.maxRequestLength", 101, "ServerConfig.maxRequestLength must be <= 100, got 101"),
     ("ServerConfig.maxLinkNum", 0, "ServerConfig.maxLinkNum must be >= 1, got 0"),
     ("ServerConfig.tokenTimeout", 3601, "ServerConfig.tokenTimeout must be <= 3600, got 3601"),
-    ("ServerConfig.adapters", {"sql-lora/v1": "/a"}, "ServerConfig.adapters is not allowed: LoRA adapters"),
-    ("ServerConfig.adapters", {}, "ServerConfig.adapters is not allowed: LoRA adapters"),
+    ("ServerConfig.adapters", {"sql-lora/v1": "/a"}, "ServerConfig.adapters is not allowed: Not a key of this server"),
+    ("ServerConfig.adapters", {}, "ServerConfig.adapters is not allowed: Not a key of this server"),
     ("BackendConfig.ModelDeployConfig.ModelConfig", [], "ModelConfig must not be empty"),
     ("BackendConfig.ModelDeployConfig.ModelConfig.0.backendType", "atb", 'backendType must be "ms", got "atb"'),
     ("BackendConfig.ModelDeployConfig.ModelConfig.0.modelName", "-x", "modelName must match"),

@@ -77,6 +77,9 @@ APPLIED = {
     ("ServerConfig", "maxReadingRequests"): lambda c: c.server.max_reading_requests,
     ("ServerConfig", "maxBufferedBodyMB"): lambda c: c.server.max_buffered_body_bytes // (1024 * 1024),
     ("ServerConfig", "listenBacklog"): lambda c: c.server.listen_backlog,
+    ("ServerConfig", "mediaRoot"): lambda c: c.server.media_root,
+    ("ServerConfig", "maxMediaLoads"): lambda c: c.server.max_media_loads,
+    ("ServerConfig", "maxMediaBufferMB"): lambda c: c.server.max_media_buffer_bytes // (1024 * 1024),
     ("ModelDeployConfig", "maxSeqLen"): lambda c: c.engine.max_seq_len,
     ("ModelDeployConfig", "maxInputTokenLen"): lambda c: c.engine.max_input_tokens,
     ("ModelDeployConfig", "truncation"): lambda c: c.engine.truncation,
@@ -88,6 +91,10 @@ APPLIED = {
     ("ScheduleConfig", "maxPrefillTokens"): lambda c: c.engine.max_prefill_tokens,
     ("ScheduleConfig", "maxIterTimes"): lambda c: c.engine.max_iter_times,
     ("ScheduleConfig", "enablePrefixCaching"): lambda c: c.engine.prefix_caching,
+    ("ModelDeployConfig", "maxLoras"): lambda c: c.engine.lora.max_loras,
+    ("ModelDeployConfig", "maxLoraRank"): lambda c: c.engine.lora.max_rank,
+    ("ModelDeployConfig", "maxLoadedLoras"): lambda c: c.engine.lora.max_loaded,
+    ("ModelDeployConfig", "allowRuntimeLoraUpdating"): lambda c: c.engine.lora.runtime_updates,
 }
 # Reference keys whose schema default documents the reference server; mindserve does not use them.
 UNUSED = {("ModelConfig", "worldSize"), ("ModelConfig", "trustRemoteCode")}
@@ -113,10 +120,13 @@ OTHER = {
     "fullTextEnabled": (True, {}), "playgroundEnabled": (False, {}), "tokenTimeout": (5, {}), "e2eTimeout": (9, {}), "maxRequestLength": (2, {}),
     "shutdownGracePeriod": (0.5, {}), "tokenIdFormat": ("int", {}), "headerTimeout": (2.5, {}),
     "bodyTimeout": (7, {}), "keepAliveTimeout": (4, {}), "maxHeaderBytes": (8192, {}), "maxReadingRequests": (5, {}),
-    "maxBufferedBodyMB": (64, {}), "listenBacklog": (16, {}), "maxSeqLen": (300, {"maxIterTimes": 100}),
+    "maxBufferedBodyMB": (64, {}), "listenBacklog": (16, {}), "mediaRoot": ("/srv/media", {}),
+    "maxMediaLoads": (2, {}), "maxMediaBufferMB": (100, {}), "maxSeqLen": (300, {"maxIterTimes": 100}),
     "maxInputTokenLen": (99, {}), "truncation": (1, {}), "cacheBlockSize": (64, {}),
     "maxBatchSize": (3, {"maxPrefillBatchSize": 1}), "maxPrefillBatchSize": (2, {}), "maxPrefillTokens": (64, {}),
     "maxIterTimes": (100, {}), "npuMemSize": (0.5, {}), "enablePrefixCaching": (False, {}),
+    "maxLoras": (2, {}), "maxLoraRank": (32, {}), "maxLoadedLoras": (3, {}),
+    "allowRuntimeLoraUpdating": (True, {"ModelDeployConfig.loraRoot": "/tmp"}),
 }
 
 
@@ -128,8 +138,10 @@ def test_a_set_key_is_applied(tmp_path, section, key):
     sections = {section: {key: value}}
     if extra:
         sections = {"ModelDeployConfig": {}, "ScheduleConfig": {}, **sections}
-        target = "ScheduleConfig"
-        sections[target] = {**sections[target], **extra}
+        for name, extra_value in extra.items():  # "key" (a ScheduleConfig key) or "Section.key"
+            target, _, extra_key = name.rpartition(".")
+            target = target or "ScheduleConfig"
+            sections[target] = {**sections[target], extra_key: extra_value}
     config = load_server_config(write(tmp_path, config_with(**sections)))
     assert APPLIED[section, key](config) == value
 
@@ -199,7 +211,7 @@ ZERO_IP = "listens on every network interface; set ServerConfig.allowAllZeroIpLi
 
 
 @pytest.mark.parametrize("sections, fragment", [
-    ({"ServerConfig": {"adapters": {"sql-lora": "/a"}}}, "ServerConfig.adapters is not allowed: LoRA adapters"),
+    ({"ServerConfig": {"adapters": {"sql-lora": "/a"}}}, "ServerConfig.adapters is not allowed: Not a key of this server"),
     # maxPrefillBatchSize absent: its default (4) is checked against maxBatchSize
     ({"ScheduleConfig": {"maxBatchSize": 2}}, f"{SCHED}.maxPrefillBatchSize 4 must be <= maxBatchSize 2"),
     ({"ScheduleConfig": {"maxBatchSize": 8, "maxPrefillBatchSize": 9}},
@@ -372,3 +384,46 @@ def test_serve_names_the_key_of_a_port_it_cannot_bind(tmp_path, tiny_model_dir):
     assert (f"ServerConfig.managementIpAddress/managementPort: cannot listen on 127.0.0.1:{port} "
             f"(management): the port is in use") in out.stderr
     assert "Traceback" not in out.stderr
+
+
+# --- LoRA adapters (BackendConfig.ModelDeployConfig) --------------------------------------------------
+
+def _lora(modules: list[dict], **keys) -> dict:
+    return config_with(ModelDeployConfig={"LoraModules": modules, **keys})
+
+
+@pytest.mark.parametrize("modules, keys, message", [
+    ([{"name": "a", "path": "/x", "baseModelName": "m"}, {"name": "a", "path": "/y", "baseModelName": "m"}], {},
+     "BackendConfig.ModelDeployConfig.LoraModules[1].name 'a' is already the name of LoraModules[0]"),
+    ([{"name": "a", "path": "/x", "baseModelName": "other"}], {},
+     "BackendConfig.ModelDeployConfig.LoraModules[0].baseModelName 'other' is not a served model "
+     "(ModelConfig modelName: 'm')"),
+    ([{"name": "_a", "path": "/x", "baseModelName": "m"}], {},
+     'BackendConfig.ModelDeployConfig.LoraModules[0].name must match'),
+    ([{"name": "a-", "path": "/x", "baseModelName": "m"}], {}, 'LoraModules[0].name must match'),
+    ([{"name": "a.b", "path": "/x", "baseModelName": "m"}], {}, 'LoraModules[0].name must match'),
+    ([{"name": "a" * 257, "path": "/x", "baseModelName": "m"}], {}, 'LoraModules[0].name must match'),
+    ([{"name": "a", "baseModelName": "m"}], {}, "LoraModules[0]"),
+    ([{"name": "a", "path": "/x"}], {}, "LoraModules[0]"),
+    ([], {"allowRuntimeLoraUpdating": True},
+     "BackendConfig.ModelDeployConfig.allowRuntimeLoraUpdating is true but BackendConfig.ModelDeployConfig.loraRoot "
+     "is not set"),
+    ([{"name": "a", "path": "/x", "baseModelName": "m"}, {"name": "b", "path": "/y", "baseModelName": "m"}],
+     {"maxLoadedLoras": 1}, "maxLoadedLoras 1 is fewer than the 2 LoraModules"),
+    ([], {"maxLoraRank": 1025}, "maxLoraRank"),
+    ([], {"maxLoras": -1}, "maxLoras"),
+])
+def test_lora_config_errors_name_the_key_the_entry_and_the_value(tmp_path, modules, keys, message):
+    with pytest.raises(ConfigFileError) as err:
+        load_server_config(write(tmp_path, _lora(modules, **keys)))
+    assert message in str(err.value)
+
+
+def test_lora_modules_are_read_with_paths_relative_to_the_file(tmp_path):
+    config = load_server_config(write(tmp_path, _lora(
+        [{"name": "sql-v1", "path": "adapters/sql", "baseModelName": "m"}],
+        maxLoras=2, maxLoraRank=16, allowRuntimeLoraUpdating=True, loraRoot="adapters")))
+    lora = config.engine.lora
+    assert [(m.name, m.path) for m in lora.modules] == [("sql-v1", tmp_path / "adapters" / "sql")]
+    assert (lora.max_loras, lora.max_rank, lora.runtime_updates, lora.root) == (2, 16, True, tmp_path / "adapters")
+    assert lora.slots == 1 + 4  # the configured one and four for runtime loads

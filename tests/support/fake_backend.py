@@ -16,6 +16,7 @@ from backends.errors import GenerationFailed
 from backends.types import (
     FinishReason,
     GenerationResult,
+    MediaInput,
     RequestParams,
     Token,
     TokenEvent,
@@ -39,15 +40,20 @@ class Pace:
 class FakeBackend:
     model_name = "fake"
 
-    def __init__(self, pace: Pace = Pace()) -> None:
+    def __init__(self, pace: Pace = Pace(), media_kinds: frozenset[str] = frozenset()) -> None:
         self.pace = pace
+        self.media_kinds = media_kinds  # what it claims to take beside text (it only records the media)
+        self.media: list[tuple[str, tuple[MediaInput, ...]]] = []  # (prompt, media) of each request with media
         self.handles: list[RequestHandle] = []
         self.running = 0  # requests whose thread has not ended
         self._lock = threading.Lock()
 
-    def submit(self, inputs: str, params: RequestParams, listener: Listener | None = None) -> RequestHandle:
+    def submit(self, inputs: str, params: RequestParams, listener: Listener | None = None,
+               media: tuple[MediaInput, ...] = ()) -> RequestHandle:
         handle = RequestHandle(f"fake-{len(self.handles) + 1}", listener)
         with self._lock:
+            if media:
+                self.media.append((inputs, media))
             self.handles.append(handle)
             self.running += 1
         threading.Thread(target=self._run, args=(handle, params), daemon=True).start()
@@ -87,6 +93,15 @@ class FakeBackend:
 
     def info(self) -> dict:
         return {"model_name": self.model_name, "running": self.running}
+
+    def adapters(self) -> list[dict]:
+        return []
+
+    def load_adapter(self, name: str, path: str) -> dict:
+        raise ValueError("the fake backend has no adapter slots")
+
+    def unload_adapter(self, name: str) -> bool:
+        raise KeyError(name)
 
     def close(self) -> None:
         pass

@@ -1,0 +1,240 @@
+"""A Qwen2-VL / Qwen2.5-VL predict yaml (MindFormers style, ``base_config`` inheritance) -> frozen ``VLSpec``.
+
+The yaml's ``model.model_config`` is the language model (the LlamaConfig keys of the text yamls, plus
+``mrope_section`` and the vision token ids), ``model.vision_config`` the vision tower (HF's
+``vision_config`` keys), ``processor.image_processor`` / ``processor.video`` the preprocessing. A key
+the yaml leaves out is read from the model directory's config.json / preprocessor_config.json (HF's
+names), so a released checkpoint needs only the yaml's arch and checkpoint lines. Errors name the file
+and the dotted key.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from backends.mindspore.config import (ConfigError, ModelSpec, _checkpoint, _context, _defaults, _eos_ids,
+                                       _Section, find_model_yaml, load_yaml_tree)
+
+VL_ARCHS = {"Qwen2VLForConditionalGeneration": "qwen2_vl", "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl"}
+_ACTS = ("quick_gelu", "silu", "gelu")
+
+
+@dataclass(frozen=True, slots=True)
+class VisionSpec:
+    """The vision tower. ``family`` "qwen2_vl": LayerNorm blocks, fc1/fc2 MLP, full attention;
+    "qwen2_5_vl": RMSNorm blocks, gated MLP, window attention but in ``full_attention_blocks``."""
+
+    family: str
+    depth: int
+    width: int  # embed_dim (Qwen2-VL) / hidden_size (Qwen2.5-VL)
+    num_heads: int
+    mlp_hidden: int
+    hidden_act: str
+    out_dim: int  # the language model's hidden size
+    patch_size: int
+    temporal_patch_size: int
+    merge_size: int
+    in_channels: int
+    window_size: int  # pixels; 0 = no window attention
+    full_attention_blocks: tuple[int, ...]
+    tokens_per_second: float
+    rope_theta: float = 10000.0
+
+    @property
+    def head_dim(self) -> int:
+        return self.width // self.num_heads
+
+    @property
+    def patch_dim(self) -> int:
+        return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
+
+    @property
+    def window_units(self) -> int:
+        """A window's side in merged units (Qwen2.5-VL: 112 px / 14 px / 2 = 4)."""
+        return self.window_size // self.patch_size // self.merge_size if self.window_size else 0
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessorSpec:
+    min_pixels: int
+    max_pixels: int
+    image_mean: tuple[float, float, float]
+    image_std: tuple[float, float, float]
+    patch_size: int
+    temporal_patch_size: int
+    merge_size: int
+    video_fps: float  # frames sampled per second of video
+    video_min_frames: int
+    video_max_frames: int
+    video_frames: int | None = None  # a fixed frame count instead of fps (rounded to temporal_patch_size)
+
+    @property
+    def factor(self) -> int:
+        return self.patch_size * self.merge_size
+
+
+@dataclass(frozen=True, slots=True)
+class VLSpec:
+    family: str  # "qwen2_vl" | "qwen2_5_vl"
+    text: ModelSpec
+    vision: VisionSpec
+    processor: ProcessorSpec
+    mrope_section: tuple[int, int, int]
+    image_token_id: int
+    video_token_id: int
+    vision_start_token_id: int
+
+
+def _json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(path, "<json>", f"not valid JSON: {exc}") from None
+    return data if isinstance(data, dict) else {}
+
+
+class _Merged(_Section):
+    """The yaml's section, falling back to a config.json mapping for the keys it leaves out."""
+
+    def __init__(self, path: Path, prefix: str, data: Any, fallback: dict) -> None:
+        super().__init__(path, prefix, data)
+        self.data = {**fallback, **{k: v for k, v in self.data.items() if v is not None}}
+
+
+def load_vl_spec(path: Path | str) -> VLSpec:
+    """Read a model directory (or one yaml inside it) into a ``VLSpec``."""
+    path = Path(path)
+    yaml_path = find_model_yaml(path) if path.is_dir() else path
+    tree = load_yaml_tree(yaml_path)
+    hf = _json(yaml_path.parent / "config.json")
+    model = _Section(yaml_path, "model", tree.get("model"))
+    arch = _Section(yaml_path, "model.arch", model.get("arch", dict)).get("type", str)
+    if arch not in VL_ARCHS:
+        raise ConfigError(yaml_path, "model.arch.type", f"{arch!r} is not a vision-language arch; use one of "
+                                                        f"{tuple(VL_ARCHS)}")
+    family = VL_ARCHS[arch]
+    hf_text = {**hf, **(hf.get("text_config") or {})}
+    mc = _Merged(yaml_path, "model.model_config", model.get("model_config", dict, {}), _text_fallback(hf_text))
+    text = _text_spec(yaml_path, tree, mc, arch)
+    section = mc.get("mrope_section", list, None) or (hf_text.get("rope_scaling") or {}).get("mrope_section")
+    if (not isinstance(section, list) or len(section) != 3 or not all(isinstance(s, int) and s > 0 for s in section)
+            or 2 * sum(section) != text.head_dim):
+        raise ConfigError(yaml_path, "model.model_config.mrope_section",
+                          f"must be 3 positive ints summing to head_dim/2 = {text.head_dim // 2}, got {section!r}")
+    vc = _Merged(yaml_path, "model.vision_config", model.get("vision_config", dict, {}), hf.get("vision_config") or {})
+    vision = _vision_spec(yaml_path, vc, family, text.hidden_size)
+    proc = _Section(yaml_path, "processor", tree.get("processor") or {})
+    pre = _json(yaml_path.parent / "preprocessor_config.json")
+    return VLSpec(
+        family=family, text=text, vision=vision,
+        processor=_processor_spec(yaml_path, proc, pre, vision),
+        mrope_section=tuple(section),
+        image_token_id=mc.get("image_token_id", int), video_token_id=mc.get("video_token_id", int),
+        vision_start_token_id=mc.get("vision_start_token_id", int),
+    )
+
+
+def _text_fallback(hf: dict) -> dict:
+    """config.json's text keys under the yaml's LlamaConfig names."""
+    names = {"num_hidden_layers": "num_layers", "num_attention_heads": "num_heads",
+             "num_key_value_heads": "n_kv_heads", "rope_theta": "theta",
+             "max_position_embeddings": "max_position_embedding"}
+    out = {names.get(k, k): v for k, v in hf.items() if not isinstance(v, dict)}
+    if "max_position_embeddings" in hf:
+        out.setdefault("seq_length", hf["max_position_embeddings"])
+    return out
+
+
+def _text_spec(yaml_path: Path, tree: dict, mc: _Section, arch: str) -> ModelSpec:
+    hidden, heads = mc.positive("hidden_size"), mc.positive("num_heads")
+    kv_heads = mc.positive("n_kv_heads", heads)
+    if hidden % heads or heads % kv_heads:
+        raise ConfigError(yaml_path, "model.model_config.num_heads",
+                          f"num_heads {heads} must divide hidden_size {hidden} and be a multiple of n_kv_heads "
+                          f"{kv_heads}")
+    seq_length = mc.positive("seq_length", 4096)
+    ckpt, fmt = _checkpoint(tree, yaml_path)
+    mode, target = _context(tree, yaml_path)
+    tok = _Section(yaml_path, "processor", tree.get("processor") or {}).get("tokenizer", dict, {})
+    return ModelSpec(
+        yaml_path=yaml_path, model_dir=yaml_path.parent, arch=arch,
+        hidden_size=hidden, num_layers=mc.positive("num_layers"), num_heads=heads, num_kv_heads=kv_heads,
+        head_dim=hidden // heads, intermediate_size=mc.positive("intermediate_size"),
+        vocab_size=mc.positive("vocab_size"), rms_norm_eps=mc.get("rms_norm_eps", float, 1e-6),
+        rope_theta=mc.get("theta", float, 1000000.0),
+        max_position_embeddings=mc.positive("max_position_embedding", seq_length), seq_length=seq_length,
+        qkv_has_bias=mc.get("qkv_has_bias", bool, True),
+        tie_word_embeddings=mc.get("tie_word_embeddings", bool, False),
+        bos_token_id=mc.get("bos_token_id", int, None),
+        eos_token_ids=_eos_ids(mc.get("eos_token_id", (int, list), 151645), yaml_path),
+        pad_token_id=mc.get("pad_token_id", int, None),
+        compute_dtype=mc.get("compute_dtype", str, "float32"), checkpoint=ckpt, checkpoint_format=fmt,
+        tokenizer=tok, mode=mode, device_target=target, defaults=_defaults(mc),
+        config_vocab_size=mc.positive("vocab_size"),
+    )
+
+
+def _vision_spec(yaml_path: Path, vc: _Section, family: str, text_hidden: int) -> VisionSpec:
+    qwen2 = family == "qwen2_vl"
+    width = vc.positive("embed_dim") if qwen2 else vc.positive("hidden_size")
+    heads = vc.positive("num_heads")
+    if width % heads or (width // heads) % 4:
+        raise ConfigError(yaml_path, "model.vision_config.num_heads",
+                          f"{heads} heads over width {width}: head_dim must be a multiple of 4 (2-D rotary)")
+    act = vc.get("hidden_act", str, "quick_gelu" if qwen2 else "silu")
+    if act not in _ACTS:
+        raise ConfigError(yaml_path, "model.vision_config.hidden_act", f"must be one of {_ACTS}, got {act!r}")
+    mlp_hidden = int(width * vc.get("mlp_ratio", (int, float), 4)) if qwen2 else vc.positive("intermediate_size")
+    out_dim = vc.positive("hidden_size") if qwen2 else vc.positive("out_hidden_size")
+    if out_dim != text_hidden:
+        raise ConfigError(yaml_path, "model.vision_config." + ("hidden_size" if qwen2 else "out_hidden_size"),
+                          f"{out_dim} must equal the language model's hidden_size {text_hidden}")
+    depth = vc.positive("depth")
+    full = tuple(vc.get("fullatt_block_indexes", list, [])) if not qwen2 else ()
+    if any(not isinstance(i, int) or not 0 <= i < depth for i in full):
+        raise ConfigError(yaml_path, "model.vision_config.fullatt_block_indexes",
+                          f"must be block indexes in [0, {depth}), got {list(full)}")
+    spec = VisionSpec(
+        family=family, depth=depth, width=width, num_heads=heads, mlp_hidden=mlp_hidden, hidden_act=act,
+        out_dim=out_dim, patch_size=vc.positive("patch_size", 14), temporal_patch_size=vc.positive(
+            "temporal_patch_size", 2), merge_size=vc.positive("spatial_merge_size", 2),
+        in_channels=vc.positive("in_channels", 3, "in_chans"),
+        window_size=0 if qwen2 else vc.positive("window_size", 112), full_attention_blocks=full,
+        tokens_per_second=float(vc.get("tokens_per_second", (int, float), 2)),
+    )
+    if spec.window_size and spec.window_units < 1:
+        raise ConfigError(yaml_path, "model.vision_config.window_size",
+                          f"{spec.window_size} px is smaller than one merged unit "
+                          f"({spec.patch_size * spec.merge_size} px)")
+    return spec
+
+
+def _processor_spec(yaml_path: Path, proc: _Section, pre: dict, vision: VisionSpec) -> ProcessorSpec:
+    size = pre.get("size") or {}
+    fallback = {"min_pixels": size.get("shortest_edge", size.get("min_pixels")),
+                "max_pixels": size.get("longest_edge", size.get("max_pixels")), **pre}
+    ip = _Merged(yaml_path, "processor.image_processor", proc.get("image_processor", dict, {}), fallback)
+    video = _Section(yaml_path, "processor.video", proc.get("video", dict, {}))
+    mean, std = ip.get("image_mean", list, [0.48145466, 0.4578275, 0.40821073]), ip.get(
+        "image_std", list, [0.26862954, 0.26130258, 0.27577711])
+    for key, value in (("image_mean", mean), ("image_std", std)):
+        if len(value) != 3 or not all(isinstance(v, (int, float)) for v in value) or (
+                key == "image_std" and min(value) <= 0):
+            raise ConfigError(yaml_path, f"processor.image_processor.{key}", f"must be 3 numbers, got {value!r}")
+    spec = ProcessorSpec(
+        min_pixels=ip.positive("min_pixels", 56 * 56), max_pixels=ip.positive("max_pixels", 28 * 28 * 1280),
+        image_mean=tuple(float(v) for v in mean), image_std=tuple(float(v) for v in std),
+        patch_size=vision.patch_size, temporal_patch_size=vision.temporal_patch_size, merge_size=vision.merge_size,
+        video_fps=video.get("fps", float, 2.0), video_min_frames=video.positive("min_frames", 4),
+        video_max_frames=video.positive("max_frames", 768), video_frames=video.positive("frames", None),
+    )
+    if spec.min_pixels > spec.max_pixels:
+        raise ConfigError(yaml_path, "processor.image_processor.min_pixels",
+                          f"{spec.min_pixels} exceeds max_pixels {spec.max_pixels}")
+    if spec.video_fps <= 0:
+        raise ConfigError(yaml_path, "processor.video.fps", f"must be > 0, got {spec.video_fps}")
+    return spec
