@@ -206,3 +206,54 @@ def test_the_engine_reports_the_format_and_checks_the_yaml_against_the_file(tiny
     y.write_text(y.read_text().replace("weight_dtype: q4_1", "weight_dtype: float32"))
     with pytest.raises(ConfigError, match="weight_dtype: says float32, but the checkpoint's layer matrices are q4_1"):
         _small_engine(path)
+
+
+class LoraActQuantRef(ActQuantRef):
+    """ActQuantRef plus an adapter's delta on the float activations: y = q(x) @ W^T + x @ dW^T, as the AOT matmul
+    adds the LoRA tail (lora.h) after the quantized product, from the unquantized row."""
+
+    def __init__(self, config, weights, deltas: dict[str, np.ndarray]):
+        super().__init__(config, weights)
+        self.deltas = deltas
+
+    def _linear(self, x: np.ndarray, name: str) -> np.ndarray:
+        y = super()._linear(x, name)
+        delta = self.deltas.get(name + ".weight")
+        return y if delta is None else y + x @ delta.T
+
+
+def test_lora_adapters_on_quantized_weights(tiny_model_dir, tmp_path_factory):
+    """Adapters on a q8_0 base: each row's logits against the reference (quantized base product, float delta)."""
+    from backends.lora import BaseDims, load_adapter
+    from backends.mindspore.config import load_model_spec
+    from backends.mindspore.lora_slots import LoraSlots
+    from backends.mindspore.model import set_mode
+    from backends.mindspore.runner import build_runner
+    from backends.mindspore.weights import load_weights
+    from tests.support.lora_adapters import make_adapter, merged_weights
+    from tests.support.runner import SHAPES
+
+    path = quantized_copy(tiny_model_dir, tmp_path_factory.mktemp("tiny_lora_q8"), "q8_0")
+    spec = load_model_spec(path)
+    dims = BaseDims.of(spec)
+    root = tmp_path_factory.mktemp("tiny_lora_q8_adapters")
+    make_adapter(root / "a", dims, seed=1, rank=8, alpha=16)
+    make_adapter(root / "b", dims, seed=2, rank=4, alpha=8, use_rslora=True, targets=("q_proj", "v_proj"))
+    set_mode(0, "CPU", 2)
+    runner = build_runner(spec, load_weights(spec.checkpoint, spec.checkpoint_format), SHAPES, 24, "aot", lora=(3, 8))
+    assert "int8" in str(runner.net.layers[0].wqkv.dtype).lower()  # the base stays quantized
+    slots = LoraSlots(dims, 3, 8, runner.write_lora)
+    loaded = {n: slots.load(load_adapter(n, root / n, dims)) for n in ("a", "b")}
+    config, weights = _dequantized_dir(path)
+    w64 = {k: v.astype(np.float64) for k, v in weights.items()}
+    ids = prompt(13, 5, spec.vocab_size)
+    for name, slot in [(None, -1), *loaded.items()]:
+        deltas = {} if name is None else {k: v - w64[k] for k, v in merged_weights(w64, root / name).items()
+                                          if not np.array_equal(v, w64[k])}
+        ref = LoraActQuantRef(config, weights, deltas)
+        logits = None
+        for start in range(0, len(ids), SHAPES.prefill_chunk):
+            logits, _ = runner.prefill([PrefillChunk(ids[start:start + SHAPES.prefill_chunk], start, [1, 2], slot)])
+        np.testing.assert_allclose(logits[0], ref.next_logits(ids), atol=TOL_TINY, rtol=0)
+        if name is not None:
+            assert np.abs(ref.next_logits(ids) - ActQuantRef(config, weights).next_logits(ids)).max() > 10 * TOL_TINY
