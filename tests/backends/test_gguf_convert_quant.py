@@ -178,3 +178,17 @@ def test_an_unknown_default_directory_name_is_refused(tmp_path):
 
     with pytest.raises(ValueError, match="'SmolLM2-135M-Instruct-q4_k' is not a default model directory"):
         ensure_default_model(tmp_path, name="SmolLM2-135M-Instruct-q4_k")
+
+
+def test_the_memory_budget_counts_blocks_as_they_are(tmp_path):
+    """Quantized tensors count their bytes, not 4 per byte; the quantized embedding also its float32 table."""
+    from backends.mindspore.memory import weights_bytes
+
+    _write(tmp_path / "t.gguf")
+    out = convert_gguf(tmp_path / "t.gguf", tmp_path / "m", progress=False, dtype="as-shipped")
+    tensors, names = _tensors(out)
+    want = sum(t.nbytes if n in names else t.size * 4 for n, t in tensors.items())
+    want += len(TINY_TOKENS) * HIDDEN * 4  # the embedding's lookup table, dequantized at load
+    assert weights_bytes(out / "model.safetensors") == want
+    fp32 = convert_gguf(tmp_path / "t.gguf", tmp_path / "f", progress=False)
+    assert weights_bytes(fp32 / "model.safetensors") == sum(t.size * 4 for t in _tensors(fp32)[0].values())
