@@ -70,6 +70,12 @@ ROUTES: tuple[RouteDoc, ...] = (
     RouteDoc("get", "/v2/health/ready", "Same as /health", plane=MANAGEMENT, empty_ok=True, errors=(503,)),
     RouteDoc("get", "/info", "Model and limits (the reference server's /info shape)", plane=MANAGEMENT,
              response="info"),
+    RouteDoc("post", "/v1/load_lora_adapter", "Load a LoRA adapter from under loraRoot (only with "
+             "allowRuntimeLoraUpdating; 404 otherwise)", plane=MANAGEMENT, request="lora_load_request",
+             errors=(400, 404, 413, 415, 422)),
+    RouteDoc("post", "/v1/unload_lora_adapter", "Unload a LoRA adapter: refused from now on, freed when its "
+             "requests end (only with allowRuntimeLoraUpdating)", plane=MANAGEMENT, request="lora_unload_request",
+             errors=(400, 404, 413, 415, 422)),
     RouteDoc("get", "/metrics", "Prometheus metrics (text exposition format)", plane=METRICS, plain_text=True),
 )
 

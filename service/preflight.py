@@ -67,29 +67,34 @@ def check_model(cfg: ServerConfig) -> ModelCheck:
     except Exception as exc:  # noqa: BLE001 - tokenizers and mindformers raise plain exceptions
         raise ConfigFileError(f"{cfg.path}: {MODEL_KEY}: cannot load the tokenizer: {exc}") from None
     _check_windows(cfg, spec.max_position_embeddings)
-    check_adapters(cfg, spec)
-    return ModelCheck(spec.model_dir, spec.arch, spec.max_position_embeddings, check_memory(cfg, spec))
+    adapters = check_adapters(cfg, spec)
+    return ModelCheck(spec.model_dir, spec.arch, spec.max_position_embeddings, check_memory(cfg, spec, adapters))
 
 
-def check_adapters(cfg: ServerConfig, spec) -> None:
+def check_adapters(cfg: ServerConfig, spec) -> list:
     """Every LoraModules adapter read and checked against the model, as the engine will load it: a bad one is
     an error naming its entry (the reference server warns and skips it; we refuse)."""
     from backends.lora import AdapterError, BaseDims, load_adapter
 
-    lora, dims = cfg.engine.lora, BaseDims.of(spec)
+    lora, dims, adapters = cfg.engine.lora, BaseDims.of(spec), []
     for i, module in enumerate(lora.modules):
         try:
-            load_adapter(module.name, module.path, dims, lora.max_rank or None)
+            adapters.append(load_adapter(module.name, module.path, dims, lora.max_rank or None))
         except AdapterError as exc:
             raise ConfigFileError(f"{cfg.path}: BackendConfig.ModelDeployConfig.LoraModules[{i}] "
                                   f"({module.name}, path {module.path}): {exc}") from None
+    return adapters
 
 
-def check_memory(cfg: ServerConfig, spec) -> CachePlan:
+def check_memory(cfg: ServerConfig, spec, adapters: list = ()) -> CachePlan:
     """The engine's own cache rule (``backends.mindspore.memory.plan_cache``) on the memory free now, the
-    weights' size read from the safetensors headers."""
+    weights' size read from the safetensors headers, plus the adapter slots the engine would allocate."""
+    from backends.lora import BaseDims
+    from backends.mindspore.lora_slots import lora_slot_shape, slot_bytes
+
+    extra = slot_bytes(BaseDims.of(spec), lora_slot_shape(cfg.engine.lora, list(adapters)))
     try:
-        return plan_cache(cfg.engine, Footprint.of(spec), available_memory(), spec.max_position_embeddings)
+        return plan_cache(cfg.engine, Footprint.of(spec, extra), available_memory(), spec.max_position_embeddings)
     except MemoryBudgetError as exc:
         raise ConfigFileError(f"{cfg.path}: {MEMORY_KEY}: {exc}") from None
 

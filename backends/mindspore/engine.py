@@ -22,9 +22,9 @@ from backends.errors import EngineOverloaded, EngineUnavailable, GenerationFaile
 from backends.grammar import GrammarCompiler, GrammarState, MaskBatch, MaskWorker
 from backends.limits import longest_sequence, prompt_token_limit
 from backends.mindspore.config import load_model_spec
-from backends.lora import BaseDims, LoraAdapter, load_adapter
+from backends.lora import BaseDims, load_adapter
 from backends.mindspore.kv_cache import BlockAllocator
-from backends.mindspore.lora_slots import LoraSlots
+from backends.mindspore.lora_slots import LoraSlots, load_configured_adapters, lora_slot_shape, slot_bytes
 from backends.mindspore.memory import Footprint, available_memory, plan_cache
 from backends.mindspore.model import set_device
 from backends.mindspore.runner import RowOutput, build_runner
@@ -34,7 +34,7 @@ from backends.mindspore.shapes import plan_shapes
 from backends.mindspore.tokenizer import Tokenizer
 from backends.mindspore.weights import check_weight_dtype, load_weights
 from backends.params import effective_max_new_tokens
-from backends.settings import EngineConfig, LoraSettings
+from backends.settings import EngineConfig
 from backends.stopping import StepOutcome
 from backends.types import FinishReason, GenerationResult, RequestParams, Token, TokenEvent
 
@@ -58,8 +58,11 @@ class Engine:
                  warmup: bool = True, progress: bool = False, model_name: str | None = None) -> None:
         started = time.perf_counter()
         self.spec = spec = load_model_spec(model_dir)
+        adapters = load_configured_adapters(config.lora, BaseDims.of(spec))
+        lora_shape = lora_slot_shape(config.lora, adapters)
         # The cache within its memory budget (npuMemSize), the batch capped at what it holds.
-        cache = plan_cache(config, Footprint.of(spec), available_memory(), spec.max_position_embeddings)
+        cache = plan_cache(config, Footprint.of(spec, slot_bytes(BaseDims.of(spec), lora_shape)), available_memory(),
+                           spec.max_position_embeddings)
         log.info("%s", cache.describe())
         self.config = config = cache.apply(config)
         num_blocks = cache.num_blocks
@@ -71,8 +74,6 @@ class Engine:
         self.device = set_device(spec, config.threads)
         weights = load_weights(spec.checkpoint, spec.checkpoint_format)
         check_weight_dtype(weights, spec.yaml_path, spec.weight_dtype)
-        adapters = load_configured_adapters(config.lora, BaseDims.of(spec))
-        lora_shape = lora_slot_shape(config.lora, adapters)
         # The execution strategy, chosen once: the packed AOT step or the split stock-op step.
         self.runner = build_runner(spec, weights, shapes, num_blocks, config.kernels, self.device, lora_shape)
         del weights
@@ -369,20 +370,6 @@ def _run_task(task, done: Future) -> None:
         done.set_result(task())
     except Exception as exc:
         done.set_exception(exc)
-
-
-def load_configured_adapters(lora: LoraSettings, dims: BaseDims) -> list[LoraAdapter]:
-    """The ``LoraModules`` adapters, read and checked; AdapterError naming the entry for a bad one."""
-    return [load_adapter(m.name, m.path, dims, lora.max_rank or None) for m in lora.modules]
-
-
-def lora_slot_shape(lora: LoraSettings, adapters: list[LoraAdapter]) -> tuple[int, int] | None:
-    """(slots, rank) of the adapter slots, None without adapters: maxLoraRank, else the largest configured
-    rank (16 when only runtime loads are allowed)."""
-    if not lora.enabled:
-        return None
-    rank = lora.max_rank or max((a.rank for a in adapters), default=16)
-    return max(lora.slots, 1), rank
 
 
 def _constrained_rows(plan: StepPlan) -> list[GrammarState]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from backends.errors import ParameterRejected
-from backends.lora import BaseDims, LoraAdapter
+from backends.lora import BaseDims, LoraAdapter, load_adapter
+from backends.settings import LoraSettings
 
 GROUPS: dict[str, tuple[str, ...]] = {
     "qkv": ("q_proj", "k_proj", "v_proj"),
@@ -179,3 +181,27 @@ class LoraSlots:
 def adapter_fits(adapter: str | None, active: set[str], limit: int) -> bool:
     """``maxLoras``: may a sequence of ``adapter`` (None = the base model) join the ``active`` adapters?"""
     return adapter is None or limit <= 0 or adapter in active or len(active) < limit
+
+
+def load_configured_adapters(lora: LoraSettings, dims: BaseDims) -> list[LoraAdapter]:
+    """The ``LoraModules`` adapters, read and checked; AdapterError naming the entry for a bad one."""
+    return [load_adapter(m.name, m.path, dims, lora.max_rank or None) for m in lora.modules]
+
+
+def lora_slot_shape(lora: LoraSettings, adapters: list[LoraAdapter]) -> tuple[int, int] | None:
+    """(slots, rank) of the adapter slots, None without adapters: maxLoraRank, else the largest configured
+    rank (16 when only runtime loads are allowed)."""
+    if not lora.enabled:
+        return None
+    rank = lora.max_rank or max((a.rank for a in adapters), default=16)
+    return max(lora.slots, 1), rank
+
+
+def slot_bytes(dims: BaseDims, shape: tuple[int, int] | None) -> int:
+    """Memory the adapter slots of ``shape`` (slots, rank) take: every layer's a and b of the four groups,
+    float32, twice (the network's Parameters and the host copy a load writes into)."""
+    if shape is None:
+        return 0
+    slots, rank = shape
+    floats = sum(math.prod(a) + math.prod(b) for a, b in (group_shapes(dims, g, slots, rank) for g in GROUPS))
+    return 2 * 4 * dims.num_layers * floats

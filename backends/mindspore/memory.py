@@ -38,8 +38,9 @@ class Footprint:
     bytes_per_token: int  # K and V, every layer
 
     @classmethod
-    def of(cls, spec: ModelSpec) -> Footprint:
-        return cls(weights_bytes(spec.checkpoint),
+    def of(cls, spec: ModelSpec, extra_bytes: int = 0) -> Footprint:
+        """``extra_bytes``: what the network holds besides the checkpoint (the LoRA adapter slots)."""
+        return cls(weights_bytes(spec.checkpoint) + extra_bytes,
                    2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * CACHE_DTYPE_BYTES)
 
 

@@ -196,3 +196,23 @@ def test_tiny_model_adapter_logits_on_both_kernel_paths(tiny_model_dir, tmp_path
         for start in range(0, len(ids), SHAPES.prefill_chunk):
             logits, _ = runner.prefill([PrefillChunk(ids[start:start + SHAPES.prefill_chunk], start, [1, 2], slot)])
         np.testing.assert_allclose(logits[0], model.next_logits(ids), atol=1e-4, rtol=0)
+
+
+def test_no_graph_compiles_after_warmup_over_a_mixed_adapter_workload(lora_engine):
+    """The compiled set is the warm-up plan, before and after a workload mixing the base model and every
+    adapter over prompt lengths of 1 to ~150 tokens (several chunks), batch sizes coming and going, sampled
+    and greedy, with prompt logprobs (the head graph)."""
+    plan = set(lora_engine.runner.warmup_plan())
+    assert lora_engine.runner.compiled == plan
+    words = "the quick brown fox jumps over the lazy dog and runs into the woods".split()
+    adapters = [None, *LORA_ADAPTERS]
+    for wave in range(3):
+        handles = []
+        for i in range(2 + 3 * wave):
+            n = 1 + (i * 37 + wave * 11) % 150
+            params = RequestParams(max_new_tokens=1 + (i * 5) % 9, do_sample=i % 2 == 0, seed=i + 1,
+                                   decoder_input_details=i % 3 == 0, adapter_id=adapters[(i + wave) % 4])
+            handles.append(lora_engine.submit(" ".join(words[j % len(words)] for j in range(n)), params))
+        for h in handles:
+            assert h.result(timeout=300).generated_tokens > 0
+    assert lora_engine.runner.compiled == plan, f"compiled after warm-up: {lora_engine.runner.compiled - plan}"

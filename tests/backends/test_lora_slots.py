@@ -169,3 +169,13 @@ def test_a_held_back_request_is_not_starved():
     active = admitted(sched)
     assert active[0] is held  # then it goes first, before the "a" requests still waiting
     assert all(s.adapter == "b" for s in active)
+
+
+def test_slot_bytes_count_every_group_twice_in_float32():
+    from backends.mindspore.lora_slots import slot_bytes
+
+    h, q, kv, f = DIMS.hidden, DIMS.q_out, DIMS.kv_out, DIMS.intermediate
+    rank, slots = 4, 3
+    per_layer = rank * ((h * 3 + q + 2 * kv) + (q + h) + (h * 2 + 2 * f) + (f + h))  # a: K x G*R, b: R x N
+    assert slot_bytes(DIMS, (slots, rank)) == 2 * 4 * DIMS.num_layers * slots * per_layer
+    assert slot_bytes(DIMS, None) == 0
