@@ -56,7 +56,8 @@ def start_llama_server(bindir: Path, gguf: Path, port: int, log_path: Path) -> s
 def llama_greedy(port: int, ids: list[int], n: int) -> tuple[list[int], list[list[tuple[int, float]]]]:
     """(generated ids, per step the top-2 (id, prob) llama.cpp reports)."""
     body = {"prompt": ids, "n_predict": n, "temperature": 0.0, "top_k": 1, "repeat_penalty": 1.0,
-            "ignore_eos": True, "cache_prompt": False, "return_tokens": True, "n_probs": 2, "post_sampling_probs": False}
+            "ignore_eos": True, "cache_prompt": False, "return_tokens": True, "n_probs": 2,
+            "post_sampling_probs": False}
     req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=300) as r:

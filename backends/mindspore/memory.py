@@ -133,8 +133,8 @@ def available_memory(proc: Path = Path("/proc"), cgroup_root: Path = Path("/sys/
 
 
 def weights_bytes(checkpoint: Path) -> int:
-    """Bytes of the weights once loaded (float32, or GGUF blocks as they are): from the safetensors headers (a file, or every
-    ``*.safetensors`` of a directory), else the file size. Reads no tensor data."""
+    """Bytes of the weights once loaded (float32, or GGUF blocks as they are): from the safetensors headers (a
+    file, or every ``*.safetensors`` of a directory), else the file size. Reads no tensor data."""
     files = sorted(checkpoint.glob("*.safetensors")) if checkpoint.is_dir() else [checkpoint]
     return sum(_safetensors_bytes(f) if f.suffix == ".safetensors" else f.stat().st_size for f in files)
 

@@ -57,7 +57,8 @@ def _standalone(tmp_path_factory, name: str, flags: list[str]) -> ctypes.CDLL:
                     "-DMINDSERVE_QMATMUL_STANDALONE", "-o", str(out), "qmatmul.cc"], cwd=src, check=True,
                    capture_output=True)
     lib = ctypes.CDLL(str(out))
-    lib.mindserve_qmatmul_raw.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3
+    lib.mindserve_qmatmul_raw.argtypes = ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 2
+                                          + [ctypes.c_int64] * 3)
     lib.mindserve_qmatmul_isa.restype = ctypes.c_char_p
     lib.mindserve_matmul_set_threads.argtypes = [ctypes.c_int]
     return lib

@@ -3,8 +3,9 @@
 ``aot_ops(heads, kv_heads, head_dim)`` returns every operator the network uses (``AotOps``):
 
 * ``matmul`` -- ``fast_matmul()`` below (a float32 weight from ``prepare_weight``, or a GGUF-quantized one,
-  q8_0/q4_0/q4_1, from ``prepare_qweight``: dequantized on the fly inside the dot product, qmatmul.cc); ``matmul_add(x, w, res)`` = ``res + x @ W`` (a residual
-  connection without a separate Add; the residual is added once, after the product);
+  q8_0/q4_0/q4_1, from ``prepare_qweight``: dequantized on the fly inside the dot product, qmatmul.cc);
+  ``matmul_add(x, w, res)`` = ``res + x @ W`` (a residual connection without a separate Add; the residual is
+  added once, after the product);
   ``matmul_lora`` / ``matmul_add_lora`` take four more inputs ``(a, b, rows, segs)`` and add each row's
   LoRA delta (multi-LoRA serving, lora.h);
 * ``attention(q [N, H, D], k_cache, v_cache [KV*S, D], table [R, NB] int32, pos [N] int32,
@@ -138,7 +139,8 @@ def kernel_library(cache_dir: str | os.PathLike | None = None) -> ctypes.CDLL:
         lib.mindserve_matmul_add_raw.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
         lib.mindserve_matmul_lora_raw.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 4
                                                   + [ctypes.c_int64] * 3)
-        lib.mindserve_qmatmul_raw.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3
+        lib.mindserve_qmatmul_raw.argtypes = ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 2
+                                              + [ctypes.c_int64] * 3)
         lib.mindserve_qmatmul_raw.restype = ctypes.c_int
         lib.mindserve_quantize_rows_raw.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 3
         lib.mindserve_quantize_rows_raw.restype = ctypes.c_int

@@ -281,8 +281,8 @@ void quantize_rows(const float *x, int64_t M, int64_t K, QX *out) {
 // (g, and g + group_bytes), so every broadcast activation dword and scale feeds two dot products; NG == 1 one
 // group of w columns (FULL: w == 16). Each output element sees the same operations either way.
 template <int MR, int NG, int F, bool FULL>
-void tile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t group_bytes, int w, const float *__restrict res,
-          float *__restrict y, int64_t ldy) {
+void tile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t group_bytes, int w,
+          const float *__restrict res, float *__restrict y, int64_t ldy) {
   constexpr int D = F == kQ8_0 ? 8 : 4;  // quant dwords per column per block
   constexpr int B = kBlockBytes[F];
   const int64_t K = qx.K, nb = qx.nb;
@@ -332,7 +332,8 @@ void tile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t group_b
     }
     if constexpr (F == kQ4_1) {
       VF mw[NG];
-      _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) mw[n] = load_h<FULL>(blk + n * group_bytes + D * 4 * w + 2 * w, w);
+      _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n)
+        mw[n] = load_h<FULL>(blk + n * group_bytes + D * 4 * w + 2 * w, w);
       _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
         const VF sf = vf_set1(qx.sf[(m0 + r) * nb + b]);
         _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) facc[r][n] = vf_fma(mw[n], sf, facc[r][n]);
