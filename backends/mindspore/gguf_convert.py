@@ -29,12 +29,13 @@ from safetensors.numpy import save_file
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from tqdm import tqdm
 
+from backends.mindspore.quant import QUANT_KEY, layers_format
+
 log = logging.getLogger("mindserve.model")
 
 MARKER = "conversion.json"
 FORMAT_VERSION = 1  # bump when the converter's output changes, so old conversions are redone
 DTYPES = ("fp32", "q8_0", "as-shipped")
-QUANT_KEY = "mindserve.quantization"  # safetensors metadata: JSON {tensor name: q8_0 | q4_0 | q4_1}
 _KEPT = {GGMLQuantizationType.Q8_0: "q8_0", GGMLQuantizationType.Q4_0: "q4_0", GGMLQuantizationType.Q4_1: "q4_1"}
 _FLOAT = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
 _FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -186,7 +187,7 @@ def _convert_into(gguf_path: Path, out: Path, name: str, progress: bool, dtype: 
     header = (f"# MindFormers-style predict config written by mindserve from {gguf_path.name}"
               f" (convert-gguf --dtype {dtype})\n")
     (out / f"predict_{name}.yaml").write_text(
-        header + yaml.safe_dump(_predict_yaml(config, weight_dtype(formats)), sort_keys=False))
+        header + yaml.safe_dump(_predict_yaml(config, layers_format(formats)), sort_keys=False))
 
 
 def _hf_config(meta: dict[str, Any], reader: GGUFReader) -> dict[str, Any]:
@@ -278,12 +279,6 @@ def _storage_format(kind: GGMLQuantizationType, shape: tuple[int, ...], dtype: s
     if kind in _KEPT:
         return _KEPT[kind]
     return "float32" if kind in _FLOAT else "q8_0"
-
-
-def weight_dtype(formats: dict[str, str]) -> str:
-    """The predict yaml's ``weight_dtype``: the one format of the layers' matrices, or ``mixed``."""
-    found = {f for name, f in formats.items() if name.startswith("model.layers.") and name.endswith("_proj.weight")}
-    return found.pop() if len(found) == 1 else ("mixed" if found else "float32")
 
 
 def hf_tensor_name(gguf_name: str) -> str:

@@ -23,7 +23,6 @@ LOAD_COPIES = 2  # the weights are in memory twice while the network is built (N
 RUNTIME_RESERVE = 2 * GIB  # the MindSpore runtime and the compiled graphs (about 1 GB for configs/server.yaml)
 MARGIN = 0.2  # of the available memory, left to everything else on the machine (npuMemSize -1)
 NO_LIMIT = 1 << 60  # cgroup limits at or above this mean "no limit"
-QUANT_KEY = "mindserve.quantization"  # safetensors metadata of a quantized conversion (gguf_convert.QUANT_KEY)
 
 
 class MemoryBudgetError(ValueError):
@@ -148,6 +147,8 @@ def _safetensors_bytes(path: Path) -> int:
         with path.open("rb") as f:
             (length,) = struct.unpack("<Q", f.read(8))
             header = json.loads(f.read(length))
+        from backends.mindspore.quant import QUANT_KEY
+
         quantized = json.loads((header.get("__metadata__") or {}).get(QUANT_KEY) or "{}")
         return sum(_tensor_bytes(name, t, quantized.get(name)) for name, t in header.items() if name != "__metadata__")
     except (ValueError, struct.error, KeyError, TypeError, AttributeError):

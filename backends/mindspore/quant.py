@@ -9,13 +9,14 @@ and weight i + 16 (high half).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 BLOCK = 32
 BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
+QUANT_KEY = "mindserve.quantization"  # safetensors metadata of a quantized conversion: JSON {tensor name: format}
 FORMATS = tuple(BLOCK_BYTES)
 
 
@@ -68,6 +69,13 @@ def dequantize(q: QuantWeight) -> np.ndarray:
         else:
             w = d * nib + b[..., 2:4].copy().view(np.float16).astype(np.float32)
     return np.ascontiguousarray(w.reshape(q.rows, q.cols), dtype=np.float32)
+
+
+def layers_format(formats: Mapping[str, str]) -> str:
+    """{tensor name: storage format} -> what the layers' matrices are: the one format (``float32`` included)
+    they all share, or ``mixed`` (the predict yaml's ``model_config.weight_dtype``)."""
+    found = {f for name, f in formats.items() if name.startswith("model.layers.") and name.endswith("_proj.weight")}
+    return found.pop() if len(found) == 1 else ("mixed" if found else "float32")
 
 
 def concat_rows(parts: Sequence[QuantWeight]) -> QuantWeight:

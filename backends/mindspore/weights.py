@@ -9,9 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from backends.mindspore.quant import QuantError, QuantWeight
+from backends.mindspore.quant import QUANT_KEY, QuantError, QuantWeight, layers_format
 
-QUANT_KEY = "mindserve.quantization"  # the converter's metadata key (gguf_convert.QUANT_KEY)
 Weights = dict[str, "np.ndarray | QuantWeight"]
 
 # HF name <-> MindFormers (legacy Llama) name. Shapes are identical ([out, in] for linears).
@@ -112,9 +111,7 @@ def _quant_weight(path: Path, name: str, fmt: str, blocks: np.ndarray) -> QuantW
 
 def weights_format(weights: Weights) -> str:
     """What the layers' matrices are: ``float32``, one block format, or ``mixed`` (the yaml's weight_dtype)."""
-    found = {w.fmt if isinstance(w, QuantWeight) else "float32"
-             for name, w in weights.items() if name.startswith("model.layers.") and name.endswith("_proj.weight")}
-    return found.pop() if len(found) == 1 else ("mixed" if found else "float32")
+    return layers_format({name: w.fmt if isinstance(w, QuantWeight) else "float32" for name, w in weights.items()})
 
 
 def load_ckpt(path: Path) -> dict[str, np.ndarray]:
