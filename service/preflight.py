@@ -13,7 +13,7 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
-from backends.mindspore.default_model import MODEL_DIR_NAME
+from backends.mindspore.default_model import DEFAULT_DIRS
 from backends.mindspore.memory import CachePlan, Footprint, MemoryBudgetError, available_memory, plan_cache
 from backends.mindspore.shapes import ShapeError, plan_shapes
 from service.config import (BUSINESS, MANAGEMENT, METRICS, ConfigFileError, ServerConfig, planes_by_listener,
@@ -47,7 +47,7 @@ def check_model(cfg: ServerConfig) -> ModelCheck:
     the model's ``max_position_embeddings``. The default model's directory may be absent: serve prepares it."""
     path = cfg.model.weight_path
     if not is_model_dir(path):
-        if path.name == MODEL_DIR_NAME:
+        if path.name in DEFAULT_DIRS:
             _check_windows(cfg, None)
             return ModelCheck(path)
         raise ConfigFileError(f"{cfg.path}: {MODEL_KEY}: {path} is not a model directory (no .yaml inside)")

@@ -15,6 +15,9 @@ SUPPORTED_ARCHS = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM",
 VL_ARCHS = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")  # qwen2_vl/config.py
 DEVICE_TARGETS = ("CPU", "GPU", "Ascend")
 _MAX_BASE_DEPTH = 8
+# model_config.weight_dtype: float32, a GGUF block format kept by convert-gguf (served by the quantized AOT
+# matmul, dequantized once at load for the stock ops), or mixed (the layers' matrices differ).
+WEIGHT_DTYPES = ("float32", "q8_0", "q4_0", "q4_1", "mixed")
 
 
 class ConfigError(ValueError):
@@ -56,6 +59,7 @@ class ModelSpec:
     device_target: str
     defaults: ModelDefaults
     config_vocab_size: int | None  # config.json vocab_size / padded_vocab_size (for top_k clamp)
+    weight_dtype: str = "float32"  # model_config.weight_dtype: how the layers' matrices are stored (WEIGHT_DTYPES)
 
 
 def deep_merge(base: dict, child: dict) -> dict:
@@ -246,6 +250,10 @@ def load_model_spec(path: Path | str) -> ModelSpec:
     dtype = mc.get("compute_dtype", str, "float32")
     if dtype not in ("float32", "float16", "bfloat16"):
         raise ConfigError(yaml_path, "model.model_config.compute_dtype", f"unknown dtype {dtype!r}")
+    weight_dtype = mc.get("weight_dtype", str, "float32")
+    if weight_dtype not in WEIGHT_DTYPES:
+        raise ConfigError(yaml_path, "model.model_config.weight_dtype",
+                          f"must be one of {', '.join(WEIGHT_DTYPES)}, got {weight_dtype!r}")
     return ModelSpec(
         yaml_path=yaml_path, model_dir=yaml_path.parent, arch=arch,
         hidden_size=hidden, num_layers=mc.positive("num_layers", ..., "num_hidden_layers"),
@@ -265,4 +273,5 @@ def load_model_spec(path: Path | str) -> ModelSpec:
         tokenizer=tok, mode=mode, device_target=target,
         defaults=_defaults(mc),
         config_vocab_size=cfg_vocab if isinstance(cfg_vocab, int) and cfg_vocab > 0 else None,
+        weight_dtype=weight_dtype,
     )

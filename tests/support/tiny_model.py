@@ -217,3 +217,35 @@ processor:
 
 def _write_json(path: Path, obj: dict) -> None:
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def quantized_copy(src: str | Path, out_dir: str | Path, fmt: str) -> Path:
+    """A copy of the model directory `src` with every matrix (the projections, the embedding, the head) stored
+    as GGUF `fmt` blocks (q8_0, q4_0, q4_1), quantized by the `gguf` package, the way ``convert-gguf
+    --dtype`` writes them: uint8 [rows, row bytes], the safetensors metadata ``mindserve.quantization`` naming
+    each, and the predict yaml's ``weight_dtype``. Returns out_dir."""
+    import shutil
+
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+    from safetensors.numpy import load_file
+
+    kind = {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0,
+            "q4_1": GGMLQuantizationType.Q4_1}[fmt]
+    src, out = Path(src), Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.name != "model.safetensors" and f.is_file():
+            shutil.copy(f, out / f.name)
+    tensors, names = {}, {}
+    for name, w in load_file(str(src / "model.safetensors")).items():
+        if w.ndim == 2:
+            tensors[name] = np.ascontiguousarray(quantize(w, kind).reshape(w.shape[0], -1))
+            names[name] = fmt
+        else:
+            tensors[name] = w
+    save_file(tensors, str(out / "model.safetensors"),
+              metadata={"format": "pt", "mindserve.quantization": json.dumps(names, sort_keys=True)})
+    for y in out.glob("*.yaml"):
+        y.write_text(y.read_text().replace("  model_config:\n", f"  model_config:\n    weight_dtype: {fmt}\n", 1))
+    return out

@@ -2,8 +2,10 @@
 
 ``aot_ops(heads, kv_heads, head_dim)`` returns every operator the network uses (``AotOps``):
 
-* ``matmul`` -- ``fast_matmul()`` below; ``matmul_add(x, w, res)`` = ``res + x @ W`` (a residual
-  connection without a separate Add; the residual is added once, after the product);
+* ``matmul`` -- ``fast_matmul()`` below (a float32 weight from ``prepare_weight``, or a GGUF-quantized one,
+  q8_0/q4_0/q4_1, from ``prepare_qweight``: dequantized on the fly inside the dot product, qmatmul.cc);
+  ``matmul_add(x, w, res)`` = ``res + x @ W`` (a residual connection without a separate Add; the residual is
+  added once, after the product);
   ``matmul_lora`` / ``matmul_add_lora`` take four more inputs ``(a, b, rows, segs)`` and add each row's
   LoRA delta (multi-LoRA serving, lora.h);
 * ``attention(q [N, H, D], k_cache, v_cache [KV*S, D], table [R, NB] int32, pos [N] int32,
@@ -40,7 +42,7 @@ import numpy as np
 
 from backends.mindspore.kernels.build import KernelBuildError, build_kernel, default_cache_dir
 
-__all__ = ["fast_matmul", "aot_ops", "AotOps", "prepare_weight", "KERNEL_KINDS", "PANEL", "build_kernel", "set_kernel_threads", "kernel_library", "kernel_stats", "KernelBuildError",
+__all__ = ["fast_matmul", "aot_ops", "AotOps", "prepare_weight", "prepare_qweight", "QGROUP", "qmatmul_isa", "KERNEL_KINDS", "PANEL", "build_kernel", "set_kernel_threads", "kernel_library", "kernel_stats", "KernelBuildError",
            "default_cache_dir", "ENTRY"]
 
 ENTRY = "MindserveMatMul"
@@ -72,6 +74,44 @@ def prepare_weight(w: np.ndarray) -> np.ndarray:
     return packed.reshape(1, k, n)
 
 
+QGROUP = 16  # output columns per group of a packed quantized weight (kGroup in qmatmul.cc)
+_QFORMATS = ("q8_0", "q4_0", "q4_1")  # the format codes of qmatmul.cc, in order
+
+
+def prepare_qweight(q) -> np.ndarray:
+    """Pack a ``QuantWeight`` (GGUF blocks of a ``[N, K]`` matrix, HF layout) for the quantized matmul: uint8
+    ``[1, K/32 * B, N]`` (B the format's block bytes), laid out as qmatmul.cc's header describes: groups of
+    16 output columns, each holding, block after block, the quants of its columns dword-major (one 64-byte
+    load = one dword of each of 16 columns; q8_0 quants stored + 128) and then their fp16 scales (and mins).
+    """
+    from backends.mindspore.quant import BLOCK, BLOCK_BYTES
+
+    n, k, bpb = q.rows, q.cols, BLOCK_BYTES[q.fmt]
+    nb = k // BLOCK
+    b = q.blocks.reshape(n, nb, bpb)
+    scales = b[..., :4] if q.fmt == "q4_1" else b[..., :2]  # d (and m), fp16 bytes
+    quants = b[..., scales.shape[-1]:]
+    if q.fmt == "q8_0":
+        quants = quants ^ np.uint8(0x80)  # int8 q -> q + 128, unsigned for the u8 x s8 dot product
+    dwords = quants.reshape(n, nb, -1, 4)  # [N, nb, D, 4]
+    halves = scales.reshape(n, nb, -1, 2)  # [N, nb, 1 or 2, 2]: d, m
+    out = np.empty(n * nb * bpb, np.uint8)
+    pos = 0
+    for n0 in range(0, n, QGROUP):
+        w = min(QGROUP, n - n0)
+        qd = dwords[n0:n0 + w].transpose(1, 2, 0, 3).reshape(nb, -1)  # [nb, D * w * 4]
+        sc = halves[n0:n0 + w].transpose(1, 2, 0, 3).reshape(nb, -1)  # [nb, (1|2) * w * 2]
+        group = np.concatenate([qd, sc], axis=1).ravel()
+        out[pos:pos + group.size] = group
+        pos += group.size
+    return out.reshape(1, nb * bpb, n)
+
+
+def qmatmul_isa(cache_dir: str | os.PathLike | None = None) -> str:
+    """The instruction set of the quantized dot products in the built library (avx512-vnni, avx512bw, avx2)."""
+    return kernel_library(cache_dir).mindserve_qmatmul_isa().decode()
+
+
 def _out_shape(x_shape, w_shape):
     return list(x_shape[:-1]) + [w_shape[-1]]  # w is the packed [1, K, N]
 
@@ -99,6 +139,12 @@ def kernel_library(cache_dir: str | os.PathLike | None = None) -> ctypes.CDLL:
         lib.mindserve_matmul_add_raw.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
         lib.mindserve_matmul_lora_raw.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 4
                                                   + [ctypes.c_int64] * 3)
+        lib.mindserve_qmatmul_raw.argtypes = ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 2
+                                              + [ctypes.c_int64] * 3)
+        lib.mindserve_qmatmul_raw.restype = ctypes.c_int
+        lib.mindserve_quantize_rows_raw.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 3
+        lib.mindserve_quantize_rows_raw.restype = ctypes.c_int
+        lib.mindserve_qmatmul_isa.restype = ctypes.c_char_p
         lib.mindserve_attention_raw.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 8
         lib.mindserve_attention_raw.restype = ctypes.c_int
         lib.mindserve_kernel_stats.argtypes = [ctypes.c_int] + [ctypes.POINTER(ctypes.c_uint64)] * 2 + [ctypes.c_int]

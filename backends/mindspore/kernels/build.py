@@ -1,4 +1,4 @@
-"""Compile the kernels (``matmul.cc``, ``attention.cc``, ``fused.cc`` and their headers) into one shared
+"""Compile the kernels (``matmul.cc``, ``qmatmul.cc``, ``attention.cc``, ``fused.cc``, ``lora.cc`` and their headers) into one shared
 library on first use, cached by content (one library, so every kernel shares the one thread pool).
 
 The sources are package data, read through ``importlib.resources`` (a wheel ships them like the source
@@ -18,8 +18,8 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-SOURCES = ("matmul.cc", "attention.cc", "fused.cc", "lora.cc")
-HEADERS = ("entry.h", "pool.h", "simd.h", "lora.h")
+SOURCES = ("matmul.cc", "attention.cc", "fused.cc", "lora.cc", "qmatmul.cc")
+HEADERS = ("entry.h", "pool.h", "simd.h", "lora.h", "qmatmul.h")
 CXXFLAGS = ("-O3", "-march=native", "-std=c++20", "-fPIC", "-shared", "-pthread", "-Wall")
 
 

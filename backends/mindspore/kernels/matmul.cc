@@ -29,7 +29,8 @@
 //   void mindserve_matmul_raw(const float *x, const float *w_packed, float *y, int64_t M, K, N)
 //   void mindserve_matmul_add_raw(x, w_packed, const float *res, y, M, K, N)   -- y = res + x @ W
 //   int MindserveMatMulAdd(...)  -- the AOT kernel with a residual input: y = res + x @ W
-//   Both take the four optional LoRA inputs of lora.h after their own.
+//   Both take the four optional LoRA inputs of lora.h after their own, and a uint8 W (a quantized
+//   weight, qmatmul.cc) instead of the packed float32 one.
 //   void mindserve_matmul_lora_raw(x, w_packed, res, y, M, K, N, a, b, rows, segs, S, G, R)  -- tests
 #include <immintrin.h>
 
@@ -43,6 +44,7 @@
 #include "entry.h"
 #include "lora.h"
 #include "pool.h"
+#include "qmatmul.h"
 
 #if !defined(__AVX512F__)
 #error "matmul.cc needs AVX-512F (build with -march=native on an AVX-512 CPU)"
@@ -243,7 +245,10 @@ void mindserve_matmul_lora_raw(const float *x, const float *w_packed, const floa
 
 // AOT entries: inputs x [..., K], the packed W [1, K, N], (MatMulAdd) res [..., N] and optionally the four
 // LoRA inputs of lora.h; output y [..., N] = x @ W (+ res) (+ each row's LoRA delta); float32 only.
+// A uint8 W is a quantized one (qmatmul.cc).
 static int matmul_entry(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, bool add) {
+  if (nparam >= 2 && std::strcmp(dtypes[1], "uint8") == 0)
+    return mindserve::qmatmul_entry(nparam, params, ndims, shapes, dtypes, add);
   const int nin = add ? 3 : 2;
   const bool lora = nparam == nin + mindserve::kLoraInputs + 1;
   if (nparam != nin + 1 && !lora) return 1;

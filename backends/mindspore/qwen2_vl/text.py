@@ -35,7 +35,7 @@ class Qwen2VLText(nn.Cell):
         self.dtype, self.low_precision = ms.float32, False  # float32 throughout (what ``LMHead`` reads)
         self.embed = _param(w["model.embed_tokens.weight"], "embed")
         head = w["model.embed_tokens.weight"] if t.tie_word_embeddings else w["lm_head.weight"]
-        self.head = _weight(head.T, "lm_head", self.fused)
+        self.head = _weight([head], "lm_head", self.fused)  # HF [out, in] rows (model._weight)
         cos, sin = rope_tables(t.head_dim, max_positions, t.rope_theta)
         self.cos, self.sin = _param(cos, "rope_cos"), _param(sin, "rope_sin")
         # one stream per rotary dimension (M-RoPE's sections): [3, 1, hd] flat rows, [3, 1, 1, hd] [B, T] rows

@@ -1,0 +1,534 @@
+// mindserve quantized matmul: y[M, N] = x[M, K] @ W (+ res), W in one of GGUF's 32-weight block formats,
+// dequantized on the fly inside the dot product.
+//
+//   Q8_0  w = d * q,        q int8,  d fp16                (GGUF block: d, 32 x q        = 34 bytes)
+//   Q4_0  w = d * (q - 8),  q 0..15, d fp16                (d, 16 bytes of nibbles       = 18 bytes)
+//   Q4_1  w = d * q + m,    q 0..15, d, m fp16             (d, m, 16 bytes of nibbles    = 20 bytes)
+// (GGUF nibble byte i of a block holds weight i in its low half and weight i + 16 in its high half.)
+//
+// Activations are quantized per row and per block of 32 (as llama.cpp does for these dot products):
+//   amax = max |x_k|, dx = amax / 127, qx_k = round-half-even(x_k * (127 / amax)) in -127..127 (0 if amax is 0),
+//   sx = sum qx_k. The quantization of a row depends on that row only.
+// Each output element then is, over the blocks b = 0 .. K/32 - 1 in order (all float32, exact integer sums):
+//   Q8_0, Q4_0: acc = fma(d_w * dx, (float)sum_k(q_k * qx_k) [- 8 sx for Q4_0], acc)
+//   Q4_1:       acc = fma(d_w * dx, (float)sum_k(q_k * qx_k), acc);  acc = fma(m_w, dx * (float)sx, acc)
+// and y = acc (+ res, added once at the end), then each row's LoRA delta (lora.h) when the LoRA inputs are
+// given. This fixed sequence does not depend on M, on the other rows, on the thread count or on the tile
+// shape (work is split over rows and over groups of 16 output columns, one or two at a time, never over K), so a row is
+// bit-identical alone or batched. The integer sums are exact whatever instructions compute them, so the
+// AVX-512 VNNI, AVX-512BW and AVX2 paths below give identical bits too.
+//
+// Packed weight (made once at load by prepare_qweight() in __init__.py), handed to MindSpore as uint8
+// [1, (K/32) * B, N] with B the format's block bytes (34, 18, 20: the format is read from it). Columns are
+// cut into groups of 16 (the last may be narrower, width w); group g starts at byte 16 * g * (K/32) * B and
+// holds, for each block b in order, w * B bytes:
+//   quants   D dwords per column, dword-major ([D][w] x 4 bytes): D = 8 for Q8_0 (dword j = weights 4j..4j+3,
+//            stored as q + 128 so they are unsigned), D = 4 for Q4 (dword j = the GGUF nibble bytes 4j..4j+3:
+//            low nibbles weights 4j.., high nibbles weights 16+4j..)
+//   d        w fp16
+//   m        w fp16 (Q4_1 only)
+// so one 64-byte load gives one dword of each of 16 columns: the lanes of a VNNI dot product.
+//
+// The instruction set is chosen when the library is built (-march=native; build.py keys its cache by the
+// CPU's flags): AVX-512 VNNI (vpdpbusd), else AVX-512BW (vpmaddubsw + vpmaddwd), else AVX2 (the same on
+// 256-bit halves). mindserve_qmatmul_isa() says which.
+//
+// Exported: mindserve_qmatmul_raw(x, w_packed, fmt, res, y, M, K, N) (tests; fmt 0 Q8_0, 1 Q4_0, 2 Q4_1),
+// mindserve_quantize_rows_raw(x, M, K, q, d, s), mindserve_qmatmul_isa(); the AOT path is qmatmul_entry()
+// (qmatmul.h), reached through MindserveMatMul / MindserveMatMulAdd with a uint8 weight.
+#include "qmatmul.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "entry.h"
+#include "pool.h"
+#ifndef MINDSERVE_QMATMUL_STANDALONE
+#include "lora.h"
+#endif
+
+#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
+#error "qmatmul.cc needs at least AVX2, FMA and F16C"
+#endif
+
+namespace {
+
+enum Fmt { kQ8_0 = 0, kQ4_0 = 1, kQ4_1 = 2, kFormats = 3 };
+constexpr int kBlockBytes[kFormats] = {34, 18, 20};
+constexpr int kGroup = 16;  // output columns per group (one vector of lanes)
+
+// ---------------------------------------------------------------------------------------------
+// 16 lanes of int32 / float32: one zmm, or two ymm halves.
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define MINDSERVE_Q512 1
+constexpr int kMaxMR = 8;   // rows per tile of one group of columns
+constexpr int kMaxMR2 = 6;  // rows per tile of two groups
+using VI = __m512i;
+using VF = __m512;
+inline __mmask16 lanes(int w) { return static_cast<__mmask16>(w >= 16 ? 0xFFFF : ((1u << w) - 1)); }
+inline VI vi_zero() { return _mm512_setzero_si512(); }
+template <bool FULL>
+inline VI load_q(const uint8_t *p, int w) {
+  if constexpr (FULL) return _mm512_loadu_si512(p);
+  return _mm512_maskz_loadu_epi32(lanes(w), p);
+}
+inline VI bcast4(const int8_t *p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+inline VI nib_lo(VI v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
+inline VI nib_hi(VI v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
+// acc + per lane sum of its 4 bytes of u (unsigned, <= 15) times those of x (signed, -127..127).
+inline VI dot_small(VI acc, VI u, VI x) {
+#if defined(__AVX512VNNI__)
+  return _mm512_dpbusd_epi32(acc, u, x);
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, x), _mm512_set1_epi16(1)));
+#endif
+}
+// The same for u of 0..255 (vpmaddubsw would saturate: split into nibbles there).
+inline VI dot_byte(VI acc, VI u, VI x) {
+#if defined(__AVX512VNNI__)
+  return _mm512_dpbusd_epi32(acc, u, x);
+#else
+  acc = _mm512_add_epi32(acc, _mm512_slli_epi32(dot_small(vi_zero(), nib_hi(u), x), 4));
+  return dot_small(acc, nib_lo(u), x);
+#endif
+}
+inline VI vi_sub(VI a, int32_t c) { return _mm512_sub_epi32(a, _mm512_set1_epi32(c)); }
+inline VF vf_zero() { return _mm512_setzero_ps(); }
+inline VF to_f(VI v) { return _mm512_cvtepi32_ps(v); }
+template <bool FULL>
+inline VF load_h(const uint8_t *p, int w) {
+  if constexpr (FULL) return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)));
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes(w), p));
+}
+inline VF vf_set1(float v) { return _mm512_set1_ps(v); }
+inline VF vf_mul(VF a, VF b) { return _mm512_mul_ps(a, b); }
+inline VF vf_add(VF a, VF b) { return _mm512_add_ps(a, b); }
+inline VF vf_fma(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
+template <bool FULL>
+inline VF load_f(const float *p, int w) {
+  if constexpr (FULL) return _mm512_loadu_ps(p);
+  return _mm512_maskz_loadu_ps(lanes(w), p);
+}
+template <bool FULL>
+inline void store_f(float *p, VF v, int w) {
+  if constexpr (FULL) _mm512_storeu_ps(p, v);
+  else _mm512_mask_storeu_ps(p, lanes(w), v);
+}
+#else
+constexpr int kMaxMR = 2;
+constexpr int kMaxMR2 = 1;
+struct VI {
+  __m256i a, b;
+};
+struct VF {
+  __m256 a, b;
+};
+inline VI vi_zero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+template <bool FULL>
+inline VI load_q(const uint8_t *p, int w) {
+  alignas(64) uint8_t buf[64] = {};
+  if constexpr (!FULL) {
+    std::memcpy(buf, p, 4 * w);
+    p = buf;
+  }
+  return {_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p + 32))};
+}
+inline VI bcast4(const int8_t *p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  const __m256i b = _mm256_set1_epi32(v);
+  return {b, b};
+}
+inline VI nib_lo(VI v) {
+  const __m256i m = _mm256_set1_epi8(0x0F);
+  return {_mm256_and_si256(v.a, m), _mm256_and_si256(v.b, m)};
+}
+inline VI nib_hi(VI v) {
+  const __m256i m = _mm256_set1_epi8(0x0F);
+  return {_mm256_and_si256(_mm256_srli_epi16(v.a, 4), m), _mm256_and_si256(_mm256_srli_epi16(v.b, 4), m)};
+}
+inline VI dot_small(VI acc, VI u, VI x) {
+  const __m256i one = _mm256_set1_epi16(1);
+  return {_mm256_add_epi32(acc.a, _mm256_madd_epi16(_mm256_maddubs_epi16(u.a, x.a), one)),
+          _mm256_add_epi32(acc.b, _mm256_madd_epi16(_mm256_maddubs_epi16(u.b, x.b), one))};
+}
+inline VI dot_byte(VI acc, VI u, VI x) {
+  const VI hi = dot_small(vi_zero(), nib_hi(u), x);
+  acc = {_mm256_add_epi32(acc.a, _mm256_slli_epi32(hi.a, 4)), _mm256_add_epi32(acc.b, _mm256_slli_epi32(hi.b, 4))};
+  return dot_small(acc, nib_lo(u), x);
+}
+inline VI vi_sub(VI v, int32_t c) {
+  const __m256i b = _mm256_set1_epi32(c);
+  return {_mm256_sub_epi32(v.a, b), _mm256_sub_epi32(v.b, b)};
+}
+inline VF vf_zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline VF to_f(VI v) { return {_mm256_cvtepi32_ps(v.a), _mm256_cvtepi32_ps(v.b)}; }
+template <bool FULL>
+inline VF load_h(const uint8_t *p, int w) {
+  alignas(32) uint8_t buf[32] = {};
+  if constexpr (!FULL) {
+    std::memcpy(buf, p, 2 * w);
+    p = buf;
+  }
+  return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))),
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p + 16)))};
+}
+inline VF vf_set1(float v) { return {_mm256_set1_ps(v), _mm256_set1_ps(v)}; }
+inline VF vf_mul(VF x, VF y) { return {_mm256_mul_ps(x.a, y.a), _mm256_mul_ps(x.b, y.b)}; }
+inline VF vf_add(VF x, VF y) { return {_mm256_add_ps(x.a, y.a), _mm256_add_ps(x.b, y.b)}; }
+inline VF vf_fma(VF x, VF y, VF z) { return {_mm256_fmadd_ps(x.a, y.a, z.a), _mm256_fmadd_ps(x.b, y.b, z.b)}; }
+template <bool FULL>
+inline VF load_f(const float *p, int w) {
+  alignas(64) float buf[16] = {};
+  if constexpr (!FULL) {
+    std::memcpy(buf, p, sizeof(float) * w);
+    p = buf;
+  }
+  return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)};
+}
+template <bool FULL>
+inline void store_f(float *p, VF v, int w) {
+  if constexpr (FULL) {
+    _mm256_storeu_ps(p, v.a);
+    _mm256_storeu_ps(p + 8, v.b);
+  } else {
+    alignas(64) float buf[16];
+    _mm256_storeu_ps(buf, v.a);
+    _mm256_storeu_ps(buf + 8, v.b);
+    std::memcpy(p, buf, sizeof(float) * w);
+  }
+}
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// Activation quantization (see the header comment): q [M, K] int8; d, sf [M, K/32] float (sf = d * sum q);
+// s [M, K/32] int32 (sum q).
+struct QX {
+  std::vector<int8_t> q;
+  std::vector<float> d, sf;
+  std::vector<int32_t> s;
+  int64_t K = 0, nb = 0;
+};
+
+inline void quantize_block(const float *x, int8_t *q, float *d, int32_t *s, float *sf) {
+#if defined(MINDSERVE_Q512)
+  const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+  const __m512 vid = _mm512_set1_ps(id);
+  const __m512i q0 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(v0, vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512i q1 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(v1, vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  _mm_storeu_si128(reinterpret_cast<__m128i *>(q), _mm512_cvtsepi32_epi8(q0));
+  _mm_storeu_si128(reinterpret_cast<__m128i *>(q + 16), _mm512_cvtsepi32_epi8(q1));
+  const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+#else
+  float amax = 0.0f;
+  for (int k = 0; k < 32; ++k) amax = std::max(amax, std::fabs(x[k]));
+  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+  int32_t sum = 0;
+  for (int k = 0; k < 32; ++k) {
+    const float v = std::nearbyintf(x[k] * id);  // the default rounding mode: nearest, ties to even
+    const int32_t iv = static_cast<int32_t>(std::clamp(v, -128.0f, 127.0f));
+    q[k] = static_cast<int8_t>(iv);
+    sum += iv;
+  }
+#endif
+  const float dv = amax / 127.0f;
+  *d = dv;
+  *s = sum;
+  *sf = dv * static_cast<float>(sum);
+}
+
+void quantize_rows(const float *x, int64_t M, int64_t K, QX *out) {
+  const int64_t nb = K / 32;
+  out->K = K;
+  out->nb = nb;
+  out->q.resize(static_cast<size_t>(M * K));
+  out->d.resize(static_cast<size_t>(M * nb));
+  out->sf.resize(static_cast<size_t>(M * nb));
+  out->s.resize(static_cast<size_t>(M * nb));
+  struct Ctx {
+    const float *x;
+    QX *o;
+    int64_t M, K, nb, chunks;
+  } ctx{x, out, M, K, nb, 1};
+  ctx.chunks = std::clamp<int64_t>(M * K / 8192, 1, 4 * mindserve::pool().threads());
+  mindserve::pool().run(mindserve::Task{[](const void *p, int64_t c) {
+                                          const Ctx &j = *static_cast<const Ctx *>(p);
+                                          for (int64_t m = j.M * c / j.chunks; m < j.M * (c + 1) / j.chunks; ++m)
+                                            for (int64_t b = 0; b < j.nb; ++b) {
+                                              const int64_t i = m * j.nb + b;
+                                              quantize_block(j.x + m * j.K + 32 * b, j.o->q.data() + m * j.K + 32 * b,
+                                                             &j.o->d[i], &j.o->s[i], &j.o->sf[i]);
+                                            }
+                                        },
+                                        &ctx, ctx.chunks});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Register tile: rows [m0, m0 + MR) times NG groups of columns over every block: NG == 2 takes two full groups
+// (g, and g + group_bytes), so every broadcast activation dword and scale feeds two dot products; NG == 1 one
+// group of w columns (FULL: w == 16). Each output element sees the same operations either way.
+template <int MR, int NG, int F, bool FULL>
+void tile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t group_bytes, int w,
+          const float *__restrict res, float *__restrict y, int64_t ldy) {
+  constexpr int D = F == kQ8_0 ? 8 : 4;  // quant dwords per column per block
+  constexpr int B = kBlockBytes[F];
+  const int64_t K = qx.K, nb = qx.nb;
+  VF facc[MR][NG];
+  _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)
+    _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) facc[r][n] = vf_zero();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t *blk = g + b * w * B;
+    const int8_t *xq = qx.q.data() + m0 * K + 32 * b;
+    VI iacc[MR][NG];
+    _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)
+      _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) iacc[r][n] = vi_zero();
+    _Pragma("GCC unroll 8") for (int j = 0; j < D; ++j) {
+      VI raw[NG];
+      _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) raw[n] = load_q<FULL>(blk + n * group_bytes + j * 4 * w, w);
+      if constexpr (F == kQ8_0) {
+        _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
+          const VI xb = bcast4(xq + r * K + 4 * j);
+          _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) iacc[r][n] = dot_byte(iacc[r][n], raw[n], xb);
+        }
+      } else {
+        VI lo[NG], hi[NG];
+        _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) {
+          lo[n] = nib_lo(raw[n]);
+          hi[n] = nib_hi(raw[n]);
+        }
+        _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
+          const VI xl = bcast4(xq + r * K + 4 * j), xh = bcast4(xq + r * K + 16 + 4 * j);
+          _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) {
+            iacc[r][n] = dot_small(iacc[r][n], lo[n], xl);
+            iacc[r][n] = dot_small(iacc[r][n], hi[n], xh);
+          }
+        }
+      }
+    }
+    VF dw[NG];
+    _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) dw[n] = load_h<FULL>(blk + n * group_bytes + D * 4 * w, w);
+    _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
+      const int64_t i = (m0 + r) * nb + b;
+      const VF dx = vf_set1(qx.d[i]);
+      _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) {
+        VI isum = iacc[r][n];
+        if constexpr (F == kQ8_0) isum = vi_sub(isum, 128 * qx.s[i]);
+        if constexpr (F == kQ4_0) isum = vi_sub(isum, 8 * qx.s[i]);
+        facc[r][n] = vf_fma(vf_mul(dw[n], dx), to_f(isum), facc[r][n]);
+      }
+    }
+    if constexpr (F == kQ4_1) {
+      VF mw[NG];
+      _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n)
+        mw[n] = load_h<FULL>(blk + n * group_bytes + D * 4 * w + 2 * w, w);
+      _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
+        const VF sf = vf_set1(qx.sf[(m0 + r) * nb + b]);
+        _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) facc[r][n] = vf_fma(mw[n], sf, facc[r][n]);
+      }
+    }
+  }
+  _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
+    _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) {
+      VF v = facc[r][n];
+      if (res != nullptr) v = vf_add(v, load_f<FULL>(res + r * ldy + kGroup * n, w));
+      store_f<FULL>(y + r * ldy + kGroup * n, v, w);
+    }
+  }
+}
+
+using TileFn = void (*)(const QX &, int64_t, const uint8_t *, int64_t, int, const float *, float *, int64_t);
+
+template <int NG, int F, bool FULL, int... MRs>
+constexpr void fill_rows(TileFn *row, std::integer_sequence<int, MRs...>) {
+  ((row[MRs] = &tile<MRs + 1, NG, F, FULL>), ...);
+}
+template <int F>
+constexpr void fill_format(TileFn (*t)[kMaxMR]) {
+  fill_rows<1, F, false>(t[0], std::make_integer_sequence<int, kMaxMR>{});
+  fill_rows<1, F, true>(t[1], std::make_integer_sequence<int, kMaxMR>{});
+  fill_rows<2, F, true>(t[2], std::make_integer_sequence<int, kMaxMR2>{});
+}
+struct Tiles {
+  TileFn fn[kFormats][3][kMaxMR]{};  // [format][0 one partial group, 1 one full group, 2 two full groups][rows - 1]
+  constexpr Tiles() {
+    fill_format<kQ8_0>(fn[kQ8_0]);
+    fill_format<kQ4_0>(fn[kQ4_0]);
+    fill_format<kQ4_1>(fn[kQ4_1]);
+  }
+};
+constexpr Tiles kTiles{};
+
+struct Job {
+  const QX *qx;
+  const uint8_t *w;
+  const float *res;
+  float *y;
+  int64_t M, N;
+  int fmt;
+  int64_t groups, nchunks;
+};
+
+// Rows [0, M) cut into nearly equal blocks of at most `most` rows: block b of n has (M - m) / (n - b) rows.
+template <typename Fn>
+inline void row_blocks(int64_t M, int most, Fn &&fn) {
+  const int64_t nblocks = (M + most - 1) / most;
+  int64_t m = 0;
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const int64_t rows = (M - m) / (nblocks - b);
+    fn(m, rows);
+    m += rows;
+  }
+}
+
+// Output columns of groups [g0, g1) for every row; full groups two at a time (a pair never straddles chunks).
+void run_chunk(const void *ctx, int64_t c) {
+  const Job &j = *static_cast<const Job *>(ctx);
+  const int64_t g0 = j.groups * c / j.nchunks, g1 = j.groups * (c + 1) / j.nchunks;
+  const int64_t group_bytes = int64_t{kGroup} * j.qx->nb * kBlockBytes[j.fmt];
+  for (int64_t g = g0; g < g1;) {
+    const int64_t n0 = g * kGroup;
+    const int w = static_cast<int>(std::min<int64_t>(kGroup, j.N - n0));
+    const bool pair = j.M > 1 && g + 1 < g1 && j.N - n0 >= 2 * kGroup;  // measured: no gain for one row
+    const uint8_t *wg = j.w + g * group_bytes;
+    const float *res = j.res == nullptr ? nullptr : j.res + n0;
+    if (pair) {
+      row_blocks(j.M, kMaxMR2, [&](int64_t m, int64_t rows) {
+        kTiles.fn[j.fmt][2][rows - 1](*j.qx, m, wg, group_bytes, kGroup, res == nullptr ? nullptr : res + m * j.N,
+                                      j.y + m * j.N + n0, j.N);
+      });
+      g += 2;
+    } else {
+      row_blocks(j.M, kMaxMR, [&](int64_t m, int64_t rows) {
+        kTiles.fn[j.fmt][w == kGroup][rows - 1](*j.qx, m, wg, group_bytes, w, res == nullptr ? nullptr : res + m * j.N,
+                                                j.y + m * j.N + n0, j.N);
+      });
+      g += 1;
+    }
+  }
+}
+
+int64_t chunk_count(int64_t groups, int64_t bytes, int threads) {
+  const int64_t per = std::clamp<int64_t>(bytes / (int64_t{128} << 10) / std::max(1, threads), 1, 8);
+  return std::max<int64_t>(1, std::min<int64_t>({groups, threads * per, mindserve::kMaxChunks}));
+}
+
+// y = x @ W (+ res). K % 32 == 0, fmt in 0..2 (checked by the callers).
+void qmatmul(const float *x, const uint8_t *w, int fmt, const float *res, float *y, int64_t M, int64_t K, int64_t N) {
+  if (M <= 0 || N <= 0) return;
+  mindserve::ScopeTimer timer(mindserve::kMatMul);
+  if (K == 0) {
+    if (res != nullptr) std::memcpy(y, res, sizeof(float) * M * N);
+    else std::memset(y, 0, sizeof(float) * M * N);
+    return;
+  }
+  QX qx;
+  quantize_rows(x, M, K, &qx);
+  const int64_t groups = (N + kGroup - 1) / kGroup;
+  Job job{&qx, w, res, y, M, N, fmt, groups, 1};
+  job.nchunks = chunk_count(groups, N * qx.nb * kBlockBytes[fmt], mindserve::pool().threads());
+  mindserve::pool().run(mindserve::Task{&run_chunk, &job, job.nchunks});
+}
+
+}  // namespace
+
+namespace mindserve {
+
+#ifndef MINDSERVE_QMATMUL_STANDALONE
+namespace {
+// Format of a packed weight [1, L, N] for x [.., K]: L = (K/32) * block bytes. -1 if none fits.
+int format_of(int64_t K, int64_t L) {
+  if (K <= 0 || K % 32 != 0 || L % (K / 32) != 0) return -1;
+  const int64_t bpb = L / (K / 32);
+  for (int f = 0; f < kFormats; ++f)
+    if (bpb == kBlockBytes[f]) return f;
+  return -1;
+}
+
+}  // namespace
+
+int qmatmul_entry(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, bool add) {
+  const int nin = add ? 3 : 2;
+  const bool lora = nparam == nin + kLoraInputs + 1;
+  if (nparam != nin + 1 && !lora) return 1;
+  const int out = nparam - 1;
+  if (!is_f32(dtypes[0]) || std::strcmp(dtypes[1], "uint8") != 0 || (add && !is_f32(dtypes[2])) ||
+      !is_f32(dtypes[out]))
+    return 2;
+  if (ndims[0] < 1 || ndims[1] != 3 || shapes[1][0] != 1 || ndims[out] < 1) return 3;
+  const int64_t K = shapes[0][ndims[0] - 1];
+  const int64_t M = rows_of(ndims[0], shapes[0]);
+  const int fmt = format_of(K, shapes[1][1]);
+  if (fmt < 0) return 4;
+  const int64_t N = shapes[1][2];
+  if (shapes[out][ndims[out] - 1] != N) return 5;
+  if (add && (ndims[2] < 1 || shapes[2][ndims[2] - 1] != N || rows_of(ndims[2], shapes[2]) != M)) return 6;
+  LoraArgs l;
+  if (lora) {
+    const int err = lora_args(params, ndims, shapes, dtypes, nin, M, K, N, &l);
+    if (err != 0) return err;
+  }
+  const auto *x = static_cast<const float *>(params[0]);
+  auto *y = static_cast<float *>(params[out]);
+  qmatmul(x, static_cast<const uint8_t *>(params[1]), fmt, add ? static_cast<const float *>(params[2]) : nullptr, y,
+          M, K, N);
+  if (lora) lora_apply(l, x, M, K, y, N);
+  return 0;
+}
+#endif
+
+}  // namespace mindserve
+
+extern "C" {
+
+// 0 ok; 1 bad format; 2 K not a multiple of 32.
+int mindserve_qmatmul_raw(const float *x, const uint8_t *w_packed, int fmt, const float *res, float *y, int64_t M,
+                          int64_t K, int64_t N) {
+  if (fmt < 0 || fmt >= kFormats) return 1;
+  if (K % 32 != 0) return 2;
+  qmatmul(x, w_packed, fmt, res, y, M, K, N);
+  return 0;
+}
+
+// The activation quantization alone: q [M, K] int8, d [M, K/32] float, s [M, K/32] int32.
+int mindserve_quantize_rows_raw(const float *x, int64_t M, int64_t K, int8_t *q, float *d, int32_t *s) {
+  if (K % 32 != 0) return 2;
+  QX qx;
+  quantize_rows(x, M, K, &qx);
+  std::memcpy(q, qx.q.data(), qx.q.size());
+  std::memcpy(d, qx.d.data(), sizeof(float) * qx.d.size());
+  std::memcpy(s, qx.s.data(), sizeof(int32_t) * qx.s.size());
+  return 0;
+}
+
+// Which instruction set the dot products use: "avx512-vnni", "avx512bw" or "avx2".
+const char *mindserve_qmatmul_isa() {
+#if defined(MINDSERVE_Q512) && defined(__AVX512VNNI__)
+  return "avx512-vnni";
+#elif defined(MINDSERVE_Q512)
+  return "avx512bw";
+#else
+  return "avx2";
+#endif
+}
+
+#ifdef MINDSERVE_QMATMUL_STANDALONE
+int mindserve_matmul_set_threads(int n) {
+  mindserve::pool().set_threads(n);
+  return mindserve::pool().threads();
+}
+#endif
+
+}  // extern "C"
