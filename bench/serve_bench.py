@@ -911,7 +911,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(t in ("q4_1", "f32") for t in targets):
         if not args.llama_python.exists():
             raise SystemExit(f"{args.llama_python} not found: build it as bench/README.md says "
-                             f"(tools/build-llama-anchors.sh), or pass --llama-python")
+                             f"(../shared/tools/build-llama-anchors.sh, bench/README.md), or pass --llama-python")
     for t in targets:
         if t in ("mindserve", "mindserve-nocache"):
             servers.append(MindServe(workdir, args.model_dir, args.mindserve_config, t == "mindserve"))
