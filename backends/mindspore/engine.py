@@ -13,8 +13,8 @@ import queue
 import threading
 import time
 from collections.abc import Mapping
-from concurrent.futures import Future
 from collections.abc import Sequence as Seq
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +22,12 @@ import numpy as np
 
 from backends.base import Listener, RequestHandle
 from backends.chat_template import render_chat_template
-from backends.errors import EngineOverloaded, EngineUnavailable, GenerationFailed, InputRejected, ParameterRejected
+from backends.errors import EngineOverloaded, EngineUnavailable, GenerationFailed, InputRejected
 from backends.grammar import GrammarCompiler, GrammarState, MaskBatch, MaskWorker
 from backends.limits import longest_sequence, prompt_token_limit
+from backends.mindspore.adapters import EngineAdapters
 from backends.mindspore.config import VL_ARCHS, load_model_spec
-from backends.lora import BaseDims, load_adapter
 from backends.mindspore.kv_cache import BlockAllocator
-from backends.mindspore.lora_slots import LoraSlots, load_configured_adapters, lora_slot_shape, slot_bytes
 from backends.mindspore.memory import Footprint, available_memory, plan_cache
 from backends.mindspore.model import set_device
 from backends.mindspore.qwen2_vl.config import VLSpec, load_vl_spec
@@ -70,13 +69,12 @@ class Engine:
         self.spec = spec = load_model_spec(model_dir)
         self.vl = vl = _vl_spec(spec)
         self.media_kinds = frozenset({"image", "video"}) if vl is not None else frozenset()
-        adapters = load_configured_adapters(config.lora, BaseDims.of(spec))
-        lora_shape = lora_slot_shape(config.lora, adapters)
-        if vl is not None and lora_shape is not None:
+        self.lora = EngineAdapters(spec, config.lora)  # read and checked now: their slots count in the budget
+        if vl is not None and self.lora.shape is not None:
             raise ValueError(f"{spec.arch}: LoRA adapters are not supported for a vision-language model; "
                              "remove LoraModules / allowRuntimeLoraUpdating")
         # The cache within its memory budget (npuMemSize), the batch capped at what it holds.
-        cache = plan_cache(config, Footprint.of(spec, slot_bytes(BaseDims.of(spec), lora_shape)), available_memory(),
+        cache = plan_cache(config, Footprint.of(spec, self.lora.bytes), available_memory(),
                            spec.max_position_embeddings)
         log.info("%s", cache.describe())
         self.config = config = cache.apply(config)
@@ -93,15 +91,10 @@ class Engine:
         weights = _load_weights(spec, vl)
         check_weight_dtype(weights, spec.yaml_path, spec.weight_dtype)
         # The execution strategy, chosen once: the packed AOT step or the split stock-op step.
-        self.runner = build_runner(spec, weights, shapes, num_blocks, config.kernels, self.device, lora_shape, vl)
+        self.runner = build_runner(spec, weights, shapes, num_blocks, config.kernels, self.device, self.lora.shape, vl)
         self.vision = VisionEncoder(vl, weights) if vl is not None else None
         del weights
-        self.loras = (LoraSlots(BaseDims.of(spec), *lora_shape, self.runner.write_lora)
-                      if lora_shape is not None else None)
-        for adapter in adapters:
-            slot = self.loras.load(adapter)
-            log.info("loaded LoRA adapter %s from %s (rank %d, scale %g, targets %s) into slot %d", adapter.name,
-                     adapter.path, adapter.rank, adapter.scale, ",".join(adapter.targets), slot)
+        self.lora.attach(self.runner.write_lora)
         self.allocator = BlockAllocator(num_blocks, self.runner.shapes.block_size, config.prefix_caching)
         self.scheduler = Scheduler(self.allocator, config.max_batch_size, config.max_waiting,
                                    prefill_rows=self.runner.shapes.prefill_batch_buckets[-1],
@@ -218,7 +211,7 @@ class Engine:
         handle = RequestHandle(f"req-{next(self._ids)}", listener)
         max_new = effective_max_new_tokens(params.max_new_tokens, self.config.max_iter_times,
                                            self.max_seq_len, len(ids))
-        lease = self._lease(params.adapter_id)
+        lease = self.lora.lease(params.adapter_id)
         try:
             seq = SeqState.from_request(handle, ids, params, max_new_tokens=max_new, defaults=self.spec.defaults,
                                         vocab_size=self.vocab_size, eos_ids=self.eos_ids, tokenizer=self.tokenizer,
@@ -235,40 +228,16 @@ class Engine:
         self._wake.set()
         return handle
 
-    def _lease(self, adapter_id: str | None):
-        """The request's hold on its adapter (None: the base model); ParameterRejected if it is not loaded."""
-        if adapter_id is None:
-            return None
-        if self.loras is None:
-            raise ParameterRejected("adapter_id", f"{json.dumps(adapter_id)} is not a loaded adapter (loaded: none; "
-                                                  "the server config has no LoraModules)")
-        return self.loras.acquire(adapter_id)
-
-    # --- LoRA adapters at run time (the management plane) ---
+    # --- LoRA adapters at run time (the management plane; adapters.py) ---
 
     def adapters(self) -> list[dict]:
-        """The loaded adapters (name, rank, targets, scale, use_rslora, slot, requests in flight)."""
-        return self.loras.describe() if self.loras is not None else []
+        return self.lora.describe()
 
     def load_adapter(self, name: str, path: Path | str) -> dict:
-        """Read and check a PEFT adapter (here, in the caller's thread), then put it in a free slot between
-        two steps; its /info entry. AdapterError for a bad adapter, ValueError if it cannot be held."""
-        if self.loras is None:
-            raise ValueError("this server has no adapter slots (set LoraModules or allowRuntimeLoraUpdating)")
-        adapter = load_adapter(name, path, BaseDims.of(self.spec), self.loras.rank)
-        self._between_steps(lambda: self.loras.load(adapter)).result(timeout=60)
-        log.info("loaded LoRA adapter %s from %s at run time (rank %d, scale %g)", name, path, adapter.rank,
-                 adapter.scale)
-        return next(a for a in self.adapters() if a["name"] == name)
+        return self.lora.load(name, path, self._between_steps)
 
     def unload_adapter(self, name: str) -> bool:
-        """New requests for ``name`` are refused from now on; its slot is freed once the ones in flight end
-        (True: at once). KeyError if it is not loaded."""
-        if self.loras is None:
-            raise KeyError(name)
-        freed = self.loras.unload(name)
-        log.info("unloaded LoRA adapter %s (%s)", name, "slot freed" if freed else "slot freed when its requests end")
-        return freed
+        return self.lora.unload(name)
 
     def _between_steps(self, task) -> Future:
         """Run ``task`` on the engine thread before its next step (or here, if the loop is not running)."""
@@ -296,9 +265,7 @@ class Engine:
                 "prefix_caching": self.allocator.prefix_caching, "prefix_cache_blocks": self.allocator.cached_blocks,
                 "prefix_cache_hit_rate": self.scheduler.hit_tokens / max(self.scheduler.prompt_tokens, 1),
                 "prefix_cache_hit_tokens": self.scheduler.hit_tokens, "adapters": self.adapters(),
-                "lora": None if self.loras is None else {
-                    "slots": self.loras.slots, "rank": self.loras.rank, "max_loras": self.config.lora.max_loras,
-                    "runtime_updates": self.config.lora.runtime_updates}}
+                "lora": self.lora.info()}
 
     @property
     def compiled_graphs(self) -> int:
