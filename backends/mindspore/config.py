@@ -156,8 +156,13 @@ def _eos_ids(value: Any, path: Path) -> tuple[int, ...]:
 
 
 def _read_hf_config(model_dir: Path) -> dict:
-    path = model_dir / "config.json"
-    if not path.exists():
+    return read_json_object(model_dir / "config.json")
+
+
+def read_json_object(path: Path) -> dict:
+    """A JSON file of the model directory that holds an object ({} when absent); ConfigError naming the file
+    when it is not valid JSON or not an object."""
+    if not path.is_file():
         return {}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))

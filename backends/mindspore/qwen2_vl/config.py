@@ -9,13 +9,12 @@ and the dotted key.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from backends.mindspore.config import (ConfigError, ModelSpec, _checkpoint, _context, _defaults, _eos_ids,
-                                       _Section, find_model_yaml, load_yaml_tree)
+                                       _Section, find_model_yaml, load_yaml_tree, read_json_object)
 
 VL_ARCHS = {"Qwen2VLForConditionalGeneration": "qwen2_vl", "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl"}
 _ACTS = ("quick_gelu", "silu", "gelu")
@@ -87,16 +86,6 @@ class VLSpec:
     vision_start_token_id: int
 
 
-def _json(path: Path) -> dict:
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(path, "<json>", f"not valid JSON: {exc}") from None
-    return data if isinstance(data, dict) else {}
-
-
 class _Merged(_Section):
     """The yaml's section, falling back to a config.json mapping for the keys it leaves out."""
 
@@ -110,7 +99,7 @@ def load_vl_spec(path: Path | str) -> VLSpec:
     path = Path(path)
     yaml_path = find_model_yaml(path) if path.is_dir() else path
     tree = load_yaml_tree(yaml_path)
-    hf = _json(yaml_path.parent / "config.json")
+    hf = read_json_object(yaml_path.parent / "config.json")
     model = _Section(yaml_path, "model", tree.get("model"))
     arch = _Section(yaml_path, "model.arch", model.get("arch", dict)).get("type", str)
     if arch not in VL_ARCHS:
@@ -128,7 +117,7 @@ def load_vl_spec(path: Path | str) -> VLSpec:
     vc = _Merged(yaml_path, "model.vision_config", model.get("vision_config", dict, {}), hf.get("vision_config") or {})
     vision = _vision_spec(yaml_path, vc, family, text.hidden_size)
     proc = _Section(yaml_path, "processor", tree.get("processor") or {})
-    pre = _json(yaml_path.parent / "preprocessor_config.json")
+    pre = read_json_object(yaml_path.parent / "preprocessor_config.json")
     return VLSpec(
         family=family, text=text, vision=vision,
         processor=_processor_spec(yaml_path, proc, pre, vision),
