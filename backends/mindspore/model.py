@@ -63,10 +63,10 @@ class RMSNorm(nn.Cell):
 class DecoderLayer(nn.Cell):
     """Attention + MLP for one layer; owns the layer's K/V cache ``[kv_heads * num_slots, head_dim]``.
 
-    With the AOT kernels (``aot``, an ``AotOps``) a layer is 10 ops: norm, qkv matmul, split + rotary,
-    two in-place cache writes, paged attention, o matmul + residual, norm, gate/up matmul, SwiGLU,
-    down matmul + residual. Without them it is the same maths in stock MindSpore ops, attending over
-    a gathered window with an additive mask.
+    With the AOT kernels (``aot``, an ``AotOps``) a layer is 8 ops: norm, qkv matmul, attention (bias,
+    split + rotary, the in-place cache writes and paged attention in one kernel), o matmul + residual,
+    norm, gate/up matmul, SwiGLU, down matmul + residual. Without them it is the same maths in stock
+    MindSpore ops, attending over a gathered window with an additive mask.
     """
 
     def __init__(self, spec: ModelSpec, w: dict[str, np.ndarray], i: int, num_slots: int, block_size: int,
@@ -75,7 +75,7 @@ class DecoderLayer(nn.Cell):
         p = f"model.layers.{i}."
         self.aot = aot
         self.fused = aot is not None
-        self.attn_meta = Tensor(np.array([spec.num_kv_heads, block_size], np.int32))
+        self.attn_meta = Tensor(np.array([spec.num_kv_heads, block_size, int(spec.qkv_has_bias)], np.int32))
         self.heads, self.kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
         q, k, v = (w[p + f"self_attn.{n}_proj.weight"] for n in "qkv")
         # Fused, stored [in, out] so a plain matmul streams it (the fastest CPU layout).
@@ -84,6 +84,8 @@ class DecoderLayer(nn.Cell):
         if self.has_bias:
             bias = np.concatenate([w[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
             self.bqkv = _param(bias, p + "bqkv", dtype)
+        else:  # the attention kernel's bias input, never read (attn_meta says there is none)
+            self.bqkv = Tensor(np.zeros(1, np.float32))
         self.wo = _weight(w[p + "self_attn.o_proj.weight"].T, p + "wo", self.fused, dtype)
         self.w_gate_up = _weight(np.concatenate([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]],
                                                 axis=0).T, p + "w_gate_up", self.fused, dtype)
@@ -94,7 +96,8 @@ class DecoderLayer(nn.Cell):
                                 dtype)
         # Row kv_head * num_slots + slot holds one head's K (or V) of one token. 2-D, so ScatterUpdate
         # writes it in place (ScatterNdUpdate, or any reshape of the Parameter, copies the whole cache);
-        # kv-head-major, so a gather of rows is already the [kv, B, W, D] the ops path multiplies.
+        # kv-head-major, so a gather of rows is already the [kv, B, W, D] the ops path multiplies. The AOT
+        # attention kernel writes the same rows itself, through the Parameter's own memory.
         cache_shape = (spec.num_kv_heads * num_slots, spec.head_dim)
         self.k_cache = _param(np.zeros(cache_shape, np.float32), p + "k_cache", dtype)
         self.v_cache = _param(np.zeros(cache_shape, np.float32), p + "v_cache", dtype)
@@ -170,13 +173,12 @@ class DecoderLayer(nn.Cell):
         """h [N, dim] (N = B*T); cos/sin [N, D]; pos, token_rows, lora_rows [N]; table [R, NB]. Returns
         [N, H*D] before the o projection."""
         qkv = self._mm(h, self.wqkv, self.lora_qkv_a, self.lora_qkv_b, self.lora_qkv_segs, self.lora_qkv_cols, lora_rows)
-        if self.has_bias:
-            qkv = qkv + self.bqkv
-        q, k, v = self.aot.qkv_rope(qkv, cos, sin)  # [N, H, D], [N*KV, D], [N*KV, D]
-        # Write this step's K/V rows in place; the kernel then reads the updated Parameters directly.
-        keys = self.scatter(self.k_cache, write_idx, k)
-        values = self.scatter(self.v_cache, write_idx, v)
-        return self.aot.attention(q, keys, values, table, pos, token_rows, self.attn_meta)
+        # One kernel: bias, RoPE, this step's K/V rows written into the cache Parameters (their memory, in
+        # place, before any key is read), then paged attention over them. Nothing else in the graph reads or
+        # writes the caches, so no ordering between ops is involved; the next step's graph runs after
+        # this one has returned its outputs.
+        return self.aot.qkv_attention(qkv, self.bqkv, cos, sin, self.k_cache, self.v_cache, write_idx, table, pos,
+                                      token_rows, self.attn_meta)
 
     def _attention_ops(self, x, cos, sin, write_idx, read_rows, mask, lora_rows):
         """x [B, T, dim]; cos/sin [B, T, 1, D]; read_rows [kv, B, W]; mask [B, 1, T, W]; lora_rows [B*T]."""

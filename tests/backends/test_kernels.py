@@ -434,6 +434,96 @@ def test_qkv_rope_kernel_matches_numpy(lib, rows, heads, kv, d):
     assert np.array_equal(v.reshape(rows, kv, d), qkv.reshape(rows, heads + 2 * kv, d)[:, heads + kv:])
 
 
+def _qkv_attention_case(seed, n, h, kv, d, bs, nb, num_blocks, bias: bool):
+    """One packed step: n tokens of two sequences (table rows 0, 1), each token's K/V rows to write."""
+    from backends.mindspore.model import rope_tables
+
+    rng = np.random.default_rng(seed)
+    width, slots = (h + 2 * kv) * d, num_blocks * bs
+    qkv = rng.standard_normal((n, width)).astype(np.float32)
+    b = rng.standard_normal(width).astype(np.float32) if bias else np.zeros(1, np.float32)
+    k = rng.standard_normal((kv * slots, d)).astype(np.float32)
+    v = rng.standard_normal((kv * slots, d)).astype(np.float32)
+    table = np.stack([rng.permutation(np.arange(1, num_blocks))[:nb] for _ in range(2)]).astype(np.int32)
+    rows = (np.arange(n) >= n // 2).astype(np.int32)  # the first half belongs to row 0, the rest to row 1
+    start = rng.integers(0, nb * bs - n, 2)
+    pos = np.array([start[r] + i for i, r in enumerate(rows)], np.int32)  # consecutive within each row
+    slot = table[rows, pos // bs].astype(np.int64) * bs + pos % bs
+    write = (slot[:, None] + np.arange(kv) * slots).reshape(-1).astype(np.int32)
+    cos_t, sin_t = rope_tables(d, nb * bs, 10000.0)
+    meta = np.array([kv, bs, int(bias)], np.int32)
+    return dict(qkv=qkv, bias=b, cos=cos_t[pos], sin=sin_t[pos], k=k, v=v, write=write, table=table, pos=pos,
+                rows=rows, meta=meta)
+
+
+def _qkv_attention(lib, c, h, d):
+    """MindserveQKVAttention on copies of the caches: (rc, out, k after, v after)."""
+    k, v = c["k"].copy(), c["v"].copy()
+    out = np.full((len(c["qkv"]), h * d), np.nan, np.float32)
+    rc = _aot_call(lib, "MindserveQKVAttention", [c["qkv"], c["bias"], c["cos"], c["sin"], k, v, c["write"],
+                                                  c["table"], c["pos"], c["rows"], c["meta"]], [out])
+    # _aot_call passes k and v themselves (contiguous already): the kernel's in-place writes land in them
+    return rc, out, k, v
+
+
+QKV_ATTN_CASES = [(1, 9, 3, 64, 16, 4, False), (6, 9, 3, 64, 16, 4, False), (8, 4, 4, 32, 8, 5, True),
+                  (5, 6, 2, 40, 4, 7, True), (4, 2, 1, 6, 2, 9, False)]
+
+
+@pytest.mark.parametrize("n,h,kv,d,bs,nb,bias", QKV_ATTN_CASES)
+def test_qkv_attention_writes_the_cache_then_attends_like_numpy(lib, n, h, kv, d, bs, nb, bias):
+    """The fused kernel: the new K (roped) / V rows land in the caches, every other row is untouched, and each
+    token attends over the updated cache, its own key and the earlier keys of its chunk included."""
+    c = _qkv_attention_case(n * h + d, n, h, kv, d, bs, nb, nb * 2 + 3, bias)
+    rc, out, k, v = _qkv_attention(lib, c, h, d)
+    assert rc == 0
+    x = c["qkv"].astype(np.float64) + (c["bias"] if bias else 0)
+    split = x.reshape(n, h + 2 * kv, d)
+    cos, sin = c["cos"][:, None].astype(np.float64), c["sin"][:, None].astype(np.float64)
+    want_k, want_v = c["k"].astype(np.float64), c["v"].astype(np.float64)
+    want_k[c["write"]] = _rope_ref(split[:, h:h + kv], cos, sin).reshape(n * kv, d)
+    want_v[c["write"]] = split[:, h + kv:].reshape(n * kv, d)
+    np.testing.assert_allclose(k, want_k, rtol=0, atol=2e-6)
+    np.testing.assert_allclose(v, want_v, rtol=0, atol=2e-6)
+    untouched = np.setdiff1d(np.arange(len(k)), c["write"])
+    assert np.array_equal(k[untouched], c["k"][untouched]) and np.array_equal(v[untouched], c["v"][untouched])
+    q = _rope_ref(split[:, :h], cos, sin)
+    want = np.concatenate([_attention_ref(q[c["rows"] == r][None], want_k, want_v, c["table"][r:r + 1],
+                                          c["pos"][c["rows"] == r][None], kv, bs)[0] for r in (0, 1)])
+    np.testing.assert_allclose(out, want, atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("n,h,kv,d,bs,nb,bias", QKV_ATTN_CASES)
+def test_qkv_attention_is_its_two_halves_bit_for_bit(lib, n, h, kv, d, bs, nb, bias):
+    """Fused = (bias add,) MindserveQKVRope, the rows written, paged attention: the same bits, so the fused graph
+    gives what the ScatterUpdate graph gave."""
+    c = _qkv_attention_case(7 * n + d, n, h, kv, d, bs, nb, nb * 2 + 3, bias)
+    rc, out, k, v = _qkv_attention(lib, c, h, d)
+    assert rc == 0
+    qkv = c["qkv"] + c["bias"] if bias else c["qkv"]  # one float32 add, as the graph's bias Add did
+    q2 = np.full((n, h, d), np.nan, np.float32)
+    k2, v2 = np.full((n * kv, d), np.nan, np.float32), np.full((n * kv, d), np.nan, np.float32)
+    assert _aot_call(lib, "MindserveQKVRope", [qkv, c["cos"], c["sin"]], [q2, k2, v2]) == 0
+    kc, vc = c["k"].copy(), c["v"].copy()
+    kc[c["write"]], vc[c["write"]] = k2, v2
+    assert np.array_equal(k, kc) and np.array_equal(v, vc)
+    rc, want = _attention(lib, q2[None], kc, vc, c["table"], c["pos"][None], kv, bs, rows=c["rows"])
+    assert rc == 0 and np.array_equal(out, want[0])
+
+
+def test_qkv_attention_refuses_bad_inputs_and_writes_nothing_outside_the_cache(lib):
+    c = _qkv_attention_case(3, 4, 4, 2, 16, 8, 3, 8, False)
+    bad = dict(c, write=c["write"].copy())
+    bad["write"][1] = len(c["k"])  # one row past the cache
+    rc, _, k, v = _qkv_attention(lib, bad, 4, 16)
+    assert rc == 8 and np.array_equal(k, c["k"]) and np.array_equal(v, c["v"])  # checked before any write
+    assert _qkv_attention(lib, dict(c, table=np.full_like(c["table"], 99)), 4, 16)[0] == 8  # a block past the cache
+    assert _qkv_attention(lib, dict(c, rows=np.array([0, 1, 2, 0], np.int32)), 4, 16)[0] == 9  # a row past the table
+    assert _qkv_attention(lib, dict(c, meta=np.array([2, 8, 1], np.int32)), 4, 16)[0] == 4  # bias claimed, [1] given
+    assert _qkv_attention(lib, dict(c, qkv=c["qkv"][:, :-16]), 4, 16)[0] == 4  # width is not (H + 2 KV) D
+    assert _qkv_attention(lib, dict(c, pos=c["pos"].astype(np.float32)), 4, 16)[0] == 2
+
+
 @pytest.mark.parametrize("m,k,n", [(1, 576, 576), (16, 1536, 576), (5, 37, 53), (20, 64, 100)])
 def test_matmul_add_is_the_residual_plus_the_same_product(lib, m, k, n):
     rng = np.random.default_rng(m + k + n)

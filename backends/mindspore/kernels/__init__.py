@@ -6,14 +6,19 @@
   connection without a separate Add; the residual is added once, after the product);
   ``matmul_lora`` / ``matmul_add_lora`` take four more inputs ``(a, b, rows, segs)`` and add each row's
   LoRA delta (multi-LoRA serving, lora.h);
-* ``attention(q [N, H, D], k_cache, v_cache [KV*S, D], table [R, NB] int32, pos [N] int32,
-  rows [N] int32, meta [2] int32 = (KV, block_size)) -> [N, H*D]``: causal attention straight out of
-  the layer's paged K/V cache (attention.cc) for N query tokens of any sequences (token i belongs to
-  the sequence of table row ``rows[i]``). It reads only each token's real keys (0..pos), so its cost
-  follows the sequence lengths, and tokens of several prompts can share one packed chunk;
-* ``rmsnorm(x [..., C], w [C], eps [1]) -> [..., C]``, ``swiglu(gu [..., 2F]) -> [..., F]`` and
-  ``qkv_rope(qkv [N, (H+2KV)*D], cos, sin [N, D]) -> (q [N, H, D], k [N*KV, D], v [N*KV, D])``
-  (fused.cc): each replaces a chain of small MindSpore ops.
+* ``qkv_attention(qkv [N, (H+2KV)*D], bias [(H+2KV)*D] or [1], cos, sin [N, D], k_cache, v_cache
+  [KV*S, D], write [N*KV] int32, table [R, NB] int32, pos [N] int32, rows [N] int32, meta [3] int32 =
+  (KV, block_size, has_bias)) -> [N, H*D]`` (fused.cc): a layer's attention after the qkv projection in
+  one op. The bias, the split and RoPE; this step's K/V rows written into the cache Parameters in place
+  (row ``write[i * KV + h]`` gets head h of token i), on the calling thread, before any key is read, so
+  the graph has no ScatterUpdate and no ordering to get right; then causal attention straight out of
+  the paged cache (attention.cc) for N query tokens of any sequences (token i belongs to the sequence
+  of table row ``rows[i]``). It reads only each token's real keys (0..pos), so its cost follows the
+  sequence lengths, and tokens of several prompts can share one packed chunk;
+* ``rmsnorm(x [..., C], w [C], eps [1]) -> [..., C]`` and ``swiglu(gu [..., 2F]) -> [..., F]`` (fused.cc):
+  each replaces a chain of small MindSpore ops. (``MindserveQKVRope`` and ``MindservePagedAttention``, the
+  two halves of ``qkv_attention`` as separate entries, stay in the library; the tests check the halves
+  and the whole against each other and NumPy.)
 
 All of them compute each row the same way whatever else is in the batch.
 
@@ -44,7 +49,6 @@ __all__ = ["fast_matmul", "aot_ops", "AotOps", "prepare_weight", "KERNEL_KINDS",
            "default_cache_dir", "ENTRY"]
 
 ENTRY = "MindserveMatMul"
-ATTENTION_ENTRY = "MindservePagedAttention"
 _lib: dict[str, ctypes.CDLL] = {}
 _active: list[str] = []  # the library the last fast_matmul() op uses; the default for the helpers
 
@@ -151,10 +155,9 @@ class AotOps:
     matmul_add: Any
     matmul_lora: Any  # matmul(x, w, a, b, rows, segs): + each row's LoRA delta (lora.h)
     matmul_add_lora: Any  # matmul_add(x, w, res, a, b, rows, segs)
-    attention: Any
+    qkv_attention: Any  # qkv_attention(qkv, bias, cos, sin, k_cache, v_cache, write, table, pos, rows, meta)
     rmsnorm: Any
     swiglu: Any
-    qkv_rope: Any
 
 
 def aot_ops(heads: int, kv_heads: int, head_dim: int, cache_dir: str | os.PathLike | None = None) -> AotOps:
@@ -166,16 +169,12 @@ def aot_ops(heads: int, kv_heads: int, head_dim: int, cache_dir: str | os.PathLi
     def custom(entry: str, out_shape, out_dtype=_first_dtype):
         return ops.Custom(f"{path}:{entry}", out_shape=out_shape, out_dtype=out_dtype, func_type="aot")
 
-    def qkv_shapes(qkv, *_):
-        return [qkv[0], heads, head_dim], [qkv[0] * kv_heads, head_dim], [qkv[0] * kv_heads, head_dim]
-
     return AotOps(
         matmul=custom(ENTRY, _out_shape, _out_dtype),
         matmul_add=custom("MindserveMatMulAdd", lambda x, w, r: _out_shape(x, w), _first_dtype),
         matmul_lora=custom(ENTRY, lambda x, w, *_: _out_shape(x, w)),
         matmul_add_lora=custom("MindserveMatMulAdd", lambda x, w, *_: _out_shape(x, w)),
-        attention=custom(ATTENTION_ENTRY, lambda q, *_: [q[0], q[1] * q[2]]),
+        qkv_attention=custom("MindserveQKVAttention", lambda qkv, *_: [qkv[0], heads * head_dim]),
         rmsnorm=custom("MindserveRMSNorm", lambda x, *_: list(x)),
         swiglu=custom("MindserveSwiGLU", lambda gu: list(gu[:-1]) + [gu[-1] // 2]),
-        qkv_rope=custom("MindserveQKVRope", qkv_shapes, lambda dtype, *_: (dtype, dtype, dtype)),
     )

@@ -10,6 +10,16 @@
 //       splits the fused projection and applies rotary embeddings (HF rotate_half layout: the
 //       tables repeat their D/2 frequencies over both halves) to q and k; H and KV come from the
 //       output shapes.
+//   MindserveQKVAttention(qkv [N, (H + 2 KV) D], bias [(H + 2 KV) D] or [1], cos [N, D], sin [N, D],
+//                         k_cache [KV S, D], v_cache [KV S, D], write [N KV] i32, table [R, NB] i32,
+//                         pos [N] i32, rows [N] i32, meta [3] i32 = (KV, bs, has_bias)) -> out [N, H D]
+//       a layer's whole attention after the qkv projection, in one op: (+ bias,) the split and RoPE of
+//       MindserveQKVRope, the new K/V rows written into the cache Parameters in place (row write[r KV + h]
+//       gets head h of token r; the rows the graph's ScatterUpdates used to write), then the paged
+//       attention of attention.cc over the updated cache. H comes from the output shape. The writes
+//       happen on the calling thread before any key is read, so a token always sees itself and the
+//       earlier tokens of its own chunk; duplicate rows (padding tokens all write the scratch slot 0)
+//       are written in token order, the last one wins.
 //
 // Every output row is a function of its own input row only, computed by a fixed sequence of
 // operations, so results do not depend on the batch (the determinism contract of matmul.cc).
@@ -19,6 +29,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "entry.h"
 #include "pool.h"
@@ -79,12 +90,23 @@ void swiglu_row(const float *gu, float *y, int64_t F) {
   }
 }
 
-// One head vector: out = x * cos + rotate_half(x) * sin, rotate_half(x) = (-x[D/2:], x[:D/2]).
-void rope_head(const float *x, const float *cos, const float *sin, float *out, int64_t D) {
+// x (+ b) over n floats, one float add per element (the graph's bias Add, bit for bit).
+template <bool kBias>
+inline __m512 load_biased(__mmask16 m, const float *x, const float *b) {
+  const __m512 v = _mm512_maskz_loadu_ps(m, x);
+  if constexpr (kBias) return _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, b));
+  return v;
+}
+
+// One head vector: out = x * cos + rotate_half(x) * sin, rotate_half(x) = (-x[D/2:], x[:D/2]); with
+// kBias, x is first replaced by x + b.
+template <bool kBias = false>
+void rope_head(const float *x, const float *cos, const float *sin, float *out, int64_t D, const float *b = nullptr) {
   const int64_t half = D / 2;
+  if constexpr (!kBias) b = x;  // never read
   for (int64_t i = 0; i < half; i += 16) {
     const __mmask16 m = tail_mask(half - i);
-    const __m512 lo = _mm512_maskz_loadu_ps(m, x + i), hi = _mm512_maskz_loadu_ps(m, x + half + i);
+    const __m512 lo = load_biased<kBias>(m, x + i, b + i), hi = load_biased<kBias>(m, x + half + i, b + half + i);
     const __m512 out_lo = _mm512_fnmadd_ps(hi, _mm512_maskz_loadu_ps(m, sin + i),
                                            _mm512_mul_ps(lo, _mm512_maskz_loadu_ps(m, cos + i)));
     const __m512 out_hi = _mm512_fmadd_ps(lo, _mm512_maskz_loadu_ps(m, sin + half + i),
@@ -92,6 +114,45 @@ void rope_head(const float *x, const float *cos, const float *sin, float *out, i
     _mm512_mask_storeu_ps(out + i, m, out_lo);
     _mm512_mask_storeu_ps(out + half + i, m, out_hi);
   }
+}
+
+// out[0, n) = x (+ b), one float add per element.
+template <bool kBias>
+void copy_biased(const float *x, const float *b, float *out, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = tail_mask(n - i);
+    _mm512_mask_storeu_ps(out + i, m, load_biased<kBias>(m, x + i, b + i));
+  }
+}
+
+struct QKVWrite {
+  const float *qkv, *bias, *cos, *sin;
+  float *k, *v, *q;  // the caches [KV S, D] and the roped queries [N, H, D]
+  const int32_t *write;
+  int64_t N, H, KV, D, rows;  // rows = KV S, the cache's row count
+};
+
+// The new K/V rows into the caches (in token order, on this thread), then every query head roped into q.
+template <bool kBias>
+int write_and_rope(const QKVWrite &a) {
+  const int64_t width = (a.H + 2 * a.KV) * a.D;
+  for (int64_t i = 0; i < a.N * a.KV; ++i)
+    if (a.write[i] < 0 || a.write[i] >= a.rows) return 8;  // never write outside the cache
+  for (int64_t r = 0; r < a.N; ++r) {
+    const float *row = a.qkv + r * width, *c = a.cos + r * a.D, *s = a.sin + r * a.D;
+    for (int64_t h = 0; h < a.KV; ++h) {
+      const int64_t kc = (a.H + h) * a.D, vc = (a.H + a.KV + h) * a.D;
+      float *dst = a.k + int64_t{a.write[r * a.KV + h]} * a.D;
+      rope_head<kBias>(row + kc, c, s, dst, a.D, a.bias + (kBias ? kc : 0));
+      copy_biased<kBias>(row + vc, a.bias + (kBias ? vc : 0), a.v + int64_t{a.write[r * a.KV + h]} * a.D, a.D);
+    }
+  }
+  for_rows(a.N, 16, [&](int64_t r) {
+    const float *row = a.qkv + r * width, *c = a.cos + r * a.D, *s = a.sin + r * a.D;
+    for (int64_t h = 0; h < a.H; ++h)
+      rope_head<kBias>(row + h * a.D, c, s, a.q + (r * a.H + h) * a.D, a.D, a.bias + (kBias ? h * a.D : 0));
+  });
+  return 0;
 }
 
 }  // namespace
@@ -157,6 +218,48 @@ int MindserveQKVRope(int nparam, void **params, int *ndims, int64_t **shapes, co
     std::memcpy(v + r * KV * D, row + (H + KV) * D, sizeof(float) * KV * D);
   });
   return 0;
+}
+
+int MindserveQKVAttention(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
+                          void *extra) {
+  (void)stream;
+  (void)extra;
+  if (nparam != 12) return 1;
+  using mindserve::is_f32;
+  using mindserve::is_i32;
+  for (int i : {0, 1, 2, 3, 4, 5, 11})
+    if (!is_f32(dtypes[i])) return 2;
+  for (int i : {6, 7, 8, 9, 10})
+    if (!is_i32(dtypes[i])) return 2;
+  if (ndims[0] != 2 || ndims[1] != 1 || ndims[2] != 2 || ndims[3] != 2 || ndims[4] != 2 || ndims[5] != 2 ||
+      ndims[6] != 1 || ndims[7] != 2 || ndims[8] != 1 || ndims[9] != 1 || ndims[10] != 1 || ndims[11] != 2 ||
+      shapes[10][0] != 3)
+    return 3;
+  const int32_t *meta = static_cast<const int32_t *>(params[10]);
+  const int64_t N = shapes[0][0], D = shapes[2][1], KV = meta[0], bs = meta[1];
+  const bool has_bias = meta[2] != 0;
+  if (N <= 0) return 0;
+  if (D <= 0 || D % 2 != 0 || KV <= 0 || shapes[11][1] % D != 0) return 4;
+  const int64_t H = shapes[11][1] / D, width = (H + 2 * KV) * D, cache_rows = shapes[4][0];
+  if (shapes[0][1] != width || shapes[11][0] != N || shapes[1][0] != (has_bias ? width : 1) || shapes[2][0] != N ||
+      shapes[3][0] != N || shapes[3][1] != D || shapes[4][1] != D || shapes[5][0] != cache_rows ||
+      shapes[5][1] != D || shapes[6][0] != N * KV || shapes[8][0] != N || shapes[9][0] != N || cache_rows % KV != 0)
+    return 4;
+  thread_local std::vector<float> q;
+  if (static_cast<int64_t>(q.size()) < N * H * D) q.resize(N * H * D);
+  float *k = static_cast<float *>(params[4]), *v = static_cast<float *>(params[5]);
+  const QKVWrite args{static_cast<const float *>(params[0]), static_cast<const float *>(params[1]),
+                      static_cast<const float *>(params[2]), static_cast<const float *>(params[3]), k, v, q.data(),
+                      static_cast<const int32_t *>(params[6]), N, H, KV, D, cache_rows};
+  {
+    mindserve::ScopeTimer timer(mindserve::kQKVRope);
+    const int rc = has_bias ? write_and_rope<true>(args) : write_and_rope<false>(args);
+    if (rc != 0) return rc;
+  }
+  return mindserve_attention_raw(q.data(), k, v, static_cast<const int32_t *>(params[7]),
+                                 static_cast<const int32_t *>(params[8]), static_cast<const int32_t *>(params[9]),
+                                 static_cast<float *>(params[11]), N, shapes[7][0], H, D, KV, cache_rows / KV,
+                                 shapes[7][1], bs);
 }
 
 }  // extern "C"
