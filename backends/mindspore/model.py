@@ -63,9 +63,9 @@ class RMSNorm(nn.Cell):
 class DecoderLayer(nn.Cell):
     """Attention + MLP for one layer; owns the layer's K/V cache ``[kv_heads * num_slots, head_dim]``.
 
-    With the AOT kernels (``aot``, an ``AotOps``) a layer is 8 ops: norm, qkv matmul, attention (bias,
+    With the AOT kernels (``aot``, an ``AotOps``) a layer is 5 ops: norm + qkv matmul, attention (bias,
     split + rotary, the in-place cache writes and paged attention in one kernel), o matmul + residual,
-    norm, gate/up matmul, SwiGLU, down matmul + residual. Without them it is the same maths in stock
+    norm + gate/up matmul, SwiGLU + down matmul + residual. Without them it is the same maths in stock
     MindSpore ops, attending over a gathered window with an additive mask.
     """
 
@@ -157,6 +157,18 @@ class DecoderLayer(nn.Cell):
             y = y + self._delta(x, a, b, cols, rows)
         return y
 
+    def _norm_mm(self, norm, x, w, a, b, segs, rows):
+        """norm(x) @ w (+ LoRA) in one AOT op."""
+        if self.lora:
+            return self.aot.norm_matmul_lora(x, norm.weight, norm.eps_t, w, a, b, rows, segs)
+        return self.aot.norm_matmul(x, norm.weight, norm.eps_t, w)
+
+    def _swiglu_mm_add(self, gate_up, w, res, a, b, segs, rows):
+        """res + swiglu(gate_up) @ w (+ LoRA) in one AOT op."""
+        if self.lora:
+            return self.aot.swiglu_matmul_add_lora(gate_up, w, res, a, b, rows, segs)
+        return self.aot.swiglu_matmul_add(gate_up, w, res)
+
     def _mm_add(self, x, w, res, a, b, segs, rows):
         """res + x @ w (+ LoRA): AOT only."""
         if self.lora:
@@ -169,10 +181,11 @@ class DecoderLayer(nn.Cell):
         rotated = ops.concat((-x[..., half:], x[..., :half]), -1)
         return x * cos + rotated * sin
 
-    def _attention_aot(self, h, cos, sin, pos, write_idx, table, token_rows, lora_rows):
-        """h [N, dim] (N = B*T); cos/sin [N, D]; pos, token_rows, lora_rows [N]; table [R, NB]. Returns
-        [N, H*D] before the o projection."""
-        qkv = self._mm(h, self.wqkv, self.lora_qkv_a, self.lora_qkv_b, self.lora_qkv_segs, self.lora_qkv_cols, lora_rows)
+    def _attention_aot(self, x, cos, sin, pos, write_idx, table, token_rows, lora_rows):
+        """x [N, dim] (N = B*T), before the attention norm; cos/sin [N, D]; pos, token_rows, lora_rows [N];
+        table [R, NB]. Returns [N, H*D] before the o projection."""
+        qkv = self._norm_mm(self.attn_norm, x, self.wqkv, self.lora_qkv_a, self.lora_qkv_b, self.lora_qkv_segs,
+                            lora_rows)
         # One kernel: bias, RoPE, this step's K/V rows written into the cache Parameters (their memory, in
         # place, before any key is read), then paged attention over them. Nothing else in the graph reads or
         # writes the caches, so no ordering between ops is involved; the next step's graph runs after
@@ -211,12 +224,12 @@ class DecoderLayer(nn.Cell):
         else [B, T, dim] (index the read rows, aux the mask); lora_rows [B*T] each token's adapter slot (-1:
         none) when the layer has adapter slots; same shape out."""
         if self.fused:
-            attn = self._attention_aot(self.attn_norm(x), cos, sin, pos, write_idx, index, aux, lora_rows)
+            attn = self._attention_aot(x, cos, sin, pos, write_idx, index, aux, lora_rows)
             x = self._mm_add(attn, self.wo, x, self.lora_o_a, self.lora_o_b, self.lora_o_segs, lora_rows)
-            gate_up = self._mm(self.ffn_norm(x), self.w_gate_up, self.lora_gate_up_a, self.lora_gate_up_b,
-                               self.lora_gate_up_segs, self.lora_gate_up_cols, lora_rows)
-            return self._mm_add(self.aot.swiglu(gate_up), self.w_down, x, self.lora_down_a, self.lora_down_b,
-                                self.lora_down_segs, lora_rows)
+            gate_up = self._norm_mm(self.ffn_norm, x, self.w_gate_up, self.lora_gate_up_a, self.lora_gate_up_b,
+                                    self.lora_gate_up_segs, lora_rows)
+            return self._swiglu_mm_add(gate_up, self.w_down, x, self.lora_down_a, self.lora_down_b,
+                                       self.lora_down_segs, lora_rows)
         b, t, dim = x.shape
         attn = self._mm(self._attention_ops(self.attn_norm(x), cos, sin, write_idx, index, aux, lora_rows), self.wo,
                         self.lora_o_a, self.lora_o_b, self.lora_o_segs, self.lora_o_cols, lora_rows)

@@ -535,6 +535,61 @@ def test_matmul_add_is_the_residual_plus_the_same_product(lib, m, k, n):
     assert np.array_equal(y, res + _mm(lib, x, packed))  # one float add after the identical product
 
 
+def _lora_inputs(rng, m, k, n, slots=3, rank=4):
+    """The four LoRA inputs of lora.h for one projection (G = 1): a, b, each row's slot (-1: none), segs."""
+    a = rng.standard_normal((slots, k, rank)).astype(np.float32)
+    b = rng.standard_normal((slots, rank, n)).astype(np.float32)
+    rows = rng.integers(-1, slots, m).astype(np.int32)
+    return [a, b, rows, np.array([0, n], np.int32)]
+
+
+@pytest.mark.parametrize("m,k,n,lora", [(1, 576, 960, False), (16, 576, 3072, False), (5, 37, 53, True),
+                                        (20, 64, 100, True)])
+def test_norm_matmul_is_rmsnorm_then_the_matmul_bit_for_bit(lib, m, k, n, lora):
+    rng = np.random.default_rng(m * k + n)
+    x = (rng.standard_normal((m, k)) * 3).astype(np.float32)
+    nw, eps = rng.standard_normal(k).astype(np.float32), np.array([1e-5], np.float32)
+    packed = prepare_weight(rng.standard_normal((k, n)).astype(np.float32))
+    extra = _lora_inputs(rng, m, k, n) if lora else []
+    y = np.full((m, n), np.nan, np.float32)
+    assert _aot_call(lib, "MindserveNormMatMul", [x, nw, eps, packed, *extra], [y]) == 0
+    normed = np.full_like(x, np.nan)
+    assert _aot_call(lib, "MindserveRMSNorm", [x, nw, eps], [normed]) == 0
+    want = np.full((m, n), np.nan, np.float32)
+    assert _aot_call(lib, "MindserveMatMul", [normed, packed, *extra], [want]) == 0
+    assert np.array_equal(y, want)
+
+
+@pytest.mark.parametrize("m,f,n,lora", [(1, 1536, 576, False), (16, 1536, 576, False), (5, 37, 53, True),
+                                        (20, 64, 100, True)])
+def test_swiglu_matmul_add_is_swiglu_then_the_matmul_add_bit_for_bit(lib, m, f, n, lora):
+    rng = np.random.default_rng(m * f + n)
+    gu = (rng.standard_normal((m, 2 * f)) * 4).astype(np.float32)
+    packed = prepare_weight(rng.standard_normal((f, n)).astype(np.float32))
+    res = rng.standard_normal((m, n)).astype(np.float32)
+    extra = _lora_inputs(rng, m, f, n) if lora else []
+    y = np.full((m, n), np.nan, np.float32)
+    assert _aot_call(lib, "MindserveSwiGLUMatMulAdd", [gu, packed, res, *extra], [y]) == 0
+    act = np.full((m, f), np.nan, np.float32)
+    assert _aot_call(lib, "MindserveSwiGLU", [gu], [act]) == 0
+    want = np.full((m, n), np.nan, np.float32)
+    assert _aot_call(lib, "MindserveMatMulAdd", [act, packed, res, *extra], [want]) == 0
+    assert np.array_equal(y, want)
+
+
+def test_fused_matmul_entries_pass_the_matmul_checks_through(lib):
+    x, packed = np.zeros((2, 8), np.float32), prepare_weight(np.zeros((8, 5), np.float32))
+    eps = np.array([1e-5], np.float32)
+    assert _aot_call(lib, "MindserveNormMatMul", [x, np.zeros(7, np.float32), eps, packed],
+                     [np.zeros((2, 5), np.float32)]) == 4  # norm weight of the wrong width
+    assert _aot_call(lib, "MindserveNormMatMul", [x, np.zeros(8, np.float32), eps, packed],
+                     [np.zeros((2, 6), np.float32)]) == 5  # the matmul's own output check
+    assert _aot_call(lib, "MindserveSwiGLUMatMulAdd", [np.zeros((2, 7), np.float32), packed, np.zeros((2, 5), np.float32)],
+                     [np.zeros((2, 5), np.float32)]) == 3  # an odd gate/up width
+    assert _aot_call(lib, "MindserveSwiGLUMatMulAdd", [np.zeros((2, 16), np.float32), packed,
+                                                       np.zeros((3, 5), np.float32)], [np.zeros((2, 5), np.float32)]) == 6
+
+
 def test_aot_entries_refuse_bad_shapes_and_dtypes(lib):
     f32 = np.zeros((2, 8), np.float32)
     assert _aot_call(lib, "MindserveRMSNorm", [f32, np.zeros(7, np.float32), np.zeros(1, np.float32)],

@@ -15,6 +15,10 @@
   the paged cache (attention.cc) for N query tokens of any sequences (token i belongs to the sequence
   of table row ``rows[i]``). It reads only each token's real keys (0..pos), so its cost follows the
   sequence lengths, and tokens of several prompts can share one packed chunk;
+* ``norm_matmul(x, w_norm, eps, W)`` = ``matmul(rmsnorm(x, w_norm, eps), W)`` and
+  ``swiglu_matmul_add(gu, W, res)`` = ``matmul_add(swiglu(gu), W, res)`` in one launch each (fused.cc: the
+  row-wise kernel into a scratch buffer, then the matmul entry itself, so any weight it takes and the
+  ``_lora`` variants' four LoRA inputs work the same); the same bits as the two ops;
 * ``rmsnorm(x [..., C], w [C], eps [1]) -> [..., C]`` and ``swiglu(gu [..., 2F]) -> [..., F]`` (fused.cc):
   each replaces a chain of small MindSpore ops. (``MindserveQKVRope`` and ``MindservePagedAttention``, the
   two halves of ``qkv_attention`` as separate entries, stay in the library; the tests check the halves
@@ -156,6 +160,10 @@ class AotOps:
     matmul_lora: Any  # matmul(x, w, a, b, rows, segs): + each row's LoRA delta (lora.h)
     matmul_add_lora: Any  # matmul_add(x, w, res, a, b, rows, segs)
     qkv_attention: Any  # qkv_attention(qkv, bias, cos, sin, k_cache, v_cache, write, table, pos, rows, meta)
+    norm_matmul: Any  # norm_matmul(x, w_norm, eps, w) = matmul(rmsnorm(x), w)
+    norm_matmul_lora: Any  # norm_matmul(x, w_norm, eps, w, a, b, rows, segs)
+    swiglu_matmul_add: Any  # swiglu_matmul_add(gu, w, res) = matmul_add(swiglu(gu), w, res)
+    swiglu_matmul_add_lora: Any  # swiglu_matmul_add(gu, w, res, a, b, rows, segs)
     rmsnorm: Any
     swiglu: Any
 
@@ -175,6 +183,10 @@ def aot_ops(heads: int, kv_heads: int, head_dim: int, cache_dir: str | os.PathLi
         matmul_lora=custom(ENTRY, lambda x, w, *_: _out_shape(x, w)),
         matmul_add_lora=custom("MindserveMatMulAdd", lambda x, w, *_: _out_shape(x, w)),
         qkv_attention=custom("MindserveQKVAttention", lambda qkv, *_: [qkv[0], heads * head_dim]),
+        norm_matmul=custom("MindserveNormMatMul", lambda x, _nw, _eps, w: _out_shape(x, w)),
+        norm_matmul_lora=custom("MindserveNormMatMul", lambda x, _nw, _eps, w, *_: _out_shape(x, w)),
+        swiglu_matmul_add=custom("MindserveSwiGLUMatMulAdd", lambda gu, w, res: list(res)),
+        swiglu_matmul_add_lora=custom("MindserveSwiGLUMatMulAdd", lambda gu, w, res, *_: list(res)),
         rmsnorm=custom("MindserveRMSNorm", lambda x, *_: list(x)),
         swiglu=custom("MindserveSwiGLU", lambda gu: list(gu[:-1]) + [gu[-1] // 2]),
     )

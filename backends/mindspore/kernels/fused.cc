@@ -20,6 +20,11 @@
 //       happen on the calling thread before any key is read, so a token always sees itself and the
 //       earlier tokens of its own chunk; duplicate rows (padding tokens all write the scratch slot 0)
 //       are written in token order, the last one wins.
+//   MindserveNormMatMul(x [N, C], w [C], eps [1], W, (LoRA inputs)) -> y = MindserveMatMul(rmsnorm(x), W, ...)
+//   MindserveSwiGLUMatMulAdd(gu [N, 2F], W, res, (LoRA inputs)) -> y = MindserveMatMulAdd(swiglu(gu), W, res, ...)
+//       the row-wise kernel above written into a scratch buffer, then the matmul entry (matmul.cc: any
+//       weight format it takes, the four optional LoRA inputs of lora.h) called on it with the remaining
+//       inputs as they came: one op launch instead of two, the same arithmetic, the same bits.
 //
 // Every output row is a function of its own input row only, computed by a fixed sequence of
 // operations, so results do not depend on the batch (the determinism contract of matmul.cc).
@@ -155,6 +160,35 @@ int write_and_rope(const QKVWrite &a) {
   return 0;
 }
 
+
+constexpr int kMaxParams = 16;
+
+// Call `entry` (a matmul AOT entry) with params[0] replaced by `x` [rows..., C] (the shape of input 0 with
+// its last dimension C) and params[1, skip) dropped: the prologue's own inputs.
+int forward(int (*entry)(int, void **, int *, int64_t **, const char **, void *, void *), int nparam, void **params,
+            int *ndims, int64_t **shapes, const char **dtypes, int skip, float *x, int64_t C) {
+  void *p[kMaxParams];
+  int nd[kMaxParams];
+  int64_t *sh[kMaxParams];
+  const char *dt[kMaxParams];
+  int64_t xshape[8];
+  const int n = nparam - skip + 1;
+  if (n > kMaxParams || ndims[0] > 8) return 41;
+  for (int d = 0; d < ndims[0]; ++d) xshape[d] = shapes[0][d];
+  xshape[ndims[0] - 1] = C;
+  p[0] = x, nd[0] = ndims[0], sh[0] = xshape, dt[0] = "float32";
+  for (int i = 1; i < n; ++i) p[i] = params[i + skip - 1], nd[i] = ndims[i + skip - 1], sh[i] = shapes[i + skip - 1],
+                              dt[i] = dtypes[i + skip - 1];
+  return entry(n, p, nd, sh, dt, nullptr, nullptr);
+}
+
+// A scratch buffer of this thread (the calling runtime thread) of at least n floats.
+float *scratch(int64_t n) {
+  thread_local std::vector<float> buf;
+  if (static_cast<int64_t>(buf.size()) < n) buf.resize(n);
+  return buf.data();
+}
+
 }  // namespace
 
 extern "C" {
@@ -260,6 +294,42 @@ int MindserveQKVAttention(int nparam, void **params, int *ndims, int64_t **shape
                                  static_cast<const int32_t *>(params[8]), static_cast<const int32_t *>(params[9]),
                                  static_cast<float *>(params[11]), N, shapes[7][0], H, D, KV, cache_rows / KV,
                                  shapes[7][1], bs);
+}
+
+int MindserveNormMatMul(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
+                        void *extra) {
+  (void)stream;
+  (void)extra;
+  if (nparam < 5) return 1;
+  if (!all_f32(dtypes, 3)) return 2;
+  if (ndims[0] < 1 || ndims[1] != 1 || ndims[2] != 1 || shapes[2][0] != 1) return 3;
+  const int64_t C = shapes[0][ndims[0] - 1], N = rows_of(ndims[0], shapes[0]);
+  if (shapes[1][0] != C) return 4;
+  const float *x = static_cast<const float *>(params[0]), *w = static_cast<const float *>(params[1]);
+  const float eps = *static_cast<const float *>(params[2]);
+  float *normed = scratch(N * C);
+  {
+    mindserve::ScopeTimer timer(mindserve::kRMSNorm);
+    for_rows(N, 16, [&](int64_t r) { rmsnorm_row(x + r * C, w, eps, normed + r * C, C); });
+  }
+  return forward(&MindserveMatMul, nparam, params, ndims, shapes, dtypes, 3, normed, C);
+}
+
+int MindserveSwiGLUMatMulAdd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                             void *stream, void *extra) {
+  (void)stream;
+  (void)extra;
+  if (nparam < 4) return 1;
+  if (!all_f32(dtypes, 1)) return 2;
+  if (ndims[0] < 1 || shapes[0][ndims[0] - 1] % 2 != 0) return 3;
+  const int64_t F = shapes[0][ndims[0] - 1] / 2, N = rows_of(ndims[0], shapes[0]);
+  const float *gu = static_cast<const float *>(params[0]);
+  float *act = scratch(N * F);
+  {
+    mindserve::ScopeTimer timer(mindserve::kSwiGLU);
+    for_rows(N, 8, [&](int64_t r) { swiglu_row(gu + r * 2 * F, act + r * F, F); });
+  }
+  return forward(&MindserveMatMulAdd, nparam, params, ndims, shapes, dtypes, 1, act, F);
 }
 
 }  // extern "C"
