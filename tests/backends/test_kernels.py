@@ -216,6 +216,55 @@ def test_op_inside_graph_mode_cell(ms_graph, cache_dir):
     assert ms.get_context("mode") == ms.GRAPH_MODE
 
 
+def test_qkv_attention_writes_its_cache_parameters_in_place_in_graph_mode(ms_graph, cache_dir):
+    """The fused attention op writes the K/V cache Parameters through their own memory: across steps of
+    different compiled shapes (a 5-token prompt, a decode token, a 2-token chunk) every step attends over
+    what the steps before it wrote, the Parameters read back (asnumpy) hold exactly the rows written, and
+    reading them back does not undo a write (a stale host copy would be synced over the kernel's writes)."""
+    from mindspore import Parameter, Tensor, nn
+
+    from backends.mindspore.kernels import aot_ops
+    from backends.mindspore.model import rope_tables
+
+    h, kv, d, bs, num_blocks = 6, 2, 16, 4, 5
+    ops_ = aot_ops(h, kv, d, cache_dir)
+    rng = np.random.default_rng(12)
+    slots = num_blocks * bs
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.attend = ops_.qkv_attention
+            self.k = Parameter(Tensor(np.zeros((kv * slots, d), np.float32)), name="kt_k_cache", requires_grad=False)
+            self.v = Parameter(Tensor(np.zeros((kv * slots, d), np.float32)), name="kt_v_cache", requires_grad=False)
+            self.bias = Tensor(np.zeros(1, np.float32))
+            self.meta = Tensor(np.array([kv, bs, 0], np.int32))
+
+        def construct(self, qkv, cos, sin, write, table, pos, rows):
+            return self.attend(qkv, self.bias, cos, sin, self.k, self.v, write, table, pos, rows, self.meta)
+
+    net = Net()
+    table = np.array([[3, 1, 4]], np.int32)  # the sequence's blocks; block 0 stays the untouched scratch
+    cos_t, sin_t = rope_tables(d, 3 * bs, 10000.0)
+    want_k, want_v = np.zeros((kv * slots, d)), np.zeros((kv * slots, d))
+    for start, n in [(0, 5), (5, 1), (6, 2)]:
+        pos = np.arange(start, start + n, dtype=np.int32)
+        slot = table[0, pos // bs].astype(np.int64) * bs + pos % bs
+        write = (slot[:, None] + np.arange(kv) * slots).reshape(-1).astype(np.int32)
+        qkv = rng.standard_normal((n, (h + 2 * kv) * d)).astype(np.float32)
+        out = net(Tensor(qkv), Tensor(cos_t[pos]), Tensor(sin_t[pos]), Tensor(write), Tensor(table), Tensor(pos),
+                  Tensor(np.zeros(n, np.int32))).asnumpy()
+        split = qkv.astype(np.float64).reshape(n, h + 2 * kv, d)
+        c, s_ = cos_t[pos][:, None].astype(np.float64), sin_t[pos][:, None].astype(np.float64)
+        want_k[write] = _rope_ref(split[:, h:h + kv], c, s_).reshape(n * kv, d)
+        want_v[write] = split[:, h + kv:].reshape(n * kv, d)
+        want = _attention_ref(_rope_ref(split[:, :h], c, s_)[None], want_k, want_v, table, pos[None], kv, bs)[0]
+        np.testing.assert_allclose(out, want, atol=2e-5, rtol=0)
+        np.testing.assert_allclose(net.k.asnumpy(), want_k, atol=2e-6, rtol=0)
+        np.testing.assert_allclose(net.v.asnumpy(), want_v, atol=2e-6, rtol=0)
+    assert not net.k.asnumpy()[:bs].any()  # the scratch block was never written
+
+
 def test_graph_rows_bitwise_independent_of_batch(ms_graph, cache_dir):
     from mindspore import Parameter, Tensor, nn
 
