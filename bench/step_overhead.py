@@ -6,7 +6,7 @@ round, so both see the same load on a shared box.
 
 Each child loads the default model from its tree with the engine_speed configuration (max_seq_len 2048,
 block 128, batch 16) but a small cache (33 blocks), compiles the two decode graphs, then alternates B=1 and
-B=16 for ``--reps`` repetitions of ``--steps`` ``runner.decode`` calls, reading the AOT kernels' own counters
+B=16 (one 128-token block each, position 100) for ``--reps`` repetitions of ``--steps`` ``runner.decode`` calls, reading the AOT kernels' own counters
 (``kernel_stats``: calls and time inside each kernel kind) around each; the rest of a step is MindSpore's
 dispatch of its ops, its stock ops and the host side. A last pass under the MindSpore CPU profiler counts
 the ops launched per step by type. Each measurement records the cores other processes used meanwhile and
@@ -44,7 +44,7 @@ def child(tree: Path, steps: int, reps: int, profile_steps: int) -> dict:
                        num_blocks=33, kernels="aot")
     engine = Engine(ensure_default_model(tree / ".cache" / "models"), cfg, warmup=False, progress=False)
     runner = engine.runner
-    batches = {b: [DecodeRow(7, 100, engine.allocator.allocate(160)) for _ in range(b)] for b in (1, 16)}
+    batches = {b: [DecodeRow(7, 100, engine.allocator.allocate(128)) for _ in range(b)] for b in (1, 16)}
     for rows in batches.values():
         runner.decode(rows)  # compile
     out: dict = {"tree": str(tree), "git": _git(tree), "samples": {1: [], 16: []}, "ops": {}}

@@ -63,10 +63,11 @@ class RMSNorm(nn.Cell):
 class DecoderLayer(nn.Cell):
     """Attention + MLP for one layer; owns the layer's K/V cache ``[kv_heads * num_slots, head_dim]``.
 
-    With the AOT kernels (``aot``, an ``AotOps``) a layer is 5 ops: norm + qkv matmul, attention (bias,
-    split + rotary, the in-place cache writes and paged attention in one kernel), o matmul + residual,
-    norm + gate/up matmul, SwiGLU + down matmul + residual. Without them it is the same maths in stock
-    MindSpore ops, attending over a gathered window with an additive mask.
+    With the AOT kernels (``aot``, an ``AotOps``) a layer is one op (``decoder_layer``); with adapter slots
+    it is 5: norm + qkv matmul, attention (bias, split + rotary, the in-place cache writes and paged
+    attention in one kernel), o matmul + residual, norm + gate/up matmul, SwiGLU + down matmul + residual
+    (the one op runs those five kernels in that order: the same bits). Without the AOT kernels it is the
+    same maths in stock MindSpore ops, attending over a gathered window with an additive mask.
     """
 
     def __init__(self, spec: ModelSpec, w: dict[str, np.ndarray], i: int, num_slots: int, block_size: int,
@@ -223,6 +224,10 @@ class DecoderLayer(nn.Cell):
         """x [B*T, dim] with the AOT kernels (pos flat [B*T], index the table, aux each token's table row),
         else [B, T, dim] (index the read rows, aux the mask); lora_rows [B*T] each token's adapter slot (-1:
         none) when the layer has adapter slots; same shape out."""
+        if self.fused and not self.lora:
+            return self.aot.decoder_layer(x, self.attn_norm.weight, self.attn_norm.eps_t, self.wqkv, self.bqkv, cos, sin,
+                                          self.k_cache, self.v_cache, write_idx, index, pos, aux, self.attn_meta,
+                                          self.wo, self.ffn_norm.weight, self.w_gate_up, self.w_down)
         if self.fused:
             attn = self._attention_aot(x, cos, sin, pos, write_idx, index, aux, lora_rows)
             x = self._mm_add(attn, self.wo, x, self.lora_o_a, self.lora_o_b, self.lora_o_segs, lora_rows)

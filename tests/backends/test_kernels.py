@@ -639,6 +639,44 @@ def test_fused_matmul_entries_pass_the_matmul_checks_through(lib):
                                                        np.zeros((3, 5), np.float32)], [np.zeros((2, 5), np.float32)]) == 6
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_decoder_layer_is_its_five_ops_bit_for_bit(lib, bias):
+    """MindserveDecoderLayer = NormMatMul, QKVAttention, MatMulAdd, NormMatMul, SwiGLUMatMulAdd in order: the same
+    output bits and the same cache rows as those five entries called one after the other."""
+    h, kv, d, c, f = 4, 2, 16, 48, 40
+    att = _qkv_attention_case(21 + bias, 6, h, kv, d, 4, 5, 13, bias)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((6, c)).astype(np.float32)
+    na, nf = rng.standard_normal(c).astype(np.float32), rng.standard_normal(c).astype(np.float32)
+    eps = np.array([1e-5], np.float32)
+    wqkv = prepare_weight((rng.standard_normal((c, (h + 2 * kv) * d)) / 6).astype(np.float32))
+    wo = prepare_weight((rng.standard_normal((h * d, c)) / 8).astype(np.float32))
+    wgu = prepare_weight((rng.standard_normal((c, 2 * f)) / 6).astype(np.float32))
+    wd = prepare_weight((rng.standard_normal((f, c)) / 6).astype(np.float32))
+    cache = [att["write"], att["table"], att["pos"], att["rows"], att["meta"]]
+    k1, v1 = att["k"].copy(), att["v"].copy()
+    y = np.full_like(x, np.nan)
+    assert _aot_call(lib, "MindserveDecoderLayer", [x, na, eps, wqkv, att["bias"], att["cos"], att["sin"], k1, v1, *cache,
+                                                    wo, nf, wgu, wd], [y]) == 0
+    k2, v2 = att["k"].copy(), att["v"].copy()
+    qkv = np.full((6, wqkv.shape[2]), np.nan, np.float32)
+    assert _aot_call(lib, "MindserveNormMatMul", [x, na, eps, wqkv], [qkv]) == 0
+    a = np.full((6, h * d), np.nan, np.float32)
+    assert _aot_call(lib, "MindserveQKVAttention", [qkv, att["bias"], att["cos"], att["sin"], k2, v2, *cache], [a]) == 0
+    hid = np.full_like(x, np.nan)
+    assert _aot_call(lib, "MindserveMatMulAdd", [a, wo, x], [hid]) == 0
+    gu = np.full((6, 2 * f), np.nan, np.float32)
+    assert _aot_call(lib, "MindserveNormMatMul", [hid, nf, eps, wgu], [gu]) == 0
+    want = np.full_like(x, np.nan)
+    assert _aot_call(lib, "MindserveSwiGLUMatMulAdd", [gu, wd, hid], [want]) == 0
+    assert np.array_equal(y, want) and np.array_equal(k1, k2) and np.array_equal(v1, v2)
+    assert not np.array_equal(k1, att["k"])  # the layer wrote its cache rows
+    bad = att["write"].copy()
+    bad[0] = -1
+    assert _aot_call(lib, "MindserveDecoderLayer", [x, na, eps, wqkv, att["bias"], att["cos"], att["sin"], k1, v1, bad,
+                                                    *cache[1:], wo, nf, wgu, wd], [y]) == 208  # stage 2 names its error
+
+
 def test_aot_entries_refuse_bad_shapes_and_dtypes(lib):
     f32 = np.zeros((2, 8), np.float32)
     assert _aot_call(lib, "MindserveRMSNorm", [f32, np.zeros(7, np.float32), np.zeros(1, np.float32)],

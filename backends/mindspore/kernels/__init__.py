@@ -19,6 +19,10 @@
   ``swiglu_matmul_add(gu, W, res)`` = ``matmul_add(swiglu(gu), W, res)`` in one launch each (fused.cc: the
   row-wise kernel into a scratch buffer, then the matmul entry itself, so any weight it takes and the
   ``_lora`` variants' four LoRA inputs work the same); the same bits as the two ops;
+* ``decoder_layer(x, attn_norm, eps, wqkv, bias, cos, sin, k_cache, v_cache, write, table, pos, rows, meta,
+  wo, ffn_norm, w_gate_up, w_down) -> [N, C]`` (fused.cc): a whole decoder layer without adapters in one
+  op -- norm_matmul, qkv_attention, matmul_add, norm_matmul, swiglu_matmul_add called in order inside the
+  kernel, on scratch buffers: the same bits as those five ops, one launch;
 * ``rmsnorm(x [..., C], w [C], eps [1]) -> [..., C]`` and ``swiglu(gu [..., 2F]) -> [..., F]`` (fused.cc):
   each replaces a chain of small MindSpore ops. (``MindserveQKVRope`` and ``MindservePagedAttention``, the
   two halves of ``qkv_attention`` as separate entries, stay in the library; the tests check the halves
@@ -164,6 +168,7 @@ class AotOps:
     norm_matmul_lora: Any  # norm_matmul(x, w_norm, eps, w, a, b, rows, segs)
     swiglu_matmul_add: Any  # swiglu_matmul_add(gu, w, res) = matmul_add(swiglu(gu), w, res)
     swiglu_matmul_add_lora: Any  # swiglu_matmul_add(gu, w, res, a, b, rows, segs)
+    decoder_layer: Any  # the five ops above as one (no adapters)
     rmsnorm: Any
     swiglu: Any
 
@@ -187,6 +192,7 @@ def aot_ops(heads: int, kv_heads: int, head_dim: int, cache_dir: str | os.PathLi
         norm_matmul_lora=custom("MindserveNormMatMul", lambda x, _nw, _eps, w, *_: _out_shape(x, w)),
         swiglu_matmul_add=custom("MindserveSwiGLUMatMulAdd", lambda gu, w, res: list(res)),
         swiglu_matmul_add_lora=custom("MindserveSwiGLUMatMulAdd", lambda gu, w, res, *_: list(res)),
+        decoder_layer=custom("MindserveDecoderLayer", lambda x, *_: list(x)),
         rmsnorm=custom("MindserveRMSNorm", lambda x, *_: list(x)),
         swiglu=custom("MindserveSwiGLU", lambda gu: list(gu[:-1]) + [gu[-1] // 2]),
     )

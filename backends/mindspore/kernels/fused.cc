@@ -25,6 +25,13 @@
 //       the row-wise kernel above written into a scratch buffer, then the matmul entry (matmul.cc: any
 //       weight format it takes, the four optional LoRA inputs of lora.h) called on it with the remaining
 //       inputs as they came: one op launch instead of two, the same arithmetic, the same bits.
+//   MindserveDecoderLayer(x [N, C], attn_norm [C], eps [1], wqkv, bias, cos, sin, k_cache, v_cache, write, table,
+//                         pos, rows, meta, wo, ffn_norm [C], w_gate_up, w_down) -> y [N, C]
+//       a whole decoder layer (no adapters) as one op, by calling the entries above in order:
+//         qkv = NormMatMul(x, attn_norm, eps, wqkv); a = QKVAttention(qkv, bias, cos, sin, k_cache, ...);
+//         h = MatMulAdd(a, wo, x); gu = NormMatMul(h, ffn_norm, eps, w_gate_up); y = SwiGLUMatMulAdd(gu, w_down, h)
+//       with the intermediates in scratch buffers of the calling thread: the same bits as those five ops.
+//       A failing stage s (1..5) returns 100 s + its own error code.
 //
 // Every output row is a function of its own input row only, computed by a fixed sequence of
 // operations, so results do not depend on the batch (the determinism contract of matmul.cc).
@@ -34,6 +41,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <vector>
 
 #include "entry.h"
@@ -46,6 +54,8 @@ using mindserve::exp_nonpositive;
 using mindserve::tail_mask;
 
 using mindserve::all_f32;
+using mindserve::is_f32;
+using mindserve::is_i32;
 using mindserve::rows_of;
 
 // Rows [0, n) split over the pool in chunks of at least `min_rows` rows.
@@ -189,6 +199,26 @@ float *scratch(int64_t n) {
   return buf.data();
 }
 
+
+// One argument of an AOT entry call built here: a pointer, its shape and dtype.
+struct Arg {
+  void *p;
+  int nd;
+  int64_t *shape;
+  const char *dtype;
+};
+
+// entry(args..., out): the call MindSpore would make.
+int call(int (*entry)(int, void **, int *, int64_t **, const char **, void *, void *), std::initializer_list<Arg> args) {
+  void *p[kMaxParams];
+  int nd[kMaxParams];
+  int64_t *sh[kMaxParams];
+  const char *dt[kMaxParams];
+  int n = 0;
+  for (const Arg &a : args) p[n] = a.p, nd[n] = a.nd, sh[n] = a.shape, dt[n] = a.dtype, ++n;
+  return entry(n, p, nd, sh, dt, nullptr, nullptr);
+}
+
 }  // namespace
 
 extern "C" {
@@ -259,8 +289,6 @@ int MindserveQKVAttention(int nparam, void **params, int *ndims, int64_t **shape
   (void)stream;
   (void)extra;
   if (nparam != 12) return 1;
-  using mindserve::is_f32;
-  using mindserve::is_i32;
   for (int i : {0, 1, 2, 3, 4, 5, 11})
     if (!is_f32(dtypes[i])) return 2;
   for (int i : {6, 7, 8, 9, 10})
@@ -330,6 +358,44 @@ int MindserveSwiGLUMatMulAdd(int nparam, void **params, int *ndims, int64_t **sh
     for_rows(N, 8, [&](int64_t r) { swiglu_row(gu + r * 2 * F, act + r * F, F); });
   }
   return forward(&MindserveMatMulAdd, nparam, params, ndims, shapes, dtypes, 1, act, F);
+}
+
+int MindserveDecoderLayer(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
+                          void *extra) {
+  (void)stream;
+  (void)extra;
+  enum { X, NA, EPS, WQKV, BIAS, COS, SIN, KC, VC, WR, TAB, POS, ROWS, META, WO, NF, WGU, WD, OUT, COUNT };
+  if (nparam != COUNT) return 1;
+  if (!is_f32(dtypes[X]) || !is_f32(dtypes[OUT]) || !is_i32(dtypes[META])) return 2;
+  if (ndims[X] != 2 || ndims[OUT] != 2 || ndims[COS] != 2 || ndims[META] != 1 || shapes[META][0] != 3) return 3;
+  const int64_t N = shapes[X][0], C = shapes[X][1], D = shapes[COS][1];
+  const int64_t KV = static_cast<const int32_t *>(params[META])[0];
+  const int64_t width = shapes[WQKV][ndims[WQKV] - 1], gu_width = shapes[WGU][ndims[WGU] - 1];
+  const int64_t HD = width - 2 * KV * D;
+  if (N <= 0) return 0;
+  if (shapes[OUT][0] != N || shapes[OUT][1] != C || HD <= 0) return 4;
+  struct Buffers {
+    std::vector<float> qkv, attn, h, gu;
+  };
+  thread_local Buffers b;
+  b.qkv.resize(std::max<size_t>(b.qkv.size(), N * width));
+  b.attn.resize(std::max<size_t>(b.attn.size(), N * HD));
+  b.h.resize(std::max<size_t>(b.h.size(), N * C));
+  b.gu.resize(std::max<size_t>(b.gu.size(), N * gu_width));
+  int64_t s_qkv[2] = {N, width}, s_attn[2] = {N, HD}, s_h[2] = {N, C}, s_gu[2] = {N, gu_width};
+  const char *f32 = "float32";
+  auto in = [&](int i) { return Arg{params[i], ndims[i], shapes[i], dtypes[i]}; };
+  int rc = call(&MindserveNormMatMul, {in(X), in(NA), in(EPS), in(WQKV), Arg{b.qkv.data(), 2, s_qkv, f32}});
+  if (rc != 0) return 100 + rc;
+  rc = call(&MindserveQKVAttention, {Arg{b.qkv.data(), 2, s_qkv, f32}, in(BIAS), in(COS), in(SIN), in(KC), in(VC),
+                                     in(WR), in(TAB), in(POS), in(ROWS), in(META), Arg{b.attn.data(), 2, s_attn, f32}});
+  if (rc != 0) return 200 + rc;
+  rc = call(&MindserveMatMulAdd, {Arg{b.attn.data(), 2, s_attn, f32}, in(WO), in(X), Arg{b.h.data(), 2, s_h, f32}});
+  if (rc != 0) return 300 + rc;
+  rc = call(&MindserveNormMatMul, {Arg{b.h.data(), 2, s_h, f32}, in(NF), in(EPS), in(WGU), Arg{b.gu.data(), 2, s_gu, f32}});
+  if (rc != 0) return 400 + rc;
+  rc = call(&MindserveSwiGLUMatMulAdd, {Arg{b.gu.data(), 2, s_gu, f32}, in(WD), Arg{b.h.data(), 2, s_h, f32}, in(OUT)});
+  return rc != 0 ? 500 + rc : 0;
 }
 
 }  // extern "C"
