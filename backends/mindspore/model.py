@@ -147,12 +147,9 @@ class DecoderLayer(nn.Cell):
         return ops.matmul(t, ops.reshape(expand, (s * gr, -1)))
 
     def _mm(self, x, w, a, b, segs, cols, rows):
-        """x @ w, plus each row's LoRA delta (factors a, b of the group; segs/cols its projections' columns;
-        rows each row's slot) when the layer has adapter slots: AOT kernel or stock ops."""
-        if self.fused:
-            if self.lora:
-                return self.aot.matmul_lora(x, w, a, b, rows, segs)
-            return self.aot.matmul(x, w)
+        """Stock ops: x @ w, plus each row's LoRA delta (factors a, b of the group; segs/cols its projections'
+        columns; rows each row's slot) when the layer has adapter slots. (The AOT path's products are
+        _norm_mm, _mm_add and _swiglu_mm_add.)"""
         y = ops.matmul(x, w)
         if self.lora:
             y = y + self._delta(x, a, b, cols, rows)

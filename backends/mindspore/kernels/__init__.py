@@ -4,8 +4,8 @@
 
 * ``matmul`` -- ``fast_matmul()`` below; ``matmul_add(x, w, res)`` = ``res + x @ W`` (a residual
   connection without a separate Add; the residual is added once, after the product);
-  ``matmul_lora`` / ``matmul_add_lora`` take four more inputs ``(a, b, rows, segs)`` and add each row's
-  LoRA delta (multi-LoRA serving, lora.h);
+  ``matmul_add_lora`` takes four more inputs ``(a, b, rows, segs)`` and adds each row's LoRA delta
+  (multi-LoRA serving, lora.h);
 * ``qkv_attention(qkv [N, (H+2KV)*D], bias [(H+2KV)*D] or [1], cos, sin [N, D], k_cache, v_cache
   [KV*S, D], write [N*KV] int32, table [R, NB] int32, pos [N] int32, rows [N] int32, meta [3] int32 =
   (KV, block_size, has_bias)) -> [N, H*D]`` (fused.cc): a layer's attention after the qkv projection in
@@ -23,10 +23,11 @@
   wo, ffn_norm, w_gate_up, w_down) -> [N, C]`` (fused.cc): a whole decoder layer without adapters in one
   op -- norm_matmul, qkv_attention, matmul_add, norm_matmul, swiglu_matmul_add called in order inside the
   kernel, on scratch buffers: the same bits as those five ops, one launch;
-* ``rmsnorm(x [..., C], w [C], eps [1]) -> [..., C]`` and ``swiglu(gu [..., 2F]) -> [..., F]`` (fused.cc):
-  each replaces a chain of small MindSpore ops. (``MindserveQKVRope`` and ``MindservePagedAttention``, the
-  two halves of ``qkv_attention`` as separate entries, stay in the library; the tests check the halves
-  and the whole against each other and NumPy.)
+* ``rmsnorm(x [..., C], w [C], eps [1]) -> [..., C]`` (fused.cc): the final norm.
+
+The library also keeps the parts the fused entries are made of as entries of their own
+(``MindserveSwiGLU``, ``MindserveQKVRope``, ``MindservePagedAttention``): the tests check each fused entry
+against its parts bit for bit, and the parts against NumPy.
 
 All of them compute each row the same way whatever else is in the batch.
 
@@ -161,7 +162,6 @@ class AotOps:
 
     matmul: Any
     matmul_add: Any
-    matmul_lora: Any  # matmul(x, w, a, b, rows, segs): + each row's LoRA delta (lora.h)
     matmul_add_lora: Any  # matmul_add(x, w, res, a, b, rows, segs)
     qkv_attention: Any  # qkv_attention(qkv, bias, cos, sin, k_cache, v_cache, write, table, pos, rows, meta)
     norm_matmul: Any  # norm_matmul(x, w_norm, eps, w) = matmul(rmsnorm(x), w)
@@ -170,7 +170,6 @@ class AotOps:
     swiglu_matmul_add_lora: Any  # swiglu_matmul_add(gu, w, res, a, b, rows, segs)
     decoder_layer: Any  # the five ops above as one (no adapters)
     rmsnorm: Any
-    swiglu: Any
 
 
 def aot_ops(heads: int, kv_heads: int, head_dim: int, cache_dir: str | os.PathLike | None = None) -> AotOps:
@@ -185,7 +184,6 @@ def aot_ops(heads: int, kv_heads: int, head_dim: int, cache_dir: str | os.PathLi
     return AotOps(
         matmul=custom(ENTRY, _out_shape, _out_dtype),
         matmul_add=custom("MindserveMatMulAdd", lambda x, w, r: _out_shape(x, w), _first_dtype),
-        matmul_lora=custom(ENTRY, lambda x, w, *_: _out_shape(x, w)),
         matmul_add_lora=custom("MindserveMatMulAdd", lambda x, w, *_: _out_shape(x, w)),
         qkv_attention=custom("MindserveQKVAttention", lambda qkv, *_: [qkv[0], heads * head_dim]),
         norm_matmul=custom("MindserveNormMatMul", lambda x, _nw, _eps, w: _out_shape(x, w)),
@@ -194,5 +192,4 @@ def aot_ops(heads: int, kv_heads: int, head_dim: int, cache_dir: str | os.PathLi
         swiglu_matmul_add_lora=custom("MindserveSwiGLUMatMulAdd", lambda gu, w, res, *_: list(res)),
         decoder_layer=custom("MindserveDecoderLayer", lambda x, *_: list(x)),
         rmsnorm=custom("MindserveRMSNorm", lambda x, *_: list(x)),
-        swiglu=custom("MindserveSwiGLU", lambda gu: list(gu[:-1]) + [gu[-1] // 2]),
     )
