@@ -180,8 +180,8 @@ class DecoderLayer(nn.Cell):
         return x * cos + rotated * sin
 
     def _attention_aot(self, x, cos, sin, pos, write_idx, table, token_rows, lora_rows):
-        """x [N, dim] (N = B*T), before the attention norm; cos/sin [N, D]; pos, token_rows, lora_rows [N];
-        table [R, NB]. Returns [N, H*D] before the o projection."""
+        """x [N, dim] (N = B*T), before the attention norm; cos/sin [N, D]; pos [N] or [B, T]; token_rows,
+        lora_rows [N]; table [R, NB]. Returns [N, H*D] before the o projection."""
         qkv = self._norm_mm(self.attn_norm, x, self.wqkv, self.lora_qkv_a, self.lora_qkv_b, self.lora_qkv_segs,
                             lora_rows)
         # One kernel: bias, RoPE, this step's K/V rows written into the cache Parameters (their memory, in
@@ -218,7 +218,7 @@ class DecoderLayer(nn.Cell):
         return ops.reshape(out, (b * t, h * d))
 
     def construct(self, x, cos, sin, pos, write_idx, index, aux, lora_rows=None):
-        """x [B*T, dim] with the AOT kernels (pos flat [B*T], index the table, aux each token's table row),
+        """x [B*T, dim] with the AOT kernels (pos [B*T] or [B, T], index the table, aux each token's table row),
         else [B, T, dim] (index the read rows, aux the mask); lora_rows [B*T] each token's adapter slot (-1:
         none) when the layer has adapter slots; same shape out."""
         if self.fused and not self.lora:
@@ -276,26 +276,30 @@ class LlamaModel(nn.Cell):
         self.norm = RMSNorm(w["model.norm.weight"], spec.rms_norm_eps, "norm", aot, dt)
 
     def construct(self, ids, pos, write_idx, index, aux, last_rows, lora_rows=None):
+        if self.fused:
+            return self._forward_aot(ids, pos, write_idx, index, aux, last_rows, lora_rows)
         b, t = ids.shape
-        if self.fused:  # rows stay flat [B*T, ...] all the way through
-            x = ops.gather(self.embed, ops.reshape(ids, (b * t,)), 0)
-            flat_pos = ops.reshape(pos, (b * t,))
-            cos, sin = ops.gather(self.cos, flat_pos, 0), ops.gather(self.sin, flat_pos, 0)  # [N, hd]
-            pos = flat_pos
-        else:
-            x = ops.gather(self.embed, ids, 0)  # [B, T, D]
-            cos = ops.expand_dims(ops.gather(self.cos, pos, 0), 2)  # [B, T, 1, hd]
-            sin = ops.expand_dims(ops.gather(self.sin, pos, 0), 2)
-            if self.low_precision:
-                aux = ops.cast(aux, self.dtype)  # the mask
+        x = ops.gather(self.embed, ids, 0)  # [B, T, D]
+        cos = ops.expand_dims(ops.gather(self.cos, pos, 0), 2)  # [B, T, 1, hd]
+        sin = ops.expand_dims(ops.gather(self.sin, pos, 0), 2)
+        if self.low_precision:
+            aux = ops.cast(aux, self.dtype)  # the mask
         for layer in self.layers:
             x = layer(x, cos, sin, pos, write_idx, index, aux, lora_rows)
         hidden = self.norm(ops.reshape(x, (b * t, self.dim)))
-        last = ops.gather(hidden, last_rows, 0)
-        logits = self.aot.matmul(last, self.head) if self.fused else ops.matmul(last, self.head)  # [B, V]
+        logits = ops.matmul(ops.gather(hidden, last_rows, 0), self.head)  # [B, V]
         if self.low_precision:
             return ops.cast(logits, ms.float32), ops.cast(hidden, ms.float32)
         return logits, hidden
+
+    def _forward_aot(self, ids, pos, write_idx, index, aux, last_rows, lora_rows):
+        """The AOT path: rows flat [B*T, ...] all the way through (ids/pos keep their [B, T] shape; the kernels
+        read them as B*T elements); one op in (embedding and rotary rows), one per layer, one out (final
+        norm, logit rows, LM head)."""
+        x, cos, sin = self.aot.embed_rope(ids, pos, self.embed, self.cos, self.sin)  # [N, dim], [N, hd], [N, hd]
+        for layer in self.layers:
+            x = layer(x, cos, sin, pos, write_idx, index, aux, lora_rows)
+        return self.aot.norm_head(x, self.norm.weight, self.norm.eps_t, last_rows, self.head)
 
 
 class LMHead(nn.Cell):

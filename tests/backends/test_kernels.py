@@ -677,6 +677,35 @@ def test_decoder_layer_is_its_five_ops_bit_for_bit(lib, bias):
                                                     *cache[1:], wo, nf, wgu, wd], [y]) == 208  # stage 2 names its error
 
 
+def test_embed_rope_gathers_the_rows_of_every_token(lib):
+    rng = np.random.default_rng(8)
+    embed, cos_t, sin_t = (rng.standard_normal(s).astype(np.float32) for s in [(50, 24), (40, 8), (40, 8)])
+    ids, pos = rng.integers(0, 50, (1, 7)).astype(np.int32), rng.integers(0, 40, (1, 7)).astype(np.int32)
+    x, cos, sin = np.full((7, 24), np.nan, np.float32), np.full((7, 8), np.nan, np.float32), np.full((7, 8), np.nan, np.float32)
+    assert _aot_call(lib, "MindserveEmbedRope", [ids, pos, embed, cos_t, sin_t], [x, cos, sin]) == 0
+    assert np.array_equal(x, embed[ids[0]]) and np.array_equal(cos, cos_t[pos[0]]) and np.array_equal(sin, sin_t[pos[0]])
+    bad = ids.copy()
+    bad[0, 3] = 50
+    assert _aot_call(lib, "MindserveEmbedRope", [bad, pos, embed, cos_t, sin_t], [x, cos, sin]) == 5
+    assert _aot_call(lib, "MindserveEmbedRope", [ids, pos - 1 - pos.min(), embed, cos_t, sin_t], [x, cos, sin]) == 6
+
+
+def test_norm_head_is_rmsnorm_gather_and_the_matmul_bit_for_bit(lib):
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal((10, 64)) * 2).astype(np.float32)
+    nw, eps = rng.standard_normal(64).astype(np.float32), np.array([1e-5], np.float32)
+    head = prepare_weight(rng.standard_normal((64, 300)).astype(np.float32))
+    last = np.array([9, 2, 2, 0], np.int32)
+    logits, hidden = np.full((4, 300), np.nan, np.float32), np.full_like(x, np.nan)
+    assert _aot_call(lib, "MindserveNormHead", [x, nw, eps, last, head], [logits, hidden]) == 0
+    normed = np.full_like(x, np.nan)
+    assert _aot_call(lib, "MindserveRMSNorm", [x, nw, eps], [normed]) == 0
+    assert np.array_equal(hidden, normed)
+    assert np.array_equal(logits, _mm(lib, normed[last], head))
+    assert _aot_call(lib, "MindserveNormHead", [x, nw, eps, np.array([10], np.int32), head],
+                     [logits[:1], hidden]) == 7  # a logit row outside the chunk
+
+
 def test_aot_entries_refuse_bad_shapes_and_dtypes(lib):
     f32 = np.zeros((2, 8), np.float32)
     assert _aot_call(lib, "MindserveRMSNorm", [f32, np.zeros(7, np.float32), np.zeros(1, np.float32)],

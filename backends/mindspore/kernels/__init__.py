@@ -23,7 +23,11 @@
   wo, ffn_norm, w_gate_up, w_down) -> [N, C]`` (fused.cc): a whole decoder layer without adapters in one
   op -- norm_matmul, qkv_attention, matmul_add, norm_matmul, swiglu_matmul_add called in order inside the
   kernel, on scratch buffers: the same bits as those five ops, one launch;
-* ``rmsnorm(x [..., C], w [C], eps [1]) -> [..., C]`` (fused.cc): the final norm.
+* ``embed_rope(ids, pos, embed, cos_t, sin_t) -> (x [N, C], cos [N, D], sin [N, D])`` (fused.cc): the
+  embedding and rotary rows of every token (ids/pos of N elements, any shape), and ``norm_head(x, w_norm,
+  eps, last [R], W) -> (logits [R, V], hidden [N, C])``: the final norm, the logit rows' gather and the LM
+  head. With them and ``decoder_layer`` a step is 32 ops;
+* ``rmsnorm(x [..., C], w [C], eps [1]) -> [..., C]`` (fused.cc).
 
 The library also keeps the parts the fused entries are made of as entries of their own
 (``MindserveSwiGLU``, ``MindserveQKVRope``, ``MindservePagedAttention``): the tests check each fused entry
@@ -156,6 +160,11 @@ def _first_dtype(dtype, *_):
     return dtype
 
 
+def _embed_rope_shapes(ids, _pos, embed, cos_t, _sin_t):
+    n = int(np.prod(ids))
+    return [n, embed[1]], [n, cos_t[1]], [n, cos_t[1]]
+
+
 @dataclass(frozen=True)
 class AotOps:
     """The network's AOT operators (module docstring), all from one library and one thread pool."""
@@ -169,6 +178,8 @@ class AotOps:
     swiglu_matmul_add: Any  # swiglu_matmul_add(gu, w, res) = matmul_add(swiglu(gu), w, res)
     swiglu_matmul_add_lora: Any  # swiglu_matmul_add(gu, w, res, a, b, rows, segs)
     decoder_layer: Any  # the five ops above as one (no adapters)
+    embed_rope: Any  # embed_rope(ids, pos, embed, cos_t, sin_t) -> (x, cos, sin)
+    norm_head: Any  # norm_head(x, w_norm, eps, last_rows, head) -> (logits, hidden)
     rmsnorm: Any
 
 
@@ -191,5 +202,8 @@ def aot_ops(heads: int, kv_heads: int, head_dim: int, cache_dir: str | os.PathLi
         swiglu_matmul_add=custom("MindserveSwiGLUMatMulAdd", lambda gu, w, res: list(res)),
         swiglu_matmul_add_lora=custom("MindserveSwiGLUMatMulAdd", lambda gu, w, res, *_: list(res)),
         decoder_layer=custom("MindserveDecoderLayer", lambda x, *_: list(x)),
+        embed_rope=custom("MindserveEmbedRope", _embed_rope_shapes, lambda _i, _p, emb, *_: (emb, emb, emb)),
+        norm_head=custom("MindserveNormHead", lambda x, _w, _e, last, head: ([last[0], head[-1]], list(x)),
+                         lambda x, *_: (x, x)),
         rmsnorm=custom("MindserveRMSNorm", lambda x, *_: list(x)),
     )

@@ -12,7 +12,7 @@
 //       output shapes.
 //   MindserveQKVAttention(qkv [N, (H + 2 KV) D], bias [(H + 2 KV) D] or [1], cos [N, D], sin [N, D],
 //                         k_cache [KV S, D], v_cache [KV S, D], write [N KV] i32, table [R, NB] i32,
-//                         pos [N] i32, rows [N] i32, meta [3] i32 = (KV, bs, has_bias)) -> out [N, H D]
+//                         pos [N] (or [1, N]) i32, rows [N] i32, meta [3] i32 = (KV, bs, has_bias)) -> out [N, H D]
 //       a layer's whole attention after the qkv projection, in one op: (+ bias,) the split and RoPE of
 //       MindserveQKVRope, the new K/V rows written into the cache Parameters in place (row write[r KV + h]
 //       gets head h of token r; the rows the graph's ScatterUpdates used to write), then the paged
@@ -25,6 +25,12 @@
 //       the row-wise kernel above written into a scratch buffer, then the matmul entry (matmul.cc: any
 //       weight format it takes, the four optional LoRA inputs of lora.h) called on it with the remaining
 //       inputs as they came: one op launch instead of two, the same arithmetic, the same bits.
+//   MindserveEmbedRope(ids [N] i32, pos [N] i32 (any shape of N elements), embed [V, C], cos_t [P, D],
+//                      sin_t [P, D]) -> x [N, C], cos [N, D], sin [N, D]
+//       the rows of the embedding and of the rotary tables each token needs: three gathers in one op.
+//   MindserveNormHead(x [N, C], w [C], eps [1], last [R] i32, W) -> logits [R, V], hidden [N, C]
+//       hidden = rmsnorm(x); logits = MindserveMatMul(hidden[last], W): the final norm, the gather of the
+//       logit rows and the LM head in one op.
 //   MindserveDecoderLayer(x [N, C], attn_norm [C], eps [1], wqkv, bias, cos, sin, k_cache, v_cache, write, table,
 //                         pos, rows, meta, wo, ffn_norm [C], w_gate_up, w_down) -> y [N, C]
 //       a whole decoder layer (no adapters) as one op, by calling the entries above in order:
@@ -59,6 +65,22 @@ using mindserve::is_i32;
 using mindserve::rows_of;
 
 // Rows [0, n) split over the pool in chunks of at least `min_rows` rows.
+
+// Elements of a tensor: the product of all its dims.
+inline int64_t count_of(int ndim, const int64_t *shape) {
+  int64_t n = 1;
+  for (int d = 0; d < ndim; ++d) n *= shape[d];
+  return n;
+}
+
+// out[i] = table[idx[i]] for rows of `width` floats; false if an index is outside [0, rows).
+bool gather_rows(const float *table, int64_t rows, int64_t width, const int32_t *idx, int64_t n, float *out) {
+  for (int64_t i = 0; i < n; ++i)
+    if (idx[i] < 0 || idx[i] >= rows) return false;
+  for (int64_t i = 0; i < n; ++i) std::memcpy(out + i * width, table + int64_t{idx[i]} * width, sizeof(float) * width);
+  return true;
+}
+
 template <class Fn>
 void for_rows(int64_t n, int64_t min_rows, const Fn &fn) {
   struct Ctx {
@@ -294,7 +316,7 @@ int MindserveQKVAttention(int nparam, void **params, int *ndims, int64_t **shape
   for (int i : {6, 7, 8, 9, 10})
     if (!is_i32(dtypes[i])) return 2;
   if (ndims[0] != 2 || ndims[1] != 1 || ndims[2] != 2 || ndims[3] != 2 || ndims[4] != 2 || ndims[5] != 2 ||
-      ndims[6] != 1 || ndims[7] != 2 || ndims[8] != 1 || ndims[9] != 1 || ndims[10] != 1 || ndims[11] != 2 ||
+      ndims[6] != 1 || ndims[7] != 2 || ndims[8] < 1 || ndims[9] != 1 || ndims[10] != 1 || ndims[11] != 2 ||
       shapes[10][0] != 3)
     return 3;
   const int32_t *meta = static_cast<const int32_t *>(params[10]);
@@ -305,7 +327,7 @@ int MindserveQKVAttention(int nparam, void **params, int *ndims, int64_t **shape
   const int64_t H = shapes[11][1] / D, width = (H + 2 * KV) * D, cache_rows = shapes[4][0];
   if (shapes[0][1] != width || shapes[11][0] != N || shapes[1][0] != (has_bias ? width : 1) || shapes[2][0] != N ||
       shapes[3][0] != N || shapes[3][1] != D || shapes[4][1] != D || shapes[5][0] != cache_rows ||
-      shapes[5][1] != D || shapes[6][0] != N * KV || shapes[8][0] != N || shapes[9][0] != N || cache_rows % KV != 0)
+      shapes[5][1] != D || shapes[6][0] != N * KV || count_of(ndims[8], shapes[8]) != N || shapes[9][0] != N || cache_rows % KV != 0)
     return 4;
   thread_local std::vector<float> q;
   if (static_cast<int64_t>(q.size()) < N * H * D) q.resize(N * H * D);
@@ -396,6 +418,51 @@ int MindserveDecoderLayer(int nparam, void **params, int *ndims, int64_t **shape
   if (rc != 0) return 400 + rc;
   rc = call(&MindserveSwiGLUMatMulAdd, {Arg{b.gu.data(), 2, s_gu, f32}, in(WD), Arg{b.h.data(), 2, s_h, f32}, in(OUT)});
   return rc != 0 ? 500 + rc : 0;
+}
+
+int MindserveEmbedRope(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
+                       void *extra) {
+  (void)stream;
+  (void)extra;
+  if (nparam != 8) return 1;
+  if (!is_i32(dtypes[0]) || !is_i32(dtypes[1]) || !all_f32(dtypes + 2, 6)) return 2;
+  for (int i = 2; i < 8; ++i)
+    if (ndims[i] != 2) return 3;
+  const int64_t N = count_of(ndims[0], shapes[0]), C = shapes[2][1], D = shapes[3][1];
+  if (count_of(ndims[1], shapes[1]) != N || shapes[4][0] != shapes[3][0] || shapes[4][1] != D || shapes[5][0] != N ||
+      shapes[5][1] != C || shapes[6][0] != N || shapes[6][1] != D || shapes[7][0] != N || shapes[7][1] != D)
+    return 4;
+  const auto *ids = static_cast<const int32_t *>(params[0]), *pos = static_cast<const int32_t *>(params[1]);
+  if (!gather_rows(static_cast<const float *>(params[2]), shapes[2][0], C, ids, N, static_cast<float *>(params[5])))
+    return 5;  // a token id outside the embedding
+  if (!gather_rows(static_cast<const float *>(params[3]), shapes[3][0], D, pos, N, static_cast<float *>(params[6])) ||
+      !gather_rows(static_cast<const float *>(params[4]), shapes[4][0], D, pos, N, static_cast<float *>(params[7])))
+    return 6;  // a position outside the rotary tables
+  return 0;
+}
+
+int MindserveNormHead(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
+                      void *extra) {
+  (void)stream;
+  (void)extra;
+  if (nparam != 7) return 1;
+  if (!all_f32(dtypes, 3) || !is_i32(dtypes[3]) || !is_f32(dtypes[5]) || !is_f32(dtypes[6])) return 2;
+  if (ndims[0] != 2 || ndims[1] != 1 || ndims[2] != 1 || shapes[2][0] != 1 || ndims[3] != 1 || ndims[6] != 2) return 3;
+  const int64_t N = shapes[0][0], C = shapes[0][1], R = shapes[3][0];
+  if (shapes[1][0] != C || shapes[6][0] != N || shapes[6][1] != C) return 4;
+  const float *x = static_cast<const float *>(params[0]), *w = static_cast<const float *>(params[1]);
+  const float eps = *static_cast<const float *>(params[2]);
+  float *hidden = static_cast<float *>(params[6]);
+  {
+    mindserve::ScopeTimer timer(mindserve::kRMSNorm);
+    for_rows(N, 16, [&](int64_t r) { rmsnorm_row(x + r * C, w, eps, hidden + r * C, C); });
+  }
+  float *last = scratch(R * C);
+  if (!gather_rows(hidden, N, C, static_cast<const int32_t *>(params[3]), R, last)) return 7;
+  int64_t s_last[2] = {R, C};
+  const int rc = call(&MindserveMatMul, {Arg{last, 2, s_last, "float32"}, Arg{params[4], ndims[4], shapes[4], dtypes[4]},
+                                         Arg{params[5], ndims[5], shapes[5], dtypes[5]}});
+  return rc != 0 ? 100 + rc : 0;
 }
 
 }  // extern "C"
