@@ -85,8 +85,6 @@ class DecoderLayer(nn.Cell):
         if self.has_bias:
             bias = np.concatenate([w[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
             self.bqkv = _param(bias, p + "bqkv", dtype)
-        else:  # the attention kernel's bias input, never read (attn_meta says there is none)
-            self.bqkv = Tensor(np.zeros(1, np.float32))
         self.wo = _weight(w[p + "self_attn.o_proj.weight"].T, p + "wo", self.fused, dtype)
         self.w_gate_up = _weight(np.concatenate([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]],
                                                 axis=0).T, p + "w_gate_up", self.fused, dtype)
@@ -103,6 +101,8 @@ class DecoderLayer(nn.Cell):
         self.k_cache = _param(np.zeros(cache_shape, np.float32), p + "k_cache", dtype)
         self.v_cache = _param(np.zeros(cache_shape, np.float32), p + "v_cache", dtype)
         self.scatter = ops.ScatterUpdate()
+        if not self.has_bias:  # the AOT attention kernel's bias input, never read (attn_meta says there is none)
+            self.bqkv = Tensor(np.zeros(1, np.float32))
         self.bmm = ops.BatchMatMul()
         self.bmm_t = ops.BatchMatMul(transpose_b=True)
         self.scale = 1.0 / float(np.sqrt(spec.head_dim))
