@@ -4,8 +4,8 @@
 
 * ``matmul`` -- ``fast_matmul()`` below; ``matmul_add(x, w, res)`` = ``res + x @ W`` (a residual
   connection without a separate Add; the residual is added once, after the product);
-  ``matmul_add_lora`` takes four more inputs ``(a, b, rows, segs)`` and adds each row's LoRA delta
-  (multi-LoRA serving, lora.h);
+  ``matmul_lora`` / ``matmul_add_lora`` take four more inputs ``(a, b, rows, segs)`` and add each row's
+  LoRA delta (multi-LoRA serving, lora.h);
 * ``qkv_attention(qkv [N, (H+2KV)*D], bias [(H+2KV)*D] or [1], cos, sin [N, D], k_cache, v_cache
   [KV*S, D], write [N*KV] int32, table [R, NB] int32, pos [N] int32, rows [N] int32, meta [3] int32 =
   (KV, block_size, has_bias)) -> [N, H*D]`` (fused.cc): a layer's attention after the qkv projection in
@@ -171,6 +171,7 @@ class AotOps:
 
     matmul: Any
     matmul_add: Any
+    matmul_lora: Any  # matmul(x, w, a, b, rows, segs): + each row's LoRA delta (lora.h)
     matmul_add_lora: Any  # matmul_add(x, w, res, a, b, rows, segs)
     qkv_attention: Any  # qkv_attention(qkv, bias, cos, sin, k_cache, v_cache, write, table, pos, rows, meta)
     norm_matmul: Any  # norm_matmul(x, w_norm, eps, w) = matmul(rmsnorm(x), w)
@@ -195,6 +196,7 @@ def aot_ops(heads: int, kv_heads: int, head_dim: int, cache_dir: str | os.PathLi
     return AotOps(
         matmul=custom(ENTRY, _out_shape, _out_dtype),
         matmul_add=custom("MindserveMatMulAdd", lambda x, w, r: _out_shape(x, w), _first_dtype),
+        matmul_lora=custom(ENTRY, lambda x, w, *_: _out_shape(x, w)),
         matmul_add_lora=custom("MindserveMatMulAdd", lambda x, w, *_: _out_shape(x, w)),
         qkv_attention=custom("MindserveQKVAttention", lambda qkv, *_: [qkv[0], heads * head_dim]),
         norm_matmul=custom("MindserveNormMatMul", lambda x, _nw, _eps, w: _out_shape(x, w)),
