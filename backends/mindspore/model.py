@@ -74,10 +74,11 @@ class RMSNorm(nn.Cell):
 class DecoderLayer(nn.Cell):
     """Attention + MLP for one layer; owns the layer's K/V cache ``[kv_heads * num_slots, head_dim]``.
 
-    With the AOT kernels (``aot``, an ``AotOps``) a layer is 10 ops: norm, qkv matmul, split + rotary,
-    two in-place cache writes, paged attention, o matmul + residual, norm, gate/up matmul, SwiGLU,
-    down matmul + residual. Without them it is the same maths in stock MindSpore ops, attending over
-    a gathered window with an additive mask.
+    With the AOT kernels (``aot``, an ``AotOps``) a layer is one op (``decoder_layer``); with adapter slots
+    it is 5: norm + qkv matmul, attention (bias, split + rotary, the in-place cache writes and paged
+    attention in one kernel), o matmul + residual, norm + gate/up matmul, SwiGLU + down matmul + residual
+    (the one op runs those five kernels in that order: the same bits). Without the AOT kernels it is the
+    same maths in stock MindSpore ops, attending over a gathered window with an additive mask.
     """
 
     def __init__(self, spec: ModelSpec, w: dict[str, np.ndarray], i: int, num_slots: int, block_size: int,
@@ -86,7 +87,7 @@ class DecoderLayer(nn.Cell):
         p = f"model.layers.{i}."
         self.aot = aot
         self.fused = aot is not None
-        self.attn_meta = Tensor(np.array([spec.num_kv_heads, block_size], np.int32))
+        self.attn_meta = Tensor(np.array([spec.num_kv_heads, block_size, int(spec.qkv_has_bias)], np.int32))
         self.heads, self.kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
         q, k, v = (w[p + f"self_attn.{n}_proj.weight"] for n in "qkv")
         # Fused (q, k, v rows stacked), stored [in, out] so a plain matmul streams it, or packed for the AOT kernels.
@@ -105,11 +106,14 @@ class DecoderLayer(nn.Cell):
                                 dtype)
         # Row kv_head * num_slots + slot holds one head's K (or V) of one token. 2-D, so ScatterUpdate
         # writes it in place (ScatterNdUpdate, or any reshape of the Parameter, copies the whole cache);
-        # kv-head-major, so a gather of rows is already the [kv, B, W, D] the ops path multiplies.
+        # kv-head-major, so a gather of rows is already the [kv, B, W, D] the ops path multiplies. The AOT
+        # attention kernel writes the same rows itself, through the Parameter's own memory.
         cache_shape = (spec.num_kv_heads * num_slots, spec.head_dim)
         self.k_cache = _param(np.zeros(cache_shape, np.float32), p + "k_cache", dtype)
         self.v_cache = _param(np.zeros(cache_shape, np.float32), p + "v_cache", dtype)
         self.scatter = ops.ScatterUpdate()
+        if not self.has_bias:  # the AOT attention kernel's bias input, never read (attn_meta says there is none)
+            self.bqkv = Tensor(np.zeros(1, np.float32))
         self.bmm = ops.BatchMatMul()
         self.bmm_t = ops.BatchMatMul(transpose_b=True)
         self.scale = 1.0 / float(np.sqrt(spec.head_dim))
@@ -154,16 +158,25 @@ class DecoderLayer(nn.Cell):
         return ops.matmul(t, ops.reshape(expand, (s * gr, -1)))
 
     def _mm(self, x, w, a, b, segs, cols, rows):
-        """x @ w, plus each row's LoRA delta (factors a, b of the group; segs/cols its projections' columns;
-        rows each row's slot) when the layer has adapter slots: AOT kernel or stock ops."""
-        if self.fused:
-            if self.lora:
-                return self.aot.matmul_lora(x, w, a, b, rows, segs)
-            return self.aot.matmul(x, w)
+        """Stock ops: x @ w, plus each row's LoRA delta (factors a, b of the group; segs/cols its projections'
+        columns; rows each row's slot) when the layer has adapter slots. (The AOT path's products are
+        _norm_mm, _mm_add and _swiglu_mm_add.)"""
         y = ops.matmul(x, w)
         if self.lora:
             y = y + self._delta(x, a, b, cols, rows)
         return y
+
+    def _norm_mm(self, norm, x, w, a, b, segs, rows):
+        """norm(x) @ w (+ LoRA) in one AOT op."""
+        if self.lora:
+            return self.aot.norm_matmul_lora(x, norm.weight, norm.eps_t, w, a, b, rows, segs)
+        return self.aot.norm_matmul(x, norm.weight, norm.eps_t, w)
+
+    def _swiglu_mm_add(self, gate_up, w, res, a, b, segs, rows):
+        """res + swiglu(gate_up) @ w (+ LoRA) in one AOT op."""
+        if self.lora:
+            return self.aot.swiglu_matmul_add_lora(gate_up, w, res, a, b, rows, segs)
+        return self.aot.swiglu_matmul_add(gate_up, w, res)
 
     def _mm_add(self, x, w, res, a, b, segs, rows):
         """res + x @ w (+ LoRA): AOT only."""
@@ -177,17 +190,17 @@ class DecoderLayer(nn.Cell):
         rotated = ops.concat((-x[..., half:], x[..., :half]), -1)
         return x * cos + rotated * sin
 
-    def _attention_aot(self, h, cos, sin, pos, write_idx, table, token_rows, lora_rows):
-        """h [N, dim] (N = B*T); cos/sin [N, D]; pos, token_rows, lora_rows [N]; table [R, NB]. Returns
-        [N, H*D] before the o projection."""
-        qkv = self._mm(h, self.wqkv, self.lora_qkv_a, self.lora_qkv_b, self.lora_qkv_segs, self.lora_qkv_cols, lora_rows)
-        if self.has_bias:
-            qkv = qkv + self.bqkv
-        q, k, v = self.aot.qkv_rope(qkv, cos, sin)  # [N, H, D], [N*KV, D], [N*KV, D]
-        # Write this step's K/V rows in place; the kernel then reads the updated Parameters directly.
-        keys = self.scatter(self.k_cache, write_idx, k)
-        values = self.scatter(self.v_cache, write_idx, v)
-        return self.aot.attention(q, keys, values, table, pos, token_rows, self.attn_meta)
+    def _attention_aot(self, x, cos, sin, pos, write_idx, table, token_rows, lora_rows):
+        """x [N, dim] (N = B*T), before the attention norm; cos/sin [N, D]; pos [N] or [B, T]; token_rows,
+        lora_rows [N]; table [R, NB]. Returns [N, H*D] before the o projection."""
+        qkv = self._norm_mm(self.attn_norm, x, self.wqkv, self.lora_qkv_a, self.lora_qkv_b, self.lora_qkv_segs,
+                            lora_rows)
+        # One kernel: bias, RoPE, this step's K/V rows written into the cache Parameters (their memory, in
+        # place, before any key is read), then paged attention over them. Nothing else in the graph reads or
+        # writes the caches, so no ordering between ops is involved; the next step's graph runs after
+        # this one has returned its outputs.
+        return self.aot.qkv_attention(qkv, self.bqkv, cos, sin, self.k_cache, self.v_cache, write_idx, table, pos,
+                                      token_rows, self.attn_meta)
 
     def _attention_ops(self, x, cos, sin, write_idx, read_rows, mask, lora_rows):
         """x [B, T, dim]; cos/sin [B, T, 1, D]; read_rows [kv, B, W]; mask [B, 1, T, W]; lora_rows [B*T]."""
@@ -216,16 +229,20 @@ class DecoderLayer(nn.Cell):
         return ops.reshape(out, (b * t, h * d))
 
     def construct(self, x, cos, sin, pos, write_idx, index, aux, lora_rows=None):
-        """x [B*T, dim] with the AOT kernels (pos flat [B*T], index the table, aux each token's table row),
+        """x [B*T, dim] with the AOT kernels (pos [B*T] or [B, T], index the table, aux each token's table row),
         else [B, T, dim] (index the read rows, aux the mask); lora_rows [B*T] each token's adapter slot (-1:
         none) when the layer has adapter slots; same shape out."""
+        if self.fused and not self.lora:
+            return self.aot.decoder_layer(x, self.attn_norm.weight, self.attn_norm.eps_t, self.wqkv, self.bqkv, cos, sin,
+                                          self.k_cache, self.v_cache, write_idx, index, pos, aux, self.attn_meta,
+                                          self.wo, self.ffn_norm.weight, self.w_gate_up, self.w_down)
         if self.fused:
-            attn = self._attention_aot(self.attn_norm(x), cos, sin, pos, write_idx, index, aux, lora_rows)
+            attn = self._attention_aot(x, cos, sin, pos, write_idx, index, aux, lora_rows)
             x = self._mm_add(attn, self.wo, x, self.lora_o_a, self.lora_o_b, self.lora_o_segs, lora_rows)
-            gate_up = self._mm(self.ffn_norm(x), self.w_gate_up, self.lora_gate_up_a, self.lora_gate_up_b,
-                               self.lora_gate_up_segs, self.lora_gate_up_cols, lora_rows)
-            return self._mm_add(self.aot.swiglu(gate_up), self.w_down, x, self.lora_down_a, self.lora_down_b,
-                                self.lora_down_segs, lora_rows)
+            gate_up = self._norm_mm(self.ffn_norm, x, self.w_gate_up, self.lora_gate_up_a, self.lora_gate_up_b,
+                                    self.lora_gate_up_segs, lora_rows)
+            return self._swiglu_mm_add(gate_up, self.w_down, x, self.lora_down_a, self.lora_down_b,
+                                       self.lora_down_segs, lora_rows)
         b, t, dim = x.shape
         attn = self._mm(self._attention_ops(self.attn_norm(x), cos, sin, write_idx, index, aux, lora_rows), self.wo,
                         self.lora_o_a, self.lora_o_b, self.lora_o_segs, self.lora_o_cols, lora_rows)
@@ -270,26 +287,30 @@ class LlamaModel(nn.Cell):
         self.norm = RMSNorm(w["model.norm.weight"], spec.rms_norm_eps, "norm", aot, dt)
 
     def construct(self, ids, pos, write_idx, index, aux, last_rows, lora_rows=None):
+        if self.fused:
+            return self._forward_aot(ids, pos, write_idx, index, aux, last_rows, lora_rows)
         b, t = ids.shape
-        if self.fused:  # rows stay flat [B*T, ...] all the way through
-            x = ops.gather(self.embed, ops.reshape(ids, (b * t,)), 0)
-            flat_pos = ops.reshape(pos, (b * t,))
-            cos, sin = ops.gather(self.cos, flat_pos, 0), ops.gather(self.sin, flat_pos, 0)  # [N, hd]
-            pos = flat_pos
-        else:
-            x = ops.gather(self.embed, ids, 0)  # [B, T, D]
-            cos = ops.expand_dims(ops.gather(self.cos, pos, 0), 2)  # [B, T, 1, hd]
-            sin = ops.expand_dims(ops.gather(self.sin, pos, 0), 2)
-            if self.low_precision:
-                aux = ops.cast(aux, self.dtype)  # the mask
+        x = ops.gather(self.embed, ids, 0)  # [B, T, D]
+        cos = ops.expand_dims(ops.gather(self.cos, pos, 0), 2)  # [B, T, 1, hd]
+        sin = ops.expand_dims(ops.gather(self.sin, pos, 0), 2)
+        if self.low_precision:
+            aux = ops.cast(aux, self.dtype)  # the mask
         for layer in self.layers:
             x = layer(x, cos, sin, pos, write_idx, index, aux, lora_rows)
         hidden = self.norm(ops.reshape(x, (b * t, self.dim)))
-        last = ops.gather(hidden, last_rows, 0)
-        logits = self.aot.matmul(last, self.head) if self.fused else ops.matmul(last, self.head)  # [B, V]
+        logits = ops.matmul(ops.gather(hidden, last_rows, 0), self.head)  # [B, V]
         if self.low_precision:
             return ops.cast(logits, ms.float32), ops.cast(hidden, ms.float32)
         return logits, hidden
+
+    def _forward_aot(self, ids, pos, write_idx, index, aux, last_rows, lora_rows):
+        """The AOT path: rows flat [B*T, ...] all the way through (ids/pos keep their [B, T] shape; the kernels
+        read them as B*T elements); one op in (embedding and rotary rows), one per layer, one out (final
+        norm, logit rows, LM head)."""
+        x, cos, sin = self.aot.embed_rope(ids, pos, self.embed, self.cos, self.sin)  # [N, dim], [N, hd], [N, hd]
+        for layer in self.layers:
+            x = layer(x, cos, sin, pos, write_idx, index, aux, lora_rows)
+        return self.aot.norm_head(x, self.norm.weight, self.norm.eps_t, last_rows, self.head)
 
 
 class LMHead(nn.Cell):

@@ -216,6 +216,55 @@ def test_op_inside_graph_mode_cell(ms_graph, cache_dir):
     assert ms.get_context("mode") == ms.GRAPH_MODE
 
 
+def test_qkv_attention_writes_its_cache_parameters_in_place_in_graph_mode(ms_graph, cache_dir):
+    """The fused attention op writes the K/V cache Parameters through their own memory: across steps of
+    different compiled shapes (a 5-token prompt, a decode token, a 2-token chunk) every step attends over
+    what the steps before it wrote, the Parameters read back (asnumpy) hold exactly the rows written, and
+    reading them back does not undo a write (a stale host copy would be synced over the kernel's writes)."""
+    from mindspore import Parameter, Tensor, nn
+
+    from backends.mindspore.kernels import aot_ops
+    from backends.mindspore.model import rope_tables
+
+    h, kv, d, bs, num_blocks = 6, 2, 16, 4, 5
+    ops_ = aot_ops(h, kv, d, cache_dir)
+    rng = np.random.default_rng(12)
+    slots = num_blocks * bs
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.attend = ops_.qkv_attention
+            self.k = Parameter(Tensor(np.zeros((kv * slots, d), np.float32)), name="kt_k_cache", requires_grad=False)
+            self.v = Parameter(Tensor(np.zeros((kv * slots, d), np.float32)), name="kt_v_cache", requires_grad=False)
+            self.bias = Tensor(np.zeros(1, np.float32))
+            self.meta = Tensor(np.array([kv, bs, 0], np.int32))
+
+        def construct(self, qkv, cos, sin, write, table, pos, rows):
+            return self.attend(qkv, self.bias, cos, sin, self.k, self.v, write, table, pos, rows, self.meta)
+
+    net = Net()
+    table = np.array([[3, 1, 4]], np.int32)  # the sequence's blocks; block 0 stays the untouched scratch
+    cos_t, sin_t = rope_tables(d, 3 * bs, 10000.0)
+    want_k, want_v = np.zeros((kv * slots, d)), np.zeros((kv * slots, d))
+    for start, n in [(0, 5), (5, 1), (6, 2)]:
+        pos = np.arange(start, start + n, dtype=np.int32)
+        slot = table[0, pos // bs].astype(np.int64) * bs + pos % bs
+        write = (slot[:, None] + np.arange(kv) * slots).reshape(-1).astype(np.int32)
+        qkv = rng.standard_normal((n, (h + 2 * kv) * d)).astype(np.float32)
+        out = net(Tensor(qkv), Tensor(cos_t[pos]), Tensor(sin_t[pos]), Tensor(write), Tensor(table), Tensor(pos),
+                  Tensor(np.zeros(n, np.int32))).asnumpy()
+        split = qkv.astype(np.float64).reshape(n, h + 2 * kv, d)
+        c, s_ = cos_t[pos][:, None].astype(np.float64), sin_t[pos][:, None].astype(np.float64)
+        want_k[write] = _rope_ref(split[:, h:h + kv], c, s_).reshape(n * kv, d)
+        want_v[write] = split[:, h + kv:].reshape(n * kv, d)
+        want = _attention_ref(_rope_ref(split[:, :h], c, s_)[None], want_k, want_v, table, pos[None], kv, bs)[0]
+        np.testing.assert_allclose(out, want, atol=2e-5, rtol=0)
+        np.testing.assert_allclose(net.k.asnumpy(), want_k, atol=2e-6, rtol=0)
+        np.testing.assert_allclose(net.v.asnumpy(), want_v, atol=2e-6, rtol=0)
+    assert not net.k.asnumpy()[:bs].any()  # the scratch block was never written
+
+
 def test_graph_rows_bitwise_independent_of_batch(ms_graph, cache_dir):
     from mindspore import Parameter, Tensor, nn
 
@@ -434,6 +483,96 @@ def test_qkv_rope_kernel_matches_numpy(lib, rows, heads, kv, d):
     assert np.array_equal(v.reshape(rows, kv, d), qkv.reshape(rows, heads + 2 * kv, d)[:, heads + kv:])
 
 
+def _qkv_attention_case(seed, n, h, kv, d, bs, nb, num_blocks, bias: bool):
+    """One packed step: n tokens of two sequences (table rows 0, 1), each token's K/V rows to write."""
+    from backends.mindspore.model import rope_tables
+
+    rng = np.random.default_rng(seed)
+    width, slots = (h + 2 * kv) * d, num_blocks * bs
+    qkv = rng.standard_normal((n, width)).astype(np.float32)
+    b = rng.standard_normal(width).astype(np.float32) if bias else np.zeros(1, np.float32)
+    k = rng.standard_normal((kv * slots, d)).astype(np.float32)
+    v = rng.standard_normal((kv * slots, d)).astype(np.float32)
+    table = np.stack([rng.permutation(np.arange(1, num_blocks))[:nb] for _ in range(2)]).astype(np.int32)
+    rows = (np.arange(n) >= n // 2).astype(np.int32)  # the first half belongs to row 0, the rest to row 1
+    start = rng.integers(0, nb * bs - n, 2)
+    pos = np.array([start[r] + i for i, r in enumerate(rows)], np.int32)  # consecutive within each row
+    slot = table[rows, pos // bs].astype(np.int64) * bs + pos % bs
+    write = (slot[:, None] + np.arange(kv) * slots).reshape(-1).astype(np.int32)
+    cos_t, sin_t = rope_tables(d, nb * bs, 10000.0)
+    meta = np.array([kv, bs, int(bias)], np.int32)
+    return dict(qkv=qkv, bias=b, cos=cos_t[pos], sin=sin_t[pos], k=k, v=v, write=write, table=table, pos=pos,
+                rows=rows, meta=meta)
+
+
+def _qkv_attention(lib, c, h, d):
+    """MindserveQKVAttention on copies of the caches: (rc, out, k after, v after)."""
+    k, v = c["k"].copy(), c["v"].copy()
+    out = np.full((len(c["qkv"]), h * d), np.nan, np.float32)
+    rc = _aot_call(lib, "MindserveQKVAttention", [c["qkv"], c["bias"], c["cos"], c["sin"], k, v, c["write"],
+                                                  c["table"], c["pos"], c["rows"], c["meta"]], [out])
+    # _aot_call passes k and v themselves (contiguous already): the kernel's in-place writes land in them
+    return rc, out, k, v
+
+
+QKV_ATTN_CASES = [(1, 9, 3, 64, 16, 4, False), (6, 9, 3, 64, 16, 4, False), (8, 4, 4, 32, 8, 5, True),
+                  (5, 6, 2, 40, 4, 7, True), (4, 2, 1, 6, 2, 9, False)]
+
+
+@pytest.mark.parametrize("n,h,kv,d,bs,nb,bias", QKV_ATTN_CASES)
+def test_qkv_attention_writes_the_cache_then_attends_like_numpy(lib, n, h, kv, d, bs, nb, bias):
+    """The fused kernel: the new K (roped) / V rows land in the caches, every other row is untouched, and each
+    token attends over the updated cache, its own key and the earlier keys of its chunk included."""
+    c = _qkv_attention_case(n * h + d, n, h, kv, d, bs, nb, nb * 2 + 3, bias)
+    rc, out, k, v = _qkv_attention(lib, c, h, d)
+    assert rc == 0
+    x = c["qkv"].astype(np.float64) + (c["bias"] if bias else 0)
+    split = x.reshape(n, h + 2 * kv, d)
+    cos, sin = c["cos"][:, None].astype(np.float64), c["sin"][:, None].astype(np.float64)
+    want_k, want_v = c["k"].astype(np.float64), c["v"].astype(np.float64)
+    want_k[c["write"]] = _rope_ref(split[:, h:h + kv], cos, sin).reshape(n * kv, d)
+    want_v[c["write"]] = split[:, h + kv:].reshape(n * kv, d)
+    np.testing.assert_allclose(k, want_k, rtol=0, atol=2e-6)
+    np.testing.assert_allclose(v, want_v, rtol=0, atol=2e-6)
+    untouched = np.setdiff1d(np.arange(len(k)), c["write"])
+    assert np.array_equal(k[untouched], c["k"][untouched]) and np.array_equal(v[untouched], c["v"][untouched])
+    q = _rope_ref(split[:, :h], cos, sin)
+    want = np.concatenate([_attention_ref(q[c["rows"] == r][None], want_k, want_v, c["table"][r:r + 1],
+                                          c["pos"][c["rows"] == r][None], kv, bs)[0] for r in (0, 1)])
+    np.testing.assert_allclose(out, want, atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("n,h,kv,d,bs,nb,bias", QKV_ATTN_CASES)
+def test_qkv_attention_is_its_two_halves_bit_for_bit(lib, n, h, kv, d, bs, nb, bias):
+    """Fused = (bias add,) MindserveQKVRope, the rows written, paged attention: the same bits, so the fused graph
+    gives what the ScatterUpdate graph gave."""
+    c = _qkv_attention_case(7 * n + d, n, h, kv, d, bs, nb, nb * 2 + 3, bias)
+    rc, out, k, v = _qkv_attention(lib, c, h, d)
+    assert rc == 0
+    qkv = c["qkv"] + c["bias"] if bias else c["qkv"]  # one float32 add, as the graph's bias Add did
+    q2 = np.full((n, h, d), np.nan, np.float32)
+    k2, v2 = np.full((n * kv, d), np.nan, np.float32), np.full((n * kv, d), np.nan, np.float32)
+    assert _aot_call(lib, "MindserveQKVRope", [qkv, c["cos"], c["sin"]], [q2, k2, v2]) == 0
+    kc, vc = c["k"].copy(), c["v"].copy()
+    kc[c["write"]], vc[c["write"]] = k2, v2
+    assert np.array_equal(k, kc) and np.array_equal(v, vc)
+    rc, want = _attention(lib, q2[None], kc, vc, c["table"], c["pos"][None], kv, bs, rows=c["rows"])
+    assert rc == 0 and np.array_equal(out, want[0])
+
+
+def test_qkv_attention_refuses_bad_inputs_and_writes_nothing_outside_the_cache(lib):
+    c = _qkv_attention_case(3, 4, 4, 2, 16, 8, 3, 8, False)
+    bad = dict(c, write=c["write"].copy())
+    bad["write"][1] = len(c["k"])  # one row past the cache
+    rc, _, k, v = _qkv_attention(lib, bad, 4, 16)
+    assert rc == 8 and np.array_equal(k, c["k"]) and np.array_equal(v, c["v"])  # checked before any write
+    assert _qkv_attention(lib, dict(c, table=np.full_like(c["table"], 99)), 4, 16)[0] == 8  # a block past the cache
+    assert _qkv_attention(lib, dict(c, rows=np.array([0, 1, 2, 0], np.int32)), 4, 16)[0] == 9  # a row past the table
+    assert _qkv_attention(lib, dict(c, meta=np.array([2, 8, 1], np.int32)), 4, 16)[0] == 4  # bias claimed, [1] given
+    assert _qkv_attention(lib, dict(c, qkv=c["qkv"][:, :-16]), 4, 16)[0] == 4  # width is not (H + 2 KV) D
+    assert _qkv_attention(lib, dict(c, pos=c["pos"].astype(np.float32)), 4, 16)[0] == 2
+
+
 @pytest.mark.parametrize("m,k,n", [(1, 576, 576), (16, 1536, 576), (5, 37, 53), (20, 64, 100)])
 def test_matmul_add_is_the_residual_plus_the_same_product(lib, m, k, n):
     rng = np.random.default_rng(m + k + n)
@@ -443,6 +582,128 @@ def test_matmul_add_is_the_residual_plus_the_same_product(lib, m, k, n):
     y = np.full((m, n), np.nan, np.float32)
     assert _aot_call(lib, "MindserveMatMulAdd", [x, packed, res], [y]) == 0
     assert np.array_equal(y, res + _mm(lib, x, packed))  # one float add after the identical product
+
+
+def _lora_inputs(rng, m, k, n, slots=3, rank=4):
+    """The four LoRA inputs of lora.h for one projection (G = 1): a, b, each row's slot (-1: none), segs."""
+    a = rng.standard_normal((slots, k, rank)).astype(np.float32)
+    b = rng.standard_normal((slots, rank, n)).astype(np.float32)
+    rows = rng.integers(-1, slots, m).astype(np.int32)
+    return [a, b, rows, np.array([0, n], np.int32)]
+
+
+@pytest.mark.parametrize("m,k,n,lora", [(1, 576, 960, False), (16, 576, 3072, False), (5, 37, 53, True),
+                                        (20, 64, 100, True)])
+def test_norm_matmul_is_rmsnorm_then_the_matmul_bit_for_bit(lib, m, k, n, lora):
+    rng = np.random.default_rng(m * k + n)
+    x = (rng.standard_normal((m, k)) * 3).astype(np.float32)
+    nw, eps = rng.standard_normal(k).astype(np.float32), np.array([1e-5], np.float32)
+    packed = prepare_weight(rng.standard_normal((k, n)).astype(np.float32))
+    extra = _lora_inputs(rng, m, k, n) if lora else []
+    y = np.full((m, n), np.nan, np.float32)
+    assert _aot_call(lib, "MindserveNormMatMul", [x, nw, eps, packed, *extra], [y]) == 0
+    normed = np.full_like(x, np.nan)
+    assert _aot_call(lib, "MindserveRMSNorm", [x, nw, eps], [normed]) == 0
+    want = np.full((m, n), np.nan, np.float32)
+    assert _aot_call(lib, "MindserveMatMul", [normed, packed, *extra], [want]) == 0
+    assert np.array_equal(y, want)
+
+
+@pytest.mark.parametrize("m,f,n,lora", [(1, 1536, 576, False), (16, 1536, 576, False), (5, 37, 53, True),
+                                        (20, 64, 100, True)])
+def test_swiglu_matmul_add_is_swiglu_then_the_matmul_add_bit_for_bit(lib, m, f, n, lora):
+    rng = np.random.default_rng(m * f + n)
+    gu = (rng.standard_normal((m, 2 * f)) * 4).astype(np.float32)
+    packed = prepare_weight(rng.standard_normal((f, n)).astype(np.float32))
+    res = rng.standard_normal((m, n)).astype(np.float32)
+    extra = _lora_inputs(rng, m, f, n) if lora else []
+    y = np.full((m, n), np.nan, np.float32)
+    assert _aot_call(lib, "MindserveSwiGLUMatMulAdd", [gu, packed, res, *extra], [y]) == 0
+    act = np.full((m, f), np.nan, np.float32)
+    assert _aot_call(lib, "MindserveSwiGLU", [gu], [act]) == 0
+    want = np.full((m, n), np.nan, np.float32)
+    assert _aot_call(lib, "MindserveMatMulAdd", [act, packed, res, *extra], [want]) == 0
+    assert np.array_equal(y, want)
+
+
+def test_fused_matmul_entries_pass_the_matmul_checks_through(lib):
+    x, packed = np.zeros((2, 8), np.float32), prepare_weight(np.zeros((8, 5), np.float32))
+    eps = np.array([1e-5], np.float32)
+    assert _aot_call(lib, "MindserveNormMatMul", [x, np.zeros(7, np.float32), eps, packed],
+                     [np.zeros((2, 5), np.float32)]) == 4  # norm weight of the wrong width
+    assert _aot_call(lib, "MindserveNormMatMul", [x, np.zeros(8, np.float32), eps, packed],
+                     [np.zeros((2, 6), np.float32)]) == 5  # the matmul's own output check
+    assert _aot_call(lib, "MindserveSwiGLUMatMulAdd", [np.zeros((2, 7), np.float32), packed, np.zeros((2, 5), np.float32)],
+                     [np.zeros((2, 5), np.float32)]) == 3  # an odd gate/up width
+    assert _aot_call(lib, "MindserveSwiGLUMatMulAdd", [np.zeros((2, 16), np.float32), packed,
+                                                       np.zeros((3, 5), np.float32)], [np.zeros((2, 5), np.float32)]) == 6
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_decoder_layer_is_its_five_ops_bit_for_bit(lib, bias):
+    """MindserveDecoderLayer = NormMatMul, QKVAttention, MatMulAdd, NormMatMul, SwiGLUMatMulAdd in order: the same
+    output bits and the same cache rows as those five entries called one after the other."""
+    h, kv, d, c, f = 4, 2, 16, 48, 40
+    att = _qkv_attention_case(21 + bias, 6, h, kv, d, 4, 5, 13, bias)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((6, c)).astype(np.float32)
+    na, nf = rng.standard_normal(c).astype(np.float32), rng.standard_normal(c).astype(np.float32)
+    eps = np.array([1e-5], np.float32)
+    wqkv = prepare_weight((rng.standard_normal((c, (h + 2 * kv) * d)) / 6).astype(np.float32))
+    wo = prepare_weight((rng.standard_normal((h * d, c)) / 8).astype(np.float32))
+    wgu = prepare_weight((rng.standard_normal((c, 2 * f)) / 6).astype(np.float32))
+    wd = prepare_weight((rng.standard_normal((f, c)) / 6).astype(np.float32))
+    cache = [att["write"], att["table"], att["pos"], att["rows"], att["meta"]]
+    k1, v1 = att["k"].copy(), att["v"].copy()
+    y = np.full_like(x, np.nan)
+    assert _aot_call(lib, "MindserveDecoderLayer", [x, na, eps, wqkv, att["bias"], att["cos"], att["sin"], k1, v1, *cache,
+                                                    wo, nf, wgu, wd], [y]) == 0
+    k2, v2 = att["k"].copy(), att["v"].copy()
+    qkv = np.full((6, wqkv.shape[2]), np.nan, np.float32)
+    assert _aot_call(lib, "MindserveNormMatMul", [x, na, eps, wqkv], [qkv]) == 0
+    a = np.full((6, h * d), np.nan, np.float32)
+    assert _aot_call(lib, "MindserveQKVAttention", [qkv, att["bias"], att["cos"], att["sin"], k2, v2, *cache], [a]) == 0
+    hid = np.full_like(x, np.nan)
+    assert _aot_call(lib, "MindserveMatMulAdd", [a, wo, x], [hid]) == 0
+    gu = np.full((6, 2 * f), np.nan, np.float32)
+    assert _aot_call(lib, "MindserveNormMatMul", [hid, nf, eps, wgu], [gu]) == 0
+    want = np.full_like(x, np.nan)
+    assert _aot_call(lib, "MindserveSwiGLUMatMulAdd", [gu, wd, hid], [want]) == 0
+    assert np.array_equal(y, want) and np.array_equal(k1, k2) and np.array_equal(v1, v2)
+    assert not np.array_equal(k1, att["k"])  # the layer wrote its cache rows
+    bad = att["write"].copy()
+    bad[0] = -1
+    assert _aot_call(lib, "MindserveDecoderLayer", [x, na, eps, wqkv, att["bias"], att["cos"], att["sin"], k1, v1, bad,
+                                                    *cache[1:], wo, nf, wgu, wd], [y]) == 208  # stage 2 names its error
+
+
+def test_embed_rope_gathers_the_rows_of_every_token(lib):
+    rng = np.random.default_rng(8)
+    embed, cos_t, sin_t = (rng.standard_normal(s).astype(np.float32) for s in [(50, 24), (40, 8), (40, 8)])
+    ids, pos = rng.integers(0, 50, (1, 7)).astype(np.int32), rng.integers(0, 40, (1, 7)).astype(np.int32)
+    x, cos, sin = np.full((7, 24), np.nan, np.float32), np.full((7, 8), np.nan, np.float32), np.full((7, 8), np.nan, np.float32)
+    assert _aot_call(lib, "MindserveEmbedRope", [ids, pos, embed, cos_t, sin_t], [x, cos, sin]) == 0
+    assert np.array_equal(x, embed[ids[0]]) and np.array_equal(cos, cos_t[pos[0]]) and np.array_equal(sin, sin_t[pos[0]])
+    bad = ids.copy()
+    bad[0, 3] = 50
+    assert _aot_call(lib, "MindserveEmbedRope", [bad, pos, embed, cos_t, sin_t], [x, cos, sin]) == 5
+    assert _aot_call(lib, "MindserveEmbedRope", [ids, pos - 1 - pos.min(), embed, cos_t, sin_t], [x, cos, sin]) == 6
+
+
+def test_norm_head_is_rmsnorm_gather_and_the_matmul_bit_for_bit(lib):
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal((10, 64)) * 2).astype(np.float32)
+    nw, eps = rng.standard_normal(64).astype(np.float32), np.array([1e-5], np.float32)
+    head = prepare_weight(rng.standard_normal((64, 300)).astype(np.float32))
+    last = np.array([9, 2, 2, 0], np.int32)
+    logits, hidden = np.full((4, 300), np.nan, np.float32), np.full_like(x, np.nan)
+    assert _aot_call(lib, "MindserveNormHead", [x, nw, eps, last, head], [logits, hidden]) == 0
+    normed = np.full_like(x, np.nan)
+    assert _aot_call(lib, "MindserveRMSNorm", [x, nw, eps], [normed]) == 0
+    assert np.array_equal(hidden, normed)
+    assert np.array_equal(logits, _mm(lib, normed[last], head))
+    assert _aot_call(lib, "MindserveNormHead", [x, nw, eps, np.array([10], np.int32), head],
+                     [logits[:1], hidden]) == 7  # a logit row outside the chunk
 
 
 def test_aot_entries_refuse_bad_shapes_and_dtypes(lib):

@@ -8,14 +8,32 @@
   added once, after the product);
   ``matmul_lora`` / ``matmul_add_lora`` take four more inputs ``(a, b, rows, segs)`` and add each row's
   LoRA delta (multi-LoRA serving, lora.h);
-* ``attention(q [N, H, D], k_cache, v_cache [KV*S, D], table [R, NB] int32, pos [N] int32,
-  rows [N] int32, meta [2] int32 = (KV, block_size)) -> [N, H*D]``: causal attention straight out of
-  the layer's paged K/V cache (attention.cc) for N query tokens of any sequences (token i belongs to
-  the sequence of table row ``rows[i]``). It reads only each token's real keys (0..pos), so its cost
-  follows the sequence lengths, and tokens of several prompts can share one packed chunk;
-* ``rmsnorm(x [..., C], w [C], eps [1]) -> [..., C]``, ``swiglu(gu [..., 2F]) -> [..., F]`` and
-  ``qkv_rope(qkv [N, (H+2KV)*D], cos, sin [N, D]) -> (q [N, H, D], k [N*KV, D], v [N*KV, D])``
-  (fused.cc): each replaces a chain of small MindSpore ops.
+* ``qkv_attention(qkv [N, (H+2KV)*D], bias [(H+2KV)*D] or [1], cos, sin [N, D], k_cache, v_cache
+  [KV*S, D], write [N*KV] int32, table [R, NB] int32, pos [N] int32, rows [N] int32, meta [3] int32 =
+  (KV, block_size, has_bias)) -> [N, H*D]`` (fused.cc): a layer's attention after the qkv projection in
+  one op. The bias, the split and RoPE; this step's K/V rows written into the cache Parameters in place
+  (row ``write[i * KV + h]`` gets head h of token i), on the calling thread, before any key is read, so
+  the graph has no ScatterUpdate and no ordering to get right; then causal attention straight out of
+  the paged cache (attention.cc) for N query tokens of any sequences (token i belongs to the sequence
+  of table row ``rows[i]``). It reads only each token's real keys (0..pos), so its cost follows the
+  sequence lengths, and tokens of several prompts can share one packed chunk;
+* ``norm_matmul(x, w_norm, eps, W)`` = ``matmul(rmsnorm(x, w_norm, eps), W)`` and
+  ``swiglu_matmul_add(gu, W, res)`` = ``matmul_add(swiglu(gu), W, res)`` in one launch each (fused.cc: the
+  row-wise kernel into a scratch buffer, then the matmul entry itself, so any weight it takes and the
+  ``_lora`` variants' four LoRA inputs work the same); the same bits as the two ops;
+* ``decoder_layer(x, attn_norm, eps, wqkv, bias, cos, sin, k_cache, v_cache, write, table, pos, rows, meta,
+  wo, ffn_norm, w_gate_up, w_down) -> [N, C]`` (fused.cc): a whole decoder layer without adapters in one
+  op -- norm_matmul, qkv_attention, matmul_add, norm_matmul, swiglu_matmul_add called in order inside the
+  kernel, on scratch buffers: the same bits as those five ops, one launch;
+* ``embed_rope(ids, pos, embed, cos_t, sin_t) -> (x [N, C], cos [N, D], sin [N, D])`` (fused.cc): the
+  embedding and rotary rows of every token (ids/pos of N elements, any shape), and ``norm_head(x, w_norm,
+  eps, last [R], W) -> (logits [R, V], hidden [N, C])``: the final norm, the logit rows' gather and the LM
+  head. With them and ``decoder_layer`` a step is 32 ops;
+* ``rmsnorm(x [..., C], w [C], eps [1]) -> [..., C]`` (fused.cc).
+
+The library also keeps the parts the fused entries are made of as entries of their own
+(``MindserveSwiGLU``, ``MindserveQKVRope``, ``MindservePagedAttention``): the tests check each fused entry
+against its parts bit for bit, and the parts against NumPy.
 
 All of them compute each row the same way whatever else is in the batch.
 
@@ -46,7 +64,6 @@ __all__ = ["fast_matmul", "aot_ops", "AotOps", "prepare_weight", "prepare_qweigh
            "default_cache_dir", "ENTRY"]
 
 ENTRY = "MindserveMatMul"
-ATTENTION_ENTRY = "MindservePagedAttention"
 _lib: dict[str, ctypes.CDLL] = {}
 _active: list[str] = []  # the library the last fast_matmul() op uses; the default for the helpers
 
@@ -189,6 +206,11 @@ def _first_dtype(dtype, *_):
     return dtype
 
 
+def _embed_rope_shapes(ids, _pos, embed, cos_t, _sin_t):
+    n = int(np.prod(ids))
+    return [n, embed[1]], [n, cos_t[1]], [n, cos_t[1]]
+
+
 @dataclass(frozen=True)
 class AotOps:
     """The network's AOT operators (module docstring), all from one library and one thread pool."""
@@ -197,10 +219,15 @@ class AotOps:
     matmul_add: Any
     matmul_lora: Any  # matmul(x, w, a, b, rows, segs): + each row's LoRA delta (lora.h)
     matmul_add_lora: Any  # matmul_add(x, w, res, a, b, rows, segs)
-    attention: Any
+    qkv_attention: Any  # qkv_attention(qkv, bias, cos, sin, k_cache, v_cache, write, table, pos, rows, meta)
+    norm_matmul: Any  # norm_matmul(x, w_norm, eps, w) = matmul(rmsnorm(x), w)
+    norm_matmul_lora: Any  # norm_matmul(x, w_norm, eps, w, a, b, rows, segs)
+    swiglu_matmul_add: Any  # swiglu_matmul_add(gu, w, res) = matmul_add(swiglu(gu), w, res)
+    swiglu_matmul_add_lora: Any  # swiglu_matmul_add(gu, w, res, a, b, rows, segs)
+    decoder_layer: Any  # the five ops above as one (no adapters)
+    embed_rope: Any  # embed_rope(ids, pos, embed, cos_t, sin_t) -> (x, cos, sin)
+    norm_head: Any  # norm_head(x, w_norm, eps, last_rows, head) -> (logits, hidden)
     rmsnorm: Any
-    swiglu: Any
-    qkv_rope: Any
 
 
 def aot_ops(heads: int, kv_heads: int, head_dim: int, cache_dir: str | os.PathLike | None = None) -> AotOps:
@@ -212,16 +239,19 @@ def aot_ops(heads: int, kv_heads: int, head_dim: int, cache_dir: str | os.PathLi
     def custom(entry: str, out_shape, out_dtype=_first_dtype):
         return ops.Custom(f"{path}:{entry}", out_shape=out_shape, out_dtype=out_dtype, func_type="aot")
 
-    def qkv_shapes(qkv, *_):
-        return [qkv[0], heads, head_dim], [qkv[0] * kv_heads, head_dim], [qkv[0] * kv_heads, head_dim]
-
     return AotOps(
         matmul=custom(ENTRY, _out_shape, _out_dtype),
         matmul_add=custom("MindserveMatMulAdd", lambda x, w, r: _out_shape(x, w), _first_dtype),
         matmul_lora=custom(ENTRY, lambda x, w, *_: _out_shape(x, w)),
         matmul_add_lora=custom("MindserveMatMulAdd", lambda x, w, *_: _out_shape(x, w)),
-        attention=custom(ATTENTION_ENTRY, lambda q, *_: [q[0], q[1] * q[2]]),
+        qkv_attention=custom("MindserveQKVAttention", lambda qkv, *_: [qkv[0], heads * head_dim]),
+        norm_matmul=custom("MindserveNormMatMul", lambda x, _nw, _eps, w: _out_shape(x, w)),
+        norm_matmul_lora=custom("MindserveNormMatMul", lambda x, _nw, _eps, w, *_: _out_shape(x, w)),
+        swiglu_matmul_add=custom("MindserveSwiGLUMatMulAdd", lambda gu, w, res: list(res)),
+        swiglu_matmul_add_lora=custom("MindserveSwiGLUMatMulAdd", lambda gu, w, res, *_: list(res)),
+        decoder_layer=custom("MindserveDecoderLayer", lambda x, *_: list(x)),
+        embed_rope=custom("MindserveEmbedRope", _embed_rope_shapes, lambda _i, _p, emb, *_: (emb, emb, emb)),
+        norm_head=custom("MindserveNormHead", lambda x, _w, _e, last, head: ([last[0], head[-1]], list(x)),
+                         lambda x, *_: (x, x)),
         rmsnorm=custom("MindserveRMSNorm", lambda x, *_: list(x)),
-        swiglu=custom("MindserveSwiGLU", lambda gu: list(gu[:-1]) + [gu[-1] // 2]),
-        qkv_rope=custom("MindserveQKVRope", qkv_shapes, lambda dtype, *_: (dtype, dtype, dtype)),
     )

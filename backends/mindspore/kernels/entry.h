@@ -1,4 +1,5 @@
-// mindserve kernels: the dtype and shape checks every AOT entry point makes on MindSpore's arguments.
+// mindserve kernels: the dtype and shape checks every AOT entry point makes on MindSpore's arguments, and the
+// plain-pointer entries one kernel calls from another.
 #pragma once
 
 #include <cstdint>
@@ -24,3 +25,13 @@ inline int64_t rows_of(int ndim, const int64_t *shape) {
 }
 
 }  // namespace mindserve
+
+// The matmul AOT entries (matmul.cc) and paged attention on plain pointers (attention.cc), for the entries
+// of fused.cc that end in them.
+extern "C" int MindserveMatMul(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                               void *stream, void *extra);
+extern "C" int MindserveMatMulAdd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                                  void *stream, void *extra);
+extern "C" int mindserve_attention_raw(const float *q, const float *k, const float *v, const int32_t *table,
+                                       const int32_t *pos, const int32_t *rows, float *out, int64_t N, int64_t R,
+                                       int64_t H, int64_t D, int64_t KV, int64_t S, int64_t NB, int64_t bs);

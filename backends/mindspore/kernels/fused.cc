@@ -10,6 +10,34 @@
 //       splits the fused projection and applies rotary embeddings (HF rotate_half layout: the
 //       tables repeat their D/2 frequencies over both halves) to q and k; H and KV come from the
 //       output shapes.
+//   MindserveQKVAttention(qkv [N, (H + 2 KV) D], bias [(H + 2 KV) D] or [1], cos [N, D], sin [N, D],
+//                         k_cache [KV S, D], v_cache [KV S, D], write [N KV] i32, table [R, NB] i32,
+//                         pos [N] (or [1, N]) i32, rows [N] i32, meta [3] i32 = (KV, bs, has_bias)) -> out [N, H D]
+//       a layer's whole attention after the qkv projection, in one op: (+ bias,) the split and RoPE of
+//       MindserveQKVRope, the new K/V rows written into the cache Parameters in place (row write[r KV + h]
+//       gets head h of token r; the rows the graph's ScatterUpdates used to write), then the paged
+//       attention of attention.cc over the updated cache. H comes from the output shape. The writes
+//       happen on the calling thread before any key is read, so a token always sees itself and the
+//       earlier tokens of its own chunk; duplicate rows (padding tokens all write the scratch slot 0)
+//       are written in token order, the last one wins.
+//   MindserveNormMatMul(x [N, C], w [C], eps [1], W, (LoRA inputs)) -> y = MindserveMatMul(rmsnorm(x), W, ...)
+//   MindserveSwiGLUMatMulAdd(gu [N, 2F], W, res, (LoRA inputs)) -> y = MindserveMatMulAdd(swiglu(gu), W, res, ...)
+//       the row-wise kernel above written into a scratch buffer, then the matmul entry (matmul.cc: any
+//       weight format it takes, the four optional LoRA inputs of lora.h) called on it with the remaining
+//       inputs as they came: one op launch instead of two, the same arithmetic, the same bits.
+//   MindserveEmbedRope(ids [N] i32, pos [N] i32 (any shape of N elements), embed [V, C], cos_t [P, D],
+//                      sin_t [P, D]) -> x [N, C], cos [N, D], sin [N, D]
+//       the rows of the embedding and of the rotary tables each token needs: three gathers in one op.
+//   MindserveNormHead(x [N, C], w [C], eps [1], last [R] i32, W) -> logits [R, V], hidden [N, C]
+//       hidden = rmsnorm(x); logits = MindserveMatMul(hidden[last], W): the final norm, the gather of the
+//       logit rows and the LM head in one op.
+//   MindserveDecoderLayer(x [N, C], attn_norm [C], eps [1], wqkv, bias, cos, sin, k_cache, v_cache, write, table,
+//                         pos, rows, meta, wo, ffn_norm [C], w_gate_up, w_down) -> y [N, C]
+//       a whole decoder layer (no adapters) as one op, by calling the entries above in order:
+//         qkv = NormMatMul(x, attn_norm, eps, wqkv); a = QKVAttention(qkv, bias, cos, sin, k_cache, ...);
+//         h = MatMulAdd(a, wo, x); gu = NormMatMul(h, ffn_norm, eps, w_gate_up); y = SwiGLUMatMulAdd(gu, w_down, h)
+//       with the intermediates in scratch buffers of the calling thread: the same bits as those five ops.
+//       A failing stage s (1..5) returns 100 s + its own error code.
 //
 // Every output row is a function of its own input row only, computed by a fixed sequence of
 // operations, so results do not depend on the batch (the determinism contract of matmul.cc).
@@ -19,6 +47,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
+#include <vector>
 
 #include "entry.h"
 #include "pool.h"
@@ -30,9 +60,27 @@ using mindserve::exp_nonpositive;
 using mindserve::tail_mask;
 
 using mindserve::all_f32;
+using mindserve::is_f32;
+using mindserve::is_i32;
 using mindserve::rows_of;
 
 // Rows [0, n) split over the pool in chunks of at least `min_rows` rows.
+
+// Elements of a tensor: the product of all its dims.
+inline int64_t count_of(int ndim, const int64_t *shape) {
+  int64_t n = 1;
+  for (int d = 0; d < ndim; ++d) n *= shape[d];
+  return n;
+}
+
+// out[i] = table[idx[i]] for rows of `width` floats; false if an index is outside [0, rows).
+bool gather_rows(const float *table, int64_t rows, int64_t width, const int32_t *idx, int64_t n, float *out) {
+  for (int64_t i = 0; i < n; ++i)
+    if (idx[i] < 0 || idx[i] >= rows) return false;
+  for (int64_t i = 0; i < n; ++i) std::memcpy(out + i * width, table + int64_t{idx[i]} * width, sizeof(float) * width);
+  return true;
+}
+
 template <class Fn>
 void for_rows(int64_t n, int64_t min_rows, const Fn &fn) {
   struct Ctx {
@@ -79,12 +127,23 @@ void swiglu_row(const float *gu, float *y, int64_t F) {
   }
 }
 
-// One head vector: out = x * cos + rotate_half(x) * sin, rotate_half(x) = (-x[D/2:], x[:D/2]).
-void rope_head(const float *x, const float *cos, const float *sin, float *out, int64_t D) {
+// x (+ b) over n floats, one float add per element (the graph's bias Add, bit for bit).
+template <bool kBias>
+inline __m512 load_biased(__mmask16 m, const float *x, const float *b) {
+  const __m512 v = _mm512_maskz_loadu_ps(m, x);
+  if constexpr (kBias) return _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, b));
+  return v;
+}
+
+// One head vector: out = x * cos + rotate_half(x) * sin, rotate_half(x) = (-x[D/2:], x[:D/2]); with
+// kBias, x is first replaced by x + b.
+template <bool kBias = false>
+void rope_head(const float *x, const float *cos, const float *sin, float *out, int64_t D, const float *b = nullptr) {
   const int64_t half = D / 2;
+  if constexpr (!kBias) b = x;  // never read
   for (int64_t i = 0; i < half; i += 16) {
     const __mmask16 m = tail_mask(half - i);
-    const __m512 lo = _mm512_maskz_loadu_ps(m, x + i), hi = _mm512_maskz_loadu_ps(m, x + half + i);
+    const __m512 lo = load_biased<kBias>(m, x + i, b + i), hi = load_biased<kBias>(m, x + half + i, b + half + i);
     const __m512 out_lo = _mm512_fnmadd_ps(hi, _mm512_maskz_loadu_ps(m, sin + i),
                                            _mm512_mul_ps(lo, _mm512_maskz_loadu_ps(m, cos + i)));
     const __m512 out_hi = _mm512_fmadd_ps(lo, _mm512_maskz_loadu_ps(m, sin + half + i),
@@ -92,6 +151,94 @@ void rope_head(const float *x, const float *cos, const float *sin, float *out, i
     _mm512_mask_storeu_ps(out + i, m, out_lo);
     _mm512_mask_storeu_ps(out + half + i, m, out_hi);
   }
+}
+
+// out[0, n) = x (+ b), one float add per element.
+template <bool kBias>
+void copy_biased(const float *x, const float *b, float *out, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = tail_mask(n - i);
+    _mm512_mask_storeu_ps(out + i, m, load_biased<kBias>(m, x + i, b + i));
+  }
+}
+
+struct QKVWrite {
+  const float *qkv, *bias, *cos, *sin;
+  float *k, *v, *q;  // the caches [KV S, D] and the roped queries [N, H, D]
+  const int32_t *write;
+  int64_t N, H, KV, D, rows;  // rows = KV S, the cache's row count
+};
+
+// The new K/V rows into the caches (in token order, on this thread), then every query head roped into q.
+template <bool kBias>
+int write_and_rope(const QKVWrite &a) {
+  const int64_t width = (a.H + 2 * a.KV) * a.D;
+  for (int64_t i = 0; i < a.N * a.KV; ++i)
+    if (a.write[i] < 0 || a.write[i] >= a.rows) return 8;  // never write outside the cache
+  for (int64_t r = 0; r < a.N; ++r) {
+    const float *row = a.qkv + r * width, *c = a.cos + r * a.D, *s = a.sin + r * a.D;
+    for (int64_t h = 0; h < a.KV; ++h) {
+      const int64_t kc = (a.H + h) * a.D, vc = (a.H + a.KV + h) * a.D;
+      float *dst = a.k + int64_t{a.write[r * a.KV + h]} * a.D;
+      rope_head<kBias>(row + kc, c, s, dst, a.D, a.bias + (kBias ? kc : 0));
+      copy_biased<kBias>(row + vc, a.bias + (kBias ? vc : 0), a.v + int64_t{a.write[r * a.KV + h]} * a.D, a.D);
+    }
+  }
+  for_rows(a.N, 16, [&](int64_t r) {
+    const float *row = a.qkv + r * width, *c = a.cos + r * a.D, *s = a.sin + r * a.D;
+    for (int64_t h = 0; h < a.H; ++h)
+      rope_head<kBias>(row + h * a.D, c, s, a.q + (r * a.H + h) * a.D, a.D, a.bias + (kBias ? h * a.D : 0));
+  });
+  return 0;
+}
+
+
+constexpr int kMaxParams = 16;
+
+// Call `entry` (a matmul AOT entry) with params[0] replaced by `x` [rows..., C] (the shape of input 0 with
+// its last dimension C) and params[1, skip) dropped: the prologue's own inputs.
+int forward(int (*entry)(int, void **, int *, int64_t **, const char **, void *, void *), int nparam, void **params,
+            int *ndims, int64_t **shapes, const char **dtypes, int skip, float *x, int64_t C) {
+  void *p[kMaxParams];
+  int nd[kMaxParams];
+  int64_t *sh[kMaxParams];
+  const char *dt[kMaxParams];
+  int64_t xshape[8];
+  const int n = nparam - skip + 1;
+  if (n > kMaxParams || ndims[0] > 8) return 41;
+  for (int d = 0; d < ndims[0]; ++d) xshape[d] = shapes[0][d];
+  xshape[ndims[0] - 1] = C;
+  p[0] = x, nd[0] = ndims[0], sh[0] = xshape, dt[0] = "float32";
+  for (int i = 1; i < n; ++i) p[i] = params[i + skip - 1], nd[i] = ndims[i + skip - 1], sh[i] = shapes[i + skip - 1],
+                              dt[i] = dtypes[i + skip - 1];
+  return entry(n, p, nd, sh, dt, nullptr, nullptr);
+}
+
+// A scratch buffer of this thread (the calling runtime thread) of at least n floats.
+float *scratch(int64_t n) {
+  thread_local std::vector<float> buf;
+  if (static_cast<int64_t>(buf.size()) < n) buf.resize(n);
+  return buf.data();
+}
+
+
+// One argument of an AOT entry call built here: a pointer, its shape and dtype.
+struct Arg {
+  void *p;
+  int nd;
+  int64_t *shape;
+  const char *dtype;
+};
+
+// entry(args..., out): the call MindSpore would make.
+int call(int (*entry)(int, void **, int *, int64_t **, const char **, void *, void *), std::initializer_list<Arg> args) {
+  void *p[kMaxParams];
+  int nd[kMaxParams];
+  int64_t *sh[kMaxParams];
+  const char *dt[kMaxParams];
+  int n = 0;
+  for (const Arg &a : args) p[n] = a.p, nd[n] = a.nd, sh[n] = a.shape, dt[n] = a.dtype, ++n;
+  return entry(n, p, nd, sh, dt, nullptr, nullptr);
 }
 
 }  // namespace
@@ -157,6 +304,165 @@ int MindserveQKVRope(int nparam, void **params, int *ndims, int64_t **shapes, co
     std::memcpy(v + r * KV * D, row + (H + KV) * D, sizeof(float) * KV * D);
   });
   return 0;
+}
+
+int MindserveQKVAttention(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
+                          void *extra) {
+  (void)stream;
+  (void)extra;
+  if (nparam != 12) return 1;
+  for (int i : {0, 1, 2, 3, 4, 5, 11})
+    if (!is_f32(dtypes[i])) return 2;
+  for (int i : {6, 7, 8, 9, 10})
+    if (!is_i32(dtypes[i])) return 2;
+  if (ndims[0] != 2 || ndims[1] != 1 || ndims[2] != 2 || ndims[3] != 2 || ndims[4] != 2 || ndims[5] != 2 ||
+      ndims[6] != 1 || ndims[7] != 2 || ndims[8] < 1 || ndims[9] != 1 || ndims[10] != 1 || ndims[11] != 2 ||
+      shapes[10][0] != 3)
+    return 3;
+  const int32_t *meta = static_cast<const int32_t *>(params[10]);
+  const int64_t N = shapes[0][0], D = shapes[2][1], KV = meta[0], bs = meta[1];
+  const bool has_bias = meta[2] != 0;
+  if (N <= 0) return 0;
+  if (D <= 0 || D % 2 != 0 || KV <= 0 || shapes[11][1] % D != 0) return 4;
+  const int64_t H = shapes[11][1] / D, width = (H + 2 * KV) * D, cache_rows = shapes[4][0];
+  if (shapes[0][1] != width || shapes[11][0] != N || shapes[1][0] != (has_bias ? width : 1) || shapes[2][0] != N ||
+      shapes[3][0] != N || shapes[3][1] != D || shapes[4][1] != D || shapes[5][0] != cache_rows ||
+      shapes[5][1] != D || shapes[6][0] != N * KV || count_of(ndims[8], shapes[8]) != N || shapes[9][0] != N || cache_rows % KV != 0)
+    return 4;
+  thread_local std::vector<float> q;
+  if (static_cast<int64_t>(q.size()) < N * H * D) q.resize(N * H * D);
+  float *k = static_cast<float *>(params[4]), *v = static_cast<float *>(params[5]);
+  const QKVWrite args{static_cast<const float *>(params[0]), static_cast<const float *>(params[1]),
+                      static_cast<const float *>(params[2]), static_cast<const float *>(params[3]), k, v, q.data(),
+                      static_cast<const int32_t *>(params[6]), N, H, KV, D, cache_rows};
+  {
+    mindserve::ScopeTimer timer(mindserve::kQKVRope);
+    const int rc = has_bias ? write_and_rope<true>(args) : write_and_rope<false>(args);
+    if (rc != 0) return rc;
+  }
+  return mindserve_attention_raw(q.data(), k, v, static_cast<const int32_t *>(params[7]),
+                                 static_cast<const int32_t *>(params[8]), static_cast<const int32_t *>(params[9]),
+                                 static_cast<float *>(params[11]), N, shapes[7][0], H, D, KV, cache_rows / KV,
+                                 shapes[7][1], bs);
+}
+
+int MindserveNormMatMul(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
+                        void *extra) {
+  (void)stream;
+  (void)extra;
+  if (nparam < 5) return 1;
+  if (!all_f32(dtypes, 3)) return 2;
+  if (ndims[0] < 1 || ndims[1] != 1 || ndims[2] != 1 || shapes[2][0] != 1) return 3;
+  const int64_t C = shapes[0][ndims[0] - 1], N = rows_of(ndims[0], shapes[0]);
+  if (shapes[1][0] != C) return 4;
+  const float *x = static_cast<const float *>(params[0]), *w = static_cast<const float *>(params[1]);
+  const float eps = *static_cast<const float *>(params[2]);
+  float *normed = scratch(N * C);
+  {
+    mindserve::ScopeTimer timer(mindserve::kRMSNorm);
+    for_rows(N, 16, [&](int64_t r) { rmsnorm_row(x + r * C, w, eps, normed + r * C, C); });
+  }
+  return forward(&MindserveMatMul, nparam, params, ndims, shapes, dtypes, 3, normed, C);
+}
+
+int MindserveSwiGLUMatMulAdd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                             void *stream, void *extra) {
+  (void)stream;
+  (void)extra;
+  if (nparam < 4) return 1;
+  if (!all_f32(dtypes, 1)) return 2;
+  if (ndims[0] < 1 || shapes[0][ndims[0] - 1] % 2 != 0) return 3;
+  const int64_t F = shapes[0][ndims[0] - 1] / 2, N = rows_of(ndims[0], shapes[0]);
+  const float *gu = static_cast<const float *>(params[0]);
+  float *act = scratch(N * F);
+  {
+    mindserve::ScopeTimer timer(mindserve::kSwiGLU);
+    for_rows(N, 8, [&](int64_t r) { swiglu_row(gu + r * 2 * F, act + r * F, F); });
+  }
+  return forward(&MindserveMatMulAdd, nparam, params, ndims, shapes, dtypes, 1, act, F);
+}
+
+int MindserveDecoderLayer(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
+                          void *extra) {
+  (void)stream;
+  (void)extra;
+  enum { X, NA, EPS, WQKV, BIAS, COS, SIN, KC, VC, WR, TAB, POS, ROWS, META, WO, NF, WGU, WD, OUT, COUNT };
+  if (nparam != COUNT) return 1;
+  if (!is_f32(dtypes[X]) || !is_f32(dtypes[OUT]) || !is_i32(dtypes[META])) return 2;
+  if (ndims[X] != 2 || ndims[OUT] != 2 || ndims[COS] != 2 || ndims[META] != 1 || shapes[META][0] != 3) return 3;
+  const int64_t N = shapes[X][0], C = shapes[X][1], D = shapes[COS][1];
+  const int64_t KV = static_cast<const int32_t *>(params[META])[0];
+  const int64_t width = shapes[WQKV][ndims[WQKV] - 1], gu_width = shapes[WGU][ndims[WGU] - 1];
+  const int64_t HD = width - 2 * KV * D;
+  if (N <= 0) return 0;
+  if (shapes[OUT][0] != N || shapes[OUT][1] != C || HD <= 0) return 4;
+  struct Buffers {
+    std::vector<float> qkv, attn, h, gu;
+  };
+  thread_local Buffers b;
+  b.qkv.resize(std::max<size_t>(b.qkv.size(), N * width));
+  b.attn.resize(std::max<size_t>(b.attn.size(), N * HD));
+  b.h.resize(std::max<size_t>(b.h.size(), N * C));
+  b.gu.resize(std::max<size_t>(b.gu.size(), N * gu_width));
+  int64_t s_qkv[2] = {N, width}, s_attn[2] = {N, HD}, s_h[2] = {N, C}, s_gu[2] = {N, gu_width};
+  const char *f32 = "float32";
+  auto in = [&](int i) { return Arg{params[i], ndims[i], shapes[i], dtypes[i]}; };
+  int rc = call(&MindserveNormMatMul, {in(X), in(NA), in(EPS), in(WQKV), Arg{b.qkv.data(), 2, s_qkv, f32}});
+  if (rc != 0) return 100 + rc;
+  rc = call(&MindserveQKVAttention, {Arg{b.qkv.data(), 2, s_qkv, f32}, in(BIAS), in(COS), in(SIN), in(KC), in(VC),
+                                     in(WR), in(TAB), in(POS), in(ROWS), in(META), Arg{b.attn.data(), 2, s_attn, f32}});
+  if (rc != 0) return 200 + rc;
+  rc = call(&MindserveMatMulAdd, {Arg{b.attn.data(), 2, s_attn, f32}, in(WO), in(X), Arg{b.h.data(), 2, s_h, f32}});
+  if (rc != 0) return 300 + rc;
+  rc = call(&MindserveNormMatMul, {Arg{b.h.data(), 2, s_h, f32}, in(NF), in(EPS), in(WGU), Arg{b.gu.data(), 2, s_gu, f32}});
+  if (rc != 0) return 400 + rc;
+  rc = call(&MindserveSwiGLUMatMulAdd, {Arg{b.gu.data(), 2, s_gu, f32}, in(WD), Arg{b.h.data(), 2, s_h, f32}, in(OUT)});
+  return rc != 0 ? 500 + rc : 0;
+}
+
+int MindserveEmbedRope(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
+                       void *extra) {
+  (void)stream;
+  (void)extra;
+  if (nparam != 8) return 1;
+  if (!is_i32(dtypes[0]) || !is_i32(dtypes[1]) || !all_f32(dtypes + 2, 6)) return 2;
+  for (int i = 2; i < 8; ++i)
+    if (ndims[i] != 2) return 3;
+  const int64_t N = count_of(ndims[0], shapes[0]), C = shapes[2][1], D = shapes[3][1];
+  if (count_of(ndims[1], shapes[1]) != N || shapes[4][0] != shapes[3][0] || shapes[4][1] != D || shapes[5][0] != N ||
+      shapes[5][1] != C || shapes[6][0] != N || shapes[6][1] != D || shapes[7][0] != N || shapes[7][1] != D)
+    return 4;
+  const auto *ids = static_cast<const int32_t *>(params[0]), *pos = static_cast<const int32_t *>(params[1]);
+  if (!gather_rows(static_cast<const float *>(params[2]), shapes[2][0], C, ids, N, static_cast<float *>(params[5])))
+    return 5;  // a token id outside the embedding
+  if (!gather_rows(static_cast<const float *>(params[3]), shapes[3][0], D, pos, N, static_cast<float *>(params[6])) ||
+      !gather_rows(static_cast<const float *>(params[4]), shapes[4][0], D, pos, N, static_cast<float *>(params[7])))
+    return 6;  // a position outside the rotary tables
+  return 0;
+}
+
+int MindserveNormHead(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
+                      void *extra) {
+  (void)stream;
+  (void)extra;
+  if (nparam != 7) return 1;
+  if (!all_f32(dtypes, 3) || !is_i32(dtypes[3]) || !is_f32(dtypes[5]) || !is_f32(dtypes[6])) return 2;
+  if (ndims[0] != 2 || ndims[1] != 1 || ndims[2] != 1 || shapes[2][0] != 1 || ndims[3] != 1 || ndims[6] != 2) return 3;
+  const int64_t N = shapes[0][0], C = shapes[0][1], R = shapes[3][0];
+  if (shapes[1][0] != C || shapes[6][0] != N || shapes[6][1] != C) return 4;
+  const float *x = static_cast<const float *>(params[0]), *w = static_cast<const float *>(params[1]);
+  const float eps = *static_cast<const float *>(params[2]);
+  float *hidden = static_cast<float *>(params[6]);
+  {
+    mindserve::ScopeTimer timer(mindserve::kRMSNorm);
+    for_rows(N, 16, [&](int64_t r) { rmsnorm_row(x + r * C, w, eps, hidden + r * C, C); });
+  }
+  float *last = scratch(R * C);
+  if (!gather_rows(hidden, N, C, static_cast<const int32_t *>(params[3]), R, last)) return 7;
+  int64_t s_last[2] = {R, C};
+  const int rc = call(&MindserveMatMul, {Arg{last, 2, s_last, "float32"}, Arg{params[4], ndims[4], shapes[4], dtypes[4]},
+                                         Arg{params[5], ndims[5], shapes[5], dtypes[5]}});
+  return rc != 0 ? 100 + rc : 0;
 }
 
 }  // extern "C"

@@ -1,0 +1,142 @@
+"""Per-step overhead of the AOT path, before and after: one decode step at B=1 and B=16 (context ~100) of two
+source trees (e.g. main and a branch), measured in child processes that alternate tree by tree, round by
+round, so both see the same load on a shared box.
+
+    python bench/step_overhead.py --tree before=/work/main --tree after=. [--rounds 3] [--json out.json]
+
+Each child loads the default model from its tree with the engine_speed configuration (max_seq_len 2048,
+block 128, batch 16) but a small cache (33 blocks), compiles the two decode graphs, then alternates B=1 and
+B=16 (one 128-token block each, position 100) for ``--reps`` repetitions of ``--steps`` ``runner.decode`` calls, reading the AOT kernels' own counters
+(``kernel_stats``: calls and time inside each kernel kind) around each; the rest of a step is MindSpore's
+dispatch of its ops, its stock ops and the host side. A last pass under the MindSpore CPU profiler counts
+the ops launched per step by type. Each measurement records the cores other processes used meanwhile and
+the 1-minute load average.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def child(tree: Path, steps: int, reps: int, profile_steps: int) -> dict:
+    sys.path.insert(0, str(tree))
+    sys.path.insert(1, str(HERE))
+    from engine_speed import CpuMeter, _parse_profile  # noqa: E402  (the measurement helpers)
+
+    import mindspore
+    from mindspore.profiler import ProfilerActivity
+    from backends.mindspore.default_model import ensure_default_model
+    from backends.mindspore.engine import Engine
+    from backends.mindspore.kernels import KERNEL_KINDS, kernel_stats
+    from backends.mindspore.runner import DecodeRow
+    from backends.settings import EngineConfig
+
+    cfg = EngineConfig(max_seq_len=2048, max_input_tokens=1536, max_batch_size=16, block_size=128, prefill_chunk=64,
+                       num_blocks=33, kernels="aot")
+    engine = Engine(ensure_default_model(tree / ".cache" / "models"), cfg, warmup=False, progress=False)
+    runner = engine.runner
+    batches = {b: [DecodeRow(7, 100, engine.allocator.allocate(128)) for _ in range(b)] for b in (1, 16)}
+    for rows in batches.values():
+        runner.decode(rows)  # compile
+    out: dict = {"tree": str(tree), "git": _git(tree), "samples": {1: [], 16: []}, "ops": {}}
+    for _ in range(reps):
+        for b, rows in batches.items():
+            for kind in KERNEL_KINDS:
+                kernel_stats(reset=True, kind=kind)
+            with CpuMeter() as m:
+                for _ in range(steps):
+                    runner.decode(rows)
+            kinds = {}
+            for kind in KERNEL_KINDS:
+                calls, sec = kernel_stats(kind=kind)
+                kinds[kind] = {"ms": sec / steps * 1e3, "calls": calls / steps}
+            out["samples"][b].append({"step_ms": m.wall / steps * 1e3, "kinds": kinds, "other_cores": m.other_cores,
+                                      "loadavg": os.getloadavg()[0]})
+    for b, rows in batches.items():
+        with tempfile.TemporaryDirectory(prefix="ms_prof_") as d:
+            with mindspore.profiler.profile(activities=[ProfilerActivity.CPU],
+                                            on_trace_ready=mindspore.profiler.tensorboard_trace_handler(d)):
+                for _ in range(profile_steps):
+                    runner.decode(rows)
+            out["ops"][b] = _parse_profile(d, profile_steps).get("by_type", {})
+    return out
+
+
+def _git(tree: Path) -> str:
+    try:
+        return subprocess.run(["git", "-C", str(tree), "log", "-1", "--format=%h %s"], capture_output=True,
+                              text=True, check=True).stdout.strip()[:90]
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+
+
+def summarize(name: str, runs: list[dict]) -> list[str]:
+    lines = [f"{name}: {runs[0]['git']}"]
+    for b in ("1", "16"):
+        samples = [s for r in runs for s in r["samples"][b]]
+        step = statistics.median(s["step_ms"] for s in samples)
+        kinds = {k: statistics.median(s["kinds"][k]["ms"] for s in samples) for k in samples[0]["kinds"]}
+        calls = {k: samples[0]["kinds"][k]["calls"] for k in samples[0]["kinds"]}
+        rest = statistics.median(s["step_ms"] - sum(v["ms"] for v in s["kinds"].values()) for s in samples)
+        ops = runs[-1]["ops"].get(b, {})
+        total_ops = sum(v["calls_per_step"] for v in ops.values())
+        lines.append(f"  B={b:>2}: step {step:6.2f} ms (median of {len(samples)}, min "
+                     f"{min(s['step_ms'] for s in samples):.2f}); inside kernels: "
+                     + ", ".join(f"{k} {kinds[k]:.2f} ({calls[k]:.0f} calls)" for k in kinds)
+                     + f"; rest {rest:.2f} ms")
+        lines.append(f"        ops per step {total_ops:.0f}: "
+                     + ", ".join(f"{t} {v['calls_per_step']:.0f}" for t, v in sorted(ops.items(),
+                                                                               key=lambda kv: -kv[1]["calls_per_step"]))
+                     + "; other cores " + " ".join(f"{s['other_cores']:.2f}" for s in samples)
+                     + "; loadavg " + " ".join(f"{s['loadavg']:.2f}" for s in samples))
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tree", action="append", default=[], metavar="NAME=PATH", help="a source tree to measure")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--profile-steps", type=int, default=5)
+    ap.add_argument("--json")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(Path(args.child).resolve(), args.steps, args.reps, args.profile_steps)))
+        return
+    trees = dict(t.split("=", 1) for t in args.tree)
+    if not trees:
+        ap.error("give at least one --tree NAME=PATH")
+    runs: dict[str, list[dict]] = {n: [] for n in trees}
+    for r in range(args.rounds):
+        order = list(trees) if r % 2 == 0 else list(trees)[::-1]
+        for name in order:
+            t = time.perf_counter()
+            proc = subprocess.run([sys.executable, __file__, "--child", trees[name], "--steps", str(args.steps),
+                                   "--reps", str(args.reps), "--profile-steps", str(args.profile_steps)],
+                                  cwd=trees[name], capture_output=True, text=True)
+            if proc.returncode != 0:
+                sys.exit(f"{name} failed:\n{proc.stderr[-3000:]}")
+            runs[name].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            print(f"round {r + 1} {name}: {time.perf_counter() - t:.0f} s, loadavg {os.getloadavg()[0]:.2f}",
+                  flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(runs, indent=1))
+    print(f"step_overhead: {args.rounds} rounds x {args.reps} reps x {args.steps} decode steps, context ~100, "
+          f"{os.cpu_count()} CPUs")
+    for name, rs in runs.items():
+        print("\n".join(summarize(name, rs)))
+
+
+if __name__ == "__main__":
+    main()
