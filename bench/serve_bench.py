@@ -838,7 +838,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="requests per scenario = this × concurrency, at least 8 (default 3; 1 with --quick)")
     ap.add_argument("--workdir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "mindserve-bench",
                     help="generated config, server logs, the F32 GGUF (default $TMPDIR/mindserve-bench)")
-    ap.add_argument("--model-dir", type=Path, default=MODEL_DIR, help="mindserve's converted model directory")
+    ap.add_argument("--model-dir", type=Path, default=MODEL_DIR, help="the weights of the mindserve, mindserve-nocache and mindserve-lora targets (default: the fp32 "
+                    "conversion the tests use; the mindserve-<dtype> targets convert their own)")
     ap.add_argument("--mindserve-config", type=Path, default=SERVER_YAML,
                     help="the server config the generated one copies (default configs/server.yaml); the copy "
                     "changes only the port and modelWeightPath")
