@@ -24,7 +24,7 @@ from service.media.loader import MediaLoader
 from service.media.policy import MediaPolicy
 from tests.support.fake_backend import FakeBackend, Pace
 from tests.support.http import TIMEOUT, error_json, ok_json, post, until
-from tests.support.media import MappedResolver, MediaSite, bomb_png, jpeg, media_app, mp4_header, png
+from tests.support.media import MappedResolver, MediaSite, bomb_png, jpeg, mp4_header, png, start_media_site
 
 CAP = 256 * 1024  # bytes of one image on these servers
 NAMES = {  # what the test resolver answers for each whitelisted name
@@ -80,22 +80,7 @@ def media_root(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def site(live_servers) -> tuple[MediaSite, int]:
     """The media HTTP server on 127.0.0.1, served by the live servers' loop."""
-    import asyncio
-
-    import tornado.netutil
-    from tornado.httpserver import HTTPServer
-
-    media = MediaSite()
-
-    async def bind() -> int:
-        sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
-        server = HTTPServer(media_app(media))
-        server.add_sockets(sockets)
-        live_servers.servers.append(server)
-        return sockets[0].getsockname()[1]
-
-    port = asyncio.run_coroutine_threadsafe(bind(), live_servers.loop).result(30)
-    return media, port
+    return start_media_site(live_servers)
 
 
 def _start(live_servers, policy: MediaPolicy, kinds=frozenset({"image", "video"})) -> Server:

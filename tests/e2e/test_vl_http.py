@@ -17,7 +17,7 @@ from service.media.loader import MediaLoader
 from service.media.policy import MediaPolicy
 from tests.support.http import TIMEOUT, error_json, ok_json, post, stream_events, until
 from tests.support.make_tiny_qwen2_vl import make_tiny_qwen2_vl
-from tests.support.media import MappedResolver, MediaSite, media_app
+from tests.support.media import MappedResolver, MediaSite, start_media_site
 from tests.support.vl_requests import golden, golden_request, write_golden_clip
 
 pytestmark = pytest.mark.slow
@@ -47,21 +47,7 @@ def vl_engine(tmp_path_factory):
 @pytest.fixture(scope="module")
 def site_port(live_servers) -> tuple[MediaSite, int]:
     """The test media HTTP server on 127.0.0.1 (its /ok.png serves ``site.image``)."""
-    import asyncio
-
-    import tornado.netutil
-    from tornado.httpserver import HTTPServer
-
-    site = MediaSite()
-
-    async def bind() -> int:
-        sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
-        server = HTTPServer(media_app(site))
-        server.add_sockets(sockets)
-        live_servers.servers.append(server)
-        return sockets[0].getsockname()[1]
-
-    return site, asyncio.run_coroutine_threadsafe(bind(), live_servers.loop).result(30)
+    return start_media_site(live_servers)
 
 
 @pytest.fixture(scope="module")

@@ -171,3 +171,20 @@ def media_app(site: MediaSite) -> tornado.web.Application:
         (r"/declared\.png", Declared, args), (r"/stalled\.png", Stalled, args), (r"/trickle\.png", Trickle, args),
         (r"/silent\.png", Silent, args), (r"/raw-(\w+)\.png", Raw, args),
     ])
+
+
+def start_media_site(live_servers) -> tuple[MediaSite, int]:
+    """A MediaSite served on 127.0.0.1:<free port> by the live servers' loop (tests/e2e/conftest.py), stopped
+    with them; (the site, its port)."""
+    from tornado.httpserver import HTTPServer
+
+    site = MediaSite()
+
+    async def bind() -> int:
+        sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
+        server = HTTPServer(media_app(site))
+        server.add_sockets(sockets)
+        live_servers.servers.append(server)
+        return sockets[0].getsockname()[1]
+
+    return site, asyncio.run_coroutine_threadsafe(bind(), live_servers.loop).result(30)
