@@ -97,10 +97,15 @@ class PackedRunner(ModelRunner):
         return [("packed", n, self.packed_rows(n), s.max_window) for n in s.prefill_sizes] + [("head", s.prefill_chunk)]
 
     def _warm(self, key: tuple) -> None:
-        _, size, _, window = key  # one more token than the next smaller size selects this one
+        _, size, rows, window = key  # one more token than the next smaller size selects this one
         smaller = [n for n in self.shapes.prefill_sizes if n < size]
         tokens = smaller[-1] + 1 if smaller else 1
-        self.prefill([PrefillChunk([0] * tokens, window - tokens, [0] * (window // self.shapes.block_size))])
+        # On the scratch block only, in sequences of at most a window each (a chunk plus a decode batch may be
+        # more tokens than one window holds): every position stays inside the rotary tables.
+        blocks = [0] * (window // self.shapes.block_size)
+        lengths = [min(window, tokens - at) for at in range(0, tokens, window)]
+        assert len(lengths) <= rows, "a warm-up step with more sequences than the graph's logit rows"
+        self.prefill([PrefillChunk([0] * t, window - t, blocks) for t in lengths])
 
     def graph_inputs(self, ids, pos, slots, table, last_rows, token_rows=None) -> tuple:
         return packed_inputs(ids, pos, slots, table, last_rows, self.spec.num_kv_heads, self.num_slots, token_rows)
