@@ -157,8 +157,8 @@ class DecoderLayer(nn.Cell):
         expand = ops.expand_dims(b, 1) * ops.expand_dims(ops.expand_dims(cols, 0), 2)  # [S, G, R, N]
         return ops.matmul(t, ops.reshape(expand, (s * gr, -1)))
 
-    def _mm(self, x, w, a, b, segs, cols, rows):
-        """Stock ops: x @ w, plus each row's LoRA delta (factors a, b of the group; segs/cols its projections'
+    def _mm(self, x, w, a, b, cols, rows):
+        """Stock ops: x @ w, plus each row's LoRA delta (factors a, b of the group; cols its projections'
         columns; rows each row's slot) when the layer has adapter slots. (The AOT path's products are
         _norm_mm, _mm_add and _swiglu_mm_add.)"""
         y = ops.matmul(x, w)
@@ -207,8 +207,8 @@ class DecoderLayer(nn.Cell):
         b, t, _ = x.shape
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
         g = h // kvh
-        qkv = self._mm(ops.reshape(x, (b * t, -1)), self.wqkv, self.lora_qkv_a, self.lora_qkv_b, self.lora_qkv_segs,
-                       self.lora_qkv_cols, lora_rows)
+        qkv = self._mm(ops.reshape(x, (b * t, -1)), self.wqkv, self.lora_qkv_a, self.lora_qkv_b, self.lora_qkv_cols,
+                       lora_rows)
         if self.has_bias:
             qkv = qkv + self.bqkv
         q = ops.reshape(qkv[:, : h * d], (b, t, h, d))
@@ -245,13 +245,12 @@ class DecoderLayer(nn.Cell):
                                        self.lora_down_segs, lora_rows)
         b, t, dim = x.shape
         attn = self._mm(self._attention_ops(self.attn_norm(x), cos, sin, write_idx, index, aux, lora_rows), self.wo,
-                        self.lora_o_a, self.lora_o_b, self.lora_o_segs, self.lora_o_cols, lora_rows)
+                        self.lora_o_a, self.lora_o_b, self.lora_o_cols, lora_rows)
         x = x + ops.reshape(attn, (b, t, dim))
         gate_up = self._mm(ops.reshape(self.ffn_norm(x), (b * t, dim)), self.w_gate_up, self.lora_gate_up_a,
-                           self.lora_gate_up_b, self.lora_gate_up_segs, self.lora_gate_up_cols, lora_rows)
+                           self.lora_gate_up_b, self.lora_gate_up_cols, lora_rows)
         act = ops.silu(gate_up[:, : self.ffn]) * gate_up[:, self.ffn:]
-        down = self._mm(act, self.w_down, self.lora_down_a, self.lora_down_b, self.lora_down_segs, self.lora_down_cols,
-                        lora_rows)
+        down = self._mm(act, self.w_down, self.lora_down_a, self.lora_down_b, self.lora_down_cols, lora_rows)
         return x + ops.reshape(down, (b, t, dim))
 
 

@@ -99,18 +99,20 @@ class SeqState:
         """(start, end, digest) of each media item, for the prefix cache's block hashes."""
         return [(s.start, s.end, s.digest) for s in self.vision.spans] if self.vision is not None else []
 
-    def unencoded(self, start: int, end: int) -> list[int]:
-        """The media items overlapping prompt tokens [start, end) whose rows are not computed yet."""
+    def _overlapping(self, start: int, end: int) -> list:
+        """(index, span) of the media items whose tokens overlap prompt tokens [start, end)."""
         if self.vision is None:
             return []
-        return [i for i, s in enumerate(self.vision.spans)
-                if s.start < end and s.end > start and i not in self.media_rows]
+        return [(i, s) for i, s in enumerate(self.vision.spans) if s.start < end and s.end > start]
+
+    def unencoded(self, start: int, end: int) -> list[int]:
+        """The media items overlapping prompt tokens [start, end) whose rows are not computed yet."""
+        return [i for i, _ in self._overlapping(start, end) if i not in self.media_rows]
 
     def chunk_media(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray] | None:
         """The media rows [t, D] and mask [t] of prompt tokens [start, end) (each overlapping item's rows
         computed, ``unencoded``); None if no item overlaps."""
-        spans = [(i, s) for i, s in enumerate(self.vision.spans) if s.start < end and s.end > start] \
-            if self.vision is not None else []
+        spans = self._overlapping(start, end)
         if not spans:
             return None
         dim = self.media_rows[spans[0][0]].shape[1]

@@ -21,17 +21,6 @@ ODD_SHAPES = [(1, 1), (5, 3), (37, 53), (100, 17), (577, 1001), (63, 129), (1537
 MS = [1, 2, 3, 4, 8, 9, 16, 17, 20, 32, 64, 100]
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("kernel_cache")
-
-
-@pytest.fixture(scope="module")
-def lib(cache_dir):
-    from backends.mindspore.kernels import kernel_library
-    return kernel_library(cache_dir)
-
-
 def _mm(lib, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """x [M, K] @ w [K, N] through the kernel (w packed here; tests that loop pass it packed)."""
     x = np.ascontiguousarray(x, np.float32)

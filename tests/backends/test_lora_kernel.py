@@ -14,12 +14,6 @@ pytestmark = pytest.mark.skipif(
     shutil.which("g++") is None or not kbuild._has_avx512(), reason="needs g++ and an AVX-512 CPU")
 
 
-@pytest.fixture(scope="module")
-def lib(tmp_path_factory):
-    from backends.mindspore.kernels import kernel_library
-    return kernel_library(tmp_path_factory.mktemp("kernel_cache"))
-
-
 def _factors(rng, slots: int, k: int, segs: list[int], rank: int):
     """a [S, K, G*R], b [S, R, N]: random, as the engine packs them (scale folded into b)."""
     g, n = len(segs) - 1, segs[-1]

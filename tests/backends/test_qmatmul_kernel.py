@@ -36,17 +36,6 @@ ODD = [(1, 32, 1), (3, 64, 17), (9, 96, 33), (17, 32, 100), (5, 576, 15), (20, 1
 MODEL = [(1, 576, 960), (16, 576, 576), (4, 1536, 576), (3, 576, 3072)]
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("qkernel_cache")
-
-
-@pytest.fixture(scope="module")
-def lib(cache_dir):
-    from backends.mindspore.kernels import kernel_library
-    return kernel_library(cache_dir)
-
-
 def _standalone(tmp_path_factory, name: str, flags: list[str]) -> ctypes.CDLL:
     """qmatmul.cc alone, built for another instruction set (no AOT entry, so no LoRA tail / AVX-512 files)."""
     src = tmp_path_factory.mktemp(name)
