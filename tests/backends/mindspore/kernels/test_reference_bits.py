@@ -28,7 +28,8 @@ def assert_bits(got: np.ndarray, want: np.ndarray) -> None:
     got, want = np.asarray(got, F32), np.asarray(want, F32)
     assert got.shape == want.shape
     bad = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
-    assert bad.size == 0, f"{bad.size} of {got.size} differ, first at {bad[:5]}: {got.flat[bad[:5]]} vs {want.flat[bad[:5]]}"
+    first = bad[:5]
+    assert bad.size == 0, f"{bad.size} of {got.size} differ, first at {first}: {got.flat[first]} vs {want.flat[first]}"
 
 
 def wild(rng: np.random.Generator, shape, spread: int = 12, scale: float = 1.0) -> np.ndarray:
