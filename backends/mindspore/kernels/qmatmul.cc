@@ -7,7 +7,8 @@
 // (GGUF nibble byte i of a block holds weight i in its low half and weight i + 16 in its high half.)
 //
 // Activations are quantized per row and per block of 32 (as llama.cpp does for these dot products):
-//   amax = max |x_k|, dx = amax / 127, qx_k = round-half-even(x_k * (127 / amax)) in -127..127 (0 if amax is 0),
+//   amax = max |x_k|, dx = amax / 127, qx_k = round-half-even(x_k * (127 / amax)) in -127..127 (0 if amax is 0
+//   or 127 / amax is not finite),
 //   sx = sum qx_k. The quantization of a row depends on that row only.
 // Each output element then is, over the blocks b = 0 .. K/32 - 1 in order (all float32, exact integer sums):
 //   Q8_0, Q4_0: acc = fma(d_w * dx, (float)sum_k(q_k * qx_k) [- 8 sx for Q4_0], acc)
@@ -97,7 +98,10 @@ struct QX {
 inline void quantize_block(const float *x, int8_t *q, float *d, int32_t *s, float *sf) {
   const VF v0 = v::load(x), v1 = v::load(x + 16);
   const float amax = v::reduce_max(v::max(v::abs(v0), v::abs(v1)));
-  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+  // 0 where 127 / amax is not finite (amax 0, or below 127 / FLT_MAX): x * id never overflows, so every ISA's
+  // float -> int conversion sees the same in-range values.
+  float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+  if (!(id <= 3.40282347e38f)) id = 0.0f;
   const VF vid = v::set1(id);
   const VI q0 = v::cvt_round(v::mul(v0, vid)), q1 = v::cvt_round(v::mul(v1, vid));
   v::store_i8_sat(q, q0);

@@ -43,8 +43,8 @@
 namespace mindserve::vec {
 
 // exp(x) for x <= 0: x = n ln2 + r, |r| <= ln2/2, exp(r) by its degree-7 Taylor polynomial (relative error
-// < 2e-8 on that range), times 2^n. Arguments below -103 give 0 (as exp does in float32); the same input
-// always gives the same bits, on every backend.
+// < 2e-8 on that range), times 2^n. Arguments at or below -103 give 2^-149, the smallest subnormal (exp
+// there is below float32's range anyway); the same input always gives the same bits, on every backend.
 inline F32x16 exp_nonpositive(F32x16 x) {
   x = max(x, set1(-103.0f));
   const F32x16 n = round_even(mul(x, set1(1.44269504088896341f)));

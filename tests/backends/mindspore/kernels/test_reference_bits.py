@@ -1,0 +1,385 @@
+"""Every kernel entry against the float32-exact NumPy reference (tests/support/kernel_ref.py), bit for bit: odd
+shapes that leave a tail in every loop (16 lanes, 48-column panels, 8-row tiles, 32-weight blocks), inputs of
+large dynamic range with exact and negative zeros and subnormals, all three quantized formats; on every build
+variant of this machine's architecture, scalar included (a variant the CPU cannot run is skipped by name)."""
+from __future__ import annotations
+
+import ctypes
+import shutil
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from gguf.quants import quantize as gguf_quantize
+
+from backends.mindspore.kernels import prepare_qweight, prepare_weight
+from backends.mindspore.quant import QuantWeight
+from tests.backends.mindspore.kernels.conftest import HOST_VARIANTS, variant_lib
+from tests.support import kernel_ref as ref
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+
+
+@pytest.fixture(scope="module", params=HOST_VARIANTS)
+def lib(kernel_cache, request):
+    """This module's kernels: every variant, the scalar one too (its cases are small)."""
+    return variant_lib(kernel_cache, request.param)
+
+F32 = np.float32
+QFORMATS = {"q8_0": (0, T.Q8_0), "q4_0": (1, T.Q4_0), "q4_1": (2, T.Q4_1)}
+EPS = np.array([1e-5], F32)
+
+
+def assert_bits(got: np.ndarray, want: np.ndarray) -> None:
+    got, want = np.asarray(got, F32), np.asarray(want, F32)
+    assert got.shape == want.shape
+    bad = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
+    first = bad[:5]
+    assert bad.size == 0, f"{bad.size} of {got.size} differ, first at {first}: {got.flat[first]} vs {want.flat[first]}"
+
+
+def wild(rng: np.random.Generator, shape, spread: int = 12, scale: float = 1.0) -> np.ndarray:
+    """Normal values times 2^U(-spread, spread), with ~5% +0.0, ~5% -0.0 and a few subnormals."""
+    x = rng.standard_normal(shape) * np.exp2(rng.integers(-spread, spread + 1, shape)) * scale
+    u = rng.random(shape)
+    x = np.where(u < 0.05, 0.0, np.where(u < 0.10, -0.0, x))
+    x = np.where((u > 0.10) & (u < 0.12), rng.standard_normal(shape) * 1e-40, x)
+    return x.astype(F32)
+
+
+def aot_call(lib, entry: str, inputs: list[np.ndarray], outputs: list[np.ndarray]) -> int:
+    """Call an AOT entry as MindSpore does: (nparam, params, ndims, shapes, dtypes, stream, extra)."""
+    arrays = [np.ascontiguousarray(a) for a in inputs] + outputs
+    n = len(arrays)
+    params = (ctypes.c_void_p * n)(*[a.ctypes.data for a in arrays])
+    ndims = (ctypes.c_int * n)(*[a.ndim for a in arrays])
+    shape_arrays = [(ctypes.c_int64 * max(1, a.ndim))(*a.shape) for a in arrays]
+    shapes = (ctypes.POINTER(ctypes.c_int64) * n)(*[ctypes.cast(s, ctypes.POINTER(ctypes.c_int64))
+                                                     for s in shape_arrays])
+    names = {np.dtype(F32): b"float32", np.dtype(np.int32): b"int32", np.dtype(np.uint8): b"uint8"}
+    dtypes = (ctypes.c_char_p * n)(*[names[a.dtype] for a in arrays])
+    fn = getattr(lib, entry)
+    fn.restype = ctypes.c_int
+    return fn(n, params, ndims, shapes, dtypes, None, None)
+
+
+def out(*shape) -> np.ndarray:
+    return np.full(shape, np.nan, F32)
+
+
+# --- matmul and LoRA ------------------------------------------------------------------------------
+
+# (M, K, N): rows around the 8-row tiles, K odd, N around the 16-lane vectors and 48-column panels.
+MATMUL = [(1, 1, 1), (3, 17, 5), (9, 33, 47), (17, 40, 49), (5, 100, 97), (20, 7, 150), (2, 64, 16)]
+
+
+def lora_inputs(rng, m: int, k: int, n: int, slots: int = 3, rank: int = 4, groups: int = 1) -> ref.Lora:
+    a = wild(rng, (slots, k, groups * rank), spread=4, scale=0.3)
+    b = wild(rng, (slots, rank, n), spread=4, scale=0.3)
+    rows = rng.integers(-1, slots, m).astype(np.int32)
+    rows[0] = 1
+    cuts = np.sort(rng.choice(np.arange(1, n), groups - 1, replace=False)) if groups > 1 else []
+    segs = np.array([0, *cuts, n], np.int32)
+    return ref.Lora(a, b, rows, segs)
+
+
+def lora_list(lora: ref.Lora | None) -> list[np.ndarray]:
+    return [] if lora is None else [lora.a, lora.b, lora.rows, lora.segs]
+
+
+@pytest.mark.parametrize("m,k,n", MATMUL)
+def test_matmul_raw_and_aot_entries(lib, m, k, n):
+    rng = np.random.default_rng(m * 1000 + k * 10 + n)
+    x, w, res = wild(rng, (m, k)), wild(rng, (k, n)), wild(rng, (m, n))
+    packed = prepare_weight(w)
+    want, want_add = ref.matmul(x, w), ref.matmul(x, w, res)
+    y = out(m, n)
+    lib.mindserve_matmul_raw(x.ctypes.data, packed.ctypes.data, y.ctypes.data, m, k, n)
+    assert_bits(y, want)
+    lib.mindserve_matmul_add_raw(x.ctypes.data, packed.ctypes.data, res.ctypes.data, y.ctypes.data, m, k, n)
+    assert_bits(y, want_add)
+    assert aot_call(lib, "MindserveMatMul", [x, packed], [y]) == 0
+    assert_bits(y, want)
+    assert aot_call(lib, "MindserveMatMulAdd", [x, packed, res], [y]) == 0
+    assert_bits(y, want_add)
+
+
+def test_matmul_fma_rounds_once_on_float32_midpoints(lib):
+    """y = fma(a, b, fma(1, c, 0)) with a * b exactly halfway between two float32 values and c far below its ulp:
+    a single rounding goes c's way, a float64 fma then a float32 cast rounds the tie to even (half of them wrong)."""
+    rng = np.random.default_rng(12)
+    a = ((rng.integers(2 ** 23, 2 ** 24, 20) | 1) * np.exp2(rng.integers(-10, 10, 20) - 23.0)).astype(F32)  # odd
+    b = rng.choice(np.array([1.5, -1.5, 0.75, 3.0], F32), 50)
+    c = (rng.choice([-1, 1], 50) * np.exp2(rng.integers(-60, -45, 50))).astype(F32)
+    x = np.stack([np.ones(20, F32), a], 1)
+    w = np.stack([c, b])
+    y = out(20, 50)
+    lib.mindserve_matmul_raw(x.ctypes.data, prepare_weight(w).ctypes.data, y.ctypes.data, 20, 2, 50)
+    assert_bits(y, ref.matmul(x, w))
+    naive = (a[:, None].astype(np.float64) * b + c).astype(F32)
+    assert np.count_nonzero(naive.view(np.uint32) != y.view(np.uint32)) > 50
+
+
+@pytest.mark.parametrize("m,k,n,groups,rank", [(1, 5, 3, 1, 1), (9, 33, 47, 3, 4), (17, 40, 70, 2, 8),
+                                               (5, 17, 130, 1, 5)])
+def test_matmul_with_lora_tail(lib, m, k, n, groups, rank):
+    rng = np.random.default_rng(7 + m + n)
+    x, w, res = wild(rng, (m, k)), wild(rng, (k, n)), wild(rng, (m, n))
+    lora = lora_inputs(rng, m, k, n, rank=rank, groups=groups)
+    packed = prepare_weight(w)
+    y = out(m, n)
+    lib.mindserve_matmul_lora_raw(x.ctypes.data, packed.ctypes.data, res.ctypes.data, y.ctypes.data, m, k, n,
+                                  lora.a.ctypes.data, lora.b.ctypes.data, lora.rows.ctypes.data, lora.segs.ctypes.data,
+                                  lora.a.shape[0], groups, rank)
+    assert_bits(y, ref.product(x, w, res, lora))
+    assert aot_call(lib, "MindserveMatMul", [x, packed, *lora_list(lora)], [y]) == 0
+    assert_bits(y, ref.product(x, w, None, lora))
+    assert aot_call(lib, "MindserveMatMulAdd", [x, packed, res, *lora_list(lora)], [y]) == 0
+    assert_bits(y, ref.product(x, w, res, lora))
+
+
+# --- quantized matmul -----------------------------------------------------------------------------
+
+QMATMUL = [(1, 32, 1), (3, 64, 17), (9, 96, 33), (10, 160, 47)]
+
+
+def qweight(fmt: str, n: int, k: int, seed: int) -> QuantWeight:
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((n, k)) * np.exp2(rng.integers(-6, 2, (n, 1)))).astype(F32)
+    w[:, :32] += 0.02 if fmt == "q4_1" else 0.0  # an offset block, so Q4_1's min matters
+    w[0, -32:] = 0.0  # an all-zero weight block
+    blocks = gguf_quantize(w, QFORMATS[fmt][1])
+    return QuantWeight(fmt, n, k, np.ascontiguousarray(blocks.reshape(n, -1)))
+
+
+def qx(rng, m: int, k: int) -> np.ndarray:
+    """Activations: wide range, an all-zero block, a block of -0.0, a block of exact rounding ties (x * id = n.5)."""
+    x = wild(rng, (m, k), spread=10)
+    x[0, :32] = 0.0
+    if k >= 64:
+        x[0, 32:64] = -0.0
+    if m > 1:
+        x[1, :32] = np.array([127, 0.5, 1.5, 2.5, -0.5, -1.5, -3.5, 126.5] * 4, F32)
+    return x
+
+
+@pytest.mark.parametrize("fmt", QFORMATS)
+@pytest.mark.parametrize("m,k,n", QMATMUL)
+def test_qmatmul_raw_and_aot_entries(lib, fmt, m, k, n):
+    rng = np.random.default_rng(m + k + n)
+    q = qweight(fmt, n, k, seed=k + n)
+    x, res = qx(rng, m, k), wild(rng, (m, n))
+    packed = prepare_qweight(q)
+    code = QFORMATS[fmt][0]
+    y = out(m, n)
+    assert lib.mindserve_qmatmul_raw(x.ctypes.data, packed.ctypes.data, code, None, y.ctypes.data, m, k, n) == 0
+    assert_bits(y, ref.qmatmul(x, q))
+    assert lib.mindserve_qmatmul_raw(x.ctypes.data, packed.ctypes.data, code, res.ctypes.data, y.ctypes.data,
+                                     m, k, n) == 0
+    assert_bits(y, ref.qmatmul(x, q, res))
+    assert aot_call(lib, "MindserveMatMul", [x, packed], [y]) == 0
+    assert_bits(y, ref.qmatmul(x, q))
+    lora = lora_inputs(rng, m, k, n, groups=1)
+    assert aot_call(lib, "MindserveMatMulAdd", [x, packed, res, *lora_list(lora)], [y]) == 0
+    assert_bits(y, ref.product(x, q, res, lora))
+
+
+def test_quantize_rows(lib):
+    rng = np.random.default_rng(4)
+    x = qx(rng, 5, 160)
+    q, d, s = np.zeros((5, 160), np.int8), out(5, 5), np.zeros((5, 5), np.int32)
+    assert lib.mindserve_quantize_rows_raw(x.ctypes.data, 5, 160, q.ctypes.data, d.ctypes.data, s.ctypes.data) == 0
+    want = ref.quantize_rows(x)
+    assert np.array_equal(q.reshape(5, 5, 32), want.q) and np.array_equal(s, want.s)
+    assert_bits(d, want.d)
+
+
+@pytest.mark.parametrize("fmt", QFORMATS)
+def test_qmatmul_block_of_tiny_amax(lib, fmt):
+    """amax < 127 / FLT_MAX (~3.7e-37) would make id = 127 / amax infinite (x * id +-inf, NaN for a zero, which each
+    ISA converts to a different integer): such a block quantizes to zeros, the same on every variant."""
+    rng = np.random.default_rng(5)
+    x = qx(rng, 3, 64)
+    x[2, :32] = (rng.standard_normal(32) * 1e-38).astype(F32)
+    x[2, 5] = 0.0
+    q = qweight(fmt, 17, 64, seed=3)
+    y = out(3, 17)
+    assert lib.mindserve_qmatmul_raw(x.ctypes.data, prepare_qweight(q).ctypes.data, QFORMATS[fmt][0], None,
+                                     y.ctypes.data, 3, 64, 17) == 0
+    assert_bits(y, ref.qmatmul(x, q))
+
+
+# --- row kernels ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n,c", [(1, 1), (3, 15), (2, 17), (5, 33), (4, 100)])
+def test_rmsnorm(lib, n, c):
+    rng = np.random.default_rng(n * 100 + c)
+    x, w = wild(rng, (n, c)), wild(rng, c, spread=3)
+    x[0, :] = 0.0  # an all-zero row: 1 / sqrt(eps)
+    y = out(n, c)
+    assert aot_call(lib, "MindserveRMSNorm", [x, w, EPS], [y]) == 0
+    assert_bits(y, ref.rmsnorm(x, w, EPS[0]))
+
+
+@pytest.mark.parametrize("n,f", [(1, 1), (3, 7), (2, 16), (4, 33), (2, 50)])
+def test_swiglu(lib, n, f):
+    rng = np.random.default_rng(n * 100 + f)
+    gu = wild(rng, (n, 2 * f), spread=6)
+    gu[0, :min(f, 4)] = np.array([-200.0, 120.0, -103.5, 88.0], F32)[:min(f, 4)]  # exp's clamp and underflow
+    y = out(n, f)
+    assert aot_call(lib, "MindserveSwiGLU", [gu], [y]) == 0
+    assert_bits(y, ref.swiglu(gu))
+
+
+@pytest.mark.parametrize("n,h,kv,d", [(1, 1, 1, 8), (3, 4, 2, 24), (2, 3, 1, 40), (2, 2, 2, 64)])
+def test_qkv_rope(lib, n, h, kv, d):
+    rng = np.random.default_rng(n + h + d)
+    qkv = wild(rng, (n, (h + 2 * kv) * d), spread=6)
+    cos, sin = wild(rng, (n, d), spread=1), wild(rng, (n, d), spread=1)
+    q, k, v = out(n, h, d), out(n * kv, d), out(n * kv, d)
+    assert aot_call(lib, "MindserveQKVRope", [qkv, cos, sin], [q, k, v]) == 0
+    wq, wk, wv = ref.qkv_rope(qkv, cos, sin, h, kv)
+    assert_bits(q, wq)
+    assert_bits(k, wk.reshape(n * kv, d))
+    assert_bits(v, wv.reshape(n * kv, d))
+
+
+# --- attention ------------------------------------------------------------------------------------
+
+def paged_case(rng, n: int, h: int, kv: int, d: int, bs: int, nb: int, num_blocks: int, table_rows: int = 2):
+    """q [N, H, D], caches [KV S, D] (S = num_blocks * bs), a table of distinct blocks per row, pos including 0,
+    the table's end, one past it (clamped) and a negative one (one key)."""
+    q = wild(rng, (n, h, d), spread=3)
+    k = wild(rng, (kv * num_blocks * bs, d), spread=3)
+    v = wild(rng, (kv * num_blocks * bs, d), spread=6)
+    table = np.stack([rng.permutation(num_blocks)[:nb] for _ in range(table_rows)]).astype(np.int32)
+    pos = rng.integers(0, nb * bs, n).astype(np.int32)
+    pos[: min(n, 4)] = np.array([0, nb * bs - 1, nb * bs + 5, -3], np.int32)[: min(n, 4)]
+    rows = rng.integers(0, table_rows, n).astype(np.int32)
+    return q, k, v, table, pos, rows
+
+
+# (N, H, KV, D, bs, NB, blocks): head dims 8, 24, 40, 64; one and several kv heads; block sizes 1..16.
+ATTENTION = [(1, 1, 1, 8, 1, 5, 7), (5, 4, 2, 24, 3, 7, 9), (4, 6, 3, 40, 16, 2, 3), (3, 2, 1, 64, 5, 8, 9),
+             (6, 4, 4, 8, 7, 4, 6), (2, 3, 1, 24, 16, 4, 5)]
+
+
+@pytest.mark.parametrize("n,h,kv,d,bs,nb,blocks", ATTENTION)
+def test_paged_attention(lib, n, h, kv, d, bs, nb, blocks):
+    rng = np.random.default_rng(n * h + d + bs)
+    q, k, v, table, pos, rows = paged_case(rng, n, h, kv, d, bs, nb, blocks)
+    want = ref.attention(q, k, v, table, pos, rows, kv, bs)
+    y = out(n, h * d)
+    assert lib.mindserve_attention_raw(q.ctypes.data, k.ctypes.data, v.ctypes.data, table.ctypes.data, pos.ctypes.data,
+                                       rows.ctypes.data, y.ctypes.data, n, table.shape[0], h, d, kv, blocks * bs, nb,
+                                       bs) == 0
+    assert_bits(y, want)
+    meta = np.array([kv, bs], np.int32)
+    assert aot_call(lib, "MindservePagedAttention", [q, k, v, table, pos, rows, meta], [y]) == 0
+    assert_bits(y, want)
+
+
+def qkv_case(rng, n, h, kv, d, bs, nb, blocks, bias: bool):
+    _, k, v, table, pos, rows = paged_case(rng, n, h, kv, d, bs, nb, blocks)
+    qkv = wild(rng, (n, (h + 2 * kv) * d), spread=3)
+    bias_v = wild(rng, (h + 2 * kv) * d, spread=2) if bias else np.zeros(1, F32)
+    cos, sin = wild(rng, (n, d), spread=1), wild(rng, (n, d), spread=1)
+    write = rng.choice(kv * blocks * bs, n * kv, replace=False).astype(np.int32)
+    write[-kv:] = write[:kv] if n > 1 else write[-kv:]  # the last token writes the first one's rows: last wins
+    cache = ref.Paged(k, v, write, table, pos, rows, kv, bs)
+    return qkv, bias_v, cos, sin, cache, np.array([kv, bs, int(bias)], np.int32)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("n,h,kv,d,bs,nb,blocks", ATTENTION[1:5])
+def test_qkv_attention(lib, n, h, kv, d, bs, nb, blocks, bias):
+    rng = np.random.default_rng(n + h + kv + d + bias)
+    qkv, bias_v, cos, sin, cache, meta = qkv_case(rng, n, h, kv, d, bs, nb, blocks, bias)
+    want, want_k, want_v = ref.qkv_attention(qkv, bias_v if bias else None, cos, sin, cache, h)
+    k, v = cache.k.copy(), cache.v.copy()
+    y = out(n, h * d)
+    pos = cache.pos.reshape(1, n)  # the [1, N] form the graph passes
+    assert aot_call(lib, "MindserveQKVAttention", [qkv, bias_v, cos, sin, k, v, cache.write, cache.table, pos,
+                                                   cache.rows, meta], [y]) == 0
+    assert_bits(y, want)
+    assert_bits(k, want_k)
+    assert_bits(v, want_v)
+
+
+# --- fused entries --------------------------------------------------------------------------------
+
+def weight(rng, k: int, n: int, fmt: str | None):
+    """(the reference's weight, the kernel's packed one): float32 [K, N] or a quantized [N, K]."""
+    if fmt is None:
+        w = wild(rng, (k, n), spread=4, scale=0.3)
+        return w, prepare_weight(w)
+    q = qweight(fmt, n, k, seed=int(rng.integers(1000)))
+    return q, prepare_qweight(q)
+
+
+@pytest.mark.parametrize("fmt,lora", [(None, False), (None, True), ("q4_1", True), ("q8_0", False)])
+@pytest.mark.parametrize("m,c,n", [(1, 32, 5), (9, 64, 47), (3, 96, 130)])
+def test_norm_matmul(lib, m, c, n, fmt, lora):
+    rng = np.random.default_rng(m + c + n)
+    x, nw = wild(rng, (m, c)), wild(rng, c, spread=2)
+    w, packed = weight(rng, c, n, fmt)
+    lo = lora_inputs(rng, m, c, n, groups=2) if lora else None
+    y = out(m, n)
+    assert aot_call(lib, "MindserveNormMatMul", [x, nw, EPS, packed, *lora_list(lo)], [y]) == 0
+    assert_bits(y, ref.norm_matmul(x, nw, EPS[0], w, lo))
+
+
+@pytest.mark.parametrize("fmt,lora", [(None, False), (None, True), ("q4_0", False), ("q8_0", True)])
+@pytest.mark.parametrize("m,f,n", [(1, 32, 5), (9, 64, 47), (3, 96, 50)])
+def test_swiglu_matmul_add(lib, m, f, n, fmt, lora):
+    rng = np.random.default_rng(m + f + n)
+    gu, res = wild(rng, (m, 2 * f), spread=5), wild(rng, (m, n))
+    w, packed = weight(rng, f, n, fmt)
+    lo = lora_inputs(rng, m, f, n) if lora else None
+    y = out(m, n)
+    assert aot_call(lib, "MindserveSwiGLUMatMulAdd", [gu, packed, res, *lora_list(lo)], [y]) == 0
+    assert_bits(y, ref.swiglu_matmul_add(gu, w, res, lo))
+
+
+@pytest.mark.parametrize("fmt,bias", [(None, False), (None, True), ("q4_1", True)])
+def test_decoder_layer(lib, fmt, bias):
+    h, kv, d, c, f, n = 4, 2, 24, 64, 96, 5
+    rng = np.random.default_rng(11 + bias)
+    qkv_w, qkv_p = weight(rng, c, (h + 2 * kv) * d, fmt)
+    wo, wo_p = weight(rng, h * d, c, None if fmt is None else "q8_0")
+    wgu, wgu_p = weight(rng, c, 2 * f, fmt)
+    wd, wd_p = weight(rng, f, c, fmt)
+    _, bias_v, cos, sin, cache, meta = qkv_case(rng, n, h, kv, d, 3, 6, 8, bias)
+    x, na, nf = wild(rng, (n, c), spread=4), wild(rng, c, spread=2), wild(rng, c, spread=2)
+    want, want_k, want_v = ref.decoder_layer(x, na, EPS[0], qkv_w, bias_v if bias else None, cos, sin, cache, h, wo,
+                                             nf, wgu, wd)
+    k, v = cache.k.copy(), cache.v.copy()
+    y = out(n, c)
+    assert aot_call(lib, "MindserveDecoderLayer", [x, na, EPS, qkv_p, bias_v, cos, sin, k, v, cache.write, cache.table,
+                                                   cache.pos, cache.rows, meta, wo_p, nf, wgu_p, wd_p], [y]) == 0
+    assert_bits(y, want)
+    assert_bits(k, want_k)
+    assert_bits(v, want_v)
+
+
+def test_embed_rope(lib):
+    rng = np.random.default_rng(8)
+    embed, cos_t, sin_t = wild(rng, (50, 24)), wild(rng, (40, 8)), wild(rng, (40, 8))
+    ids, pos = rng.integers(0, 50, (1, 7)).astype(np.int32), rng.integers(0, 40, (1, 7)).astype(np.int32)
+    x, cos, sin = out(7, 24), out(7, 8), out(7, 8)
+    assert aot_call(lib, "MindserveEmbedRope", [ids, pos, embed, cos_t, sin_t], [x, cos, sin]) == 0
+    for got, want in zip((x, cos, sin), ref.embed_rope(ids, pos, embed, cos_t, sin_t)):
+        assert_bits(got, want)
+
+
+@pytest.mark.parametrize("fmt", [None, "q4_0"])
+def test_norm_head(lib, fmt):
+    rng = np.random.default_rng(9)
+    x, nw = wild(rng, (10, 64), spread=4), wild(rng, 64, spread=2)
+    w, packed = weight(rng, 64, 131, fmt)
+    last = np.array([9, 2, 2, 0], np.int32)
+    logits, hidden = out(4, 131), out(10, 64)
+    assert aot_call(lib, "MindserveNormHead", [x, nw, EPS, last, packed], [logits, hidden]) == 0
+    want_logits, want_hidden = ref.norm_head(x, nw, EPS[0], last, w)
+    assert_bits(hidden, want_hidden)
+    assert_bits(logits, want_logits)
