@@ -13,11 +13,12 @@ from backends.mindspore.default_model import ensure_default_gguf, ensure_default
 from tests.support.paths import REPO
 from tests.support.tiny_model import make_tiny_model
 
-# Fixtures that load a model into MindSpore, compile graphs or start a server process: a test using one
+# Fixtures that load a model into MindSpore, compile graphs or C++, or start a server process: a test using one
 # (directly or through another fixture) is slow. Modules that compile without them say so themselves
 # (``pytestmark = pytest.mark.slow``).
 SLOW_FIXTURES = frozenset({"default_engine", "default_model_dir", "default_gguf_path", "tiny_model_dir",
-                           "tiny_qwen2_dir", "ms_graph", "lora_engine", "lora_adapter_dirs"})
+                           "tiny_qwen2_dir", "ms_graph", "lora_engine", "lora_adapter_dirs",
+                           "kernel_cache"})  # the kernel library's C++ build
 
 
 def pytest_collection_modifyitems(config, items):

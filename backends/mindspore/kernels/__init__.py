@@ -58,10 +58,10 @@ from typing import Any
 
 import numpy as np
 
-from backends.mindspore.kernels.build import KernelBuildError, build_kernel, default_cache_dir
+from backends.mindspore.kernels.build import VARIANTS, KernelBuildError, build_kernel, choose_variant, default_cache_dir
 
 __all__ = ["fast_matmul", "aot_ops", "AotOps", "prepare_weight", "prepare_qweight", "QGROUP", "qmatmul_isa", "KERNEL_KINDS", "PANEL", "build_kernel", "set_kernel_threads", "kernel_library", "kernel_stats", "KernelBuildError",
-           "default_cache_dir", "ENTRY"]
+           "default_cache_dir", "ENTRY", "VARIANTS", "choose_variant", "kernel_variant"]
 
 ENTRY = "MindserveMatMul"
 _lib: dict[str, ctypes.CDLL] = {}
@@ -125,8 +125,15 @@ def prepare_qweight(q) -> np.ndarray:
 
 
 def qmatmul_isa(cache_dir: str | os.PathLike | None = None) -> str:
-    """The instruction set of the quantized dot products in the built library (avx512-vnni, avx512bw, avx2)."""
+    """The instruction set of the quantized dot products in the built library (avx512-vnni, avx512bw, avx2,
+    neon-dotprod, neon, scalar)."""
     return kernel_library(cache_dir).mindserve_qmatmul_isa().decode()
+
+
+def kernel_variant(cache_dir: str | os.PathLike | None = None) -> dict[str, str]:
+    """``{"variant": build variant, "isa": vector backend}`` of the library in use (see ``kernel_library``)."""
+    lib = kernel_library(cache_dir)
+    return {"variant": lib.mindserve_kernel_variant().decode(), "isa": lib.mindserve_vec_isa().decode()}
 
 
 def _out_shape(x_shape, w_shape):
@@ -137,15 +144,24 @@ def _out_dtype(x_dtype, _w_dtype):
     return x_dtype
 
 
-def kernel_library(cache_dir: str | os.PathLike | None = None) -> ctypes.CDLL:
+def kernel_library(cache_dir: str | os.PathLike | None = None, variant: str | None = None) -> ctypes.CDLL:
     """The kernel library loaded in this process (the same handle MindSpore's dlopen gets).
 
-    Without ``cache_dir`` this is the library of the most recent ``fast_matmul()`` op (so thread
-    settings and stats reach the kernel MindSpore actually runs), else the default cache's one.
+    Without ``cache_dir`` and ``variant`` this is the library of the most recent ``fast_matmul()`` op (so
+    thread settings and stats reach the kernel MindSpore actually runs), else the one of that cache and
+    variant (``build.choose_variant``: default the best this CPU runs).
     """
-    path = _active[-1] if cache_dir is None and _active else str(build_kernel(cache_dir))
+    if cache_dir is None and variant is None and _active:
+        path = _active[-1]
+    else:
+        path = str(build_kernel(cache_dir, variant=variant))
     if path not in _lib:
         lib = ctypes.CDLL(path)
+        lib.mindserve_kernel_variant.restype = ctypes.c_char_p
+        lib.mindserve_vec_isa.restype = ctypes.c_char_p
+        want = choose_variant(variant).name if variant is not None else None
+        if want is not None and lib.mindserve_kernel_variant().decode() != want:
+            raise KernelBuildError(f"{path} is the {lib.mindserve_kernel_variant().decode()} build, not {want}")
         lib.mindserve_matmul_set_threads.argtypes = [ctypes.c_int]
         lib.mindserve_matmul_set_threads.restype = ctypes.c_int
         lib.mindserve_matmul_get_threads.restype = ctypes.c_int
@@ -187,15 +203,16 @@ def set_kernel_threads(n: int, cache_dir: str | os.PathLike | None = None) -> in
     return kernel_library(cache_dir).mindserve_matmul_set_threads(int(n))
 
 
-def fast_matmul(cache_dir: str | os.PathLike | None = None, threads: int | None = None):
+def fast_matmul(cache_dir: str | os.PathLike | None = None, threads: int | None = None, variant: str | None = None):
     """An ``ops.Custom`` AOT operator: ``op(x, w)`` with x ``[..., K]`` and w ``prepare_weight([K, N])``.
 
     ``cache_dir`` holds the compiled library (default ``~/.cache/mindserve/kernels``); ``threads``
-    sets the kernel's thread count (None keeps the current one, 2 in a fresh process).
+    sets the kernel's thread count (None keeps the current one, 2 in a fresh process); ``variant`` the
+    build (``build.choose_variant``).
     """
     from mindspore import ops  # imported lazily: building the kernel does not need MindSpore
 
-    path: Path = build_kernel(cache_dir)
+    path: Path = build_kernel(cache_dir, variant=variant)
     _active.append(str(path))
     if threads is not None:
         set_kernel_threads(threads)
@@ -230,10 +247,12 @@ class AotOps:
     rmsnorm: Any
 
 
-def aot_ops(heads: int, kv_heads: int, head_dim: int, cache_dir: str | os.PathLike | None = None) -> AotOps:
+def aot_ops(heads: int, kv_heads: int, head_dim: int, cache_dir: str | os.PathLike | None = None,
+            variant: str | None = None) -> AotOps:
+    """Every operator of the network, from the library of ``variant`` (``build.choose_variant``)."""
     from mindspore import ops
 
-    path: Path = build_kernel(cache_dir)
+    path: Path = build_kernel(cache_dir, variant=variant)
     _active.append(str(path))
 
     def custom(entry: str, out_shape, out_dtype=_first_dtype):

@@ -1,4 +1,4 @@
-// mindserve paged attention for MindSpore AOT custom ops on CPU (AVX-512).
+// mindserve paged attention for MindSpore AOT custom ops on CPU (any ISA of vec.h).
 //
 // For every query token i (of N, from any number of sequences: decode rows and packed prompt
 // chunks alike) and head h, with its sequence's block-table row b = rows[i], G = H / KV query heads
@@ -15,8 +15,8 @@
 //
 // Determinism contract: a query's output depends only on its own q, its keys and values, read
 // in key order with a fixed sequence of floating-point operations (dots in 16-lane FMA vectors
-// reduced by _mm512_reduce_add_ps; the softmax sum in one fixed vector order; the weighted sum
-// in key order). Nothing depends on the batch, the other rows, the thread count or the chunking,
+// reduced by vec.h's fixed tree; the softmax sum in one fixed vector order; the weighted sum
+// in key order), the same on every instruction set. Nothing depends on the batch, the other rows, the thread count or the chunking,
 // so a request's tokens are bit-identical alone or batched.
 //
 // Exported entry points:
@@ -27,8 +27,6 @@
 //       Returns non-zero (MindSpore raises) on a shape/dtype mismatch, a row index or a block id
 //       out of range.
 //   int mindserve_attention_raw(...)  -- the same on plain pointers, for the tests
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -36,29 +34,24 @@
 
 #include "entry.h"
 #include "pool.h"
-#include "simd.h"
-
-#if !defined(__AVX512F__)
-#error "attention.cc needs AVX-512F (build with -march=native on an AVX-512 CPU)"
-#endif
+#include "vec.h"
 
 namespace {
 
 constexpr int64_t kMaxHeadDim = 512;
 
-using mindserve::exp_nonpositive;
-using mindserve::tail_mask;
+namespace v = mindserve::vec;
 
 // dot(a, b) over D floats: 16-lane FMAs in order, then one fixed reduction.
 inline float dot(const float *a, const float *b, int64_t D) {
-  __m512 acc = _mm512_setzero_ps();
+  v::F32x16 acc = v::zero();
   int64_t d = 0;
-  for (; d + 16 <= D; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), _mm512_loadu_ps(b + d), acc);
+  for (; d + 16 <= D; d += 16) acc = v::fmadd(v::load(a + d), v::load(b + d), acc);
   if (d < D) {
-    const __mmask16 m = tail_mask(D - d);
-    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + d), _mm512_maskz_loadu_ps(m, b + d), acc);
+    const int n = static_cast<int>(D - d);
+    acc = v::fmadd(v::load_part(a + d, n), v::load_part(b + d, n), acc);
   }
-  return _mm512_reduce_add_ps(acc);
+  return v::reduce_add(acc);
 }
 
 struct Job {
@@ -89,36 +82,38 @@ void attend(const Job &j, int64_t index, float *scores) {
     for (int64_t i = 0; i < count; ++i) scores[k0 + i] = dot(q, rows + i * j.D, j.D) * scale;
   }
   // softmax: max, exp, sum (vector lanes in fixed order, then one reduction)
-  __m512 vmax = _mm512_set1_ps(-INFINITY);
-  for (int64_t i = 0; i < n; i += 16)
-    vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tail_mask(n - i), scores + i));
-  const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
-  __m512 vsum = _mm512_setzero_ps();
+  v::F32x16 vmax = v::set1(-INFINITY);
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = tail_mask(n - i);
-    const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + i), mx));
-    _mm512_mask_storeu_ps(scores + i, m, e);
-    vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(m, e));
+    const int m = static_cast<int>(std::min<int64_t>(16, n - i));
+    vmax = v::max(vmax, v::fill_tail(v::load_n(scores + i, m), m, -INFINITY));
   }
-  const float inv = 1.0f / _mm512_reduce_add_ps(vsum);
+  const v::F32x16 mx = v::set1(v::reduce_max(vmax));
+  v::F32x16 vsum = v::zero();
+  for (int64_t i = 0; i < n; i += 16) {
+    const int m = static_cast<int>(std::min<int64_t>(16, n - i));
+    const v::F32x16 e = v::exp_nonpositive(v::sub(v::load_n(scores + i, m), mx));
+    v::store_n(scores + i, e, m);
+    vsum = v::add(vsum, v::keep_first(e, m));
+  }
+  const float inv = 1.0f / v::reduce_add(vsum);
   // weighted sum of the values, in key order
   const int64_t nv = (j.D + 15) / 16;
-  __m512 acc[kMaxHeadDim / 16];
-  for (int64_t c = 0; c < nv; ++c) acc[c] = _mm512_setzero_ps();
-  const __mmask16 last = tail_mask(j.D - 16 * (nv - 1));
+  v::F32x16 acc[kMaxHeadDim / 16];
+  for (int64_t c = 0; c < nv; ++c) acc[c] = v::zero();
+  const int last = static_cast<int>(j.D - 16 * (nv - 1));
   for (int64_t k0 = 0; k0 < n; k0 += j.bs) {
     const float *rows = vbase + int64_t{blocks[k0 / j.bs]} * j.bs * j.D;
     const int64_t count = std::min(j.bs, n - k0);
     for (int64_t i = 0; i < count; ++i) {
-      const __m512 p = _mm512_set1_ps(scores[k0 + i]);
+      const v::F32x16 p = v::set1(scores[k0 + i]);
       const float *vr = rows + i * j.D;
-      for (int64_t c = 0; c < nv - 1; ++c) acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * c), acc[c]);
-      acc[nv - 1] = _mm512_fmadd_ps(p, _mm512_maskz_loadu_ps(last, vr + 16 * (nv - 1)), acc[nv - 1]);
+      for (int64_t c = 0; c < nv - 1; ++c) acc[c] = v::fmadd(p, v::load(vr + 16 * c), acc[c]);
+      acc[nv - 1] = v::fmadd(p, v::load_n(vr + 16 * (nv - 1), last), acc[nv - 1]);
     }
   }
-  const __m512 vinv = _mm512_set1_ps(inv);
-  for (int64_t c = 0; c < nv - 1; ++c) _mm512_storeu_ps(out + 16 * c, _mm512_mul_ps(acc[c], vinv));
-  _mm512_mask_storeu_ps(out + 16 * (nv - 1), last, _mm512_mul_ps(acc[nv - 1], vinv));
+  const v::F32x16 vinv = v::set1(inv);
+  for (int64_t c = 0; c < nv - 1; ++c) v::store(out + 16 * c, v::mul(acc[c], vinv));
+  v::store_n(out + 16 * (nv - 1), v::mul(acc[nv - 1], vinv), last);
 }
 
 void run_chunk(const void *ctx, int64_t c) {

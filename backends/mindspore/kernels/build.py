@@ -1,30 +1,69 @@
 """Compile the kernels (``matmul.cc``, ``qmatmul.cc``, ``attention.cc``, ``fused.cc``, ``lora.cc`` and their headers) into one shared
-library on first use, cached by content (one library, so every kernel shares the one thread pool).
+library per named variant on first use, cached by content (one library, so every kernel shares the one thread pool).
 
-The sources are package data, read through ``importlib.resources`` (a wheel ships them like the source
-tree does). The cache key hashes them, the compiler command and version, and the CPU's model and flag
-list (the build uses ``-march=native``, so a library built on one CPU must not be reused on a
-different one). The compiler reads a copy of the very bytes that were hashed, written to a temporary
-directory, and the library is written to a temporary file in the cache directory and renamed into
-place, so concurrent builders never see a half-written file.
+A variant is one instruction-set level with fixed compiler flags (``VARIANTS``): the same sources compile to
+the AVX-512, AVX2, NEON or scalar backend of ``vec.h``, and every variant gives the same output bits. The
+variant is picked from this CPU's features (``/proc/cpuinfo`` ``flags`` on x86, ``Features`` on ARM) before
+anything is loaded -- never by trying to load a library, which could die of an illegal instruction -- and a
+lower one can be forced (``MINDSERVE_KERNEL_ISA`` or the server config's ``kernelIsa``).
+
+The sources are package data, read through ``importlib.resources`` (a wheel ships them like the source tree
+does). The cache key hashes them, the compiler command and version and the variant's flags; it needs no CPU
+model, since no variant uses ``-march=native``. The compiler reads a copy of the very bytes that were hashed,
+written to a temporary directory, and the library is written to a temporary file in the cache directory and
+renamed into place, so concurrent builders never see a half-written file.
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 SOURCES = ("matmul.cc", "attention.cc", "fused.cc", "lora.cc", "qmatmul.cc")
-HEADERS = ("entry.h", "pool.h", "simd.h", "lora.h", "qmatmul.h")
-CXXFLAGS = ("-O3", "-march=native", "-std=c++20", "-fPIC", "-shared", "-pthread", "-Wall")
+HEADERS = ("entry.h", "pool.h", "lora.h", "qmatmul.h", "vec.h", "vec_avx512.h", "vec_avx2.h", "vec_neon.h",
+           "vec_scalar.h")
+# Every variant: no contraction of a * b + c into an fma (vec.h's contract), no fast-math.
+CXXFLAGS = ("-O3", "-std=c++20", "-fPIC", "-shared", "-pthread", "-Wall", "-Wno-maybe-uninitialized",
+            "-ffp-contract=off", "-fno-fast-math")
+ISA_ENV = "MINDSERVE_KERNEL_ISA"
+
+_X86_V3 = frozenset({"avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "abm", "movbe", "popcnt", "sse4_1", "sse4_2",
+                     "ssse3"})
+_X86_V4 = _X86_V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One build of the kernels: its name, the machine it is for, its compiler flags and the CPU features
+    (as ``/proc/cpuinfo`` names them) it needs."""
+
+    name: str
+    machine: str  # platform.machine() of the hosts it runs on; "" = any
+    flags: tuple[str, ...]
+    needs: frozenset[str]
+
+
+# Best first: the probe takes the first one this CPU can run.
+VARIANTS = (
+    Variant("x86-64-v4-vnni", "x86_64", ("-march=x86-64-v4", "-mavx512vnni"), _X86_V4 | {"avx512_vnni"}),
+    Variant("x86-64-v4", "x86_64", ("-march=x86-64-v4",), _X86_V4),
+    Variant("x86-64-v3", "x86_64", ("-march=x86-64-v3",), _X86_V3),
+    Variant("armv8.2-dotprod", "aarch64", ("-march=armv8.2-a+dotprod",), frozenset({"asimd", "asimddp"})),
+    Variant("armv8", "aarch64", ("-march=armv8-a",), frozenset({"asimd"})),
+    Variant("scalar", "", ("-DMINDSERVE_VEC_SCALAR",), frozenset()),
+)
+_BY_NAME = {v.name: v for v in VARIANTS}
+_SCALAR_MARCH = {"x86_64": ("-march=x86-64",), "aarch64": ("-march=armv8-a",)}
 
 
 class KernelBuildError(RuntimeError):
-    """The fast kernel could not be compiled (no compiler, unsupported CPU, compile error)."""
+    """The fast kernel could not be compiled (no compiler, no variant for this CPU, compile error)."""
 
 
 def default_cache_dir() -> Path:
@@ -40,38 +79,71 @@ def _compiler(cxx: str | None) -> str:
     return found
 
 
-def _cpu_signature() -> str:
-    """Model name + ISA flags of this CPU (Linux); empty elsewhere."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-    model = flags = ""
-    for line in text.splitlines():
+def cpu_features(cpuinfo: str | None = None) -> frozenset[str]:
+    """The ISA features of this CPU: the first ``flags`` (x86) or ``Features`` (ARM) line of /proc/cpuinfo
+    (empty where there is none)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return frozenset()
+    for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
-        key = key.strip()
-        if key == "model name" and not model:
-            model = value.strip()
-        elif key == "flags" and not flags:
-            flags = " ".join(sorted(value.split()))
-        if model and flags:
-            break
-    return f"{model}|{flags}"
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
 
 
-def _has_avx512() -> bool:
-    sig = _cpu_signature()
-    return not sig or "avx512f" in sig.split("|", 1)[-1].split()
+def variant_named(name: str) -> Variant:
+    """The variant called ``name``; KernelBuildError listing the names if there is none."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise KernelBuildError(f"unknown kernel variant {name!r} (variants: {', '.join(_BY_NAME)})") from None
 
 
-def build_kernel(cache_dir: str | os.PathLike | None = None, cxx: str | None = None) -> Path:
+def runs_here(v: Variant, machine: str | None = None, features: frozenset[str] | None = None) -> bool:
+    """Whether this machine (``platform.machine()``, ``cpu_features()`` unless given) can run ``v``."""
+    machine = platform.machine() if machine is None else machine
+    features = cpu_features() if features is None else features
+    return (not v.machine or v.machine == machine) and v.needs <= features
+
+
+def choose_variant(requested: str | None = None, machine: str | None = None,
+                   features: frozenset[str] | None = None) -> Variant:
+    """The variant to build: ``requested`` (else ``$MINDSERVE_KERNEL_ISA``; ``auto`` or unset = the best this CPU
+    runs). A requested variant the CPU cannot run is a KernelBuildError naming the missing features."""
+    requested = requested or os.environ.get(ISA_ENV) or "auto"
+    machine = platform.machine() if machine is None else machine
+    features = cpu_features() if features is None else features
+    if requested == "auto":
+        return next(v for v in VARIANTS if runs_here(v, machine, features))
+    v = variant_named(requested)
+    if v.machine and v.machine != machine:
+        raise KernelBuildError(f"kernel variant {v.name!r} is for {v.machine} CPUs; this machine is {machine}")
+    missing = v.needs - features
+    if missing:
+        raise KernelBuildError(f"kernel variant {v.name!r} needs CPU features this CPU lacks: "
+                               f"{', '.join(sorted(missing))}")
+    return v
+
+
+def compile_flags(v: Variant, machine: str | None = None) -> tuple[str, ...]:
+    """The whole compiler command line of ``v`` but the sources and -o (for ``machine``, default this one)."""
+    machine = platform.machine() if machine is None else machine
+    arch = _SCALAR_MARCH.get(machine, ()) if v.name == "scalar" else ()
+    return (*CXXFLAGS, *arch, *v.flags, f'-DMINDSERVE_VARIANT="{v.name}"')
+
+
+def build_kernel(cache_dir: str | os.PathLike | None = None, cxx: str | None = None, variant: str | None = None,
+                 check_cpu: bool = True) -> Path:
     """Return the path of the compiled kernel library, building it first if needed.
 
-    ``cache_dir`` defaults to ``~/.cache/mindserve/kernels``; ``cxx`` is the compiler to use
-    (default: ``g++``, else ``c++``, from PATH).
+    ``cache_dir`` defaults to ``~/.cache/mindserve/kernels``; ``cxx`` is the compiler to use (default: ``g++``,
+    else ``c++``, from PATH); ``variant`` a name of ``VARIANTS`` or ``auto`` (default: ``choose_variant()``).
+    ``check_cpu=False`` builds a named variant this CPU cannot run (to inspect it, never to load it).
     """
-    if not _has_avx512():
-        raise KernelBuildError("the mindserve fast kernels need an AVX-512 CPU (avx512f)")
+    chosen = choose_variant(variant) if check_cpu or variant in (None, "auto") else variant_named(variant)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     files = read_sources()
     source = b"\0".join(files.values())
@@ -80,11 +152,12 @@ def build_kernel(cache_dir: str | os.PathLike | None = None, cxx: str | None = N
         version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError) as exc:
         raise KernelBuildError(f"cannot run the C++ compiler {cxx!r}: {exc}") from exc
+    flags = compile_flags(chosen)
     digest = hashlib.sha256()
-    for part in (source, cxx.encode(), version.encode(), " ".join(CXXFLAGS).encode(), _cpu_signature().encode()):
+    for part in (source, cxx.encode(), version.encode(), " ".join(flags).encode()):
         digest.update(part)
         digest.update(b"\0")
-    target = cache / f"mindserve_matmul_{digest.hexdigest()[:20]}.so"
+    target = cache / f"mindserve_kernels_{chosen.name}_{digest.hexdigest()[:16]}.so"
     if target.exists():
         return target
     cache.mkdir(parents=True, exist_ok=True)
@@ -94,10 +167,11 @@ def build_kernel(cache_dir: str | os.PathLike | None = None, cxx: str | None = N
         with tempfile.TemporaryDirectory(prefix=".src-", dir=cache) as src:
             for name, data in files.items():
                 Path(src, name).write_bytes(data)
-            proc = subprocess.run([cxx, *CXXFLAGS, "-o", os.path.abspath(tmp), *SOURCES], capture_output=True,
+            proc = subprocess.run([cxx, *flags, "-o", os.path.abspath(tmp), *SOURCES], capture_output=True,
                                   text=True, cwd=src)
         if proc.returncode != 0:
-            raise KernelBuildError(f"compiling {', '.join(SOURCES)} failed ({cxx}):\n{proc.stderr.strip()}")
+            raise KernelBuildError(f"compiling {', '.join(SOURCES)} for {chosen.name} failed ({cxx}):\n"
+                                   f"{proc.stderr.strip()}")
         os.chmod(tmp, 0o755)
         os.replace(tmp, target)  # atomic: readers see either no file or the complete library
     finally:

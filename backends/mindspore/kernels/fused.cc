@@ -1,4 +1,4 @@
-// mindserve row-wise fused kernels for MindSpore AOT custom ops on CPU (AVX-512): each replaces a
+// mindserve row-wise fused kernels for MindSpore AOT custom ops on CPU (any ISA of vec.h): each replaces a
 // chain of small MindSpore ops (every op launch costs microseconds, and a decode step of a small
 // model is mostly launches).
 //
@@ -42,8 +42,7 @@
 // Every output row is a function of its own input row only, computed by a fixed sequence of
 // operations, so results do not depend on the batch (the determinism contract of matmul.cc).
 // Each entry returns 0, or non-zero on a shape/dtype mismatch (MindSpore then raises).
-#include <immintrin.h>
-
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -52,12 +51,11 @@
 
 #include "entry.h"
 #include "pool.h"
-#include "simd.h"
+#include "vec.h"
 
 namespace {
 
-using mindserve::exp_nonpositive;
-using mindserve::tail_mask;
+namespace v = mindserve::vec;
 
 using mindserve::all_f32;
 using mindserve::is_f32;
@@ -99,40 +97,38 @@ void for_rows(int64_t n, int64_t min_rows, const Fn &fn) {
 }
 
 void rmsnorm_row(const float *x, const float *w, float eps, float *y, int64_t C) {
-  __m512 acc = _mm512_setzero_ps();
+  v::F32x16 acc = v::zero();
   for (int64_t c = 0; c < C; c += 16) {
-    const __m512 v = _mm512_maskz_loadu_ps(tail_mask(C - c), x + c);
-    acc = _mm512_fmadd_ps(v, v, acc);
+    const v::F32x16 a = v::load_n(x + c, C - c);
+    acc = v::fmadd(a, a, acc);
   }
-  const float r = 1.0f / std::sqrt(_mm512_reduce_add_ps(acc) / static_cast<float>(C) + eps);
-  const __m512 vr = _mm512_set1_ps(r);
+  const float r = 1.0f / std::sqrt(v::reduce_add(acc) / static_cast<float>(C) + eps);
+  const v::F32x16 vr = v::set1(r);
   for (int64_t c = 0; c < C; c += 16) {
-    const __mmask16 m = tail_mask(C - c);
-    const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + c), vr);
-    _mm512_mask_storeu_ps(y + c, m, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, w + c)));
+    const v::F32x16 a = v::mul(v::load_n(x + c, C - c), vr);
+    v::store_n(y + c, v::mul(a, v::load_n(w + c, C - c)), C - c);
   }
 }
 
 // silu(g) * u, with sigmoid from exp(-|g|) so the exponent is never positive.
 void swiglu_row(const float *gu, float *y, int64_t F) {
-  const __m512 one = _mm512_set1_ps(1.0f);
+  const v::F32x16 one = v::set1(1.0f);
   for (int64_t f = 0; f < F; f += 16) {
-    const __mmask16 m = tail_mask(F - f);
-    const __m512 g = _mm512_maskz_loadu_ps(m, gu + f);
-    const __m512 u = _mm512_maskz_loadu_ps(m, gu + F + f);
-    const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
-    const __mmask16 neg = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
-    const __m512 sig = _mm512_div_ps(_mm512_mask_blend_ps(neg, one, e), _mm512_add_ps(one, e));
-    _mm512_mask_storeu_ps(y + f, m, _mm512_mul_ps(_mm512_mul_ps(g, sig), u));
+    const int64_t m = F - f;
+    const v::F32x16 g = v::load_n(gu + f, m);
+    const v::F32x16 u = v::load_n(gu + F + f, m);
+    const v::F32x16 e = v::exp_nonpositive(v::sub(v::zero(), v::abs(g)));
+    const v::F32x16 sig = v::div(v::select_neg(g, e, one), v::add(one, e));
+    v::store_n(y + f, v::mul(v::mul(g, sig), u), m);
   }
 }
 
 // x (+ b) over n floats, one float add per element (the graph's bias Add, bit for bit).
 template <bool kBias>
-inline __m512 load_biased(__mmask16 m, const float *x, const float *b) {
-  const __m512 v = _mm512_maskz_loadu_ps(m, x);
-  if constexpr (kBias) return _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, b));
-  return v;
+inline v::F32x16 load_biased(int64_t n, const float *x, const float *b) {
+  const v::F32x16 a = v::load_n(x, n);
+  if constexpr (kBias) return v::add(a, v::load_n(b, n));
+  return a;
 }
 
 // One head vector: out = x * cos + rotate_half(x) * sin, rotate_half(x) = (-x[D/2:], x[:D/2]); with
@@ -142,24 +138,19 @@ void rope_head(const float *x, const float *cos, const float *sin, float *out, i
   const int64_t half = D / 2;
   if constexpr (!kBias) b = x;  // never read
   for (int64_t i = 0; i < half; i += 16) {
-    const __mmask16 m = tail_mask(half - i);
-    const __m512 lo = load_biased<kBias>(m, x + i, b + i), hi = load_biased<kBias>(m, x + half + i, b + half + i);
-    const __m512 out_lo = _mm512_fnmadd_ps(hi, _mm512_maskz_loadu_ps(m, sin + i),
-                                           _mm512_mul_ps(lo, _mm512_maskz_loadu_ps(m, cos + i)));
-    const __m512 out_hi = _mm512_fmadd_ps(lo, _mm512_maskz_loadu_ps(m, sin + half + i),
-                                          _mm512_mul_ps(hi, _mm512_maskz_loadu_ps(m, cos + half + i)));
-    _mm512_mask_storeu_ps(out + i, m, out_lo);
-    _mm512_mask_storeu_ps(out + half + i, m, out_hi);
+    const int64_t m = half - i;
+    const v::F32x16 lo = load_biased<kBias>(m, x + i, b + i), hi = load_biased<kBias>(m, x + half + i, b + half + i);
+    const v::F32x16 out_lo = v::fnmadd(hi, v::load_n(sin + i, m), v::mul(lo, v::load_n(cos + i, m)));
+    const v::F32x16 out_hi = v::fmadd(lo, v::load_n(sin + half + i, m), v::mul(hi, v::load_n(cos + half + i, m)));
+    v::store_n(out + i, out_lo, m);
+    v::store_n(out + half + i, out_hi, m);
   }
 }
 
 // out[0, n) = x (+ b), one float add per element.
 template <bool kBias>
 void copy_biased(const float *x, const float *b, float *out, int64_t n) {
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = tail_mask(n - i);
-    _mm512_mask_storeu_ps(out + i, m, load_biased<kBias>(m, x + i, b + i));
-  }
+  for (int64_t i = 0; i < n; i += 16) v::store_n(out + i, load_biased<kBias>(n - i, x + i, b + i), n - i);
 }
 
 struct QKVWrite {

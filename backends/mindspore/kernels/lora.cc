@@ -1,44 +1,33 @@
 // mindserve LoRA tail (see lora.h): the per-row low-rank delta every matmul entry can add.
 #include "lora.h"
 
-#include <immintrin.h>
-
 #include <algorithm>
 #include <vector>
 
 #include "entry.h"
 #include "pool.h"
-#include "simd.h"
+#include "vec.h"
 
 namespace mindserve {
 namespace {
 
+namespace v = vec;
+
 constexpr int kVecs = 4;  // 16-float vectors per block of columns
-
-struct Lanes {
-  int nv;
-  __mmask16 mask[kVecs];
-};
-
-// The vectors (and their masks) covering `width` <= 64 columns.
-inline Lanes lanes(int64_t width) {
-  Lanes l{static_cast<int>((width + 15) / 16), {}};
-  for (int v = 0; v < kVecs; ++v) l.mask[v] = v < l.nv ? tail_mask(width - 16 * v) : 0;
-  return l;
-}
 
 // t [GR] = x [K] @ a [K, GR]: for each element, acc = fma(x[k], a[k, j], acc) over k in order.
 void shrink_row(const float *x, const float *a, int64_t K, int64_t GR, float *t) {
   for (int64_t j0 = 0; j0 < GR; j0 += 16 * kVecs) {
-    const Lanes l = lanes(std::min<int64_t>(16 * kVecs, GR - j0));
-    __m512 acc[kVecs];
-    for (int v = 0; v < kVecs; ++v) acc[v] = _mm512_setzero_ps();
+    const int64_t width = std::min<int64_t>(16 * kVecs, GR - j0);
+    const int nv = static_cast<int>((width + 15) / 16);
+    v::F32x16 acc[kVecs];
+    for (int c = 0; c < kVecs; ++c) acc[c] = v::zero();
     const float *ak = a + j0;
     for (int64_t k = 0; k < K; ++k, ak += GR) {
-      const __m512 xb = _mm512_set1_ps(x[k]);
-      for (int v = 0; v < l.nv; ++v) acc[v] = _mm512_fmadd_ps(xb, _mm512_maskz_loadu_ps(l.mask[v], ak + 16 * v), acc[v]);
+      const v::F32x16 xb = v::set1(x[k]);
+      for (int c = 0; c < nv; ++c) acc[c] = v::fmadd(xb, v::load_n(ak + 16 * c, width - 16 * c), acc[c]);
     }
-    for (int v = 0; v < l.nv; ++v) _mm512_mask_storeu_ps(t + j0 + 16 * v, l.mask[v], acc[v]);
+    for (int c = 0; c < nv; ++c) v::store_n(t + j0 + 16 * c, acc[c], width - 16 * c);
   }
 }
 
@@ -49,17 +38,19 @@ void expand_row(const float *t, const float *b, const int32_t *segs, int64_t G, 
     const int64_t lo = std::max<int64_t>(c0, segs[g]), hi = std::min<int64_t>(c1, segs[g + 1]);
     const float *tg = t + g * R;
     for (int64_t n0 = lo; n0 < hi; n0 += 16 * kVecs) {
-      const Lanes l = lanes(std::min<int64_t>(16 * kVecs, hi - n0));
-      __m512 acc[kVecs];
-      for (int v = 0; v < kVecs; ++v) acc[v] = _mm512_setzero_ps();
+      const int64_t width = std::min<int64_t>(16 * kVecs, hi - n0);
+      const int nv = static_cast<int>((width + 15) / 16);
+      v::F32x16 acc[kVecs];
+      for (int c = 0; c < kVecs; ++c) acc[c] = v::zero();
       const float *bj = b + n0;
       for (int64_t j = 0; j < R; ++j, bj += N) {
-        const __m512 tb = _mm512_set1_ps(tg[j]);
-        for (int v = 0; v < l.nv; ++v) acc[v] = _mm512_fmadd_ps(tb, _mm512_maskz_loadu_ps(l.mask[v], bj + 16 * v), acc[v]);
+        const v::F32x16 tb = v::set1(tg[j]);
+        for (int c = 0; c < nv; ++c) acc[c] = v::fmadd(tb, v::load_n(bj + 16 * c, width - 16 * c), acc[c]);
       }
-      for (int v = 0; v < l.nv; ++v) {
-        float *yv = y + n0 + 16 * v;
-        _mm512_mask_storeu_ps(yv, l.mask[v], _mm512_add_ps(_mm512_maskz_loadu_ps(l.mask[v], yv), acc[v]));
+      for (int c = 0; c < nv; ++c) {
+        float *yv = y + n0 + 16 * c;
+        const int64_t m = width - 16 * c;
+        v::store_n(yv, v::add(v::load_n(yv, m), acc[c]), m);
       }
     }
   }

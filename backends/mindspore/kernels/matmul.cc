@@ -1,4 +1,4 @@
-// mindserve fp32 matmul for MindSpore AOT custom ops on CPU (AVX-512).
+// mindserve fp32 matmul for MindSpore AOT custom ops on CPU (any ISA of vec.h).
 //
 //   y[M, N] = x[M, K] @ W[K, N]      (all float32; W pre-packed into column panels, see below)
 //
@@ -11,15 +11,16 @@
 //
 // Determinism contract: every output element y[m, n] is produced by the same sequence of
 // floating-point operations whatever M is, whatever the other rows hold, whatever the thread
-// count and whatever tile shape is picked: acc = 0; for k = 0..K-1: acc = fma(x[m,k], W[k,n], acc).
-// Accumulators live in registers for the whole K loop, and the work is only ever split across
-// columns (panels) and rows, never across K. Only FMA intrinsics are used for the arithmetic, so
-// compiler contraction settings cannot change the result.
+// count, whatever tile shape is picked and whatever instruction set runs it: acc = 0; for k = 0..K-1:
+// acc = fma(x[m,k], W[k,n], acc). Accumulators live in registers for the whole K loop, and the work is only
+// ever split across columns (panels) and rows, never across K. The arithmetic is vec.h's fused fmadd.
 //
 // Exported entry points:
 //   int MindserveMatMul(int nparam, void **params, int *ndims, int64_t **shapes,
 //                       const char **dtypes, void *stream, void *extra)   -- the AOT kernel
 //   int mindserve_matmul_panel_width()        -- kPanel (prepare_weight must agree)
+//   const char *mindserve_kernel_variant()    -- the build variant's name (build.py), e.g. "x86-64-v3"
+//   const char *mindserve_vec_isa()           -- the vec.h backend: avx512-vnni, avx512bw, avx2, neon(-dotprod), scalar
 //   int mindserve_matmul_set_threads(int n)   -- kernel threads including the caller (>=1)
 //   int mindserve_matmul_get_threads()
 //   void mindserve_kernel_stats(int kind, uint64_t *calls, uint64_t *ns, int reset)  -- time inside
@@ -32,8 +33,6 @@
 //   Both take the four optional LoRA inputs of lora.h after their own, and a uint8 W (a quantized
 //   weight, qmatmul.cc) instead of the packed float32 one.
 //   void mindserve_matmul_lora_raw(x, w_packed, res, y, M, K, N, a, b, rows, segs, S, G, R)  -- tests
-#include <immintrin.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -45,10 +44,7 @@
 #include "lora.h"
 #include "pool.h"
 #include "qmatmul.h"
-
-#if !defined(__AVX512F__)
-#error "matmul.cc needs AVX-512F (build with -march=native on an AVX-512 CPU)"
-#endif
+#include "vec.h"
 
 #ifndef MINDSERVE_PANEL_VECS
 #define MINDSERVE_PANEL_VECS 3
@@ -56,10 +52,12 @@
 
 namespace {
 
+namespace v = mindserve::vec;
+
 constexpr int kNV = MINDSERVE_PANEL_VECS;  // 16-float vectors per panel row
 constexpr int64_t kPanel = 16 * kNV;       // panel width in columns (48: divides 576, 960, 3072, 49152)
-// Rows per register tile: MR x kNV accumulators + kNV weight registers + a broadcast fit in 32 zmm.
-constexpr int kMaxMR = kNV == 1 ? 16 : kNV == 2 ? 12 : kNV == 3 ? 8 : 6;
+// Rows per register tile: as many as the backend's registers hold (the same bits for any tile shape).
+constexpr int kMaxMR = v::kMatMulRows;
 
 // Tunables (benchmarking only; none of them changes any result bit).
 std::atomic<int64_t> g_stream_pf{0};      // > 0: prefetch this many floats ahead in the stream
@@ -67,43 +65,42 @@ std::atomic<int> g_chunks_per_thread{0};  // 0 auto
 
 // ---------------------------------------------------------------------------------------------
 // Register tile: rows [0, MR) of x (leading dim K) times one panel (NV vectors wide, row stride
-// ldw floats, last vector masked by `last`), over the whole K. pf != nullptr: prefetch pf + k*ldw
+// ldw floats, its last vector `last` columns wide), over the whole K. pf != nullptr: prefetch pf + k*ldw
 // alongside each weight row.
 template <int MR, int NV>
 inline void tile(const float *__restrict x, int64_t K, const float *__restrict w, int64_t ldw,
-                 float *__restrict y, int64_t ldy, __mmask16 last, const float *pf, const float *__restrict res) {
-  __m512 acc[MR][NV];
+                 float *__restrict y, int64_t ldy, int last, const float *pf, const float *__restrict res) {
+  v::F32x16 acc[MR][NV];
   _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
-    _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+    _Pragma("GCC unroll 4") for (int c = 0; c < NV; ++c) acc[r][c] = v::zero();
   const float *wk = w;
   for (int64_t k = 0; k < K; ++k, wk += ldw) {
     if (pf != nullptr) {
       // One prefetch per 64-byte line of the row (rows are ldw*4 bytes, not line aligned).
-      _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v)
-        _mm_prefetch(reinterpret_cast<const char *>(pf + k * ldw + 16 * v), _MM_HINT_T0);
+      _Pragma("GCC unroll 4") for (int c = 0; c < NV; ++c) __builtin_prefetch(pf + k * ldw + 16 * c, 0, 3);
     }
-    __m512 wv[NV];
-    _Pragma("GCC unroll 4") for (int v = 0; v < NV - 1; ++v) wv[v] = _mm512_loadu_ps(wk + 16 * v);
-    wv[NV - 1] = _mm512_maskz_loadu_ps(last, wk + 16 * (NV - 1));
+    v::F32x16 wv[NV];
+    _Pragma("GCC unroll 4") for (int c = 0; c < NV - 1; ++c) wv[c] = v::load(wk + 16 * c);
+    wv[NV - 1] = v::load_n(wk + 16 * (NV - 1), last);
     _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-      const __m512 xb = _mm512_set1_ps(x[r * K + k]);
-      _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(xb, wv[v], acc[r][v]);
+      const v::F32x16 xb = v::set1(x[r * K + k]);
+      _Pragma("GCC unroll 4") for (int c = 0; c < NV; ++c) acc[r][c] = v::fmadd(xb, wv[c], acc[r][c]);
     }
   }
   if (res != nullptr) {  // y = res + x @ W: the residual is added once, after the whole K loop
     _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-      _Pragma("GCC unroll 4") for (int v = 0; v < NV - 1; ++v)
-        acc[r][v] = _mm512_add_ps(acc[r][v], _mm512_loadu_ps(res + r * ldy + 16 * v));
-      acc[r][NV - 1] = _mm512_add_ps(acc[r][NV - 1], _mm512_maskz_loadu_ps(last, res + r * ldy + 16 * (NV - 1)));
+      _Pragma("GCC unroll 4") for (int c = 0; c < NV - 1; ++c)
+        acc[r][c] = v::add(acc[r][c], v::load(res + r * ldy + 16 * c));
+      acc[r][NV - 1] = v::add(acc[r][NV - 1], v::load_n(res + r * ldy + 16 * (NV - 1), last));
     }
   }
   _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-    _Pragma("GCC unroll 4") for (int v = 0; v < NV - 1; ++v) _mm512_storeu_ps(y + r * ldy + 16 * v, acc[r][v]);
-    _mm512_mask_storeu_ps(y + r * ldy + 16 * (NV - 1), last, acc[r][NV - 1]);
+    _Pragma("GCC unroll 4") for (int c = 0; c < NV - 1; ++c) v::store(y + r * ldy + 16 * c, acc[r][c]);
+    v::store_n(y + r * ldy + 16 * (NV - 1), acc[r][NV - 1], last);
   }
 }
 
-using TileFn = void (*)(const float *, int64_t, const float *, int64_t, float *, int64_t, __mmask16, const float *,
+using TileFn = void (*)(const float *, int64_t, const float *, int64_t, float *, int64_t, int, const float *,
                         const float *);
 
 // Dispatch table [rows - 1][vectors - 1], built at compile time.
@@ -136,8 +133,7 @@ void compute_panels(const float *x, const float *w, const float *res, float *y, 
     const int64_t width = std::min(kPanel, N - n0);
     const float *wp = w + n0 * K;  // panel p starts after p full panels of kPanel * K floats
     const int nv = static_cast<int>((width + 15) / 16);
-    const int rem = static_cast<int>(width - 16 * (nv - 1));
-    const __mmask16 last = static_cast<__mmask16>(rem == 16 ? 0xFFFF : ((1u << rem) - 1));
+    const int last = static_cast<int>(width - 16 * (nv - 1));
     int64_t m = 0;
     for (int64_t b = 0; b < nblocks; ++b) {
       const int64_t rows = (M - m) / (nblocks - b);  // even split of what is left
@@ -210,6 +206,9 @@ void mindserve_kernel_stats(int kind, uint64_t *calls, uint64_t *ns, int reset) 
 }
 
 int mindserve_matmul_panel_width() { return static_cast<int>(kPanel); }
+// The named build variant (build.py's -DMINDSERVE_VARIANT) and the vector backend it compiled to.
+const char *mindserve_kernel_variant() { return MINDSERVE_VARIANT; }
+const char *mindserve_vec_isa() { return v::kIsa; }
 int mindserve_matmul_set_threads(int n) {
   pool().set_threads(n);
   return pool().threads();

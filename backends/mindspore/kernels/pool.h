@@ -7,8 +7,6 @@
 // MindSpore's own kernels. Which thread runs a chunk never changes what the chunk computes.
 #pragma once
 
-#include <immintrin.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -16,6 +14,8 @@
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include "vec.h"
 
 namespace mindserve {
 
@@ -63,7 +63,7 @@ class Pool {
     work();
     int spins = 0;
     while (done_.load(std::memory_order_acquire) != task.nchunks) {
-      _mm_pause();
+      vec::cpu_relax();
       if (++spins > 4096) std::this_thread::yield();  // a preempted worker holds a chunk
     }
   }
@@ -93,7 +93,7 @@ class Pool {
         const auto budget = std::chrono::microseconds(spin_us_.load());
         int iter = 0;
         while ((g = wake_.load(std::memory_order_acquire)) == seen) {
-          _mm_pause();
+          vec::cpu_relax();
           if (++iter == 64) {
             iter = 0;
             if (std::chrono::steady_clock::now() - start > budget) break;

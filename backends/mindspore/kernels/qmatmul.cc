@@ -15,8 +15,8 @@
 // and y = acc (+ res, added once at the end), then each row's LoRA delta (lora.h) when the LoRA inputs are
 // given. This fixed sequence does not depend on M, on the other rows, on the thread count or on the tile
 // shape (work is split over rows and over groups of 16 output columns, one or two at a time, never over K), so a row is
-// bit-identical alone or batched. The integer sums are exact whatever instructions compute them, so the
-// AVX-512 VNNI, AVX-512BW and AVX2 paths below give identical bits too.
+// bit-identical alone or batched. The integer sums are exact whatever instructions compute them, so every
+// backend of vec.h (AVX-512 VNNI, AVX-512BW, AVX2, NEON with or without dotprod, scalar) gives identical bits.
 //
 // Packed weight (made once at load by prepare_qweight() in __init__.py), handed to MindSpore as uint8
 // [1, (K/32) * B, N] with B the format's block bytes (34, 18, 20: the format is read from it). Columns are
@@ -29,16 +29,14 @@
 //   m        w fp16 (Q4_1 only)
 // so one 64-byte load gives one dword of each of 16 columns: the lanes of a VNNI dot product.
 //
-// The instruction set is chosen when the library is built (-march=native; build.py keys its cache by the
-// CPU's flags): AVX-512 VNNI (vpdpbusd), else AVX-512BW (vpmaddubsw + vpmaddwd), else AVX2 (the same on
-// 256-bit halves). mindserve_qmatmul_isa() says which.
+// The instruction set is the build variant's (build.py): vec.h's dot_nib / dot_q8 are vpdpbusd with AVX-512
+// VNNI, vpmaddubsw + vpmaddwd with AVX-512BW or AVX2, sdot with NEON dotprod, widening multiplies on plain
+// NEON. mindserve_qmatmul_isa() says which.
 //
 // Exported: mindserve_qmatmul_raw(x, w_packed, fmt, res, y, M, K, N) (tests; fmt 0 Q8_0, 1 Q4_0, 2 Q4_1),
 // mindserve_quantize_rows_raw(x, M, K, q, d, s), mindserve_qmatmul_isa(); the AOT path is qmatmul_entry()
 // (qmatmul.h), reached through MindserveMatMul / MindserveMatMulAdd with a uint8 weight.
 #include "qmatmul.h"
-
-#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
@@ -49,13 +47,8 @@
 
 #include "entry.h"
 #include "pool.h"
-#ifndef MINDSERVE_QMATMUL_STANDALONE
+#include "vec.h"
 #include "lora.h"
-#endif
-
-#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
-#error "qmatmul.cc needs at least AVX2, FMA and F16C"
-#endif
 
 namespace {
 
@@ -64,152 +57,32 @@ constexpr int kBlockBytes[kFormats] = {34, 18, 20};
 constexpr int kGroup = 16;  // output columns per group (one vector of lanes)
 
 // ---------------------------------------------------------------------------------------------
-// 16 lanes of int32 / float32: one zmm, or two ymm halves.
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#define MINDSERVE_Q512 1
-constexpr int kMaxMR = 8;   // rows per tile of one group of columns
-constexpr int kMaxMR2 = 6;  // rows per tile of two groups
-using VI = __m512i;
-using VF = __m512;
-inline __mmask16 lanes(int w) { return static_cast<__mmask16>(w >= 16 ? 0xFFFF : ((1u << w) - 1)); }
-inline VI vi_zero() { return _mm512_setzero_si512(); }
+// 16 lanes of int32 / float32: vec.h. FULL: all 16 columns of a group, else the first w.
+namespace v = mindserve::vec;
+constexpr int kMaxMR = v::kQRows;    // rows per tile of one group of columns
+constexpr int kMaxMR2 = v::kQRows2;  // rows per tile of two groups
+using VI = v::I32x16;
+using VF = v::F32x16;
 template <bool FULL>
 inline VI load_q(const uint8_t *p, int w) {
-  if constexpr (FULL) return _mm512_loadu_si512(p);
-  return _mm512_maskz_loadu_epi32(lanes(w), p);
+  if constexpr (FULL) return v::load_bytes(p);
+  return v::load_bytes_part(p, w);
 }
-inline VI bcast4(const int8_t *p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm512_set1_epi32(v);
-}
-inline VI nib_lo(VI v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
-inline VI nib_hi(VI v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
-// acc + per lane sum of its 4 bytes of u (unsigned, <= 15) times those of x (signed, -127..127).
-inline VI dot_small(VI acc, VI u, VI x) {
-#if defined(__AVX512VNNI__)
-  return _mm512_dpbusd_epi32(acc, u, x);
-#else
-  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, x), _mm512_set1_epi16(1)));
-#endif
-}
-// The same for u of 0..255 (vpmaddubsw would saturate: split into nibbles there).
-inline VI dot_byte(VI acc, VI u, VI x) {
-#if defined(__AVX512VNNI__)
-  return _mm512_dpbusd_epi32(acc, u, x);
-#else
-  acc = _mm512_add_epi32(acc, _mm512_slli_epi32(dot_small(vi_zero(), nib_hi(u), x), 4));
-  return dot_small(acc, nib_lo(u), x);
-#endif
-}
-inline VI vi_sub(VI a, int32_t c) { return _mm512_sub_epi32(a, _mm512_set1_epi32(c)); }
-inline VF vf_zero() { return _mm512_setzero_ps(); }
-inline VF to_f(VI v) { return _mm512_cvtepi32_ps(v); }
 template <bool FULL>
 inline VF load_h(const uint8_t *p, int w) {
-  if constexpr (FULL) return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)));
-  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes(w), p));
+  if constexpr (FULL) return v::load_f16(p);
+  return v::load_f16_part(p, w);
 }
-inline VF vf_set1(float v) { return _mm512_set1_ps(v); }
-inline VF vf_mul(VF a, VF b) { return _mm512_mul_ps(a, b); }
-inline VF vf_add(VF a, VF b) { return _mm512_add_ps(a, b); }
-inline VF vf_fma(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
 template <bool FULL>
 inline VF load_f(const float *p, int w) {
-  if constexpr (FULL) return _mm512_loadu_ps(p);
-  return _mm512_maskz_loadu_ps(lanes(w), p);
+  if constexpr (FULL) return v::load(p);
+  return v::load_part(p, w);
 }
 template <bool FULL>
-inline void store_f(float *p, VF v, int w) {
-  if constexpr (FULL) _mm512_storeu_ps(p, v);
-  else _mm512_mask_storeu_ps(p, lanes(w), v);
+inline void store_f(float *p, VF a, int w) {
+  if constexpr (FULL) v::store(p, a);
+  else v::store_part(p, a, w);
 }
-#else
-constexpr int kMaxMR = 2;
-constexpr int kMaxMR2 = 1;
-struct VI {
-  __m256i a, b;
-};
-struct VF {
-  __m256 a, b;
-};
-inline VI vi_zero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
-template <bool FULL>
-inline VI load_q(const uint8_t *p, int w) {
-  alignas(64) uint8_t buf[64] = {};
-  if constexpr (!FULL) {
-    std::memcpy(buf, p, 4 * w);
-    p = buf;
-  }
-  return {_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)),
-          _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p + 32))};
-}
-inline VI bcast4(const int8_t *p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  const __m256i b = _mm256_set1_epi32(v);
-  return {b, b};
-}
-inline VI nib_lo(VI v) {
-  const __m256i m = _mm256_set1_epi8(0x0F);
-  return {_mm256_and_si256(v.a, m), _mm256_and_si256(v.b, m)};
-}
-inline VI nib_hi(VI v) {
-  const __m256i m = _mm256_set1_epi8(0x0F);
-  return {_mm256_and_si256(_mm256_srli_epi16(v.a, 4), m), _mm256_and_si256(_mm256_srli_epi16(v.b, 4), m)};
-}
-inline VI dot_small(VI acc, VI u, VI x) {
-  const __m256i one = _mm256_set1_epi16(1);
-  return {_mm256_add_epi32(acc.a, _mm256_madd_epi16(_mm256_maddubs_epi16(u.a, x.a), one)),
-          _mm256_add_epi32(acc.b, _mm256_madd_epi16(_mm256_maddubs_epi16(u.b, x.b), one))};
-}
-inline VI dot_byte(VI acc, VI u, VI x) {
-  const VI hi = dot_small(vi_zero(), nib_hi(u), x);
-  acc = {_mm256_add_epi32(acc.a, _mm256_slli_epi32(hi.a, 4)), _mm256_add_epi32(acc.b, _mm256_slli_epi32(hi.b, 4))};
-  return dot_small(acc, nib_lo(u), x);
-}
-inline VI vi_sub(VI v, int32_t c) {
-  const __m256i b = _mm256_set1_epi32(c);
-  return {_mm256_sub_epi32(v.a, b), _mm256_sub_epi32(v.b, b)};
-}
-inline VF vf_zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
-inline VF to_f(VI v) { return {_mm256_cvtepi32_ps(v.a), _mm256_cvtepi32_ps(v.b)}; }
-template <bool FULL>
-inline VF load_h(const uint8_t *p, int w) {
-  alignas(32) uint8_t buf[32] = {};
-  if constexpr (!FULL) {
-    std::memcpy(buf, p, 2 * w);
-    p = buf;
-  }
-  return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))),
-          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p + 16)))};
-}
-inline VF vf_set1(float v) { return {_mm256_set1_ps(v), _mm256_set1_ps(v)}; }
-inline VF vf_mul(VF x, VF y) { return {_mm256_mul_ps(x.a, y.a), _mm256_mul_ps(x.b, y.b)}; }
-inline VF vf_add(VF x, VF y) { return {_mm256_add_ps(x.a, y.a), _mm256_add_ps(x.b, y.b)}; }
-inline VF vf_fma(VF x, VF y, VF z) { return {_mm256_fmadd_ps(x.a, y.a, z.a), _mm256_fmadd_ps(x.b, y.b, z.b)}; }
-template <bool FULL>
-inline VF load_f(const float *p, int w) {
-  alignas(64) float buf[16] = {};
-  if constexpr (!FULL) {
-    std::memcpy(buf, p, sizeof(float) * w);
-    p = buf;
-  }
-  return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)};
-}
-template <bool FULL>
-inline void store_f(float *p, VF v, int w) {
-  if constexpr (FULL) {
-    _mm256_storeu_ps(p, v.a);
-    _mm256_storeu_ps(p + 8, v.b);
-  } else {
-    alignas(64) float buf[16];
-    _mm256_storeu_ps(buf, v.a);
-    _mm256_storeu_ps(buf + 8, v.b);
-    std::memcpy(p, buf, sizeof(float) * w);
-  }
-}
-#endif
 
 // ---------------------------------------------------------------------------------------------
 // Activation quantization (see the header comment): q [M, K] int8; d, sf [M, K/32] float (sf = d * sum q);
@@ -222,28 +95,14 @@ struct QX {
 };
 
 inline void quantize_block(const float *x, int8_t *q, float *d, int32_t *s, float *sf) {
-#if defined(MINDSERVE_Q512)
-  const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
-  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+  const VF v0 = v::load(x), v1 = v::load(x + 16);
+  const float amax = v::reduce_max(v::max(v::abs(v0), v::abs(v1)));
   const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-  const __m512 vid = _mm512_set1_ps(id);
-  const __m512i q0 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(v0, vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512i q1 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(v1, vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  _mm_storeu_si128(reinterpret_cast<__m128i *>(q), _mm512_cvtsepi32_epi8(q0));
-  _mm_storeu_si128(reinterpret_cast<__m128i *>(q + 16), _mm512_cvtsepi32_epi8(q1));
-  const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-#else
-  float amax = 0.0f;
-  for (int k = 0; k < 32; ++k) amax = std::max(amax, std::fabs(x[k]));
-  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-  int32_t sum = 0;
-  for (int k = 0; k < 32; ++k) {
-    const float v = std::nearbyintf(x[k] * id);  // the default rounding mode: nearest, ties to even
-    const int32_t iv = static_cast<int32_t>(std::clamp(v, -128.0f, 127.0f));
-    q[k] = static_cast<int8_t>(iv);
-    sum += iv;
-  }
-#endif
+  const VF vid = v::set1(id);
+  const VI q0 = v::cvt_round(v::mul(v0, vid)), q1 = v::cvt_round(v::mul(v1, vid));
+  v::store_i8_sat(q, q0);
+  v::store_i8_sat(q + 16, q1);
+  const int32_t sum = v::reduce_add_i32(v::iadd(q0, q1));
   const float dv = amax / 127.0f;
   *d = dv;
   *s = sum;
@@ -288,32 +147,32 @@ void tile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t group_b
   const int64_t K = qx.K, nb = qx.nb;
   VF facc[MR][NG];
   _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)
-    _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) facc[r][n] = vf_zero();
+    _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) facc[r][n] = v::zero();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t *blk = g + b * w * B;
     const int8_t *xq = qx.q.data() + m0 * K + 32 * b;
     VI iacc[MR][NG];
     _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)
-      _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) iacc[r][n] = vi_zero();
+      _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) iacc[r][n] = v::izero();
     _Pragma("GCC unroll 8") for (int j = 0; j < D; ++j) {
       VI raw[NG];
       _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) raw[n] = load_q<FULL>(blk + n * group_bytes + j * 4 * w, w);
       if constexpr (F == kQ8_0) {
         _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
-          const VI xb = bcast4(xq + r * K + 4 * j);
-          _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) iacc[r][n] = dot_byte(iacc[r][n], raw[n], xb);
+          const VI xb = v::bcast4(xq + r * K + 4 * j);
+          _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) iacc[r][n] = v::dot_q8(iacc[r][n], raw[n], xb);
         }
       } else {
         VI lo[NG], hi[NG];
         _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) {
-          lo[n] = nib_lo(raw[n]);
-          hi[n] = nib_hi(raw[n]);
+          lo[n] = v::nib_lo(raw[n]);
+          hi[n] = v::nib_hi(raw[n]);
         }
         _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
-          const VI xl = bcast4(xq + r * K + 4 * j), xh = bcast4(xq + r * K + 16 + 4 * j);
+          const VI xl = v::bcast4(xq + r * K + 4 * j), xh = v::bcast4(xq + r * K + 16 + 4 * j);
           _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) {
-            iacc[r][n] = dot_small(iacc[r][n], lo[n], xl);
-            iacc[r][n] = dot_small(iacc[r][n], hi[n], xh);
+            iacc[r][n] = v::dot_nib(iacc[r][n], lo[n], xl);
+            iacc[r][n] = v::dot_nib(iacc[r][n], hi[n], xh);
           }
         }
       }
@@ -322,12 +181,12 @@ void tile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t group_b
     _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) dw[n] = load_h<FULL>(blk + n * group_bytes + D * 4 * w, w);
     _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
       const int64_t i = (m0 + r) * nb + b;
-      const VF dx = vf_set1(qx.d[i]);
+      const VF dx = v::set1(qx.d[i]);
       _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) {
         VI isum = iacc[r][n];
-        if constexpr (F == kQ8_0) isum = vi_sub(isum, 128 * qx.s[i]);
-        if constexpr (F == kQ4_0) isum = vi_sub(isum, 8 * qx.s[i]);
-        facc[r][n] = vf_fma(vf_mul(dw[n], dx), to_f(isum), facc[r][n]);
+        if constexpr (F == kQ8_0 && v::kQ8Bias != 0) isum = v::isub(isum, v::kQ8Bias * qx.s[i]);
+        if constexpr (F == kQ4_0) isum = v::isub(isum, 8 * qx.s[i]);
+        facc[r][n] = v::fmadd(v::mul(dw[n], dx), v::to_f(isum), facc[r][n]);
       }
     }
     if constexpr (F == kQ4_1) {
@@ -335,16 +194,16 @@ void tile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t group_b
       _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n)
         mw[n] = load_h<FULL>(blk + n * group_bytes + D * 4 * w + 2 * w, w);
       _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
-        const VF sf = vf_set1(qx.sf[(m0 + r) * nb + b]);
-        _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) facc[r][n] = vf_fma(mw[n], sf, facc[r][n]);
+        const VF sf = v::set1(qx.sf[(m0 + r) * nb + b]);
+        _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) facc[r][n] = v::fmadd(mw[n], sf, facc[r][n]);
       }
     }
   }
   _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
     _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) {
-      VF v = facc[r][n];
-      if (res != nullptr) v = vf_add(v, load_f<FULL>(res + r * ldy + kGroup * n, w));
-      store_f<FULL>(y + r * ldy + kGroup * n, v, w);
+      VF a = facc[r][n];
+      if (res != nullptr) a = v::add(a, load_f<FULL>(res + r * ldy + kGroup * n, w));
+      store_f<FULL>(y + r * ldy + kGroup * n, a, w);
     }
   }
 }
@@ -446,7 +305,6 @@ void qmatmul(const float *x, const uint8_t *w, int fmt, const float *res, float 
 
 namespace mindserve {
 
-#ifndef MINDSERVE_QMATMUL_STANDALONE
 namespace {
 // Format of a packed weight [1, L, N] for x [.., K]: L = (K/32) * block bytes. -1 if none fits.
 int format_of(int64_t K, int64_t L) {
@@ -487,7 +345,6 @@ int qmatmul_entry(int nparam, void **params, int *ndims, int64_t **shapes, const
   if (lora) lora_apply(l, x, M, K, y, N);
   return 0;
 }
-#endif
 
 }  // namespace mindserve
 
@@ -513,22 +370,9 @@ int mindserve_quantize_rows_raw(const float *x, int64_t M, int64_t K, int8_t *q,
   return 0;
 }
 
-// Which instruction set the dot products use: "avx512-vnni", "avx512bw" or "avx2".
-const char *mindserve_qmatmul_isa() {
-#if defined(MINDSERVE_Q512) && defined(__AVX512VNNI__)
-  return "avx512-vnni";
-#elif defined(MINDSERVE_Q512)
-  return "avx512bw";
-#else
-  return "avx2";
-#endif
-}
+// Which instruction set the dot products use (vec.h's backend): "avx512-vnni", "avx512bw", "avx2", "neon-dotprod",
+// "neon" or "scalar".
+const char *mindserve_qmatmul_isa() { return v::kIsa; }
 
-#ifdef MINDSERVE_QMATMUL_STANDALONE
-int mindserve_matmul_set_threads(int n) {
-  mindserve::pool().set_threads(n);
-  return mindserve::pool().threads();
-}
-#endif
 
 }  // extern "C"

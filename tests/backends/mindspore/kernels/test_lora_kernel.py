@@ -10,8 +10,7 @@ import pytest
 from backends.mindspore.kernels import prepare_weight
 from backends.mindspore.kernels import build as kbuild
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("g++") is None or not kbuild._has_avx512(), reason="needs g++ and an AVX-512 CPU")
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
 
 def _factors(rng, slots: int, k: int, segs: list[int], rank: int):

@@ -12,8 +12,7 @@ import pytest
 from backends.mindspore.kernels import PANEL, prepare_weight
 from backends.mindspore.kernels import build as kbuild
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("g++") is None or not kbuild._has_avx512(), reason="needs g++ and an AVX-512 CPU")
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
 MODEL_SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576), (576, 49152)]
 ODD_SHAPES = [(1, 1), (5, 3), (37, 53), (100, 17), (577, 1001), (63, 129), (1537, 575)]
@@ -124,14 +123,16 @@ def test_aot_entry_rejects_bad_arguments(lib):
     assert call([(2, 3), (1, 3, 4), (2, 5)], ["float32"] * 3) != 0
 
 
-def test_build_is_cached_and_keyed(cache_dir, monkeypatch):
-    first = kbuild.build_kernel(cache_dir)
-    assert first.exists() and first.parent == cache_dir
+@pytest.mark.slow
+def test_build_is_cached_and_keyed(tmp_path, monkeypatch):
+    """The one test that builds from scratch (every other kernel test shares the session's cache)."""
+    first = kbuild.build_kernel(tmp_path, variant="scalar")
+    assert first.exists() and first.parent == tmp_path and "scalar" in first.name
     mtime = first.stat().st_mtime_ns
-    assert kbuild.build_kernel(cache_dir) == first and first.stat().st_mtime_ns == mtime
-    assert not [p for p in os.listdir(cache_dir) if p.startswith((".build-", ".src-"))]  # no temp files left
+    assert kbuild.build_kernel(tmp_path, variant="scalar") == first and first.stat().st_mtime_ns == mtime
+    assert not [p for p in os.listdir(tmp_path) if p.startswith((".build-", ".src-"))]  # no temp files left
     monkeypatch.setattr(kbuild, "CXXFLAGS", kbuild.CXXFLAGS + ("-DMINDSERVE_TEST_FLAG",))
-    assert kbuild.build_kernel(cache_dir) != first  # flags are part of the key
+    assert kbuild.build_kernel(tmp_path, variant="scalar") != first  # flags are part of the key
 
 
 def test_every_local_include_is_a_listed_header():

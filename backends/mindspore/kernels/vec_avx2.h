@@ -1,0 +1,167 @@
+// mindserve vector layer, AVX2 + FMA + F16C backend (vec.h states the contract): two ymm per vector
+// (a = lanes 0..7, b = lanes 8..15).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace mindserve::vec {
+
+constexpr const char *kIsa = "avx2";
+constexpr int kMatMulRows = 2;  // fp32 tile rows: 2 x 6 ymm accumulators + the weights in 16 ymm
+constexpr int kQRows = 2;
+constexpr int kQRows2 = 1;
+constexpr int kQ8Bias = 128;  // dot_q8 sums u * x with u = q + 128 (vpmaddubsw is unsigned x signed)
+
+struct F32x16 {
+  __m256 a, b;
+};
+struct I32x16 {
+  __m256i a, b;
+};
+
+// Lanes i < n of each half set (all ones), the rest clear.
+inline __m256i lanes_below(int n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+inline F32x16 zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline F32x16 set1(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+inline F32x16 load(const float *p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline F32x16 load_part(const float *p, int n) {  // vmaskmovps: masked lanes read as 0 and never fault
+  return {_mm256_maskload_ps(p, lanes_below(n)), _mm256_maskload_ps(p + 8, lanes_below(n - 8))};
+}
+inline void store(float *p, F32x16 v) {
+  _mm256_storeu_ps(p, v.a);
+  _mm256_storeu_ps(p + 8, v.b);
+}
+inline void store_part(float *p, F32x16 v, int n) {
+  _mm256_maskstore_ps(p, lanes_below(n), v.a);
+  _mm256_maskstore_ps(p + 8, lanes_below(n - 8), v.b);
+}
+#define MINDSERVE_VEC2(name, op)                                                                   \
+  inline F32x16 name(F32x16 x, F32x16 y) { return {op(x.a, y.a), op(x.b, y.b)}; }
+MINDSERVE_VEC2(add, _mm256_add_ps)
+MINDSERVE_VEC2(sub, _mm256_sub_ps)
+MINDSERVE_VEC2(mul, _mm256_mul_ps)
+MINDSERVE_VEC2(div, _mm256_div_ps)
+MINDSERVE_VEC2(max, _mm256_max_ps)
+#undef MINDSERVE_VEC2
+inline F32x16 fmadd(F32x16 x, F32x16 y, F32x16 z) { return {_mm256_fmadd_ps(x.a, y.a, z.a), _mm256_fmadd_ps(x.b, y.b, z.b)}; }
+inline F32x16 fnmadd(F32x16 x, F32x16 y, F32x16 z) {
+  return {_mm256_fnmadd_ps(x.a, y.a, z.a), _mm256_fnmadd_ps(x.b, y.b, z.b)};
+}
+inline F32x16 abs(F32x16 x) {
+  const __m256 m = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  return {_mm256_and_ps(x.a, m), _mm256_and_ps(x.b, m)};
+}
+inline F32x16 select_neg(F32x16 g, F32x16 x, F32x16 y) {
+  const __m256 z = _mm256_setzero_ps();
+  return {_mm256_blendv_ps(y.a, x.a, _mm256_cmp_ps(g.a, z, _CMP_LT_OQ)),
+          _mm256_blendv_ps(y.b, x.b, _mm256_cmp_ps(g.b, z, _CMP_LT_OQ))};
+}
+inline F32x16 keep_first(F32x16 x, int n) {
+  return {_mm256_and_ps(x.a, _mm256_castsi256_ps(lanes_below(n))),
+          _mm256_and_ps(x.b, _mm256_castsi256_ps(lanes_below(n - 8)))};
+}
+inline F32x16 fill_tail(F32x16 x, int n, float f) {
+  const __m256 v = _mm256_set1_ps(f);
+  return {_mm256_blendv_ps(v, x.a, _mm256_castsi256_ps(lanes_below(n))),
+          _mm256_blendv_ps(v, x.b, _mm256_castsi256_ps(lanes_below(n - 8)))};
+}
+inline F32x16 round_even(F32x16 x) {
+  constexpr int kMode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  return {_mm256_round_ps(x.a, kMode), _mm256_round_ps(x.b, kMode)};
+}
+// 2^k for integral k in [-126, 127], from its exponent bits.
+inline __m256 pow2(__m256 k) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23));
+}
+// p * 2^n in one rounding, as vscalefps: p * 2^max(n, -125) is exact (p >= 0.5 stays normal), then the
+// remaining 2^(n - max(n, -125)) in [2^-24, 1] rounds once.
+inline __m256 ldexp8(__m256 p, __m256 n) {
+  const __m256 n1 = _mm256_max_ps(n, _mm256_set1_ps(-125.0f));
+  return _mm256_mul_ps(_mm256_mul_ps(p, pow2(n1)), pow2(_mm256_sub_ps(n, n1)));
+}
+inline F32x16 ldexp(F32x16 p, F32x16 n) { return {ldexp8(p.a, n.a), ldexp8(p.b, n.b)}; }
+inline float reduce_add(F32x16 x) {
+  const __m256 h = _mm256_add_ps(x.b, x.a);
+  const __m128 q = _mm_add_ps(_mm256_extractf128_ps(h, 1), _mm256_castps256_ps128(h));
+  const __m128 p = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  return _mm_cvtss_f32(_mm_add_ss(p, _mm_movehdup_ps(p)));
+}
+inline float reduce_max(F32x16 x) {
+  const __m256 h = _mm256_max_ps(x.a, x.b);
+  __m128 q = _mm_max_ps(_mm256_extractf128_ps(h, 1), _mm256_castps256_ps128(h));
+  q = _mm_max_ps(q, _mm_movehl_ps(q, q));
+  return _mm_cvtss_f32(_mm_max_ss(q, _mm_movehdup_ps(q)));
+}
+inline F32x16 load_f16(const uint8_t *p) {
+  return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))),
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p + 16)))};
+}
+inline F32x16 load_f16_part(const uint8_t *p, int n) {
+  alignas(32) uint8_t buf[32] = {};
+  std::memcpy(buf, p, 2 * n);
+  return load_f16(buf);
+}
+
+inline I32x16 izero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+inline I32x16 load_bytes(const uint8_t *p) {
+  return {_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p + 32))};
+}
+inline I32x16 load_bytes_part(const uint8_t *p, int lanes) {
+  const auto *q = reinterpret_cast<const int *>(p);
+  return {_mm256_maskload_epi32(q, lanes_below(lanes)), _mm256_maskload_epi32(q + 8, lanes_below(lanes - 8))};
+}
+inline I32x16 bcast4(const int8_t *p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  const __m256i b = _mm256_set1_epi32(v);
+  return {b, b};
+}
+inline I32x16 nib_lo(I32x16 v) {
+  const __m256i m = _mm256_set1_epi8(0x0F);
+  return {_mm256_and_si256(v.a, m), _mm256_and_si256(v.b, m)};
+}
+inline I32x16 nib_hi(I32x16 v) {
+  const __m256i m = _mm256_set1_epi8(0x0F);
+  return {_mm256_and_si256(_mm256_srli_epi16(v.a, 4), m), _mm256_and_si256(_mm256_srli_epi16(v.b, 4), m)};
+}
+inline I32x16 dot_nib(I32x16 acc, I32x16 u, I32x16 x) {
+  const __m256i one = _mm256_set1_epi16(1);
+  return {_mm256_add_epi32(acc.a, _mm256_madd_epi16(_mm256_maddubs_epi16(u.a, x.a), one)),
+          _mm256_add_epi32(acc.b, _mm256_madd_epi16(_mm256_maddubs_epi16(u.b, x.b), one))};
+}
+inline I32x16 dot_q8(I32x16 acc, I32x16 u, I32x16 x) {
+  const I32x16 hi = dot_nib(izero(), nib_hi(u), x);
+  acc = {_mm256_add_epi32(acc.a, _mm256_slli_epi32(hi.a, 4)), _mm256_add_epi32(acc.b, _mm256_slli_epi32(hi.b, 4))};
+  return dot_nib(acc, nib_lo(u), x);
+}
+inline I32x16 isub(I32x16 v, int32_t c) {
+  const __m256i b = _mm256_set1_epi32(c);
+  return {_mm256_sub_epi32(v.a, b), _mm256_sub_epi32(v.b, b)};
+}
+inline I32x16 iadd(I32x16 x, I32x16 y) { return {_mm256_add_epi32(x.a, y.a), _mm256_add_epi32(x.b, y.b)}; }
+inline F32x16 to_f(I32x16 v) { return {_mm256_cvtepi32_ps(v.a), _mm256_cvtepi32_ps(v.b)}; }
+inline I32x16 cvt_round(F32x16 v) {  // vcvtps2dq under the default MXCSR: nearest, ties to even
+  return {_mm256_cvtps_epi32(v.a), _mm256_cvtps_epi32(v.b)};
+}
+inline void store_i8_sat(int8_t *p, I32x16 v) {
+  const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(v.a, v.b), 0xD8);  // 16 x int16, in order
+  const __m128i b = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i *>(p), b);
+}
+inline int32_t reduce_add_i32(I32x16 v) {
+  const __m256i h = _mm256_add_epi32(v.a, v.b);
+  __m128i q = _mm_add_epi32(_mm256_extracti128_si256(h, 1), _mm256_castsi256_si128(h));
+  q = _mm_add_epi32(q, _mm_unpackhi_epi64(q, q));
+  return _mm_cvtsi128_si32(_mm_add_epi32(q, _mm_shuffle_epi32(q, 1)));
+}
+
+inline void cpu_relax() { _mm_pause(); }
+
+}  // namespace mindserve::vec

@@ -1,0 +1,104 @@
+// mindserve vector layer, AVX-512 backend (vec.h states the contract): one zmm per vector.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace mindserve::vec {
+
+#if defined(__AVX512VNNI__)
+constexpr const char *kIsa = "avx512-vnni";
+#else
+constexpr const char *kIsa = "avx512bw";
+#endif
+constexpr int kMatMulRows = 8;  // fp32 tile rows: 8 x 3 accumulators + 3 weights + a broadcast in 32 zmm
+constexpr int kQRows = 8;       // quantized tile rows, one group of 16 columns
+constexpr int kQRows2 = 6;      // ... two groups
+constexpr int kQ8Bias = 128;    // dot_q8 sums u * x with u = q + 128 (vpdpbusd is unsigned x signed)
+
+struct F32x16 {
+  __m512 v;
+};
+struct I32x16 {
+  __m512i v;
+};
+
+inline __mmask16 first(int n) { return static_cast<__mmask16>(n >= 16 ? 0xFFFF : ((1u << n) - 1)); }
+
+inline F32x16 zero() { return {_mm512_setzero_ps()}; }
+inline F32x16 set1(float x) { return {_mm512_set1_ps(x)}; }
+inline F32x16 load(const float *p) { return {_mm512_loadu_ps(p)}; }
+inline F32x16 load_part(const float *p, int n) { return {_mm512_maskz_loadu_ps(first(n), p)}; }
+inline void store(float *p, F32x16 a) { _mm512_storeu_ps(p, a.v); }
+inline void store_part(float *p, F32x16 a, int n) { _mm512_mask_storeu_ps(p, first(n), a.v); }
+inline F32x16 add(F32x16 a, F32x16 b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline F32x16 sub(F32x16 a, F32x16 b) { return {_mm512_sub_ps(a.v, b.v)}; }
+inline F32x16 mul(F32x16 a, F32x16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline F32x16 div(F32x16 a, F32x16 b) { return {_mm512_div_ps(a.v, b.v)}; }
+inline F32x16 fmadd(F32x16 a, F32x16 b, F32x16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline F32x16 fnmadd(F32x16 a, F32x16 b, F32x16 c) { return {_mm512_fnmadd_ps(a.v, b.v, c.v)}; }
+inline F32x16 max(F32x16 a, F32x16 b) { return {_mm512_max_ps(a.v, b.v)}; }
+inline F32x16 abs(F32x16 a) { return {_mm512_abs_ps(a.v)}; }
+// g < 0 ? a : b, lane by lane.
+inline F32x16 select_neg(F32x16 g, F32x16 a, F32x16 b) {
+  return {_mm512_mask_blend_ps(_mm512_cmp_ps_mask(g.v, _mm512_setzero_ps(), _CMP_LT_OQ), b.v, a.v)};
+}
+inline F32x16 keep_first(F32x16 a, int n) { return {_mm512_maskz_mov_ps(first(n), a.v)}; }
+inline F32x16 fill_tail(F32x16 a, int n, float f) { return {_mm512_mask_mov_ps(_mm512_set1_ps(f), first(n), a.v)}; }
+inline F32x16 round_even(F32x16 a) {
+  return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
+}
+inline F32x16 ldexp(F32x16 p, F32x16 n) { return {_mm512_scalef_ps(p.v, n.v)}; }
+inline float reduce_add(F32x16 a) {  // the fixed tree, spelled out
+  const __m256 h = _mm256_add_ps(_mm512_extractf32x8_ps(a.v, 1), _mm512_extractf32x8_ps(a.v, 0));
+  const __m128 q = _mm_add_ps(_mm256_extractf128_ps(h, 1), _mm256_castps256_ps128(h));
+  const __m128 p = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  return _mm_cvtss_f32(_mm_add_ss(p, _mm_movehdup_ps(p)));
+}
+inline float reduce_max(F32x16 a) { return _mm512_reduce_max_ps(a.v); }
+inline F32x16 load_f16(const uint8_t *p) {
+  return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)))};
+}
+inline F32x16 load_f16_part(const uint8_t *p, int n) { return {_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(first(n), p))}; }
+
+inline I32x16 izero() { return {_mm512_setzero_si512()}; }
+inline I32x16 load_bytes(const uint8_t *p) { return {_mm512_loadu_si512(p)}; }
+inline I32x16 load_bytes_part(const uint8_t *p, int lanes) { return {_mm512_maskz_loadu_epi32(first(lanes), p)}; }
+inline I32x16 bcast4(const int8_t *p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return {_mm512_set1_epi32(v)};
+}
+inline I32x16 nib_lo(I32x16 a) { return {_mm512_and_si512(a.v, _mm512_set1_epi8(0x0F))}; }
+inline I32x16 nib_hi(I32x16 a) { return {_mm512_and_si512(_mm512_srli_epi16(a.v, 4), _mm512_set1_epi8(0x0F))}; }
+// acc + per lane sum of its 4 bytes of u (unsigned, <= 15) times those of x (signed, -127..127).
+inline I32x16 dot_nib(I32x16 acc, I32x16 u, I32x16 x) {
+#if defined(__AVX512VNNI__)
+  return {_mm512_dpbusd_epi32(acc.v, u.v, x.v)};
+#else
+  return {_mm512_add_epi32(acc.v, _mm512_madd_epi16(_mm512_maddubs_epi16(u.v, x.v), _mm512_set1_epi16(1)))};
+#endif
+}
+// The same for u of 0..255 (vpmaddubsw would saturate: split into nibbles there).
+inline I32x16 dot_q8(I32x16 acc, I32x16 u, I32x16 x) {
+#if defined(__AVX512VNNI__)
+  return {_mm512_dpbusd_epi32(acc.v, u.v, x.v)};
+#else
+  acc = {_mm512_add_epi32(acc.v, _mm512_slli_epi32(dot_nib(izero(), nib_hi(u), x).v, 4))};
+  return dot_nib(acc, nib_lo(u), x);
+#endif
+}
+inline I32x16 isub(I32x16 a, int32_t c) { return {_mm512_sub_epi32(a.v, _mm512_set1_epi32(c))}; }
+inline I32x16 iadd(I32x16 a, I32x16 b) { return {_mm512_add_epi32(a.v, b.v)}; }
+inline F32x16 to_f(I32x16 a) { return {_mm512_cvtepi32_ps(a.v)}; }
+inline I32x16 cvt_round(F32x16 a) {
+  return {_mm512_cvt_roundps_epi32(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
+}
+inline void store_i8_sat(int8_t *p, I32x16 a) { _mm_storeu_si128(reinterpret_cast<__m128i *>(p), _mm512_cvtsepi32_epi8(a.v)); }
+inline int32_t reduce_add_i32(I32x16 a) { return _mm512_reduce_add_epi32(a.v); }
+
+inline void cpu_relax() { _mm_pause(); }
+
+}  // namespace mindserve::vec

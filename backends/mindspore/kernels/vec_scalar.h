@@ -1,0 +1,153 @@
+// mindserve vector layer, portable scalar backend (vec.h states the contract): plain arrays of 16 lanes,
+// one C++ operation per lane (std::fma for the fused ones). It runs on any CPU, and it is the readable
+// statement of what every other backend computes.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace mindserve::vec {
+
+constexpr const char *kIsa = "scalar";
+constexpr int kMatMulRows = 2;
+constexpr int kQRows = 2;
+constexpr int kQRows2 = 1;
+constexpr int kQ8Bias = 128;
+
+struct F32x16 {
+  float v[16];
+};
+struct I32x16 {
+  int32_t v[16];
+};
+
+#define MINDSERVE_EACH(T, expr) \
+  T r;                          \
+  for (int i = 0; i < 16; ++i) r.v[i] = (expr); \
+  return r
+
+inline F32x16 zero() { MINDSERVE_EACH(F32x16, 0.0f); }
+inline F32x16 set1(float x) { MINDSERVE_EACH(F32x16, x); }
+inline F32x16 load(const float *p) { MINDSERVE_EACH(F32x16, p[i]); }
+inline F32x16 load_part(const float *p, int n) { MINDSERVE_EACH(F32x16, i < n ? p[i] : 0.0f); }
+inline void store(float *p, F32x16 a) { std::memcpy(p, a.v, sizeof a.v); }
+inline void store_part(float *p, F32x16 a, int n) { std::memcpy(p, a.v, sizeof(float) * n); }
+inline F32x16 add(F32x16 a, F32x16 b) { MINDSERVE_EACH(F32x16, a.v[i] + b.v[i]); }
+inline F32x16 sub(F32x16 a, F32x16 b) { MINDSERVE_EACH(F32x16, a.v[i] - b.v[i]); }
+inline F32x16 mul(F32x16 a, F32x16 b) { MINDSERVE_EACH(F32x16, a.v[i] * b.v[i]); }
+inline F32x16 div(F32x16 a, F32x16 b) { MINDSERVE_EACH(F32x16, a.v[i] / b.v[i]); }
+inline F32x16 fmadd(F32x16 a, F32x16 b, F32x16 c) { MINDSERVE_EACH(F32x16, std::fma(a.v[i], b.v[i], c.v[i])); }
+inline F32x16 fnmadd(F32x16 a, F32x16 b, F32x16 c) { MINDSERVE_EACH(F32x16, std::fma(-a.v[i], b.v[i], c.v[i])); }
+inline F32x16 max(F32x16 a, F32x16 b) { MINDSERVE_EACH(F32x16, a.v[i] > b.v[i] ? a.v[i] : b.v[i]); }
+inline F32x16 abs(F32x16 a) { MINDSERVE_EACH(F32x16, std::fabs(a.v[i])); }
+inline F32x16 select_neg(F32x16 g, F32x16 a, F32x16 b) { MINDSERVE_EACH(F32x16, g.v[i] < 0.0f ? a.v[i] : b.v[i]); }
+inline F32x16 keep_first(F32x16 a, int n) { MINDSERVE_EACH(F32x16, i < n ? a.v[i] : 0.0f); }
+inline F32x16 fill_tail(F32x16 a, int n, float f) { MINDSERVE_EACH(F32x16, i < n ? a.v[i] : f); }
+inline F32x16 round_even(F32x16 a) { MINDSERVE_EACH(F32x16, std::nearbyint(a.v[i])); }  // default mode: ties even
+// p * 2^n in one rounding (see vec_avx2.h): the exact step to 2^max(n, -125), then the rest.
+inline F32x16 ldexp(F32x16 p, F32x16 n) {
+  F32x16 r;
+  for (int i = 0; i < 16; ++i) {
+    const int k = static_cast<int>(n.v[i]), k1 = std::max(k, -125);
+    r.v[i] = std::ldexp(std::ldexp(p.v[i], k1), k - k1);
+  }
+  return r;
+}
+inline float reduce_add(F32x16 a) {
+  float h[8], q[4];
+  for (int i = 0; i < 8; ++i) h[i] = a.v[i] + a.v[i + 8];
+  for (int i = 0; i < 4; ++i) q[i] = h[i] + h[i + 4];
+  return (q[0] + q[2]) + (q[1] + q[3]);
+}
+inline float reduce_max(F32x16 a) {
+  float m = a.v[0];
+  for (int i = 1; i < 16; ++i) m = a.v[i] > m ? a.v[i] : m;
+  return m;
+}
+inline float half_to_float(uint16_t h) {  // IEEE binary16 -> binary32, exact (subnormals, inf, NaN)
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
+  uint32_t bits;
+  if (exp == 0x1F) {
+    bits = sign | 0x7F800000u | (man << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else {
+    const float f = std::ldexp(static_cast<float>(man), -24);  // exact: man < 2^10
+    std::memcpy(&bits, &f, 4);
+    bits |= sign;
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+inline F32x16 load_f16(const uint8_t *p) {
+  F32x16 r;
+  for (int i = 0; i < 16; ++i) {
+    uint16_t h;
+    std::memcpy(&h, p + 2 * i, 2);
+    r.v[i] = half_to_float(h);
+  }
+  return r;
+}
+inline F32x16 load_f16_part(const uint8_t *p, int n) {
+  uint8_t buf[32] = {};
+  std::memcpy(buf, p, 2 * n);
+  return load_f16(buf);
+}
+
+inline I32x16 izero() { MINDSERVE_EACH(I32x16, 0); }
+inline I32x16 load_bytes(const uint8_t *p) {
+  I32x16 r;
+  std::memcpy(r.v, p, 64);
+  return r;
+}
+inline I32x16 load_bytes_part(const uint8_t *p, int lanes) {
+  I32x16 r = izero();
+  std::memcpy(r.v, p, 4 * lanes);
+  return r;
+}
+inline I32x16 bcast4(const int8_t *p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  MINDSERVE_EACH(I32x16, v);
+}
+inline I32x16 nib_lo(I32x16 a) { MINDSERVE_EACH(I32x16, a.v[i] & 0x0F0F0F0F); }
+inline I32x16 nib_hi(I32x16 a) {
+  MINDSERVE_EACH(I32x16, static_cast<int32_t>((static_cast<uint32_t>(a.v[i]) >> 4) & 0x0F0F0F0Fu));
+}
+inline int32_t dot4(int32_t u, int32_t x, bool u_unsigned) {
+  uint8_t ub[4];
+  int8_t xb[4];
+  std::memcpy(ub, &u, 4);
+  std::memcpy(xb, &x, 4);
+  int32_t s = 0;
+  for (int b = 0; b < 4; ++b) s += (u_unsigned ? int32_t{ub[b]} : int32_t{static_cast<int8_t>(ub[b])}) * xb[b];
+  return s;
+}
+inline I32x16 dot_nib(I32x16 acc, I32x16 u, I32x16 x) { MINDSERVE_EACH(I32x16, acc.v[i] + dot4(u.v[i], x.v[i], true)); }
+inline I32x16 dot_q8(I32x16 acc, I32x16 u, I32x16 x) { MINDSERVE_EACH(I32x16, acc.v[i] + dot4(u.v[i], x.v[i], true)); }
+inline I32x16 isub(I32x16 a, int32_t c) { MINDSERVE_EACH(I32x16, a.v[i] - c); }
+inline I32x16 iadd(I32x16 a, I32x16 b) { MINDSERVE_EACH(I32x16, a.v[i] + b.v[i]); }
+inline I32x16 cvt_round(F32x16 a) { MINDSERVE_EACH(I32x16, static_cast<int32_t>(std::nearbyint(a.v[i]))); }
+inline F32x16 to_f(I32x16 a) { MINDSERVE_EACH(F32x16, static_cast<float>(a.v[i])); }
+#undef MINDSERVE_EACH
+inline void store_i8_sat(int8_t *p, I32x16 a) {
+  for (int i = 0; i < 16; ++i) p[i] = static_cast<int8_t>(std::clamp<int32_t>(a.v[i], -128, 127));
+}
+inline int32_t reduce_add_i32(I32x16 a) {
+  int32_t s = 0;
+  for (int i = 0; i < 16; ++i) s += a.v[i];
+  return s;
+}
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+}  // namespace mindserve::vec

@@ -1,0 +1,162 @@
+"""Calls of the kernel library's AOT entries on plain NumPy arrays, and one small case per entry with odd sizes
+(tails everywhere), for the tests that run every build variant of the kernels against each other."""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import numpy as np
+
+_DTYPES = {np.dtype(np.float32): b"float32", np.dtype(np.int32): b"int32", np.dtype(np.uint8): b"uint8"}
+
+
+def call_entry(lib, entry: str, arrays: list[np.ndarray]) -> int:
+    """``entry(nparam, params, ndims, shapes, dtypes, None, None)`` as MindSpore calls it; outputs are among
+    ``arrays`` (written in place, like the inputs a kernel updates)."""
+    n = len(arrays)
+    params = (ctypes.c_void_p * n)(*[a.ctypes.data for a in arrays])
+    ndims = (ctypes.c_int * n)(*[a.ndim for a in arrays])
+    shape_arrays = [(ctypes.c_int64 * max(1, a.ndim))(*a.shape) for a in arrays]
+    shapes = (ctypes.POINTER(ctypes.c_int64) * n)(*[ctypes.cast(s, ctypes.POINTER(ctypes.c_int64))
+                                                     for s in shape_arrays])
+    dtypes = (ctypes.c_char_p * n)(*[_DTYPES[a.dtype] for a in arrays])
+    fn = getattr(lib, entry)
+    fn.restype = ctypes.c_int
+    return fn(n, params, ndims, shapes, dtypes, None, None)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One call: ``entry`` on ``arrays`` (inputs then outputs, the outputs NaN-filled)."""
+
+    name: str
+    entry: str
+    arrays: tuple[np.ndarray, ...]
+
+    def run(self, lib) -> tuple[int, list[np.ndarray]]:
+        """(return code, every array after the call), on copies: the case itself is never written."""
+        arrays = [np.array(a, copy=True) for a in self.arrays]
+        return call_entry(lib, self.entry, arrays), arrays
+
+
+def _f32(rng, *shape, scale: float = 1.0) -> np.ndarray:
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def _out(*shape) -> np.ndarray:
+    return np.full(shape, np.nan, np.float32)
+
+
+def _qweight(fmt: str, n: int, k: int, rng) -> np.ndarray:
+    from gguf import GGMLQuantizationType as T
+    from gguf.quants import quantize
+
+    from backends.mindspore.kernels import prepare_qweight
+    from backends.mindspore.quant import QuantWeight
+
+    w = _f32(rng, n, k, scale=0.05)
+    w[:, :32] += 0.02  # an offset block (Q4_1's min)
+    blocks = quantize(w, {"q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1}[fmt])
+    return prepare_qweight(QuantWeight(fmt, n, k, np.ascontiguousarray(blocks.reshape(n, -1))))
+
+
+def _lora(rng, m: int, k: int, segs: list[int], rank: int = 3, slots: int = 2) -> list[np.ndarray]:
+    g = len(segs) - 1
+    a = _f32(rng, slots, k, g * rank, scale=1 / np.sqrt(k))
+    b = _f32(rng, slots, rank, segs[-1], scale=1 / np.sqrt(rank))
+    rows = np.array([i % (slots + 1) - 1 for i in range(m)], np.int32)  # base rows (-1) and each slot
+    return [a, b, rows, np.array(segs, np.int32)]
+
+
+def _x(rng, m: int, k: int) -> np.ndarray:
+    x = _f32(rng, m, k, scale=2.0)
+    x[0, :min(k, 32)] = 0.0  # a zero block (quantization amax 0), and signed zeros
+    x[-1, 1::7] = -0.0
+    return x
+
+
+def _attention_inputs(rng, n: int, h: int, kv: int, d: int, bs: int, nb: int, bias: bool) -> dict:
+    """One packed step of two sequences (table rows 0 and 1), and the cache rows each token writes."""
+    from backends.mindspore.model import rope_tables
+
+    num_blocks = 2 * nb + 3
+    width, slots = (h + 2 * kv) * d, num_blocks * bs
+    table = np.stack([rng.permutation(np.arange(1, num_blocks))[:nb] for _ in range(2)]).astype(np.int32)
+    rows = (np.arange(n) >= n // 2).astype(np.int32)
+    start = rng.integers(0, nb * bs - n, 2)
+    pos = np.array([start[r] + i for i, r in enumerate(rows)], np.int32)
+    slot = table[rows, pos // bs].astype(np.int64) * bs + pos % bs
+    cos_t, sin_t = rope_tables(d, nb * bs, 10000.0)
+    return dict(qkv=_f32(rng, n, width), bias=_f32(rng, width) if bias else np.zeros(1, np.float32),
+                cos=cos_t[pos].astype(np.float32), sin=sin_t[pos].astype(np.float32),
+                k=_f32(rng, kv * slots, d), v=_f32(rng, kv * slots, d),
+                write=(slot[:, None] + np.arange(kv) * slots).reshape(-1).astype(np.int32), table=table, pos=pos,
+                rows=rows, meta=np.array([kv, bs, int(bias)], np.int32), cos_t=cos_t.astype(np.float32),
+                sin_t=sin_t.astype(np.float32))
+
+
+def cases(seed: int = 0) -> list[Case]:
+    """Every AOT entry of the library on small odd shapes: fp32 and the three GGUF formats, with and without the
+    residual and LoRA inputs, attention with 1 and several kv heads, biased and plain QKV, a whole layer."""
+    from backends.mindspore.kernels import prepare_weight
+
+    rng = np.random.default_rng(seed)
+    out: list[Case] = []
+    m, k, n = 7, 77, 101
+    x, w = _x(rng, m, k), prepare_weight(_f32(rng, k, n, scale=0.1))
+    res = _f32(rng, m, n)
+    out.append(Case("matmul-fp32", "MindserveMatMul", (x, w, _out(m, n))))
+    out.append(Case("matmul-add-lora-fp32", "MindserveMatMulAdd",
+                    (x, w, res, *_lora(rng, m, k, [0, 40, 101]), _out(m, n))))
+    kq, nq = 96, 37
+    xq, resq = _x(rng, 9, kq), _f32(rng, 9, nq)
+    for fmt in ("q8_0", "q4_0", "q4_1"):
+        wq = _qweight(fmt, nq, kq, rng)
+        out.append(Case(f"matmul-{fmt}", "MindserveMatMul", (xq, wq, _out(9, nq))))
+        out.append(Case(f"matmul-add-lora-{fmt}", "MindserveMatMulAdd",
+                        (xq, wq, resq, *_lora(rng, 9, kq, [0, 5, 20, 37]), _out(9, nq))))
+    wide = _qweight("q4_1", 80, 64, rng)  # group pairs (two full groups of 16 columns) and a tail group
+    out.append(Case("matmul-q4_1-pairs", "MindserveMatMul", (_x(rng, 13, 64), wide, _out(13, 80))))
+    c = 45
+    xc = _f32(rng, 5, c, scale=3.0)
+    out.append(Case("rmsnorm", "MindserveRMSNorm", (xc, _f32(rng, c), np.array([1e-5], np.float32), _out(5, c))))
+    gu = _f32(rng, 4, 2 * 37, scale=6.0)
+    gu[0, :4] = [-120.0, 120.0, 0.0, -0.0]
+    out.append(Case("swiglu", "MindserveSwiGLU", (gu, _out(4, 37))))
+    for h, kv, d, bs, nb, bias in [(3, 1, 24, 4, 5, True), (4, 2, 40, 3, 6, False), (2, 2, 8, 1, 20, True)]:
+        a = _attention_inputs(rng, 6, h, kv, d, bs, nb, bias)
+        tag = f"h{h}-kv{kv}-d{d}-bs{bs}" + ("-bias" if bias else "")
+        out.append(Case(f"qkv-rope-{tag}", "MindserveQKVRope",
+                        (a["qkv"], a["cos"], a["sin"], _out(6, h, d), _out(6 * kv, d), _out(6 * kv, d))))
+        out.append(Case(f"qkv-attention-{tag}", "MindserveQKVAttention",
+                        (a["qkv"], a["bias"], a["cos"], a["sin"], a["k"], a["v"], a["write"], a["table"], a["pos"],
+                         a["rows"], a["meta"], _out(6, h * d))))
+        q = _f32(rng, 6, h, d)
+        out.append(Case(f"paged-attention-{tag}", "MindservePagedAttention",
+                        (q, a["k"], a["v"], a["table"], a["pos"], a["rows"], np.array([kv, bs], np.int32),
+                         _out(6, h * d))))
+    # a whole decoder layer (q4_1 qkv and down, fp32 o, q8_0 gate/up), and the embedding and head entries
+    h, kv, d, ffn = 3, 1, 16, 40
+    a = _attention_inputs(rng, 5, h, kv, d, 4, 5, True)
+    cdim = 64
+    xl = _f32(rng, 5, cdim)
+    eps = np.array([1e-6], np.float32)
+    layer = (xl, _f32(rng, cdim), eps, _qweight("q4_1", (h + 2 * kv) * d, cdim, rng), a["bias"], a["cos"], a["sin"],
+             a["k"], a["v"], a["write"], a["table"], a["pos"], a["rows"], a["meta"],
+             prepare_weight(_f32(rng, h * d, cdim, scale=0.1)), _f32(rng, cdim), _qweight("q8_0", 2 * ffn, cdim, rng),
+             prepare_weight(_f32(rng, ffn, cdim, scale=0.1)), _out(5, cdim))
+    out.append(Case("decoder-layer", "MindserveDecoderLayer", layer))
+    vocab, width = 50, 64
+    embed = _f32(rng, vocab, width)
+    ids = rng.integers(0, vocab, 5).astype(np.int32)
+    out.append(Case("embed-rope", "MindserveEmbedRope",
+                    (ids, a["pos"], embed, a["cos_t"], a["sin_t"], _out(5, width), _out(5, d), _out(5, d))))
+    head = prepare_weight(_f32(rng, width, vocab, scale=0.1))
+    out.append(Case("norm-head", "MindserveNormHead",
+                    (xl, _f32(rng, width), eps, np.array([4, 1], np.int32), head, _out(2, vocab), _out(5, width))))
+    out.append(Case("norm-matmul-lora", "MindserveNormMatMul",
+                    (xl, _f32(rng, width), eps, _qweight("q4_0", 33, width, rng), *_lora(rng, 5, width, [0, 33]),
+                     _out(5, 33))))
+    out.append(Case("swiglu-matmul-add", "MindserveSwiGLUMatMulAdd",
+                    (_f32(rng, 5, 2 * 32, scale=3.0), _qweight("q8_0", width, 32, rng), xl, _out(5, width))))
+    return out
