@@ -1,9 +1,10 @@
 """The kernel driver (kernel_driver.cc): the kernels' AOT entries linked statically into a small program, built for
 any compiler and flags (an aarch64 cross compiler included) and run natively or under ``qemu-aarch64 -cpu <model>``.
 
-A run takes a list of requests (``Call``: an entry and its arguments, inputs then outputs, as MindSpore passes
-them; ``SetThreads``) and gives one ``Result`` per request: the return code and every argument after the call.
-``run_library`` makes the same calls through ctypes on a loaded kernel library, so both sides compare as equals.
+A run takes a list of requests (``Case`` of tests/support/kernel_entries.py: an entry and its arguments, inputs
+then outputs, as MindSpore passes them; ``SetThreads``) and gives what ``Case.run`` gives on a loaded library, per
+request: (return code, every argument after the call). ``run_library`` makes the same requests through ctypes, so
+both sides compare as equals.
 """
 from __future__ import annotations
 
@@ -22,18 +23,11 @@ from pathlib import Path
 import numpy as np
 
 from backends.mindspore.kernels.build import SOURCES, default_cache_dir, read_sources
+from tests.support.kernel_entries import Case
 
 DRIVER_SOURCE = Path(__file__).with_name("kernel_driver.cc")
 _REQ_MAGIC, _RES_MAGIC = b"MSKDREQ1", b"MSKDRES1"
 _CALL, _THREADS = 1, 2
-_DTYPES = {np.dtype(np.float32): "float32", np.dtype(np.float64): "float64", np.dtype(np.float16): "float16",
-           np.dtype(np.int32): "int32", np.dtype(np.int64): "int64", np.dtype(np.uint8): "uint8"}
-
-
-@dataclass(frozen=True)
-class Call:
-    entry: str  # e.g. "MindserveMatMul"
-    args: tuple[np.ndarray, ...]  # inputs then outputs; never changed by a run (each run copies them)
 
 
 @dataclass(frozen=True)
@@ -41,13 +35,8 @@ class SetThreads:
     n: int  # kernel threads, the caller included (mindserve_matmul_set_threads)
 
 
-@dataclass(frozen=True)
-class Result:
-    rc: int  # the entry's return code (SetThreads: the thread count now)
-    args: tuple[np.ndarray, ...]  # every argument after the call: outputs and in-place writes (SetThreads: none)
-
-
-Request = Call | SetThreads
+Request = Case | SetThreads
+Result = tuple[int, list[np.ndarray]]  # as Case.run: the return code (SetThreads: the thread count now), the arrays
 
 
 class DriverError(RuntimeError):
@@ -104,8 +93,11 @@ def run_driver(driver: Path, requests: Sequence[Request], emulator: Sequence[str
     with tempfile.TemporaryDirectory(prefix="kdriver-") as tmp:
         req, res = Path(tmp, "requests.bin"), Path(tmp, "results.bin")
         req.write_bytes(_encode(requests))
-        proc = subprocess.run([*emulator, str(driver), str(req), str(res)], capture_output=True, text=True,
-                              timeout=timeout)
+        try:
+            proc = subprocess.run([*emulator, str(driver), str(req), str(res)], capture_output=True, text=True,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise DriverError(f"{' '.join([*emulator, driver.name])} did not finish in {timeout:g} s") from exc
         results = _decode(res.read_bytes() if res.exists() else b"", requests)
     if proc.returncode != 0 or len(results) != len(requests):
         raise DriverError(f"{' '.join([*emulator, driver.name])} {_exit_status(proc.returncode)} at request "
@@ -115,25 +107,9 @@ def run_driver(driver: Path, requests: Sequence[Request], emulator: Sequence[str
 
 
 def run_library(lib: ctypes.CDLL, requests: Sequence[Request]) -> list[Result]:
-    """The same requests through ctypes on a loaded kernel library (each call on copies of its arguments)."""
-    results = []
-    for r in requests:
-        if isinstance(r, SetThreads):
-            lib.mindserve_matmul_set_threads.argtypes = [ctypes.c_int]
-            results.append(Result(lib.mindserve_matmul_set_threads(r.n), ()))
-            continue
-        args = tuple(np.array(a, order="C", copy=True) for a in r.args)
-        n = len(args)
-        params = (ctypes.c_void_p * n)(*[a.ctypes.data for a in args])
-        ndims = (ctypes.c_int * n)(*[a.ndim for a in args])
-        shape_arrays = [(ctypes.c_int64 * max(1, a.ndim))(*a.shape) for a in args]
-        shapes = (ctypes.POINTER(ctypes.c_int64) * n)(*[ctypes.cast(s, ctypes.POINTER(ctypes.c_int64))
-                                                         for s in shape_arrays])
-        dtypes = (ctypes.c_char_p * n)(*[_DTYPES[a.dtype].encode() for a in args])
-        fn = getattr(lib, r.entry)
-        fn.restype = ctypes.c_int
-        results.append(Result(fn(n, params, ndims, shapes, dtypes, None, None), args))
-    return results
+    """The same requests through ctypes on a loaded kernel library (``Case.run``: on copies of the arrays)."""
+    return [(lib.mindserve_matmul_set_threads(r.n), []) if isinstance(r, SetThreads) else r.run(lib)
+            for r in requests]
 
 
 def _encode(requests: Sequence[Request]) -> bytes:
@@ -142,10 +118,10 @@ def _encode(requests: Sequence[Request]) -> bytes:
         if isinstance(r, SetThreads):
             out.append(struct.pack("<Ii", _THREADS, r.n))
             continue
-        out += [struct.pack("<I", _CALL), _text(r.entry), struct.pack("<I", len(r.args))]
-        for a in r.args:
+        out += [struct.pack("<I", _CALL), _text(r.entry), struct.pack("<I", len(r.arrays))]
+        for a in r.arrays:
             data = np.ascontiguousarray(a).tobytes()
-            out += [_text(_DTYPES[a.dtype]), struct.pack(f"<I{a.ndim}q", a.ndim, *a.shape),
+            out += [_text(a.dtype.name), struct.pack(f"<I{a.ndim}q", a.ndim, *a.shape),
                     struct.pack("<Q", len(data)), data]
     return b"".join(out)
 
@@ -166,7 +142,7 @@ def _decode(data: bytes, requests: Sequence[Request]) -> list[Result]:
         rc, n = struct.unpack_from("<iI", data, at)
         at += 8
         args = []
-        for a in (r.args if isinstance(r, Call) else ())[:n]:
+        for a in (r.arrays if isinstance(r, Case) else ())[:n]:
             if at + 8 > len(data):
                 return results
             (size,) = struct.unpack_from("<Q", data, at)
@@ -175,7 +151,7 @@ def _decode(data: bytes, requests: Sequence[Request]) -> list[Result]:
                 return results
             args.append(np.frombuffer(data, a.dtype, a.size, at).reshape(a.shape).copy())
             at += size
-        results.append(Result(rc, tuple(args)))
+        results.append((rc, args))
     return results
 
 
@@ -190,4 +166,4 @@ def _describe(requests: Sequence[Request], i: int) -> str:
         return "none left"
     r = requests[i]
     return f"set_threads({r.n})" if isinstance(r, SetThreads) else \
-        f"{r.entry} {', '.join(str(a.shape) for a in r.args)}"
+        f"{r.name}: {r.entry} {', '.join(str(a.shape) for a in r.arrays)}"

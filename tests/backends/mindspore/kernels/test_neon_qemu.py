@@ -1,11 +1,12 @@
 """The aarch64 builds of the kernels, run under qemu-aarch64, give the very bits of the native x86 library.
 
-Every AOT entry is called on small odd shapes (tails of 16/32/48; Q8_0, Q4_0 and Q4_1 weights; LoRA inputs;
-QKVAttention and the decoder layer with and without bias; one, two and three threads) through the kernel
-driver (tests/support/kernel_driver.py), one qemu run per variant: ``armv8`` under ``-cpu cortex-a57`` (no
-dotprod: a dotprod instruction would SIGILL) and ``armv8.2-dotprod`` under ``-cpu cortex-a76``. The expected
-results are the same calls made through ctypes on the library this host loads. The driver built natively
-must reproduce that library first, which guards the driver itself.
+Every AOT entry is called on small odd shapes -- tests/support/kernel_entries.py's cases, and more here: fp32
+panel tails, one and three threads, LoRA on the plain matmul, the decoder layer without bias and on fp32
+weights -- through the kernel driver (tests/support/kernel_driver.py), one qemu run per variant: ``armv8``
+under ``-cpu cortex-a57`` (no dotprod: a dotprod instruction would SIGILL) and ``armv8.2-dotprod`` under
+``-cpu cortex-a76``. The expected results are the same calls made through ctypes on the library this host
+loads (its best variant). The driver built natively must reproduce that library first, which guards the
+driver itself.
 """
 from __future__ import annotations
 
@@ -17,26 +18,22 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from gguf.quants import quantize as gguf_quantize
 
-from backends.mindspore.kernels import KernelBuildError, prepare_qweight, prepare_weight
+from backends.mindspore.kernels import prepare_qweight, prepare_weight
 from backends.mindspore.kernels import build as kbuild
 from backends.mindspore.quant import QuantWeight
-from tests.support.kernel_driver import Call, DriverError, Result, SetThreads, build_driver, qemu, run_driver, run_library
+from tests.backends.mindspore.kernels.conftest import NATIVE, variant_lib
+from tests.support.kernel_driver import DriverError, Result, SetThreads, build_driver, qemu, run_driver, run_library
+from tests.support.kernel_entries import Case, cases
 
 pytestmark = pytest.mark.slow
 
 CROSS_CXX, QEMU = "aarch64-linux-gnu-g++", "qemu-aarch64"
 ARM_VARIANTS = {"armv8": "cortex-a57", "armv8.2-dotprod": "cortex-a76"}  # variant -> qemu CPU model
-ARM_MARCH = {"armv8": "-march=armv8-a", "armv8.2-dotprod": "-march=armv8.2-a+dotprod+fp16"}
 QTYPES = {"q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1}
 THREADS = 2  # the library's default; a case may ask for another count
 
 
-def _arm_flags(variant: str) -> list[str]:
-    base = [f for f in kbuild.CXXFLAGS if not f.startswith("-march=")]
-    return [*base, ARM_MARCH[variant]]
-
-
-# --- the cases: (name, threads, call) built from one seed each ----------------------------------------------
+# --- the cases kernel_entries.py leaves out: each (threads, builder of a Case from its own rng) -------------
 
 def _f32(rng, *shape, scale=1.0):
     return (rng.standard_normal(shape) * scale).astype(np.float32)
@@ -50,173 +47,122 @@ def _eps():
     return np.array([1e-5], np.float32)
 
 
-def _qweight(rng, fmt: str, k: int, n: int) -> np.ndarray:
-    w = _f32(rng, n, k, scale=0.05)
-    w[:, :32] += 0.02 if fmt == "q4_1" else 0.0  # an offset block, so Q4_1's min matters
-    blocks = gguf_quantize(w, QTYPES[fmt])
+def _weight(rng, k: int, n: int, fmt: str = "f32") -> np.ndarray:
+    if fmt == "f32":
+        return prepare_weight(_f32(rng, k, n, scale=1 / np.sqrt(k)))
+    blocks = gguf_quantize(_f32(rng, n, k, scale=0.05), QTYPES[fmt])
     return prepare_qweight(QuantWeight(fmt, n, k, np.ascontiguousarray(blocks.reshape(n, -1))))
 
 
-def _weight(rng, k: int, n: int, fmt: str = "f32") -> np.ndarray:
-    return prepare_weight(_f32(rng, k, n, scale=1 / np.sqrt(k))) if fmt == "f32" else _qweight(rng, fmt, k, n)
-
-
 def _lora(rng, m: int, k: int, segs: list[int], slots=3, rank=3) -> list[np.ndarray]:
-    """a [S, K, G*R], b [S, R, N], each row's slot (-1: none), segs (lora.h)."""
-    g, n = len(segs) - 1, segs[-1]
+    """a [S, K, G*R], b [S, R, N], each row's slot (-1: none, row 0 among them), segs (lora.h)."""
     rows = rng.integers(-1, slots, m).astype(np.int32)
-    rows[0] = -1  # a base row among the adapter rows
-    return [_f32(rng, slots, k, g * rank, scale=1 / np.sqrt(k)), _f32(rng, slots, rank, n), rows,
+    rows[0] = -1
+    return [_f32(rng, slots, k, (len(segs) - 1) * rank, scale=1 / np.sqrt(k)), _f32(rng, slots, rank, segs[-1]), rows,
             np.array(segs, np.int32)]
 
 
-def _matmul(rng, m, k, n, fmt="f32", add=False, lora=None):
-    x, w = _f32(rng, m, k), _weight(rng, k, n, fmt)
-    res = [_f32(rng, m, n)] if add else []
+def _matmul(rng, m, k, n, fmt="f32", lora=None):
     extra = _lora(rng, m, k, lora) if lora else []
-    return Call("MindserveMatMulAdd" if add else "MindserveMatMul", (x, w, *res, *extra, _out(m, n)))
+    return "MindserveMatMul", (_f32(rng, m, k), _weight(rng, k, n, fmt), *extra, _out(m, n))
 
 
-def _norm_matmul(rng, m, k, n, fmt="f32", lora=None):
-    extra = _lora(rng, m, k, lora) if lora else []
-    return Call("MindserveNormMatMul", (_f32(rng, m, k, scale=3), _f32(rng, k), _eps(), _weight(rng, k, n, fmt),
-                                        *extra, _out(m, n)))
-
-
-def _swiglu_matmul_add(rng, m, f, n, fmt="f32", lora=None):
-    extra = _lora(rng, m, f, lora) if lora else []
-    return Call("MindserveSwiGLUMatMulAdd", (_f32(rng, m, 2 * f, scale=4), _weight(rng, f, n, fmt), _f32(rng, m, n),
-                                             *extra, _out(m, n)))
-
-
-def _paged(rng, n, h, kv, d, bs, nb, num_blocks, rows=2):
-    """One packed step's paged-cache arguments: n tokens of `rows` sequences, consecutive positions in each."""
+def _paged(rng, n, kv, d, bs, nb):
+    """A paged cache of nb * 2 + 3 blocks and n tokens of two sequences, consecutive positions in each."""
+    num_blocks = nb * 2 + 3
+    table = np.stack([rng.permutation(np.arange(1, num_blocks))[:nb] for _ in range(2)]).astype(np.int32)
+    rows = (np.arange(n) >= n // 2).astype(np.int32)
+    start = rng.integers(0, nb * bs - n, 2)
+    pos = np.array([start[r] + i for i, r in enumerate(rows)], np.int32)
     slots = num_blocks * bs
-    table = np.stack([rng.permutation(np.arange(1, num_blocks))[:nb] for _ in range(rows)]).astype(np.int32)
-    row = (np.arange(n) * rows // n).astype(np.int32)
-    start = rng.integers(0, nb * bs - n, rows)
-    pos = np.array([start[r] + i for i, r in enumerate(row)], np.int32)
-    return dict(k=_f32(rng, kv * slots, d), v=_f32(rng, kv * slots, d), table=table, pos=pos, rows=row, slots=slots)
+    write = ((table[rows, pos // bs].astype(np.int64) * bs + pos % bs)[:, None] + np.arange(kv) * slots)
+    return dict(k=_f32(rng, kv * slots, d), v=_f32(rng, kv * slots, d), table=table, pos=pos, rows=rows,
+                write=write.reshape(-1).astype(np.int32))
 
 
 def _attention(rng, n, h, kv, d, bs, nb):
-    p = _paged(rng, n, h, kv, d, bs, nb, nb * 2 + 3)
-    return Call("MindservePagedAttention", (_f32(rng, n, h, d), p["k"], p["v"], p["table"], p["pos"], p["rows"],
-                                            np.array([kv, bs], np.int32), _out(n, h, d)))
+    p = _paged(rng, n, kv, d, bs, nb)
+    return "MindservePagedAttention", (_f32(rng, n, h, d), p["k"], p["v"], p["table"], p["pos"], p["rows"],
+                                       np.array([kv, bs], np.int32), _out(n, h, d))
 
 
-def _qkv_inputs(rng, n, h, kv, d, bs, nb, bias: bool):
-    """QKVAttention's inputs after qkv: bias, cos, sin, k, v, write, table, pos, rows, meta."""
-    p = _paged(rng, n, h, kv, d, bs, nb, nb * 2 + 3)
-    width = (h + 2 * kv) * d
-    slot = p["table"][p["rows"], p["pos"] // bs].astype(np.int64) * bs + p["pos"] % bs
-    write = (slot[:, None] + np.arange(kv) * p["slots"]).reshape(-1).astype(np.int32)
+def _qkv_args(rng, n, h, kv, d, bs, nb, bias) -> list[np.ndarray]:
+    """QKVAttention's arguments after qkv: bias (or [1]), cos, sin, k, v, write, table, pos, rows, meta."""
+    p = _paged(rng, n, kv, d, bs, nb)
     angle = rng.uniform(-np.pi, np.pi, (n, d))
-    return [_f32(rng, width) if bias else np.zeros(1, np.float32), np.cos(angle).astype(np.float32),
-            np.sin(angle).astype(np.float32), p["k"], p["v"], write, p["table"], p["pos"], p["rows"],
-            np.array([kv, bs, int(bias)], np.int32)]
+    bias_arg = _f32(rng, (h + 2 * kv) * d) if bias else np.zeros(1, np.float32)
+    return [bias_arg, np.cos(angle).astype(np.float32), np.sin(angle).astype(np.float32), p["k"], p["v"], p["write"],
+            p["table"], p["pos"], p["rows"], np.array([kv, bs, int(bias)], np.int32)]
 
 
 def _qkv_attention(rng, n, h, kv, d, bs, nb, bias):
-    return Call("MindserveQKVAttention", (_f32(rng, n, (h + 2 * kv) * d), *_qkv_inputs(rng, n, h, kv, d, bs, nb, bias),
-                                          _out(n, h * d)))
+    return "MindserveQKVAttention", (_f32(rng, n, (h + 2 * kv) * d), *_qkv_args(rng, n, h, kv, d, bs, nb, bias),
+                                     _out(n, h * d))
 
 
-def _decoder_layer(rng, n, c, h, kv, d, f, bias, fmt="f32"):
-    att = _qkv_inputs(rng, n, h, kv, d, 4, 5, bias)
-    return Call("MindserveDecoderLayer", (_f32(rng, n, c), _f32(rng, c), _eps(), _weight(rng, c, (h + 2 * kv) * d, fmt),
-                                          *att, _weight(rng, h * d, c, fmt), _f32(rng, c), _weight(rng, c, 2 * f, fmt),
-                                          _weight(rng, f, c, fmt), _out(n, c)))
+def _decoder_layer(rng, n, c, h, kv, d, f, bias):
+    """A whole layer on fp32 weights of odd widths (kernel_entries' layer is quantized, with bias)."""
+    return "MindserveDecoderLayer", (_f32(rng, n, c), _f32(rng, c), _eps(), _weight(rng, c, (h + 2 * kv) * d),
+                                     *_qkv_args(rng, n, h, kv, d, 4, 5, bias), _weight(rng, h * d, c), _f32(rng, c),
+                                     _weight(rng, c, 2 * f), _weight(rng, f, c), _out(n, c))
 
 
-def _qkv_rope(rng, n, h, kv, d):
-    angle = rng.uniform(-np.pi, np.pi, (n, d))
-    return Call("MindserveQKVRope", (_f32(rng, n, (h + 2 * kv) * d), np.cos(angle).astype(np.float32),
-                                     np.sin(angle).astype(np.float32), _out(n, h, d), _out(n * kv, d), _out(n * kv, d)))
-
-
-def _embed_rope(rng, n, vocab, c, s, d):
-    ids, pos = rng.integers(0, vocab, (1, n)).astype(np.int32), rng.integers(0, s, (1, n)).astype(np.int32)
-    return Call("MindserveEmbedRope", (ids, pos, _f32(rng, vocab, c), _f32(rng, s, d), _f32(rng, s, d), _out(n, c),
-                                       _out(n, d), _out(n, d)))
-
-
-def _norm_head(rng, n, c, v, last, fmt="f32"):
-    return Call("MindserveNormHead", (_f32(rng, n, c, scale=2), _f32(rng, c), _eps(), np.array(last, np.int32),
-                                      _weight(rng, c, v, fmt), _out(len(last), v), _out(n, c)))
-
-
-CASES: list[tuple[str, int, Callable[[np.random.Generator], Call]]] = [
-    ("matmul_5x37x53", THREADS, lambda r: _matmul(r, 5, 37, 53)),
-    ("matmul_3x100x161", THREADS, lambda r: _matmul(r, 3, 100, 161)),
-    ("matmul_17x33x97_1thread", 1, lambda r: _matmul(r, 17, 33, 97)),
-    ("matmul_17x33x97_3threads", 3, lambda r: _matmul(r, 17, 33, 97)),
-    ("matmul_lora_5x37x53", THREADS, lambda r: _matmul(r, 5, 37, 53, lora=[0, 20, 53])),
-    ("matmul_add_7x70x99", THREADS, lambda r: _matmul(r, 7, 70, 99, add=True)),
-    ("matmul_add_lora_7x70x99", THREADS, lambda r: _matmul(r, 7, 70, 99, add=True, lora=[0, 99])),
-    *[(f"qmatmul_{fmt}_3x64x17", THREADS, lambda r, fmt=fmt: _matmul(r, 3, 64, 17, fmt)) for fmt in QTYPES],
-    *[(f"qmatmul_add_{fmt}_9x96x33", THREADS, lambda r, fmt=fmt: _matmul(r, 9, 96, 33, fmt, add=True))
-      for fmt in QTYPES],
-    ("qmatmul_lora_q8_0_4x160x20", THREADS, lambda r: _matmul(r, 4, 160, 20, "q8_0", lora=[0, 7, 20])),
-    ("qmatmul_add_lora_q4_1_5x32x49_3threads", 3, lambda r: _matmul(r, 5, 32, 49, "q4_1", add=True, lora=[0, 49])),
-    ("rmsnorm_7x33", THREADS, lambda r: Call("MindserveRMSNorm", (_f32(r, 7, 33, scale=3), _f32(r, 33), _eps(),
-                                                                   _out(7, 33)))),
-    ("rmsnorm_2x5", THREADS, lambda r: Call("MindserveRMSNorm", (_f32(r, 2, 5), _f32(r, 5), _eps(), _out(2, 5)))),
-    ("swiglu_5x37", THREADS, lambda r: Call("MindserveSwiGLU", (_f32(r, 5, 74, scale=6), _out(5, 37)))),
-    ("swiglu_2x16", THREADS, lambda r: Call("MindserveSwiGLU", (_f32(r, 2, 32, scale=6), _out(2, 16)))),
-    ("qkv_rope_2x3x1x40", THREADS, lambda r: _qkv_rope(r, 2, 3, 1, 40)),
-    ("qkv_rope_4x2x2x6", THREADS, lambda r: _qkv_rope(r, 4, 2, 2, 6)),
-    ("paged_attention_5x6x2x40", THREADS, lambda r: _attention(r, 5, 6, 2, 40, 4, 7)),
-    ("paged_attention_3x4x1x18_3threads", 3, lambda r: _attention(r, 3, 4, 1, 18, 8, 3)),
-    ("qkv_attention_bias_5x6x2x40", THREADS, lambda r: _qkv_attention(r, 5, 6, 2, 40, 4, 7, True)),
-    ("qkv_attention_nobias_4x2x1x6", THREADS, lambda r: _qkv_attention(r, 4, 2, 1, 6, 2, 9, False)),
-    ("qkv_attention_nobias_6x3x1x18", THREADS, lambda r: _qkv_attention(r, 6, 3, 1, 18, 4, 5, False)),
-    ("norm_matmul_3x64x100", THREADS, lambda r: _norm_matmul(r, 3, 64, 100)),
-    ("norm_matmul_lora_5x37x53", THREADS, lambda r: _norm_matmul(r, 5, 37, 53, lora=[0, 53])),
-    ("norm_matmul_q4_0_3x64x17", THREADS, lambda r: _norm_matmul(r, 3, 64, 17, "q4_0")),
-    ("swiglu_matmul_add_4x40x50", THREADS, lambda r: _swiglu_matmul_add(r, 4, 40, 50)),
-    ("swiglu_matmul_add_lora_5x37x53", THREADS, lambda r: _swiglu_matmul_add(r, 5, 37, 53, lora=[0, 30, 53])),
-    ("swiglu_matmul_add_q8_0_3x64x33", THREADS, lambda r: _swiglu_matmul_add(r, 3, 64, 33, "q8_0")),
-    ("decoder_layer_bias_6x44", THREADS, lambda r: _decoder_layer(r, 6, 44, 3, 1, 10, 37, True)),
-    ("decoder_layer_nobias_5x44", THREADS, lambda r: _decoder_layer(r, 5, 44, 3, 1, 10, 37, False)),
-    ("decoder_layer_q4_1_bias_4x64", THREADS, lambda r: _decoder_layer(r, 4, 64, 4, 2, 16, 32, True, "q4_1")),
-    ("embed_rope_7", THREADS, lambda r: _embed_rope(r, 7, 50, 37, 40, 10)),
-    ("norm_head_10x37x101", THREADS, lambda r: _norm_head(r, 10, 37, 101, [9, 2, 2, 0])),
-    ("norm_head_q8_0_6x64x45", THREADS, lambda r: _norm_head(r, 6, 64, 45, [5, 1], "q8_0")),
+EXTRA: list[tuple[str, int, Callable]] = [
+    ("matmul-fp32-3x100x161", THREADS, lambda r: _matmul(r, 3, 100, 161)),  # 161 = 3 panels of 48 + 17
+    ("matmul-fp32-17x33x97-1thread", 1, lambda r: _matmul(r, 17, 33, 97)),
+    ("matmul-fp32-17x33x97-3threads", 3, lambda r: _matmul(r, 17, 33, 97)),
+    ("matmul-lora-fp32-5x37x53", THREADS, lambda r: _matmul(r, 5, 37, 53, lora=[0, 20, 53])),
+    ("matmul-lora-q4_0-4x160x20-3threads", 3, lambda r: _matmul(r, 4, 160, 20, "q4_0", lora=[0, 7, 20])),
+    ("matmul-q8_0-2x32x1", THREADS, lambda r: _matmul(r, 2, 32, 1, "q8_0")),
+    ("paged-attention-3x4x1x18-3threads", 3, lambda r: _attention(r, 3, 4, 1, 18, 8, 3)),
+    ("rmsnorm-2x5", THREADS, lambda r: ("MindserveRMSNorm", (_f32(r, 2, 5), _f32(r, 5), _eps(), _out(2, 5)))),
+    ("swiglu-2x16", THREADS, lambda r: ("MindserveSwiGLU", (_f32(r, 2, 32, scale=6), _out(2, 16)))),
+    ("norm-matmul-fp32-3x64x100", THREADS, lambda r: ("MindserveNormMatMul", (
+        _f32(r, 3, 64, scale=3), _f32(r, 64), _eps(), _weight(r, 64, 100), _out(3, 100)))),
+    ("swiglu-matmul-add-lora-fp32-5x37x53", THREADS, lambda r: ("MindserveSwiGLUMatMulAdd", (
+        _f32(r, 5, 74, scale=4), _weight(r, 37, 53), _f32(r, 5, 53), *_lora(r, 5, 37, [0, 30, 53]), _out(5, 53)))),
+    ("decoder-layer-fp32-5x44", THREADS, lambda r: _decoder_layer(r, 5, 44, 3, 1, 10, 37, False)),
+    ("decoder-layer-fp32-bias-6x44", THREADS, lambda r: _decoder_layer(r, 6, 44, 4, 2, 6, 21, True)),
+    ("norm-head-q8_0-6x64x45", THREADS, lambda r: ("MindserveNormHead", (
+        _f32(r, 6, 64, scale=2), _f32(r, 64), _eps(), np.array([5, 1], np.int32), _weight(r, 64, 45, "q8_0"),
+        _out(2, 45), _out(6, 64)))),
+    # model-sized (SmolLM2-135M widths): still well under a second under qemu
+    ("matmul-fp32-16x576x960", THREADS, lambda r: _matmul(r, 16, 576, 960)),
+    ("matmul-q8_0-5x576x576", THREADS, lambda r: _matmul(r, 5, 576, 576, "q8_0")),
+    ("matmul-q4_1-3x1536x576-3threads", 3, lambda r: _matmul(r, 3, 1536, 576, "q4_1")),
+    ("qkv-attention-bias-8x9x3x64-long", THREADS, lambda r: _qkv_attention(r, 8, 9, 3, 64, 16, 12, True)),
 ]
-NAMES = [name for name, _, _ in CASES]
+
+
+def _all_cases() -> list[tuple[int, Case]]:
+    extra = [(n, Case(name, *make(np.random.default_rng(1000 + i)))) for i, (name, n, make) in enumerate(EXTRA)]
+    return [(THREADS, c) for c in cases()] + extra
+
+
+CASES = _all_cases()
+NAMES = [c.name for _, c in CASES]
 
 
 @pytest.fixture(scope="module")
 def requests() -> list:
-    """Every case's call, each after the thread count it asks for; the library's default restored at the end."""
+    """Every case, each after the thread count it asks for; the library's default restored at the end."""
     out, threads = [SetThreads(THREADS)], THREADS
-    for i, (_, n, make) in enumerate(CASES):
+    for n, case in CASES:
         if n != threads:
             out.append(SetThreads(n))
             threads = n
-        out.append(make(np.random.default_rng(1000 + i)))
+        out.append(case)
     return out + [SetThreads(THREADS)]
 
 
-def _by_case(requests: list, results: list[Result]) -> dict[str, tuple[Call, Result]]:
-    calls = [(r, res) for r, res in zip(requests, results) if isinstance(r, Call)]
-    return dict(zip(NAMES, calls))
+def _by_case(requests: list, results: list[Result]) -> dict[str, tuple[Case, Result]]:
+    return {r.name: (r, res) for r, res in zip(requests, results) if isinstance(r, Case)}
 
 
 @pytest.fixture(scope="module")
-def expected(lib, requests):
-    """The native library's results (ctypes), by case name."""
-    return _by_case(requests, run_library(lib, requests))
-
-
-@pytest.fixture(scope="module")
-def lib(cache_dir):
-    from backends.mindspore.kernels import kernel_library
-    try:
-        return kernel_library(cache_dir)
-    except KernelBuildError as exc:
-        pytest.skip(f"no native kernel library to compare with: {exc}")
+def expected(kernel_cache, requests):
+    """The results of this host's best variant (ctypes), by case name."""
+    return _by_case(requests, run_library(variant_lib(kernel_cache, NATIVE), requests))
 
 
 @pytest.fixture(scope="module")
@@ -225,7 +171,7 @@ def driver_results(requests):
     start covers every case); a failed build or run fails every case of its key with the same error."""
     runs: dict[str, dict | Exception] = {}
 
-    def results(key: str, build: Callable[[], object], emulator: list[str]) -> dict[str, tuple[Call, Result]]:
+    def results(key: str, build: Callable[[], object], emulator: list[str]) -> dict[str, tuple[Case, Result]]:
         if key not in runs:
             try:
                 runs[key] = _by_case(requests, run_driver(build(), requests, emulator))
@@ -238,33 +184,38 @@ def driver_results(requests):
     return results
 
 
-def _first_difference(call: Call, want: Result, got: Result) -> str | None:
-    shapes = ", ".join(str(a.shape) for a in call.args)
-    if want.rc != got.rc:
-        return f"{call.entry} ({shapes}): rc {got.rc}, native {want.rc}"
-    for i, (w, g) in enumerate(zip(want.args, got.args)):
+def _first_difference(case: Case, want: Result, got: Result) -> str | None:
+    shapes = ", ".join(str(a.shape) for a in case.arrays)
+    if want[0] != got[0]:
+        return f"{case.entry} ({shapes}): rc {got[0]}, native {want[0]}"
+    for i, (w, g) in enumerate(zip(want[1], got[1])):
         bits = np.dtype(f"u{w.dtype.itemsize}")
         wb, gb = w.view(bits), g.view(bits)
         if not np.array_equal(wb, gb):
             at = np.unravel_index(int(np.flatnonzero(wb != gb)[0]), w.shape)
-            return (f"{call.entry} ({shapes}): argument {i} {w.dtype}{list(w.shape)} first differs at {list(at)}: "
-                    f"{g[at]!r} (0x{int(gb[at]):x}), native {w[at]!r} (0x{int(wb[at]):x}); "
+            return (f"{case.entry} ({shapes}): argument {i} {w.dtype}{list(w.shape)} first differs at "
+                    f"{[int(j) for j in at]}: {g[at]!r} (0x{int(gb[at]):x}), native {w[at]!r} (0x{int(wb[at]):x}); "
                     f"{int((wb != gb).sum())} of {w.size} elements differ")
     return None
 
 
 def _assert_same_bits(expected, results, name: str):
-    call, want = expected[name]
-    assert want.rc == 0, f"{name}: the native call itself failed (rc {want.rc})"
-    difference = _first_difference(call, want, results[name][1])
-    assert difference is None, difference
+    case, want = expected[name]
+    assert want[0] == 0, f"{name}: the native call itself failed (rc {want[0]})"
+    assert not any(np.isnan(a).any() for a in want[1] if a.dtype == np.float32), f"{name}: an output left unwritten"
+    difference = _first_difference(case, want, results[name][1])
+    assert difference is None, f"{name}: {difference}"
+
+
+def _driver_flags(name: str, machine: str | None = None) -> tuple[str, ...]:
+    return kbuild.compile_flags(kbuild.variant_named(name), machine)
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 @pytest.mark.parametrize("name", NAMES)
 def test_native_driver_reproduces_the_library(expected, driver_results, name):
-    """The driver built for this host, statically, with the library's flags: the ctypes calls' very bits."""
-    results = driver_results("native", lambda: build_driver("g++", kbuild.CXXFLAGS), [])
+    """The driver built for this host, statically, with the native library's flags: the ctypes calls' very bits."""
+    results = driver_results("native", lambda: build_driver("g++", _driver_flags(NATIVE)), [])
     _assert_same_bits(expected, results, name)
 
 
@@ -273,5 +224,16 @@ def test_native_driver_reproduces_the_library(expected, driver_results, name):
 @pytest.mark.parametrize("variant", ARM_VARIANTS)
 @pytest.mark.parametrize("name", NAMES)
 def test_arm_variant_under_qemu_matches_x86(expected, driver_results, variant, name):
-    results = driver_results(variant, lambda: build_driver(CROSS_CXX, _arm_flags(variant)), qemu(ARM_VARIANTS[variant]))
+    results = driver_results(variant, lambda: build_driver(CROSS_CXX, _driver_flags(variant, "aarch64")),
+                             qemu(ARM_VARIANTS[variant]))
     _assert_same_bits(expected, results, name)
+
+
+@pytest.mark.skipif(shutil.which(CROSS_CXX) is None, reason=f"needs {CROSS_CXX} (apt: g++-aarch64-linux-gnu)")
+@pytest.mark.skipif(shutil.which(QEMU) is None, reason=f"needs {QEMU} (apt: qemu-user)")
+def test_cortex_a57_refuses_the_dotprod_build(requests):
+    """What makes the armv8 run a proof: qemu's cortex-a57 really lacks the ARMv8.2 instructions, so a leak of
+    one into the armv8 build would die the same way."""
+    driver = build_driver(CROSS_CXX, _driver_flags("armv8.2-dotprod", "aarch64"))
+    with pytest.raises(DriverError, match="killed by SIGILL at request"):
+        run_driver(driver, requests, qemu("cortex-a57"))
