@@ -56,6 +56,9 @@ class EngineConfig:
     threads: int = 2
     # "aot": the AOT matmul + paged attention kernels (rows batch-independent; attention reads only each
     # row's real keys, so one window serves every length); "ms": MindSpore MatMul and ops attention over
-    # bucketed windows; "auto": aot if the kernels build (g++ and an AVX-512 CPU), else ms
+    # bucketed windows; "auto": aot if the kernels build (g++ and an x86-64-v3 or armv8 CPU at least), else ms
     kernels: str = "auto"
+    # which build of the AOT kernels (kernels/build.py VARIANTS); "auto": MINDSERVE_KERNEL_ISA, else the best
+    # this CPU runs
+    kernel_isa: str = "auto"
     lora: LoraSettings = field(default_factory=LoraSettings)

@@ -56,6 +56,7 @@ def server_info(ctx: AppContext) -> dict[str, Any]:
             "compiled_graphs": engine.get("compiled_graphs"),
             "device": engine.get("device"),
             "kernels": engine.get("kernels"),
+            "kernel_variant": engine.get("kernel_variant"),
             "weight_dtype": engine.get("weight_dtype"),
             "accepted_part_types": ctx.accepted_part_types() if ctx.state.ready else None,
             "prefix_cache": {

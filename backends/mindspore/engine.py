@@ -91,7 +91,8 @@ class Engine:
         weights = _load_weights(spec, vl)
         check_weight_dtype(weights, spec.yaml_path, spec.weight_dtype)
         # The execution strategy, chosen once: the packed AOT step or the split stock-op step.
-        self.runner = build_runner(spec, weights, shapes, num_blocks, config.kernels, self.device, self.lora.shape, vl)
+        self.runner = build_runner(spec, weights, shapes, num_blocks, config.kernels, self.device, self.lora.shape, vl,
+                                   kernel_isa=config.kernel_isa)
         self.vision = VisionEncoder(vl, weights) if vl is not None else None
         del weights
         self.lora.attach(self.runner.write_lora)
@@ -260,7 +261,8 @@ class Engine:
                 "waiting": len(self.scheduler.waiting) + len(self.scheduler.prefilling),
                 "dtype": _torch_dtype(self.spec.model_dir) or self.spec.compute_dtype,
                 "max_prefill_tokens": self.config.max_prefill_tokens, "block_size": self.runner.shapes.block_size,
-                "device": self.device, "kernels": self.runner.kernels, "compute_dtype": self.runner.dtype,
+                "device": self.device, "kernels": self.runner.kernels,
+                "kernel_variant": self.runner.kernel_variant, "compute_dtype": self.runner.dtype,
                 "weight_dtype": self.spec.weight_dtype,
                 "prefix_caching": self.allocator.prefix_caching, "prefix_cache_blocks": self.allocator.cached_blocks,
                 "prefix_cache_hit_rate": self.scheduler.hit_tokens / max(self.scheduler.prompt_tokens, 1),

@@ -114,6 +114,8 @@ class ModelRunner(ABC):
         self._lora_host: dict[tuple[int, str, str], np.ndarray] = {}  # host copies of the slot arrays
         self.head = LMHead(self.net)
         self.compiled: set[tuple] = set()
+        # {"variant", "isa"} of the AOT kernels' build, None on stock ops (/info's kernel_variant)
+        self.kernel_variant: dict[str, str] | None = aot.variant if aot is not None else None
 
     # --- what a strategy defines ---
 
@@ -256,26 +258,34 @@ MAX_AOT_HEAD_DIM = 512  # attention.cc kMaxHeadDim
 KERNELS = ("auto", "aot", "ms")
 
 
-def _aot_ops(spec: ModelSpec):
-    """The AOT kernels (an ``AotOps``), or None with a warning where they cannot be built or do not fit
-    the model."""
-    from backends.mindspore.kernels import KernelBuildError, aot_ops
+def _aot_ops(spec: ModelSpec, kernel_isa: str = "auto"):
+    """The AOT kernels (an ``AotOps``) of the build variant ``kernel_isa`` asks for (``auto``: the best this CPU
+    runs, or $MINDSERVE_KERNEL_ISA), or None with a warning where they cannot be built or do not fit the model.
+    A named variant this CPU cannot run is a ValueError naming the key."""
+    from backends.mindspore.kernels import KernelBuildError, aot_ops, choose_variant
 
     if spec.head_dim % 2 or spec.head_dim > MAX_AOT_HEAD_DIM or spec.num_heads % spec.num_kv_heads:
         log.warning("AOT kernels do not support head_dim %d with %d heads / %d kv heads; using stock MindSpore "
                     "ops", spec.head_dim, spec.num_heads, spec.num_kv_heads)
         return None
-
+    requested = None if kernel_isa == "auto" else kernel_isa
     try:
-        return aot_ops(spec.num_heads, spec.num_kv_heads, spec.head_dim)
+        variant = choose_variant(requested).name
+    except KernelBuildError as exc:
+        key = "BackendConfig.ModelDeployConfig.kernelIsa" if requested else "the environment's MINDSERVE_KERNEL_ISA"
+        raise ValueError(f"{key}: {exc}") from None
+    try:
+        ops = aot_ops(spec.num_heads, spec.num_kv_heads, spec.head_dim, variant=variant)
     except KernelBuildError as exc:
         log.warning("AOT kernels unavailable, using stock MindSpore ops: %s", exc)
         return None
+    log.info("AOT kernels: variant %s (%s vectors)", ops.variant["variant"], ops.variant["isa"])
+    return ops
 
 
 def build_runner(spec: ModelSpec, weights: dict[str, np.ndarray], shapes: Shapes, num_blocks: int,
                  kernels: str = "ms", device: str = "CPU", lora: tuple[int, int] | None = None,
-                 vl=None) -> ModelRunner:
+                 vl=None, kernel_isa: str = "auto") -> ModelRunner:
     """The runner for ``kernels`` (auto|aot|ms) on ``device``: on CPU the AOT kernels where asked and they
     build (float32); elsewhere the stock ops in the yaml's compute_dtype (float32 for a vision-language
     model, ``vl`` its VLSpec)."""
@@ -291,10 +301,11 @@ def build_runner(spec: ModelSpec, weights: dict[str, np.ndarray], shapes: Shapes
         dtype = "float32" if vl is not None else spec.compute_dtype
         runner: ModelRunner = SplitRunner(spec, weights, shapes, num_blocks, dtype=dtype, lora=lora, vl=vl)
     else:
-        aot = _aot_ops(spec) if kernels != "ms" else None
+        aot = _aot_ops(spec, kernel_isa) if kernels != "ms" else None
         if kernels == "aot" and aot is None:
             raise RuntimeError("kernels 'aot' asked for, but the AOT kernels could not be built (see the log)")
         runner = (PackedRunner(spec, weights, shapes, num_blocks, aot, lora=lora, vl=vl) if aot is not None
                   else SplitRunner(spec, weights, shapes, num_blocks, lora=lora, vl=vl))
-    log.info("kernels: %s on %s, %s", runner.description, device, runner.dtype)
+    variant = f" [{runner.kernel_variant['variant']}]" if runner.kernel_variant else ""
+    log.info("kernels: %s%s on %s, %s", runner.description, variant, device, runner.dtype)
     return runner
