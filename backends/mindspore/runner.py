@@ -114,8 +114,12 @@ class ModelRunner(ABC):
         self._lora_host: dict[tuple[int, str, str], np.ndarray] = {}  # host copies of the slot arrays
         self.head = LMHead(self.net)
         self.compiled: set[tuple] = set()
-        # {"variant", "isa"} of the AOT kernels' build, None on stock ops (/info's kernel_variant)
-        self.kernel_variant: dict[str, str] | None = aot.variant if aot is not None else None
+        # {"variant", "isa"} of the AOT kernels' build (the library aot_ops() loaded last), None on stock ops
+        self.kernel_variant: dict[str, str] | None = None
+        if aot is not None:
+            from backends.mindspore.kernels import kernel_variant
+
+            self.kernel_variant = kernel_variant()
 
     # --- what a strategy defines ---
 
@@ -279,7 +283,6 @@ def _aot_ops(spec: ModelSpec, kernel_isa: str = "auto"):
     except KernelBuildError as exc:
         log.warning("AOT kernels unavailable, using stock MindSpore ops: %s", exc)
         return None
-    log.info("AOT kernels: variant %s (%s vectors)", ops.variant["variant"], ops.variant["isa"])
     return ops
 
 
@@ -306,6 +309,7 @@ def build_runner(spec: ModelSpec, weights: dict[str, np.ndarray], shapes: Shapes
             raise RuntimeError("kernels 'aot' asked for, but the AOT kernels could not be built (see the log)")
         runner = (PackedRunner(spec, weights, shapes, num_blocks, aot, lora=lora, vl=vl) if aot is not None
                   else SplitRunner(spec, weights, shapes, num_blocks, lora=lora, vl=vl))
-    variant = f" [{runner.kernel_variant['variant']}]" if runner.kernel_variant else ""
+    variant = f" [variant {runner.kernel_variant['variant']}, {runner.kernel_variant['isa']} vectors]" \
+        if runner.kernel_variant else ""
     log.info("kernels: %s%s on %s, %s", runner.description, variant, device, runner.dtype)
     return runner

@@ -7,7 +7,7 @@ import numpy as np
 
 from backends.mindspore.config import load_model_spec
 from backends.mindspore.model import set_mode
-from backends.mindspore.runner import ModelRunner, PrefillChunk, build_runner
+from backends.mindspore.runner import DecodeRow, ModelRunner, PrefillChunk, build_runner
 from backends.mindspore.shapes import Shapes
 from backends.mindspore.weights import load_weights
 
@@ -15,14 +15,26 @@ SHAPES = Shapes(block_size=16, prefill_chunk=8, batch_buckets=(1, 4), window_buc
                 prefill_batch_buckets=(1, 2))
 
 
-def make_runner(model_dir: Path, num_blocks: int = 24, mode: int = 0, kernels: str = "ms") -> ModelRunner:
+def make_runner(model_dir: Path, num_blocks: int = 24, mode: int = 0, kernels: str = "ms",
+                kernel_isa: str = "auto") -> ModelRunner:
     spec = load_model_spec(model_dir)
     set_mode(mode, "CPU", 2)
-    return build_runner(spec, load_weights(spec.checkpoint, spec.checkpoint_format), SHAPES, num_blocks, kernels)
+    return build_runner(spec, load_weights(spec.checkpoint, spec.checkpoint_format), SHAPES, num_blocks, kernels,
+                        kernel_isa=kernel_isa)
 
 
 def prompt(n: int, seed: int, vocab: int) -> list[int]:
     return [int(t) for t in np.random.default_rng(seed).integers(3, vocab, n)]
+
+
+def greedy(runner: ModelRunner, ids: list[int], steps: int, blocks: list[int]) -> tuple[list[int], np.ndarray]:
+    """The prompt prefilled, then ``steps`` greedy tokens: (the tokens, the logits of every step [steps + 1, V])."""
+    logits = [prefill(runner, ids, blocks)]
+    tokens: list[int] = []
+    for i in range(steps):
+        tokens.append(int(np.argmax(logits[-1])))
+        logits.append(runner.decode([DecodeRow(tokens[-1], len(ids) + i, blocks)])[0])
+    return tokens, np.stack(logits)
 
 
 def prefill(runner: ModelRunner, ids: list[int], blocks: list[int]) -> np.ndarray:

@@ -245,7 +245,6 @@ class AotOps:
     embed_rope: Any  # embed_rope(ids, pos, embed, cos_t, sin_t) -> (x, cos, sin)
     norm_head: Any  # norm_head(x, w_norm, eps, last_rows, head) -> (logits, hidden)
     rmsnorm: Any
-    variant: dict[str, str]  # {"variant": the build variant, "isa": its vector backend} (kernel_variant())
 
 
 def aot_ops(heads: int, kv_heads: int, head_dim: int, cache_dir: str | os.PathLike | None = None,
@@ -274,5 +273,4 @@ def aot_ops(heads: int, kv_heads: int, head_dim: int, cache_dir: str | os.PathLi
         norm_head=custom("MindserveNormHead", lambda x, _w, _e, last, head: ([last[0], head[-1]], list(x)),
                          lambda x, *_: (x, x)),
         rmsnorm=custom("MindserveRMSNorm", lambda x, *_: list(x)),
-        variant=kernel_variant(),
     )

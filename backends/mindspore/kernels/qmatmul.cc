@@ -158,6 +158,9 @@ void tile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t group_b
     VI iacc[MR][NG];
     _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)
       _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) iacc[r][n] = v::izero();
+    v::NibAcc nacc[MR][NG];
+    _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)
+      _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) nacc[r][n] = v::nib_zero();
     _Pragma("GCC unroll 8") for (int j = 0; j < D; ++j) {
       VI raw[NG];
       _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) raw[n] = load_q<FULL>(blk + n * group_bytes + j * 4 * w, w);
@@ -175,11 +178,15 @@ void tile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t group_b
         _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
           const VI xl = v::bcast4(xq + r * K + 4 * j), xh = v::bcast4(xq + r * K + 16 + 4 * j);
           _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) {
-            iacc[r][n] = v::dot_nib(iacc[r][n], lo[n], xl);
-            iacc[r][n] = v::dot_nib(iacc[r][n], hi[n], xh);
+            nacc[r][n] = v::nib_add(nacc[r][n], lo[n], xl);
+            nacc[r][n] = v::nib_add(nacc[r][n], hi[n], xh);
           }
         }
       }
+    }
+    if constexpr (F != kQ8_0) {  // D = 4 dwords x 2 halves: the 8 nibble sums NibAcc holds
+      _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)
+        _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) iacc[r][n] = v::nib_widen(iacc[r][n], nacc[r][n]);
     }
     VF dw[NG];
     _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) dw[n] = load_h<FULL>(blk + n * group_bytes + D * 4 * w, w);

@@ -16,7 +16,9 @@
 // * reduce_add is one fixed tree: lane i + lane i+8, then i + i+4, then i + i+2, then lane 0 + lane 1
 //   (the tree of GCC's _mm512_reduce_add_ps). reduce_max is order-free for the finite values it sees.
 // * round_even is round-half-to-even; ldexp(p, n) is p * 2^n rounded once (p >= 0.5, n integral, n >= -149).
-// * the int8 dot products are exact integer sums of the four bytes of each lane.
+// * the int8 dot products are exact integer sums of the four bytes of each lane: dot_nib (u of 0..15), dot_q8
+//   (u = q + 128, the sum of q * x or of u * x: the backend's kQ8Bias says which, the kernel subtracts
+//   kQ8Bias * sum x), and NibAcc, where up to 8 dot_nib sums gather before one widening to int32.
 // Every backend defines, in namespace mindserve::vec: the two types and the functions used below; kernels
 // use nothing else (tile sizes come from the kMatMulRows / kQRows / kQRows2 constants of the backend).
 #pragma once

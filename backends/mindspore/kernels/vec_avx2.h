@@ -13,7 +13,7 @@ constexpr const char *kIsa = "avx2";
 constexpr int kMatMulRows = 2;  // fp32 tile rows: 2 x 6 ymm accumulators + the weights in 16 ymm
 constexpr int kQRows = 2;
 constexpr int kQRows2 = 1;
-constexpr int kQ8Bias = 128;  // dot_q8 sums u * x with u = q + 128 (vpmaddubsw is unsigned x signed)
+constexpr int kQ8Bias = 0;  // dot_q8 flips u = q + 128 back to the signed q: sum q * x directly
 
 struct F32x16 {
   __m256 a, b;
@@ -136,10 +136,25 @@ inline I32x16 dot_nib(I32x16 acc, I32x16 u, I32x16 x) {
   return {_mm256_add_epi32(acc.a, _mm256_madd_epi16(_mm256_maddubs_epi16(u.a, x.a), one)),
           _mm256_add_epi32(acc.b, _mm256_madd_epi16(_mm256_maddubs_epi16(u.b, x.b), one))};
 }
-inline I32x16 dot_q8(I32x16 acc, I32x16 u, I32x16 x) {
-  const I32x16 hi = dot_nib(izero(), nib_hi(u), x);
-  acc = {_mm256_add_epi32(acc.a, _mm256_slli_epi32(hi.a, 4)), _mm256_add_epi32(acc.b, _mm256_slli_epi32(hi.b, 4))};
-  return dot_nib(acc, nib_lo(u), x);
+// u = q + 128: q = u ^ 0x80, and q * x = |q| * (x with q's sign), an unsigned x signed byte product whose pair
+// sums (at most 2 * 128 * 127) fit vpmaddubsw's int16 without saturating.
+inline __m256i dot_q8_half(__m256i acc, __m256i u, __m256i x) {
+  const __m256i q = _mm256_xor_si256(u, _mm256_set1_epi8(static_cast<char>(0x80)));
+  const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(x, q));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+inline I32x16 dot_q8(I32x16 acc, I32x16 u, I32x16 x) { return {dot_q8_half(acc.a, u.a, x.a), dot_q8_half(acc.b, u.b, x.b)}; }
+// Up to 8 nibble dot products summed in int16 pairs (each at most 2 * 15 * 127, so 8 fit), then widened once.
+struct NibAcc {
+  __m256i a, b;
+};
+inline NibAcc nib_zero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+inline NibAcc nib_add(NibAcc acc, I32x16 u, I32x16 x) {
+  return {_mm256_add_epi16(acc.a, _mm256_maddubs_epi16(u.a, x.a)), _mm256_add_epi16(acc.b, _mm256_maddubs_epi16(u.b, x.b))};
+}
+inline I32x16 nib_widen(I32x16 acc, NibAcc n) {
+  const __m256i one = _mm256_set1_epi16(1);
+  return {_mm256_add_epi32(acc.a, _mm256_madd_epi16(n.a, one)), _mm256_add_epi32(acc.b, _mm256_madd_epi16(n.b, one))};
 }
 inline I32x16 isub(I32x16 v, int32_t c) {
   const __m256i b = _mm256_set1_epi32(c);

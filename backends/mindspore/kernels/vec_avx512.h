@@ -16,7 +16,11 @@ constexpr const char *kIsa = "avx512bw";
 constexpr int kMatMulRows = 8;  // fp32 tile rows: 8 x 3 accumulators + 3 weights + a broadcast in 32 zmm
 constexpr int kQRows = 8;       // quantized tile rows, one group of 16 columns
 constexpr int kQRows2 = 6;      // ... two groups
-constexpr int kQ8Bias = 128;    // dot_q8 sums u * x with u = q + 128 (vpdpbusd is unsigned x signed)
+#if defined(__AVX512VNNI__)
+constexpr int kQ8Bias = 128;  // dot_q8 sums u * x with u = q + 128 (vpdpbusd is unsigned x signed)
+#else
+constexpr int kQ8Bias = 0;  // dot_q8 flips u = q + 128 back to the signed q: sum q * x directly
+#endif
 
 struct F32x16 {
   __m512 v;
@@ -81,15 +85,35 @@ inline I32x16 dot_nib(I32x16 acc, I32x16 u, I32x16 x) {
   return {_mm512_add_epi32(acc.v, _mm512_madd_epi16(_mm512_maddubs_epi16(u.v, x.v), _mm512_set1_epi16(1)))};
 #endif
 }
-// The same for u of 0..255 (vpmaddubsw would saturate: split into nibbles there).
+// The same for u = q + 128 of 0..255: vpdpbusd sums u * x (kQ8Bias 128 takes 128 * sum x off later); without
+// VNNI, q = u ^ 0x80 and q * x = |q| * (x with q's sign), whose pair sums fit vpmaddubsw's int16 (kQ8Bias 0).
 inline I32x16 dot_q8(I32x16 acc, I32x16 u, I32x16 x) {
 #if defined(__AVX512VNNI__)
   return {_mm512_dpbusd_epi32(acc.v, u.v, x.v)};
 #else
-  acc = {_mm512_add_epi32(acc.v, _mm512_slli_epi32(dot_nib(izero(), nib_hi(u), x).v, 4))};
-  return dot_nib(acc, nib_lo(u), x);
+  const __m512i q = _mm512_xor_si512(u.v, _mm512_set1_epi8(static_cast<char>(0x80)));
+  const __m512i sx = _mm512_mask_sub_epi8(x.v, _mm512_movepi8_mask(q), _mm512_setzero_si512(), x.v);
+  const __m512i pairs = _mm512_maddubs_epi16(_mm512_abs_epi8(q), sx);
+  return {_mm512_add_epi32(acc.v, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)))};
 #endif
 }
+// Up to 8 nibble dot products before one widening (vec.h): VNNI sums in int32 directly; vpmaddubsw's int16 pair
+// sums (at most 2 * 15 * 127 each, so 8 fit) are widened once.
+#if defined(__AVX512VNNI__)
+using NibAcc = I32x16;
+inline NibAcc nib_zero() { return {_mm512_setzero_si512()}; }
+inline NibAcc nib_add(NibAcc acc, I32x16 u, I32x16 x) { return dot_nib(acc, u, x); }
+inline I32x16 nib_widen(I32x16 acc, NibAcc n) { return {_mm512_add_epi32(acc.v, n.v)}; }
+#else
+struct NibAcc {
+  __m512i v;
+};
+inline NibAcc nib_zero() { return {_mm512_setzero_si512()}; }
+inline NibAcc nib_add(NibAcc acc, I32x16 u, I32x16 x) { return {_mm512_add_epi16(acc.v, _mm512_maddubs_epi16(u.v, x.v))}; }
+inline I32x16 nib_widen(I32x16 acc, NibAcc n) {
+  return {_mm512_add_epi32(acc.v, _mm512_madd_epi16(n.v, _mm512_set1_epi16(1)))};
+}
+#endif
 inline I32x16 isub(I32x16 a, int32_t c) { return {_mm512_sub_epi32(a.v, _mm512_set1_epi32(c))}; }
 inline I32x16 iadd(I32x16 a, I32x16 b) { return {_mm512_add_epi32(a.v, b.v)}; }
 inline F32x16 to_f(I32x16 a) { return {_mm512_cvtepi32_ps(a.v)}; }

@@ -138,6 +138,11 @@ inline I32x16 dot_q8(I32x16 acc, I32x16 u, I32x16 x) {  // u = q + 128: u ^ 0x80
 }
 inline I32x16 isub(I32x16 a, int32_t c) { MINDSERVE_EACH(vsubq_s32(a.v[i], vdupq_n_s32(c))); }
 inline I32x16 iadd(I32x16 a, I32x16 b) { MINDSERVE_EACH(vaddq_s32(a.v[i], b.v[i])); }
+// Up to 8 nibble dot products before one widening (vec.h): here they sum in int32 directly.
+using NibAcc = I32x16;
+inline NibAcc nib_zero() { return izero(); }
+inline NibAcc nib_add(NibAcc acc, I32x16 u, I32x16 x) { return dot_nib(acc, u, x); }
+inline I32x16 nib_widen(I32x16 acc, NibAcc n) { return iadd(acc, n); }
 inline I32x16 cvt_round(F32x16 a) { MINDSERVE_EACH(vcvtnq_s32_f32(a.v[i])); }
 #undef MINDSERVE_EACH
 inline F32x16 to_f(I32x16 a) {

@@ -130,6 +130,11 @@ inline I32x16 dot_nib(I32x16 acc, I32x16 u, I32x16 x) { MINDSERVE_EACH(I32x16, a
 inline I32x16 dot_q8(I32x16 acc, I32x16 u, I32x16 x) { MINDSERVE_EACH(I32x16, acc.v[i] + dot4(u.v[i], x.v[i], true)); }
 inline I32x16 isub(I32x16 a, int32_t c) { MINDSERVE_EACH(I32x16, a.v[i] - c); }
 inline I32x16 iadd(I32x16 a, I32x16 b) { MINDSERVE_EACH(I32x16, a.v[i] + b.v[i]); }
+// Up to 8 nibble dot products before one widening (vec.h): here they sum in int32 directly.
+using NibAcc = I32x16;
+inline NibAcc nib_zero() { return izero(); }
+inline NibAcc nib_add(NibAcc acc, I32x16 u, I32x16 x) { return dot_nib(acc, u, x); }
+inline I32x16 nib_widen(I32x16 acc, NibAcc n) { return iadd(acc, n); }
 inline I32x16 cvt_round(F32x16 a) { MINDSERVE_EACH(I32x16, static_cast<int32_t>(std::nearbyint(a.v[i]))); }
 inline F32x16 to_f(I32x16 a) { MINDSERVE_EACH(F32x16, static_cast<float>(a.v[i])); }
 #undef MINDSERVE_EACH
