@@ -61,4 +61,8 @@ class EngineConfig:
     # which build of the AOT kernels (kernels/build.py VARIANTS); "auto": MINDSERVE_KERNEL_ISA, else the best
     # this CPU runs
     kernel_isa: str = "auto"
+    # keep the warm-up's compiled graphs (MindSpore's compile cache) under ~/.cache/mindserve/graphs, one directory
+    # per everything that shapes them (graph_cache.py): a restart loads them instead of compiling. Only for a process
+    # whose first compiled graphs are the engine's (``mindserve serve`` sets it): the cache numbers graphs by order
+    graph_cache: bool = False
     lora: LoraSettings = field(default_factory=LoraSettings)

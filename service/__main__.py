@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -82,7 +83,10 @@ async def serve(cfg: ServerConfig) -> None:
         media=media, planes=planes, lora=cfg.engine.lora))
     started = time.monotonic()
     log.info("loading model %s; /health answers 503 until it is loaded and warmed up", cfg.model.name)
-    loading = load_in_background(lambda: load_backend(cfg.model.backend_type, prepare_model(cfg), cfg.engine,
+    # The serve process compiles nothing before the engine's warm-up, so MindSpore's compile cache (numbered by
+    # the order of compilation in the process) keeps the same graphs under the same numbers: a restart loads them.
+    engine = dataclasses.replace(cfg.engine, graph_cache=True)
+    loading = load_in_background(lambda: load_backend(cfg.model.backend_type, prepare_model(cfg), engine,
                                                       model_name=cfg.model.name, progress=True), into=backend)
     stop, force = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -28,6 +28,7 @@ from backends.limits import longest_sequence, prompt_token_limit
 from backends.mindspore.adapters import EngineAdapters
 from backends.mindspore.config import VL_ARCHS, load_model_spec
 from backends.mindspore.kv_cache import BlockAllocator
+from backends.mindspore.graph_cache import enable_graph_cache, graph_key
 from backends.mindspore.memory import Footprint, available_memory, plan_cache
 from backends.mindspore.model import set_device
 from backends.mindspore.qwen2_vl.config import VLSpec, load_vl_spec
@@ -116,6 +117,8 @@ class Engine:
                  self.model_name, spec.arch, spec.num_layers, "GRAPH" if spec.mode == 0 else "PYNATIVE",
                  time.perf_counter() - started, num_blocks, self.runner.shapes.block_size)
         if warmup:
+            if config.graph_cache and spec.mode == 0:
+                enable_graph_cache(graph_key(self.runner.graph_parts(), spec.model_dir, spec.yaml_path))
             self.runner.warmup(progress)
             if self.vision is not None:
                 self.vision.warmup()

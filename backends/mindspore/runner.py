@@ -244,6 +244,14 @@ class ModelRunner(ABC):
         self._compiled(("head", self.shapes.prefill_chunk), started)
         return out
 
+    def graph_parts(self) -> list[str]:
+        """Everything of this runner that shapes its graphs (graph_cache.graph_key): the strategy, the compiled
+        shapes, the cache size, dtype, adapter slots and the kernel library (its file name hashes its build)."""
+        from backends.mindspore.kernels import active_library
+
+        return [type(self).__name__, repr(self.shapes), str(self.num_slots), self.dtype, repr(self.lora),
+                repr(self.vl), active_library() if self.kernel_variant else "stock"]
+
     def warmup(self, progress: bool = False) -> None:
         """Compile every graph shape the engine will use; only the scratch block is written."""
         from tqdm import tqdm

@@ -116,3 +116,47 @@ def test_serve_answers_then_exits_cleanly_on_sigterm(tmp_path, tiny_model_dir):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def _serve_once(path: Path, env: dict) -> tuple[list[str], dict]:
+    """Start ``mindserve serve``, ask one greedy request with details, stop it: (its log, the reply)."""
+    proc = subprocess.Popen([*CLI, "serve", "--config", str(path)], cwd=REPO, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", **env})
+    log: list[str] = []
+    threading.Thread(target=lambda: log.extend(iter(proc.stderr.readline, "")), daemon=True).start()
+    try:
+        url, deadline = None, time.monotonic() + 240
+        while url is None and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+            found = [re.search(r"ready: .* listening on (http://\S+)", line) for line in list(log)]
+            url = next((m.group(1) for m in found if m), None)
+        assert url, "".join(log)[-3000:]
+        body = {"inputs": "hello there", "parameters": {"max_new_tokens": 6, "do_sample": False, "details": True}}
+        reply = requests.post(url + "/", json=body, timeout=60)
+        assert reply.status_code == 200, reply.text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        return log, reply.json()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_a_restart_loads_the_warm_up_graphs_from_the_graph_cache(tmp_path, tiny_model_dir):
+    """serve keeps MindSpore's compiled graphs under ~/.cache/mindserve/graphs/<digest>: the second start loads
+    every one of them and answers the very same tokens and logprobs."""
+    from backends.mindspore.kernels.build import default_cache_dir
+
+    home = tmp_path / "home"
+    (home / ".cache" / "mindserve").mkdir(parents=True)
+    (home / ".cache" / "mindserve" / "kernels").symlink_to(default_cache_dir(), target_is_directory=True)
+    path = tmp_path / "server.yaml"
+    path.write_text(yaml.safe_dump(server_config(tiny_model_dir)))
+    first_log, first = _serve_once(path, {"HOME": str(home)})
+    assert any("graph cache:" in line and "empty: compiling" in line for line in first_log), "".join(first_log)[-2000:]
+    cached = list((home / ".cache" / "mindserve" / "graphs").glob("*/**/*.mindir"))
+    assert cached
+    second_log, second = _serve_once(path, {"HOME": str(home)})
+    assert any(f"({len(cached)} graphs cached)" in line for line in second_log), "".join(second_log)[-2000:]
+    assert second[0]["details"]["tokens"] == first[0]["details"]["tokens"]  # ids, logprobs (the seed is random)
+    assert second[0]["generated_text"] == first[0]["generated_text"]

@@ -61,7 +61,8 @@ import numpy as np
 from backends.mindspore.kernels.build import VARIANTS, KernelBuildError, build_kernel, choose_variant, default_cache_dir
 
 __all__ = ["fast_matmul", "aot_ops", "AotOps", "prepare_weight", "prepare_qweight", "QGROUP", "qmatmul_isa", "KERNEL_KINDS", "PANEL", "build_kernel", "set_kernel_threads", "kernel_library", "kernel_stats", "KernelBuildError",
-           "default_cache_dir", "ENTRY", "VARIANTS", "choose_variant", "kernel_variant"]
+           "default_cache_dir", "ENTRY", "VARIANTS", "choose_variant", "kernel_variant",
+           "active_library"]
 
 ENTRY = "MindserveMatMul"
 _lib: dict[str, ctypes.CDLL] = {}
@@ -128,6 +129,11 @@ def qmatmul_isa(cache_dir: str | os.PathLike | None = None) -> str:
     """The instruction set of the quantized dot products in the built library (avx512-vnni, avx512bw, avx2,
     neon-dotprod, neon, scalar)."""
     return kernel_library(cache_dir).mindserve_qmatmul_isa().decode()
+
+
+def active_library() -> str | None:
+    """Path of the library the last ``fast_matmul()`` / ``aot_ops()`` ops use (None before any)."""
+    return _active[-1] if _active else None
 
 
 def kernel_variant(cache_dir: str | os.PathLike | None = None) -> dict[str, str]:
