@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from backends.limits import longest_sequence
+from backends.mindspore.shapes import Shapes, plan_shapes
 from backends.settings import EngineConfig
 
 if TYPE_CHECKING:
@@ -37,13 +38,55 @@ class Footprint:
     weights_bytes: int
     bytes_per_token: int  # K and V, every layer
     activation_bytes: int = 0
+    graphs: StockGraphs | None = None  # the stock-op path's per-graph activations (None: the AOT path's are small)
 
     @classmethod
-    def of(cls, spec: ModelSpec, extra_bytes: int = 0) -> Footprint:
-        """``extra_bytes``: what the network holds besides the checkpoint (the LoRA adapter slots)."""
-        return cls(weights_bytes(spec.checkpoint) + extra_bytes,
+    def of(cls, spec: ModelSpec, extra_bytes: int = 0, stock: bool = False) -> Footprint:
+        """``extra_bytes``: what the network holds besides the checkpoint (the LoRA adapter slots); ``stock``: the
+        network runs on stock MindSpore ops, which hold quantized weights as float32 copies and keep every
+        compiled graph's activations."""
+        return cls(weights_bytes(spec.checkpoint, dequantized=stock) + extra_bytes,
                    2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * CACHE_DTYPE_BYTES,
-                   _vision_activations(spec))
+                   _vision_activations(spec), StockGraphs.of(spec) if stock else None)
+
+
+# What one stock-op graph keeps (MindSpore CPU, GRAPH mode: a compiled graph holds its intermediates between calls,
+# and RSS grows by each graph's own): per layer, SCORE_COPIES tensors of attention scores [B, H, T, W] and
+# TOKEN_COPIES of every token's activations (qkv, 2 x FFN, 4 x hidden), plus GRAPH_FIXED. Calibrated on
+# SmolLM2-135M's served config (docs/performance.md, "The stock-op path's memory"): measured 59-3300 MiB per graph,
+# this gives 5-40% more.
+SCORE_COPIES = 4
+TOKEN_COPIES = 3
+GRAPH_FIXED = 96 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class StockGraphs:
+    """The model dimensions the stock-op graphs' activations follow."""
+
+    layers: int
+    heads: int
+    token_floats: int  # per token and layer: qkv + 2 x FFN + 4 x hidden
+    vocab: int
+
+    @classmethod
+    def of(cls, spec: ModelSpec) -> StockGraphs:
+        qkv = (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim
+        return cls(spec.num_layers, spec.num_heads, qkv + 2 * spec.intermediate_size + 4 * spec.hidden_size,
+                   spec.vocab_size)
+
+    def graph_bytes(self, batch: int, tokens: int, window: int) -> int:
+        """One graph: ``batch`` rows of ``tokens`` tokens over ``window`` keys."""
+        scores = self.layers * batch * self.heads * tokens * window * 4
+        activations = self.layers * batch * tokens * self.token_floats * 4
+        return GRAPH_FIXED + SCORE_COPIES * scores + TOKEN_COPIES * activations + batch * self.vocab * 4
+
+    def total(self, shapes: Shapes) -> int:
+        """Every graph the split runner compiles for ``shapes`` (split.py's warm-up plan: prefill per prefill
+        batch and window, decode per batch and window)."""
+        prefill = sum(self.graph_bytes(b, shapes.prefill_chunk, w)
+                      for b in shapes.prefill_batch_buckets for w in shapes.window_buckets)
+        return prefill + sum(self.graph_bytes(b, 1, w) for b in shapes.batch_buckets for w in shapes.window_buckets)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,13 +104,22 @@ class CachePlan:
     asked_batch_size: int
     cache_bytes: int
     budget: str  # how the budget was set, for the log line
+    max_prefill_batch: int | None = None  # set when the stock-op graphs' activations capped maxPrefillBatchSize
+    asked_prefill_batch: int | None = None
 
     @property
     def capped(self) -> bool:
         return self.max_batch_size < self.asked_batch_size
 
+    @property
+    def prefill_capped(self) -> bool:
+        return self.max_prefill_batch is not None and self.max_prefill_batch < (self.asked_prefill_batch or 0)
+
     def apply(self, config: EngineConfig) -> EngineConfig:
         """``config`` with this cache and, when capped, the batch (and the buckets above it) brought down."""
+        if self.prefill_capped:
+            p = self.max_prefill_batch
+            config = replace(config, max_prefill_batch=p, prefill_batch_buckets=_trim(config.prefill_batch_buckets, p))
         if not self.capped:
             return replace(config, num_blocks=self.num_blocks)
         b = self.max_batch_size
@@ -80,22 +132,56 @@ class CachePlan:
         """The one log line saying what was chosen and why."""
         chosen = (f"maxBatchSize capped from {self.asked_batch_size} to {self.max_batch_size} (what fits)"
                   if self.capped else f"maxBatchSize {self.max_batch_size} fits")
+        if self.prefill_capped:
+            chosen += (f"; maxPrefillBatchSize capped from {self.asked_prefill_batch} to {self.max_prefill_batch} "
+                       "(the stock-op graphs' activations)")
         return (f"KV cache: {self.num_blocks} blocks, {_gib(self.cache_bytes)}; {chosen}; budget {self.budget}")
 
 
 def plan_cache(config: EngineConfig, model: Footprint, available: Available,
                max_positions: int | None = None) -> CachePlan:
     """The cache for ``config``: enough blocks for maxBatchSize longest sequences (+ the scratch block)
-    within the budget (npuMemSize GB, or -1: ``available`` less the weights, the runtime reserve and the
-    margin), the batch capped at what the budget holds. A set ``num_blocks`` (Python API) is taken as it
-    is. Raises MemoryBudgetError naming the keys when not even one sequence fits."""
+    within the budget (npuMemSize GB, or -1: ``available`` less the weights, the runtime reserve, the stock-op
+    graphs' activations and the margin), the batch capped at what the budget holds. On the stock-op path the
+    prefill batch is capped first, halving it until maxBatchSize sequences fit beside its graphs (or it is 1).
+    A set ``num_blocks`` (Python API) is taken as it is. Raises MemoryBudgetError naming the keys when not even
+    one sequence fits."""
+    if config.num_blocks:
+        block_bytes = config.block_size * model.bytes_per_token
+        asked = config.max_batch_size
+        return CachePlan(config.num_blocks, asked, asked, config.num_blocks * block_bytes, "num_blocks (set)")
+    if model.graphs is None:
+        return _plan(config, model, available, max_positions, 0)
+    prefill = config.max_prefill_batch
+    while True:
+        trial = replace(config, max_prefill_batch=prefill,
+                        prefill_batch_buckets=_trim(config.prefill_batch_buckets, prefill))
+        graphs = model.graphs.total(plan_shapes(trial, max_positions))
+        try:
+            plan = _plan(trial, model, available, max_positions, graphs)
+        except MemoryBudgetError:
+            if prefill == 1:
+                raise
+            prefill = max(1, prefill // 2)
+            continue
+        if plan.capped and prefill > 1:
+            prefill = max(1, prefill // 2)
+            continue
+        return replace(plan, max_prefill_batch=prefill, asked_prefill_batch=config.max_prefill_batch)
+
+
+def _plan(config: EngineConfig, model: Footprint, available: Available, max_positions: int | None,
+          graph_bytes: int) -> CachePlan:
     block_bytes = config.block_size * model.bytes_per_token
     longest = longest_sequence(config, max_positions)
     per_sequence = -(-longest // config.block_size)
     asked = config.max_batch_size
-    if config.num_blocks:
-        return CachePlan(config.num_blocks, asked, asked, config.num_blocks * block_bytes, "num_blocks (set)")
-    fixed = LOAD_COPIES * model.weights_bytes + RUNTIME_RESERVE + model.activation_bytes
+    # The weights are held twice only while the network is built; the graphs' activations come after, beside one copy.
+    held = max(LOAD_COPIES * model.weights_bytes, model.weights_bytes + graph_bytes)
+    fixed = held + RUNTIME_RESERVE + model.activation_bytes
+    weights = (f"max(weights {_gib(model.weights_bytes)} x {LOAD_COPIES}, weights + stock-op graphs "
+               f"{_gib(graph_bytes)} (maxPrefillBatchSize {config.max_prefill_batch}, batchBuckets, windowBuckets))"
+               if graph_bytes else f"weights {_gib(model.weights_bytes)} x {LOAD_COPIES}")
     if config.cache_gb > 0:
         budget = int(config.cache_gb * GIB)
         budget_text = f"npuMemSize {config.cache_gb:g} GB"
@@ -103,25 +189,24 @@ def plan_cache(config: EngineConfig, model: Footprint, available: Available,
         margin = int(MARGIN * available.bytes)
         budget = available.bytes - fixed - margin
         vision = f" - vision tower {_gib(model.activation_bytes)}" if model.activation_bytes else ""
-        budget_text = (f"npuMemSize -1: {_gib(available.bytes)} available ({available.source}) - weights "
-                       f"{_gib(model.weights_bytes)} x {LOAD_COPIES} - runtime reserve {_gib(RUNTIME_RESERVE)}"
-                       f"{vision} - margin {MARGIN:.0%} = {_gib(max(budget, 0))}")
+        budget_text = (f"npuMemSize -1: {_gib(available.bytes)} available ({available.source}) - {weights} - "
+                       f"runtime reserve {_gib(RUNTIME_RESERVE)}{vision} - margin {MARGIN:.0%} = {_gib(max(budget, 0))}")
     sequences = max(budget // block_bytes - 1, 0) // per_sequence
     if sequences < 1:
         raise MemoryBudgetError(
             f"the KV cache does not hold one sequence: {_sequence(config, longest)} in blocks of cacheBlockSize "
             f"{config.block_size} needs {per_sequence} blocks + 1 scratch = {_gib((per_sequence + 1) * block_bytes)}, "
-            f"and the budget is {budget_text}; lower maxSeqLen, or raise npuMemSize"
-            + ("" if config.cache_gb > 0 else " (set it in GB) or free memory"))
+            f"and the budget is {budget_text}; lower maxSeqLen"
+            + (", maxPrefillBatchSize or the windowBuckets" if graph_bytes else "")
+            + ", or raise npuMemSize" + ("" if config.cache_gb > 0 else " (set it in GB) or free memory"))
     batch = min(asked, sequences)
     plan = CachePlan(batch * per_sequence + 1, batch, asked, (batch * per_sequence + 1) * block_bytes, budget_text)
     if config.cache_gb > 0 and plan.cache_bytes + fixed > available.bytes:
         raise MemoryBudgetError(
             f"npuMemSize {config.cache_gb:g} GB: the cache of {plan.num_blocks} blocks ({_gib(plan.cache_bytes)}, "
-            f"maxBatchSize {batch} x {_sequence(config, longest)}) with the weights ({_gib(model.weights_bytes)} x "
-            f"{LOAD_COPIES}) and the runtime reserve ({_gib(RUNTIME_RESERVE)}) needs more than the "
-            f"{_gib(available.bytes)} available ({available.source}); lower npuMemSize, maxBatchSize or maxSeqLen, "
-            "or set npuMemSize -1 to size the cache from what is free")
+            f"maxBatchSize {batch} x {_sequence(config, longest)}) with the {weights} and the runtime reserve "
+            f"({_gib(RUNTIME_RESERVE)}) needs more than the {_gib(available.bytes)} available ({available.source}); "
+            "lower npuMemSize, maxBatchSize or maxSeqLen, or set npuMemSize -1 to size the cache from what is free")
     return plan
 
 
@@ -146,14 +231,15 @@ def available_memory(proc: Path = Path("/proc"), cgroup_root: Path = Path("/sys/
     return available
 
 
-def weights_bytes(checkpoint: Path) -> int:
-    """Bytes of the weights once loaded (float32, or GGUF blocks as they are): from the safetensors headers (a
-    file, or every ``*.safetensors`` of a directory), else the file size. Reads no tensor data."""
+def weights_bytes(checkpoint: Path, dequantized: bool = False) -> int:
+    """Bytes of the weights once loaded (float32, or GGUF blocks as they are; ``dequantized``: every quantized
+    tensor as float32, as the stock-op path holds it): from the safetensors headers (a file, or every
+    ``*.safetensors`` of a directory), else the file size. Reads no tensor data."""
     files = sorted(checkpoint.glob("*.safetensors")) if checkpoint.is_dir() else [checkpoint]
-    return sum(_safetensors_bytes(f) if f.suffix == ".safetensors" else f.stat().st_size for f in files)
+    return sum(_safetensors_bytes(f, dequantized) if f.suffix == ".safetensors" else f.stat().st_size for f in files)
 
 
-def _safetensors_bytes(path: Path) -> int:
+def _safetensors_bytes(path: Path, dequantized: bool = False) -> int:
     """Bytes of every tensor a safetensors file holds once loaded (its header: u64 length, then JSON): float32
     for the float tensors; the GGUF blocks of a quantized conversion (its metadata key mindserve.quantization)
     as they are (the kernels' packed copy is the same size), plus a float32 lookup table for a quantized
@@ -165,20 +251,23 @@ def _safetensors_bytes(path: Path) -> int:
         from backends.mindspore.quant import QUANT_KEY
 
         quantized = json.loads((header.get("__metadata__") or {}).get(QUANT_KEY) or "{}")
-        return sum(_tensor_bytes(name, t, quantized.get(name)) for name, t in header.items() if name != "__metadata__")
+        return sum(_tensor_bytes(name, t, quantized.get(name), dequantized) for name, t in header.items()
+                   if name != "__metadata__")
     except (ValueError, struct.error, KeyError, TypeError, AttributeError):
         return path.stat().st_size
 
 
-def _tensor_bytes(name: str, tensor: dict, fmt: str | None) -> int:
+def _tensor_bytes(name: str, tensor: dict, fmt: str | None, dequantized: bool = False) -> int:
     from backends.mindspore.quant import BLOCK, BLOCK_BYTES
 
     count = math.prod(tensor["shape"])
     if fmt is None or tensor.get("dtype") != "U8":
         return count * 4
     rows, row_bytes = tensor["shape"]
-    table = rows * (row_bytes // BLOCK_BYTES[fmt] * BLOCK) * 4 if name == "model.embed_tokens.weight" else 0
-    return count + table
+    floats = rows * (row_bytes // BLOCK_BYTES[fmt] * BLOCK) * 4
+    if dequantized:
+        return floats
+    return count + (floats if name == "model.embed_tokens.weight" else 0)
 
 
 def _meminfo(path: Path) -> dict[str, int]:

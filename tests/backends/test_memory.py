@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from backends.mindspore.memory import (GIB, LOAD_COPIES, MARGIN, RUNTIME_RESERVE, Available, CachePlan, Footprint,
+                                       StockGraphs,
                                        MemoryBudgetError, available_memory, plan_cache, weights_bytes)
 from backends.settings import EngineConfig
 
@@ -148,3 +149,73 @@ def test_a_safetensors_header_that_does_not_parse_counts_as_its_file_size(tmp_pa
     broken = tmp_path / "model.safetensors"
     broken.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{broken}")
     assert weights_bytes(broken) == 16  # loading the weights then reports the file, as before
+
+
+def test_quantized_weights_count_as_blocks_on_the_aot_path_and_as_float32_on_the_stock_path(tmp_path):
+    import json
+
+    from safetensors.numpy import save_file
+
+    from backends.mindspore.quant import QUANT_KEY
+
+    # a q4_1 [8, 64] matrix (2 blocks of 20 bytes per row), a quantized embedding [10, 32] (1 block), a float bias
+    tensors = {"model.layers.0.mlp.down_proj.weight": np.zeros((8, 40), np.uint8),
+               "model.embed_tokens.weight": np.zeros((10, 20), np.uint8), "bias": np.zeros(5, np.float32)}
+    meta = {QUANT_KEY: json.dumps({"model.layers.0.mlp.down_proj.weight": "q4_1", "model.embed_tokens.weight": "q4_1"})}
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata=meta)
+    blocks = 8 * 40 + 10 * 20 + 10 * 32 * 4 + 5 * 4  # the blocks, the embedding's float32 lookup table, the bias
+    assert weights_bytes(tmp_path) == blocks
+    assert weights_bytes(tmp_path, dequantized=True) == (8 * 64 + 10 * 32 + 5) * 4
+
+
+# RSS growth per stock-op graph, measured on SmolLM2-135M's served config (configs/server.yaml: prefill chunk 64,
+# prefill batches 1 and 8, decode batches 1..16, windows 256 and 1024; MindSpore 2.9 CPU, Q4_1 weights held as
+# float32): (prefill batch or decode batch, tokens, window) -> MiB. The first graph also carries the runtime's own start.
+MEASURED_SMOL = {(1, 64, 256): 369, (1, 64, 1024): 472, (8, 64, 256): 1663, (8, 64, 1024): 3300,
+                 (1, 1, 256): 59, (1, 1, 1024): 65, (2, 1, 256): 68, (2, 1, 1024): 75, (4, 1, 256): 76,
+                 (4, 1, 1024): 85, (8, 1, 256): 88, (8, 1, 1024): 112, (16, 1, 256): 113, (16, 1, 1024): 163}
+SMOL_GRAPHS = StockGraphs(layers=30, heads=9, token_floats=(9 + 2 * 3) * 64 + 2 * 1536 + 4 * 576, vocab=49152)
+# SmolLM2-1.7B's shape (24 layers, 32 heads and kv heads of 64, hidden 2048, FFN 8192)
+BIG_GRAPHS = StockGraphs(layers=24, heads=32, token_floats=(32 + 64) * 64 + 2 * 8192 + 4 * 2048, vocab=49152)
+SERVED = EngineConfig(max_seq_len=1024, max_input_tokens=1024, max_batch_size=16, max_prefill_batch=8,
+                      max_prefill_tokens=64, block_size=128, batch_buckets=(1, 2, 4, 8, 16), window_buckets=(256, 1024))
+
+
+def test_the_stock_graph_estimate_covers_what_was_measured():
+    for (batch, tokens, window), mib in MEASURED_SMOL.items():
+        estimate = SMOL_GRAPHS.graph_bytes(batch, tokens, window) / (1 << 20)
+        assert 0.8 * mib <= estimate <= 1.8 * mib, (batch, tokens, window, mib, estimate)
+    from backends.mindspore.shapes import plan_shapes
+
+    total = SMOL_GRAPHS.total(plan_shapes(SERVED, 8192))
+    assert sum(MEASURED_SMOL.values()) << 20 <= total <= 1.2 * (sum(MEASURED_SMOL.values()) << 20)
+
+
+def test_the_stock_path_caps_the_prefill_batch_so_a_large_model_fits_instead_of_being_killed():
+    """The 1.7B shape on the served config: at maxPrefillBatchSize 8 its graphs alone would take ~18 GiB (the
+    OOM kill of issue 21); the plan brings the prefill batch down, then the decode batch, and everything fits."""
+    model = Footprint(weights_bytes=int(1.71e9) * 4, bytes_per_token=2 * 24 * 32 * 64 * 4, graphs=BIG_GRAPHS)
+    available = Available(22 * GIB, "MemAvailable")
+    plan = plan_cache(SERVED, model, available, 8192)
+    assert plan.prefill_capped and plan.max_prefill_batch == 1 and 1 <= plan.max_batch_size < 16
+    applied = plan.apply(SERVED)
+    assert applied.max_prefill_batch == 1 and applied.max_batch_size == plan.max_batch_size
+    from backends.mindspore.shapes import plan_shapes
+
+    graphs = BIG_GRAPHS.total(plan_shapes(applied, 8192))
+    peak = max(2 * model.weights_bytes, model.weights_bytes + graphs) + RUNTIME_RESERVE + plan.cache_bytes
+    assert peak <= (1 - MARGIN) * available.bytes
+    assert "maxPrefillBatchSize capped from 8 to 1 (the stock-op graphs' activations)" in plan.describe()
+    assert "stock-op graphs" in plan.describe()
+
+
+def test_a_stock_path_that_cannot_fit_names_the_keys():
+    model = Footprint(weights_bytes=int(1.71e9) * 4, bytes_per_token=2 * 24 * 32 * 64 * 4, graphs=BIG_GRAPHS)
+    with pytest.raises(MemoryBudgetError, match="lower maxSeqLen, maxPrefillBatchSize or the windowBuckets"):
+        plan_cache(SERVED, model, Available(16 * GIB, "MemAvailable"), 8192)
+
+
+def test_the_aot_path_keeps_the_prefill_batch():
+    plan = plan_cache(SERVED, Footprint(weights_bytes=int(1.71e9) * 4, bytes_per_token=2 * 24 * 32 * 64 * 4),
+                      Available(40 * GIB, "MemAvailable"), 8192)
+    assert not plan.prefill_capped and not plan.capped and plan.apply(SERVED).max_prefill_batch == 8
