@@ -43,6 +43,7 @@ from backends.mindspore.shapes import plan_shapes
 from backends.mindspore.tokenizer import Tokenizer
 from backends.mindspore.weights import check_weight_dtype, load_weights
 from backends.params import effective_max_new_tokens
+from backends.sampling import vocab_log_softmax
 from backends.settings import EngineConfig
 from backends.stopping import StepOutcome
 from backends.types import FinishReason, GenerationResult, MediaInput, RequestParams, Token, TokenEvent
@@ -361,9 +362,7 @@ class Engine:
         if start == 0:
             first = seq.prompt_ids[0]
             seq.prefill_tokens.append(self._token(first, None))
-        logits = self.runner.prompt_logits(hidden).astype(np.float64)
-        logits -= logits.max(-1, keepdims=True)
-        logprobs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+        logprobs = vocab_log_softmax(self.runner.prompt_logits(hidden), self.vocab_size)
         for i, row in enumerate(logprobs):
             nxt = start + i + 1
             if nxt < len(seq.prompt_ids):

@@ -276,10 +276,17 @@ def usage(result: GenerationResult) -> dict[str, int]:
             "total_tokens": result.prompt_tokens + result.generated_tokens}
 
 
+def has_logprob(token: Token, last: bool) -> bool:
+    """The one rule for body and stream: a final EOS has no logprob. The last generated token, when
+    special, is not reported, whatever the finish reason (an EOS exactly at the length cap finishes as
+    "length", backends/stopping.py), since a stream event does not know the finish reason yet."""
+    return not (last and token.special)
+
+
 def reported_tokens(result: GenerationResult) -> tuple[Token, ...]:
-    """The tokens logprobs covers: every generated token but a final EOS."""
-    ends_at_eos = result.finish_reason is FinishReason.EOS_TOKEN and result.tokens and result.tokens[-1].special
-    return result.tokens[:-1] if ends_at_eos else result.tokens
+    """The tokens logprobs covers: every generated token but a final EOS (``has_logprob``)."""
+    last = len(result.tokens) - 1
+    return tuple(t for i, t in enumerate(result.tokens) if has_logprob(t, i == last))
 
 
 def render_logprobs(req: OpenAIRequest, tokens: tuple[Token, ...], offset: int = 0) -> dict[str, Any] | None:
@@ -397,7 +404,7 @@ class OpenAIStream:
 
     def on_token(self, event: TokenEvent) -> list[str]:
         out = self._open()
-        if self._req.logprobs and not (event.last and event.token.special):  # a chunk per token, a final EOS aside
+        if self._req.logprobs and has_logprob(event.token, event.last):  # a chunk per token, a final EOS aside
             offset = len(self._sent) + (len(self._req.prompt) if self._req.echo else 0)
             self._sent += event.text
             out.append(sse.event(self._chunks.text(event.text, (event.token,), offset)))
