@@ -10,13 +10,12 @@ from typing import Any
 
 import yaml
 
-from backends.mindspore.shapes import ShapeError, check_buckets
-from backends.settings import EngineConfig, LoraModuleConfig, LoraSettings
+from backends.loader import ShapeError, check_buckets
+from backends.settings import EngineConfig, LoraModuleConfig, LoraSettings, prefill_chunk
 from service.errors import ValidationError
 from service.validation import default_schemas
 
 MAX_CONFIG_BYTES = 10 * 1024 * 1024  # the reference server's limit
-PREFILL_CHUNK = 64  # most prompt tokens per prefill chunk (the chunk is min(maxPrefillTokens, this))
 
 
 class ConfigFileError(ValueError):
@@ -189,7 +188,7 @@ def _engine(data: dict, base: Path) -> EngineConfig:
         max_seq_len=deploy["maxSeqLen"], max_input_tokens=deploy["maxInputTokenLen"],
         truncation=int(truncation) if not isinstance(truncation, bool) else (-1 if truncation else 0),
         max_batch_size=sched["maxBatchSize"], max_iter_times=sched["maxIterTimes"],
-        block_size=sched["cacheBlockSize"], prefill_chunk=min(sched["maxPrefillTokens"], PREFILL_CHUNK),
+        block_size=sched["cacheBlockSize"], prefill_chunk=prefill_chunk(sched["maxPrefillTokens"]),
         max_prefill_batch=sched["maxPrefillBatchSize"], max_prefill_tokens=sched["maxPrefillTokens"],
         batch_buckets=buckets["batchBuckets"], window_buckets=buckets["windowBuckets"],
         cache_gb=float(model["npuMemSize"]), prefix_caching=sched["enablePrefixCaching"],

@@ -26,17 +26,16 @@ from backends.errors import EngineOverloaded, EngineUnavailable, GenerationFaile
 from backends.grammar import GrammarCompiler, GrammarState, MaskBatch, MaskWorker
 from backends.limits import longest_sequence, prompt_token_limit
 from backends.mindspore.adapters import EngineAdapters
-from backends.mindspore.config import VL_ARCHS, load_model_spec
+from backends.mindspore.config import load_model
 from backends.mindspore.kv_cache import BlockAllocator
 from backends.mindspore.memory import Footprint, available_memory, plan_cache
 from backends.mindspore.model import set_device
-from backends.mindspore.qwen2_vl.config import VLSpec, load_vl_spec
+from backends.mindspore.qwen2_vl.config import VLSpec, processor_chat_template
 from backends.mindspore.qwen2_vl.encoder import VisionEncoder
-from backends.mindspore.qwen2_vl.pipeline import processor_chat_template
 from backends.mindspore.qwen2_vl.preprocess import MediaError, Patches
 from backends.mindspore.qwen2_vl.request import VisionPrompt, build_prompt, truncate_prompt
 from backends.mindspore.qwen2_vl.weights import load_vl_weights
-from backends.mindspore.runner import RowOutput, build_runner
+from backends.mindspore.runners import RowOutput, build_runner
 from backends.mindspore.scheduler import Scheduler, StepPlan
 from backends.mindspore.sequence import SeqState
 from backends.mindspore.shapes import plan_shapes
@@ -67,13 +66,10 @@ class Engine:
     def __init__(self, model_dir: Path | str, config: EngineConfig = EngineConfig(), *,
                  warmup: bool = True, progress: bool = False, model_name: str | None = None) -> None:
         started = time.perf_counter()
-        self.spec = spec = load_model_spec(model_dir)
-        self.vl = vl = _vl_spec(spec)
+        self.spec = spec = load_model(model_dir)
+        self.vl = vl = spec.vision
         self.media_kinds = frozenset({"image", "video"}) if vl is not None else frozenset()
         self.lora = EngineAdapters(spec, config.lora)  # read and checked now: their slots count in the budget
-        if vl is not None and self.lora.shape is not None:
-            raise ValueError(f"{spec.arch}: LoRA adapters are not supported for a vision-language model; "
-                             "remove LoraModules / allowRuntimeLoraUpdating")
         # The cache within its memory budget (npuMemSize), the batch capped at what it holds.
         cache = plan_cache(config, Footprint.of(spec, self.lora.bytes), available_memory(),
                            spec.max_position_embeddings)
@@ -404,11 +400,6 @@ class Engine:
         for seq in self.scheduler.all():
             self.scheduler.finish(seq)
             seq.handle.emit(exc if isinstance(exc, EngineUnavailable) else GenerationFailed(str(exc)))
-
-
-def _vl_spec(spec) -> VLSpec | None:
-    """The vision-language spec of a Qwen2-VL / Qwen2.5-VL model directory, None for a text model."""
-    return load_vl_spec(spec.yaml_path) if spec.arch in VL_ARCHS else None
 
 
 def _load_weights(spec, vl: VLSpec | None) -> dict[str, np.ndarray]:

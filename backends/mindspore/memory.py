@@ -15,7 +15,7 @@ from backends.limits import longest_sequence
 from backends.settings import EngineConfig
 
 if TYPE_CHECKING:
-    from backends.mindspore.config import ModelSpec
+    from backends.mindspore.spec import ModelSpec
 
 GIB = 1 << 30
 CACHE_DTYPE_BYTES = 4  # the cache is float32 on CPU (off CPU it may be half that: the budget errs safe)
@@ -127,13 +127,11 @@ def plan_cache(config: EngineConfig, model: Footprint, available: Available,
 
 def _vision_activations(spec: ModelSpec) -> int:
     """The vision tower's largest call of a vision-language model (``qwen2_vl.config``), 0 for a text model."""
-    from backends.mindspore.config import VL_ARCHS
-
-    if spec.arch not in VL_ARCHS:
+    if spec.vision is None:
         return 0
-    from backends.mindspore.qwen2_vl.config import activation_bytes, load_vl_spec
+    from backends.mindspore.qwen2_vl.config import activation_bytes
 
-    return activation_bytes(load_vl_spec(spec.yaml_path))
+    return activation_bytes(spec.vision)
 
 
 def available_memory(proc: Path = Path("/proc"), cgroup_root: Path = Path("/sys/fs/cgroup")) -> Available:

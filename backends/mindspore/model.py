@@ -14,7 +14,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
-from backends.mindspore.config import DEVICE_TARGETS, ConfigError, ModelSpec
+from backends.mindspore.spec import ModelSpec
+from backends.mindspore.yaml_tree import DEVICE_TARGETS, ConfigError
 from backends.mindspore.quant import QuantWeight, concat_rows
 
 

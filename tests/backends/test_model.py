@@ -7,9 +7,9 @@ import sys
 import numpy as np
 import pytest
 
-from backends.mindspore.config import load_model_spec
+from backends.mindspore.config import load_model
 from backends.mindspore.model import set_mode
-from backends.mindspore.runner import DecodeRow, PrefillChunk
+from backends.mindspore.runners import DecodeRow, PrefillChunk
 from backends.mindspore.weights import load_weights
 from tests.support.paths import REPO
 from tests.support.reference_numpy import RefModel
@@ -134,7 +134,7 @@ def test_pynative_mode_gives_the_same_logits(tiny_model_dir, kernels):
 def test_aot_kernels_are_not_used_for_shapes_they_do_not_support(head_dim, heads, kv, caplog):
     from types import SimpleNamespace
 
-    from backends.mindspore.runner import _aot_ops
+    from backends.mindspore.runners import _aot_ops
 
     spec = SimpleNamespace(head_dim=head_dim, num_heads=heads, num_kv_heads=kv)
     assert _aot_ops(spec) is None
@@ -149,9 +149,9 @@ def test_an_unknown_kernels_setting_is_refused_by_name(tiny_model_dir):
 def test_the_stock_op_path_computes_in_the_yaml_compute_dtype(tiny_model_dir):
     """Targets other than CPU run the stock ops in the yaml's compute_dtype; float16 runs on CPU too, so the
     path is checked here against the float64 reference (to float16 accuracy; logits come out float32)."""
-    from backends.mindspore.split import SplitRunner
+    from backends.mindspore.runners.split import SplitRunner
 
-    spec = load_model_spec(tiny_model_dir)
+    spec = load_model(tiny_model_dir)
     set_mode(0, "CPU", 2)
     runner = SplitRunner(spec, load_weights(spec.checkpoint, spec.checkpoint_format), SHAPES, 24, dtype="float16")
     ids = prompt(7, 3, spec.vocab_size)

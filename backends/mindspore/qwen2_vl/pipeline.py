@@ -11,7 +11,6 @@ kernels' paged attention and fused ops, as ``PackedRunner``).
 """
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,19 +20,18 @@ import numpy as np
 import mindspore as ms
 
 from backends.chat_template import render_chat_template
-from backends.mindspore.config import ConfigError
 from backends.mindspore.kv_cache import block_table, token_slots
 from backends.mindspore.model import set_device
-from backends.mindspore.packed import packed_inputs
-from backends.mindspore.qwen2_vl.config import load_vl_spec
+from backends.mindspore.runners.packed import packed_inputs
+from backends.mindspore.qwen2_vl.config import load_vl_spec, processor_chat_template
 from backends.mindspore.qwen2_vl.positions import (WindowLayout, frame_ids, rope_index, segment_mask, vision_cos_sin,
                                                    window_ids, window_layout)
 from backends.mindspore.qwen2_vl.preprocess import MediaError, Patches, expand_media_tokens
 from backends.mindspore.qwen2_vl.text import Qwen2VLText
 from backends.mindspore.qwen2_vl.vision import VisionTower
 from backends.mindspore.qwen2_vl.weights import load_vl_weights
-from backends.mindspore.runner import _aot_ops  # the text models' AOT kernel build (and its fit check)
-from backends.mindspore.split import window_inputs
+from backends.mindspore.runners import _aot_ops  # the text models' AOT kernel build (and its fit check)
+from backends.mindspore.runners.split import window_inputs
 from backends.mindspore.tokenizer import Tokenizer
 
 VISION_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)  # patches per vision-tower call (graphs on demand)
@@ -61,18 +59,6 @@ class VLSequence:
     blocks: list[int]
     generated: list[int] = field(default_factory=list)
     prefilled: int = 0
-
-
-def processor_chat_template(model_dir: Path) -> str:
-    """The released checkpoints' chat_template.json (the processor's template), when the tokenizer has none."""
-    path = model_dir / "chat_template.json"
-    try:
-        template = json.loads(path.read_text(encoding="utf-8")).get("chat_template")
-    except (OSError, ValueError, AttributeError):
-        template = None
-    if not isinstance(template, str):
-        raise ConfigError(path, "chat_template", "no chat template in tokenizer_config.json or chat_template.json")
-    return template
 
 
 class Qwen2VL:

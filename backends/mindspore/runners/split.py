@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from backends.mindspore.kv_cache import block_table, token_slots
-from backends.mindspore.runner import DecodeRow, ModelRunner, PrefillChunk, RowOutput, media_inputs, write_rows
+from backends.mindspore.runners.base import DecodeRow, ModelRunner, PrefillChunk, RowOutput, media_inputs, write_rows
 from backends.mindspore.scheduler import PREFILL_FIRST, StepPlan
 from backends.settings import EngineConfig
 

@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 
 from backends.mindspore.kv_cache import block_table, token_slots
-from backends.mindspore.runner import DecodeRow, ModelRunner, PrefillChunk, RowOutput, media_inputs, write_rows
+from backends.mindspore.runners.base import DecodeRow, ModelRunner, PrefillChunk, RowOutput, media_inputs, write_rows
 from backends.mindspore.scheduler import StepPlan
 from backends.mindspore.shapes import Shapes
 from backends.settings import EngineConfig
