@@ -64,7 +64,8 @@ class EngineConfig:
     prefix_caching: bool = True  # share cached full prompt blocks between requests (enablePrefixCaching)
     threads: int = 2
     # "aot": the AOT matmul + paged attention kernels (rows batch-independent; attention reads only each
-    # row's real keys, so one window serves every length); "ms": MindSpore MatMul and ops attention over
-    # bucketed windows; "auto": aot if the kernels build (g++ and an AVX-512 CPU), else ms
+    # row's real keys, so one window serves every length); "stock": MindSpore MatMul and ops attention over
+    # bucketed windows; "auto": aot if the kernels build (g++ and an AVX-512 CPU), else stock. "ms", the old
+    # name of "stock", is still accepted (bench/ and tests pass it).
     kernels: str = "auto"
     lora: LoraSettings = field(default_factory=LoraSettings)

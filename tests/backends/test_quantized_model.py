@@ -227,7 +227,7 @@ def test_lora_adapters_on_quantized_weights(tiny_model_dir, tmp_path_factory):
     from backends.lora import BaseDims, load_adapter
     from backends.mindspore.config import load_model
     from backends.mindspore.lora_slots import LoraSlots
-    from backends.mindspore.model import set_mode
+    from backends.mindspore.device import set_mode
     from backends.mindspore.runners import build_runner
     from backends.mindspore.weights import load_weights
     from tests.support.lora_adapters import make_adapter, merged_weights

@@ -13,7 +13,8 @@ from PIL import Image
 
 from backends.errors import InputRejected
 from backends.mindspore.kv_cache import block_hashes
-from backends.mindspore.runners import PrefillChunk, media_inputs
+from backends.mindspore.qwen2_vl.text import media_inputs
+from backends.mindspore.runners import PrefillChunk
 from backends.types import MediaInput, RequestParams
 from tests.support.make_tiny_qwen2_vl import make_tiny_qwen2_vl
 from tests.support.paths import DATA_DIR

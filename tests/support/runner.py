@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 
 from backends.mindspore.config import load_model
-from backends.mindspore.model import set_mode
+from backends.mindspore.device import set_mode
 from backends.mindspore.runners import ModelRunner, PrefillChunk, build_runner
 from backends.mindspore.shapes import Shapes
 from backends.mindspore.weights import load_weights

@@ -6,19 +6,20 @@ import logging
 
 import numpy as np
 
-from backends.mindspore.runners.base import DecodeRow, ModelRunner, PrefillChunk, RowOutput, media_inputs, write_rows
+from backends.mindspore.runners.base import DecodeRow, ModelRunner, PrefillChunk, RowOutput, write_rows
 from backends.mindspore.runners.packed import PackedRunner
 from backends.mindspore.runners.split import SplitRunner
 from backends.mindspore.shapes import Shapes
 from backends.mindspore.spec import ModelSpec
 
 __all__ = ["KERNELS", "DecodeRow", "ModelRunner", "PackedRunner", "PrefillChunk", "RowOutput", "SplitRunner",
-           "build_runner", "media_inputs", "write_rows"]
+           "build_runner", "write_rows"]
 
 log = logging.getLogger("mindserve.engine")
 
 MAX_AOT_HEAD_DIM = 512  # attention.cc kMaxHeadDim
-KERNELS = ("auto", "aot", "ms")
+KERNELS = ("auto", "aot", "stock")
+KERNEL_ALIASES = {"ms": "stock"}  # the old name of the stock-op path, still accepted (bench/ and tests pass it)
 
 
 def _aot_ops(spec: ModelSpec):
@@ -39,11 +40,12 @@ def _aot_ops(spec: ModelSpec):
 
 
 def build_runner(spec: ModelSpec, weights: dict[str, np.ndarray], shapes: Shapes, num_blocks: int,
-                 kernels: str = "ms", device: str = "CPU", lora: tuple[int, int] | None = None,
+                 kernels: str = "stock", device: str = "CPU", lora: tuple[int, int] | None = None,
                  vl=None) -> ModelRunner:
-    """The runner for ``kernels`` (auto|aot|ms) on ``device``: on CPU the AOT kernels where asked and they
+    """The runner for ``kernels`` (auto|aot|stock) on ``device``: on CPU the AOT kernels where asked and they
     build (float32); elsewhere the stock ops in the yaml's compute_dtype (float32 for a vision-language
     model, ``vl`` its VLSpec)."""
+    kernels = KERNEL_ALIASES.get(kernels, kernels)
     if kernels not in KERNELS:
         raise ValueError(f"kernels must be one of {', '.join(KERNELS)}, got {kernels!r}")
     if device != "CPU":
@@ -53,7 +55,7 @@ def build_runner(spec: ModelSpec, weights: dict[str, np.ndarray], shapes: Shapes
         dtype = "float32" if vl is not None else spec.compute_dtype
         runner: ModelRunner = SplitRunner(spec, weights, shapes, num_blocks, dtype=dtype, lora=lora, vl=vl)
     else:
-        aot = _aot_ops(spec) if kernels != "ms" else None
+        aot = _aot_ops(spec) if kernels != "stock" else None
         if kernels == "aot" and aot is None:
             raise RuntimeError("kernels 'aot' asked for, but the AOT kernels could not be built (see the log)")
         runner = (PackedRunner(spec, weights, shapes, num_blocks, aot, lora=lora, vl=vl) if aot is not None

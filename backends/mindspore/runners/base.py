@@ -3,9 +3,9 @@ output per row. Two strategies implement it, chosen once by ``runners.build_runn
 AOT kernels: one packed forward per step, packed.py) and ``SplitRunner`` (stock MindSpore ops: a prefill
 call, then a decode call, split.py). The engine never asks which one it has.
 
-The network is ``LlamaModel``, or for a vision-language model (``vl``) ``Qwen2VLText``: then every call also
-takes media rows, their mask and M-RoPE positions (``media_inputs``; text-only rows: zeros and plain positions
-on all three streams), so image and text requests share one graph.
+Each strategy builds its network (``network``: ``network/llama.py``'s, or for a vision-language model
+``qwen2_vl/text.py``'s), and the network completes its own graph inputs (``arguments``: adapter slots, or
+media rows and M-RoPE positions), so the runner never asks which network it has.
 """
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ import numpy as np
 import mindspore as ms
 
 from backends.mindspore.spec import ModelSpec
-from backends.mindspore.model import LlamaModel, LMHead
 from backends.mindspore.scheduler import StepPlan
 from backends.mindspore.sequence import SeqState
 from backends.mindspore.shapes import Shapes
@@ -49,25 +48,6 @@ class DecodeRow:
     delta: int = 0  # M-RoPE: the token's position is its cache index + delta
 
 
-def media_inputs(chunks: list[PrefillChunk], places: list[tuple[int, int]], pos: np.ndarray,
-                 dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A vision-language network's extra inputs for tokens laid out as ``pos`` [B, T], chunk i's tokens from
-    (row, column) ``places[i]``: media rows [B, T, D], mask [B, T, 1] and M-RoPE positions [3, B, T]
-    (padding and text: the cache index, plus each chunk's delta)."""
-    b, t = pos.shape
-    media, mask = np.zeros((b, t, dim), np.float32), np.zeros((b, t, 1), np.float32)
-    mpos = np.broadcast_to(pos, (3, b, t)).astype(np.int32)
-    for c, (row, at) in zip(chunks, places):
-        n = len(c.ids)
-        if c.mpos is not None:
-            mpos[:, row, at:at + n] = c.mpos
-        elif c.delta:
-            mpos[:, row, at:at + n] += c.delta
-        if c.media is not None:
-            media[row, at:at + n], mask[row, at:at + n, 0] = c.media
-    return media, mask, mpos
-
-
 @dataclass(slots=True)
 class RowOutput:
     """What one row of a step gave: the logits of its last token, or the error that failed it."""
@@ -88,7 +68,7 @@ def write_rows(slots: np.ndarray, kv_heads: int, num_slots: int) -> np.ndarray:
 class ModelRunner(ABC):
     """The network, its compiled shapes and graphs; subclasses say how a step's rows become graph calls."""
 
-    kernels: ClassVar[str]  # "aot" | "ms": the kernel path, as /info reports it
+    kernels: ClassVar[str]  # "aot" | "stock": the kernel path, as /info reports it
     prefill_first: ClassVar[int]  # the scheduler's prefill-only steps in a row while prompts wait
 
     def __init__(self, spec: ModelSpec, weights: dict[str, np.ndarray], shapes: Shapes, num_blocks: int,
@@ -100,17 +80,11 @@ class ModelRunner(ABC):
         if spec.num_kv_heads * self.num_slots >= 2**31:
             raise ValueError(f"a KV cache of {num_blocks} blocks x {shapes.block_size} tokens x {spec.num_kv_heads} "
                              "kv heads has more rows than int32 indices address; lower cacheBlockNum")
-        self.vl = vl is not None  # a Qwen2-VL language model (``vl`` its VLSpec): media inputs on every call
-        if self.vl:
-            from backends.mindspore.qwen2_vl.text import Qwen2VLText
-
-            self.net = Qwen2VLText(vl, weights, num_blocks, shapes.block_size, shapes.max_window, aot)
-        else:
-            self.net = LlamaModel(spec, weights, num_blocks, shapes.block_size, shapes.max_window, aot, dtype, lora)
+        # The network of this strategy: the Llama family's, or a vision-language model's (``vl`` its VLSpec).
+        self.net = self.network(spec, weights, num_blocks, aot, dtype, lora, vl)
         self.net.set_train(False)
-        self.lora = lora  # (slots, rank) of the adapter slots, None without adapters
         self._lora_host: dict[tuple[int, str, str], np.ndarray] = {}  # host copies of the slot arrays
-        self.head = LMHead(self.net)
+        self.head = self.net.lm_head()
         self.compiled: set[tuple] = set()
 
     # --- what a strategy defines ---
@@ -118,6 +92,11 @@ class ModelRunner(ABC):
     def compiled_shapes(self, shapes: Shapes) -> Shapes:
         """The shapes this runner compiles, given the ones the settings allow (``shapes.plan_shapes``)."""
         return shapes
+
+    @abstractmethod
+    def network(self, spec: ModelSpec, weights: dict[str, np.ndarray], num_blocks: int, aot, dtype: str,
+                lora: tuple[int, int] | None, vl):
+        """The network cell this strategy runs (its layer classes chosen here, once)."""
 
     @abstractmethod
     def prefill_budget(self, config: EngineConfig) -> int:
@@ -196,14 +175,13 @@ class ModelRunner(ABC):
                 out.error = exc
         return outs
 
-    def _call(self, key: tuple, ids, pos, slots, table, last_rows, token_rows=None, lora_rows=None, media=None):
-        """One graph call; ``lora_rows`` (each token's adapter slot, -1 padding) is an input only when the
-        network has adapter slots; ``media`` (``media_inputs``) only for a vision-language network."""
-        args = self.graph_inputs(ids, pos, slots, table, last_rows, token_rows)
-        if self.vl:
-            args = (args[0], *media, *args[1:])
-        if self.lora is not None:
-            args = (*args, np.ascontiguousarray(lora_rows, np.int32))
+    def _call(self, key: tuple, ids, pos, slots, table, last_rows, token_rows=None, lora_rows=None, chunks=(),
+              places=()):
+        """One graph call: the strategy's inputs (``graph_inputs``), completed by the network itself
+        (``arguments``: each token's adapter slot ``lora_rows``, -1 padding; a vision-language network's media
+        rows of ``chunks``, chunk i's tokens from (row, column) ``places[i]``)."""
+        args = self.net.arguments(self.graph_inputs(ids, pos, slots, table, last_rows, token_rows), lora_rows, chunks,
+                                  places)
         started = time.perf_counter()
         logits, hidden = self.net(*(None if a is None else ms.Tensor(a) for a in args))
         out = logits.asnumpy(), hidden.asnumpy()
@@ -217,9 +195,7 @@ class ModelRunner(ABC):
 
     def write_lora(self, slot: int, layer: int, group: str, a: np.ndarray, b: np.ndarray) -> None:
         """Put one adapter slot's factors of one layer's group into the network (lora_slots.LoraSlots)."""
-        cell = self.net.layers[layer]
-        for part, value in (("a", a), ("b", b)):
-            param = getattr(cell, f"lora_{group}_{part}")
+        for part, value, param in zip("ab", (a, b), self.net.layers[layer].adapter_factors(group)):
             key = (layer, group, part)
             if key not in self._lora_host:
                 self._lora_host[key] = param.asnumpy()
