@@ -13,8 +13,7 @@ import socket
 import ssl
 
 from backends.loader import ADAPTERS, MEMORY, MODEL, SCHEDULE, ModelCheck, PreflightError, check_backend
-from service.config import (BUSINESS, MANAGEMENT, METRICS, ConfigFileError, ServerConfig, planes_by_listener,
-                            schedule_key)
+from service.config import BUSINESS, MANAGEMENT, METRICS, ConfigFileError, ServerConfig, planes_by_listener
 from service.tls import server_ssl_context
 
 MODEL_KEY = "BackendConfig.ModelDeployConfig.ModelConfig[0].modelWeightPath"

@@ -3,6 +3,8 @@ through the one architecture table (``spec.ARCHITECTURES``). A vision-language m
 ``vision`` part; "is this a vision model?" is ``spec.vision is not None`` everywhere."""
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,7 +15,7 @@ from backends.mindspore.yaml_tree import (DEVICE_TARGETS, ConfigError, deep_merg
                                           read_json_object, read_model_yaml)
 
 __all__ = ["DEVICE_TARGETS", "WEIGHT_DTYPES", "ConfigError", "ModelSpec", "deep_merge", "find_model_yaml",
-           "load_model", "load_model_spec", "load_yaml_tree", "read_json_object"]
+           "load_model", "load_model_spec", "load_yaml_tree", "read_json_object", "torch_dtype"]
 
 
 def load_model(path: Path | str) -> ModelSpec:
@@ -30,3 +32,14 @@ def load_model(path: Path | str) -> ModelSpec:
 
 
 load_model_spec = load_model  # the name bench/ still calls
+
+
+@functools.cache
+def torch_dtype(model_dir: Path) -> str | None:
+    """config.json's ``torch_dtype`` (what /info reports as the model dtype), None if absent."""
+    try:
+        value = json.loads((model_dir / "config.json").read_text(encoding="utf-8")).get("torch_dtype")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
+
