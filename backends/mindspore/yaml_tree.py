@@ -163,8 +163,6 @@ def read_context(tree: dict, yaml_path: Path) -> tuple[int, str]:
     return mode, target
 
 
-
-
 def read_model_yaml(path: Path | str) -> tuple[Path, dict, YamlSection, str]:
     """A model directory (or one yaml inside it): its yaml's path, the merged tree, the ``model`` section
     and ``model.arch.type``."""

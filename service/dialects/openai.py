@@ -1,8 +1,9 @@
 """The OpenAI dialect: ``POST /v1/completions`` and ``POST /v1/chat/completions`` on the same engine as POST /.
 
 Request side (``openai_request.py``): a body → schema check (``openai_*_request.schema.json``) →
-``OpenAIRequest`` with the same ``RequestParams`` POST / builds. Response side (here): ``GenerationResult`` → OpenAI's completion objects and
-stream chunks; any service error → OpenAI's error shape ``{"error": {message, type, param, code}}``.
+``OpenAIRequest`` with the same ``RequestParams`` POST / builds. Response side (here): ``GenerationResult`` →
+OpenAI's completion objects and stream chunks; any service error → OpenAI's error shape
+``{"error": {message, type, param, code}}``.
 
 Choices (also stated in schemas/openai_*.schema.json and schemas/README.md):
 - Errors use OpenAI's shape, not POST /'s ``{"error", "error_type"}``, so that the official clients raise
@@ -35,7 +36,8 @@ __all__ = ["CHAT", "COMPLETIONS", "MEDIA_MARK", "ChunkRenderer", "InvalidRequest
 DONE_EVENT = "data: [DONE]\n\n"
 FINISH_REASONS = {FinishReason.LENGTH: "length", FinishReason.EOS_TOKEN: "stop",
                   FinishReason.STOP_SEQUENCE: "stop"}
-ENGINE_PARAMS = {"grammar": "response_format", "adapter_id": "model"}  # the engine's parameter name -> this dialect's field
+# the engine's parameter name -> this dialect's field
+ENGINE_PARAMS = {"grammar": "response_format", "adapter_id": "model"}
 
 # status → (status sent, OpenAI error type). Validation is 400 here: OpenAI's status for a bad request,
 # which the official client raises as BadRequestError (422 would be UnprocessableEntityError).

@@ -101,7 +101,8 @@ def parse_openai_request(kind: Kind, body: Any, schemas: Schemas, model_name: st
     if options is not None and not stream:
         raise InvalidRequest("stream_options is only allowed when stream is true", "stream_options")
     logprobs, top = _logprobs(kind, body)
-    common = {"params": replace(_params(kind, body), top_logprobs=top, adapter_id=adapter), "stream": stream, "logprobs": logprobs, "choices": choices,
+    common = {"params": replace(_params(kind, body), top_logprobs=top, adapter_id=adapter), "stream": stream,
+              "logprobs": logprobs, "choices": choices,
               "include_usage": bool(options and options.get("include_usage")), "response_id": new_response_id(kind)}
     if kind == "chat":
         messages, media = _messages(body["messages"], frozenset(media_types))

@@ -18,7 +18,7 @@ from backends.mindspore.config import ConfigError, load_model
 from backends.mindspore.gguf_convert import convert_gguf, is_complete_conversion
 from backends.mindspore.quant import QuantWeight
 from backends.mindspore.weights import check_weight_dtype, load_weights
-from tests.backends.test_gguf_convert import TINY_TOKENS, _hf_to_gguf_rows
+from tests.support.gguf_rows import TINY_TOKENS, hf_to_gguf_rows
 
 HIDDEN, FFN = 64, 96
 SHAPES = {"attn_q": (HIDDEN, HIDDEN), "attn_k": (32, HIDDEN), "attn_v": (32, HIDDEN), "attn_output": (HIDDEN, HIDDEN),
@@ -51,7 +51,7 @@ def _write(path: Path, layer_type: T = T.Q4_1, embed_type: T = T.Q8_0, seed: int
     for norm in ("attn_norm", "ffn_norm"):
         w.add_tensor(f"blk.0.{norm}.weight", np.ones(HIDDEN, np.float32))
     for k in SHAPES:
-        tensor(f"blk.0.{k}.weight", _hf_to_gguf_rows(hf[k], HEADS[k]) if k in HEADS else hf[k], layer_type)
+        tensor(f"blk.0.{k}.weight", hf_to_gguf_rows(hf[k], HEADS[k]) if k in HEADS else hf[k], layer_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -18,6 +18,8 @@ from tests.support.runner import SHAPES, make_runner, prefill, prompt
 pytestmark = pytest.mark.slow  # every test here compiles the network (its fixture picks the model indirectly)
 
 TOL = 1e-4
+
+
 @pytest.fixture(scope="module", params=[("tiny_model_dir", "ms"), ("tiny_qwen2_dir", "ms"),
                                         ("tiny_model_dir", "aot"), ("tiny_qwen2_dir", "aot")],
                 ids=lambda p: f"{p[0]}-{p[1]}")
@@ -86,7 +88,8 @@ def test_aot_kernel_rows_are_bit_identical_whatever_the_batch(tiny_model_dir):
     assert np.array_equal(alone[0], mixed[0])
     token = int(np.argmax(alone[0]))
     solo = runner.decode([DecodeRow(token, len(ids), [1, 2])])[0]
-    rows = [DecodeRow(token, len(ids), [3, 4])] + [DecodeRow(7, len(o), [5 + 2 * i, 6 + 2 * i]) for i, o in enumerate(others)]
+    rows = [DecodeRow(token, len(ids), [3, 4])]
+    rows += [DecodeRow(7, len(o), [5 + 2 * i, 6 + 2 * i]) for i, o in enumerate(others)]
     assert np.array_equal(solo, runner.decode(rows)[0])
 
 

@@ -259,6 +259,7 @@ def test_shipped_vl_yamls_load(name):
     assert {k: field(k) for k in want} == want
     assert spec.text.checkpoint.name == "models" and spec.text.checkpoint_format == "safetensors"
 
+
 def _rewrite_yaml(model_dir, old: str, new: str):
     yaml_path = next(model_dir.glob("*.yaml"))
     text = yaml_path.read_text()

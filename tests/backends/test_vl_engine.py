@@ -247,7 +247,8 @@ def test_prefix_cache_keeps_different_images_apart_and_shares_the_same_one(engin
         result = engine.submit(req.text, GREEDY, media=media).result(timeout=120)
         return result, engine.scheduler.hit_tokens - before
 
-    prompt, _ = engine.intake.vision_prompt(req.text, (MediaInput(kind, _png(original), "image/png", "t", position),), None)
+    part = MediaInput(kind, _png(original), "image/png", "t", position)
+    prompt, _ = engine.intake.vision_prompt(req.text, (part,), None)
     span, bs, length = prompt.spans[0], engine.allocator.block_size, len(prompt.ids)
     first, _ = run(original)
     assert _ids(first) == golden("qwen2_vl")["prompts"]["one_image"]["greedy_ids"]

@@ -13,9 +13,9 @@ import requests
 
 from backends.lora import BaseDims
 from backends.mindspore.config import load_model
-from tests.e2e.test_metrics import delta, scrape
 from tests.support.http import error_json, ok_json, post, stream_events
 from tests.support.lora_adapters import make_adapter
+from tests.support.metrics import delta, scrape
 
 TIMEOUT = 120
 PROMPT = "My name is Olivier and I"

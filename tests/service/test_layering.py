@@ -43,8 +43,6 @@ def test_layers_do_not_reach_across(package: str, forbidden: tuple[str, ...]) ->
     assert not {m: n for m, n in bad.items() if n}
 
 
-
-
 def test_service_reaches_the_mindspore_backend_only_through_the_loader() -> None:
     """``service/`` names ``backends.mindspore`` nowhere (TYPE_CHECKING and function-local imports included):
     the model, adapter and memory checks, the default model and the GGUF conversion go through
@@ -80,3 +78,10 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
 def test_no_import_circle(package: str) -> None:
     cycle = find_cycle(package_modules(package))
     assert not cycle, " -> ".join(cycle)
+
+
+def test_no_test_imports_a_test() -> None:
+    """Shared helpers live in tests/support/ (STYLE 16): a test module imports no other test module."""
+    reach = {module: sorted(n for n in names if n.split(".")[-1].startswith("test_") and n.startswith("tests."))
+             for module, names in package_modules("tests").items()}
+    assert not {m: n for m, n in reach.items() if n}

@@ -101,7 +101,8 @@ def test_completion_logprobs_is_the_count():
     assert (completion(logprobs=0).logprobs, completion().logprobs) == (True, False)
 
 
-@pytest.mark.parametrize("fields, param", [({"top_logprobs": 2}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 21},
+@pytest.mark.parametrize("fields, param", [({"top_logprobs": 2}, "top_logprobs"),
+                                           ({"logprobs": True, "top_logprobs": 21},
                                                                                     "top_logprobs")])
 def test_bad_logprobs_fields(fields, param):
     with pytest.raises(InvalidRequest) as caught:

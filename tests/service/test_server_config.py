@@ -117,7 +117,8 @@ def test_an_absent_key_gets_the_schema_default(tmp_path, section, key):
 # A value other than the default for each key (with what else it needs to stay valid).
 OTHER = {
     "ipAddress": ("::1", {}), "allowAllZeroIpListening": (True, {}), "port": (8080, {}), "maxLinkNum": (7, {}),
-    "fullTextEnabled": (True, {}), "playgroundEnabled": (False, {}), "tokenTimeout": (5, {}), "e2eTimeout": (9, {}), "maxRequestLength": (2, {}),
+    "fullTextEnabled": (True, {}), "playgroundEnabled": (False, {}), "tokenTimeout": (5, {}), "e2eTimeout": (9, {}),
+    "maxRequestLength": (2, {}),
     "shutdownGracePeriod": (0.5, {}), "tokenIdFormat": ("int", {}), "headerTimeout": (2.5, {}),
     "bodyTimeout": (7, {}), "keepAliveTimeout": (4, {}), "maxHeaderBytes": (8192, {}), "maxReadingRequests": (5, {}),
     "maxBufferedBodyMB": (64, {}), "listenBacklog": (16, {}), "mediaRoot": ("/srv/media", {}),
@@ -211,7 +212,8 @@ ZERO_IP = "listens on every network interface; set ServerConfig.allowAllZeroIpLi
 
 
 @pytest.mark.parametrize("sections, fragment", [
-    ({"ServerConfig": {"adapters": {"sql-lora": "/a"}}}, "ServerConfig.adapters is not allowed: Not a key of this server"),
+    ({"ServerConfig": {"adapters": {"sql-lora": "/a"}}},
+     "ServerConfig.adapters is not allowed: Not a key of this server"),
     # maxPrefillBatchSize absent: its default (4) is checked against maxBatchSize
     ({"ScheduleConfig": {"maxBatchSize": 2}}, f"{SCHED}.maxPrefillBatchSize 4 must be <= maxBatchSize 2"),
     ({"ScheduleConfig": {"maxBatchSize": 8, "maxPrefillBatchSize": 9}},

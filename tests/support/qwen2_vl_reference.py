@@ -1,5 +1,7 @@
 """A reference driver for tests/backends/test_qwen2_vl.py, beside the engine (which serves with
-``qwen2_vl/encoder.py`` and the runners): Qwen2-VL end to end on the paged KV cache: weights (HF safetensors layout) -> the vision tower and the
+``qwen2_vl/encoder.py`` and the runners).
+
+Qwen2-VL end to end on the paged KV cache: weights (HF safetensors layout) -> the vision tower and the
 language model cells; a prompt with its media -> expanded ids, M-RoPE positions and media rows (the vision
 tower runs once per image or video) -> prefill in fixed-size chunks through the cache (a media item may
 span chunks: each chunk carries its own rows) -> decode steps at ``cache index + delta``.
@@ -34,7 +36,6 @@ from backends.mindspore.qwen2_vl.weights import load_vl_weights
 from backends.mindspore.runners import KERNEL_ALIASES, _aot_ops  # the text models' AOT kernel build (and its fit check)
 from backends.mindspore.runners.split import window_inputs
 from backends.mindspore.tokenizer import Tokenizer
-
 
 
 @dataclass(frozen=True, slots=True)

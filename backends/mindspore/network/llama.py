@@ -22,7 +22,15 @@ from backends.mindspore.network.stock_layer import StockDecoderLayer
 from backends.mindspore.spec import ModelSpec
 
 
-class AotLlama(nn.Cell):
+class _Llama(nn.Cell):
+    """What both strategies' inputs end with: each token's adapter slot (read by the adapter layers only)."""
+
+    def arguments(self, base: tuple, lora, chunks=(), places=()) -> tuple:
+        """The graph's inputs: the runner's (``base``), then ``lora``."""
+        return (*base, np.ascontiguousarray(lora, np.int32))
+
+
+class AotLlama(_Llama):
     """Attention inputs: table [R, NB] int32, the block table (padded with the scratch block 0), and
     token_rows [B*T] int32, each token's table row (so one row of T tokens can pack several prompts). Rows
     flat [B*T, ...] all the way through (ids/pos keep their [B, T] shape; the kernels read them as B*T
@@ -47,11 +55,6 @@ class AotLlama(nn.Cell):
     def lm_head(self) -> nn.Cell:
         return AotLMHead(self.head, self.aot)
 
-    def arguments(self, base: tuple, lora, chunks=(), places=()) -> tuple:
-        """The graph's inputs: the runner's (``base``), then each token's adapter slot (read by the adapter
-        layers only)."""
-        return (*base, np.ascontiguousarray(lora, np.int32))
-
     def construct(self, ids, pos, write_idx, table, token_rows, last_rows, lora=None):
         x, cos, sin = self.aot.embed_rope(ids, pos, self.embed, self.cos, self.sin)  # [N, dim], [N, hd], [N, hd]
         for layer in self.layers:
@@ -59,7 +62,7 @@ class AotLlama(nn.Cell):
         return self.aot.norm_head(x, self.norm.weight, self.norm.eps_t, last_rows, self.head)
 
 
-class StockLlama(nn.Cell):
+class StockLlama(_Llama):
     """Attention inputs: read_rows [kv, B, W] int32 (cache row of each head and key position of a row's
     window, padded with slot 0) and mask [B, 1, T, W] float32 (0 where key j <= pos, else -1e9). Computes in
     ``dtype`` (the yaml's compute_dtype)."""
@@ -81,11 +84,6 @@ class StockLlama(nn.Cell):
 
     def lm_head(self) -> nn.Cell:
         return StockLMHead(self.head, self.dtype)
-
-    def arguments(self, base: tuple, lora, chunks=(), places=()) -> tuple:
-        """The graph's inputs: the runner's (``base``), then each token's adapter slot (read by the adapter
-        layers only)."""
-        return (*base, np.ascontiguousarray(lora, np.int32))
 
     def construct(self, ids, pos, write_idx, read_rows, mask, last_rows, lora=None):
         b, t = ids.shape

@@ -23,6 +23,7 @@ from backends.mindspore.qwen2_vl.vision import VisionTower
 
 log = logging.getLogger("mindserve.engine")
 
+
 class VisionEncoder:
     """The tower's cell and its bucketed calls; ``compiled`` the graph keys called so far."""
 

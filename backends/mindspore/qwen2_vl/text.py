@@ -1,17 +1,19 @@
 """The Qwen2-VL language model as one MindSpore cell, in the two strategies of ``backends.mindspore.network``:
 ``AotQwen2VLText`` (the AOT layers, as ``PackedRunner`` runs it) and ``StockQwen2VLText`` (the stock-op
-layers, as ``SplitRunner`` runs it). Its decoder layer stack (Qwen2: q/k/v biases, GQA, SwiGLU; its own
-paged K/V cache per layer) and ``RMSNorm``, with two differences from ``network/llama.py``: media rows are spliced into the token embeddings, and the rotary cos/sin
-of each token come from its three M-RoPE positions.
+layers, as ``SplitRunner`` runs it). Its decoder layer stack (Qwen2: q/k/v biases, GQA, SwiGLU; its own paged
+K/V cache per layer) and ``RMSNorm``, with two differences from ``network/llama.py``: media rows are spliced
+into the token embeddings, and the rotary cos/sin of each token come from its three M-RoPE positions.
 
-Inputs, for B rows of T tokens: ids [B, T] int32; media [B, T, D] float32 (the vision tower's output at
-the image/video placeholder tokens, zeros elsewhere) and media_mask [B, T, 1] float32 (1 at those tokens);
-mpos [3, B, T] int32 (temporal/height/width positions); then what ``StockDecoderLayer`` takes: pos [B, T] int32 (each token's cache index), write_idx, read rows [kv, B, W] and the mask
-[B, 1, T, W] (causal over cache indices, not over M-RoPE positions); last_rows [R] (flat rows whose
-logits to return). Out: logits [R, V] and the final-normed hidden rows [B*T, D].
+Inputs, for B rows of T tokens: ids [B, T] int32; media [B, T, D] float32 (the vision tower's output at the
+image/video placeholder tokens, zeros elsewhere) and media_mask [B, T, 1] float32 (1 at those tokens); mpos
+[3, B, T] int32 (temporal/height/width positions); then what ``StockDecoderLayer`` takes: pos [B, T] int32
+(each token's cache index), write_idx, read rows [kv, B, W] and the mask [B, 1, T, W] (causal over cache
+indices, not over M-RoPE positions); last_rows [R] (flat rows whose logits to return). Out: logits [R, V] and
+the final-normed hidden rows [B*T, D].
 
 On the AOT kernels the rows stay flat [B*T, ...] and, as for ``AotLlama``, the attention inputs are the block
-table [R, NB] and each token's table row [B*T]; the paged attention kernel is causal over ``pos``, the cache index, while cos/sin carry the M-RoPE angles.
+table [R, NB] and each token's table row [B*T]; the paged attention kernel is causal over ``pos``, the cache
+index, while cos/sin carry the M-RoPE angles.
 """
 from __future__ import annotations
 
