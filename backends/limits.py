@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from backends.settings import EngineConfig
 
-MAX_PROMPT_TOKENS = 1048576  # the seed document's hard cap
+MAX_PROMPT_TOKENS = 1048576  # the hard cap on prompt tokens, whatever the settings (docs/api.md)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,16 +1,59 @@
-"""Build the backend a server config names (imports the heavy framework only when called)."""
+"""The one door from ``service/`` into a backend: build the backend a server config names, check its model
+directory before anything is loaded, prepare the default model, convert a GGUF file, and the config-only
+shape rules. Imports the heavy framework only when a backend is built."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from backends.base import Backend
+from backends.mindspore.preflight import (ADAPTERS, MEMORY, MODEL, SCHEDULE, ModelCheck, PreflightError,
+                                          is_default_model, is_model_dir)
+from backends.mindspore.shapes import ShapeError, check_buckets
 from backends.settings import EngineConfig
+
+__all__ = ["ADAPTERS", "MEMORY", "MODEL", "SCHEDULE", "ModelCheck", "PreflightError", "ShapeError", "check_backend",
+           "check_buckets", "convert_gguf", "default_model_dtype", "is_default_model", "is_model_dir", "load_backend",
+           "prepare_default_model"]
+
+
+def _backend(backend_type: str) -> None:
+    if backend_type != "ms":
+        raise ValueError(f"backendType {backend_type!r} is not supported; use \"ms\"")
 
 
 def load_backend(backend_type: str, model_dir: Path, config: EngineConfig, *, model_name: str | None = None,
                  progress: bool = True) -> Backend:
-    if backend_type != "ms":
-        raise ValueError(f"backendType {backend_type!r} is not supported; use \"ms\"")
+    _backend(backend_type)
     from backends.mindspore.engine import Engine
 
     return Engine(model_dir, config, warmup=True, progress=progress, model_name=model_name).start()
+
+
+def check_backend(backend_type: str, model_dir: Path, config: EngineConfig) -> ModelCheck:
+    """The backend's start-up checks on ``model_dir`` (no weights loaded); PreflightError naming what is at
+    fault."""
+    _backend(backend_type)
+    from backends.mindspore.preflight import check_model
+
+    return check_model(model_dir, config)
+
+
+def default_model_dtype(path: Path) -> str:
+    """The convert-gguf --dtype the default model directory ``path`` holds."""
+    from backends.mindspore.default_model import DEFAULT_DIRS
+
+    return DEFAULT_DIRS[path.name]
+
+
+def prepare_default_model(path: Path) -> Path:
+    """Download and convert the default model into ``path`` (a default model directory) if it is not there."""
+    from backends.mindspore.default_model import ensure_default_model
+
+    return ensure_default_model(path.parent, name=path.name)
+
+
+def convert_gguf(gguf: Path, out: Path, **options) -> Path:
+    """A GGUF file -> a model directory (``backends/mindspore/gguf_convert.py``)."""
+    from backends.mindspore.gguf_convert import convert_gguf as convert
+
+    return convert(gguf, out, **options)

@@ -1,7 +1,8 @@
 """Resolve a request's sampling parameters with the MindSpore ("ms") default rules.
 
 As docs/api.md's parameters table of POST / states: unset → yaml ``model.model_config`` value → built-in
-fallback (``backends.defaults``); sampling is switched on by any request-set warper; top_k is clamped to the vocabulary size (None = off).
+fallback (``backends.defaults``); sampling is switched on by any request-set warper; top_k is clamped to
+the vocabulary size (None = off).
 """
 from __future__ import annotations
 

@@ -35,6 +35,13 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return logits - log_sum_exp(logits)
 
 
+def vocab_log_softmax(logits: np.ndarray, vocab_size: int | None) -> np.ndarray:
+    """Each row of ``logits`` [N, V'] as float64 logprobs over the first ``vocab_size`` ids, the set the
+    chooser samples from (``NextTokenChooser.vocab_size``): padded embedding rows carry no mass."""
+    rows = np.asarray(logits)[:, :vocab_size].astype(np.float64)
+    return np.stack([log_softmax(row) for row in rows]) if len(rows) else rows
+
+
 @dataclass(frozen=True, slots=True)
 class RepetitionPenalty:
     """Tokens already in the history: logit > 0 is divided by ``penalty``, else multiplied."""

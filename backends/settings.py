@@ -33,6 +33,15 @@ class LoraSettings:
         return self.max_loaded or len(self.modules) + (4 if self.runtime_updates else 0)
 
 
+PREFILL_CHUNK = 64  # most prompt tokens per prefill chunk
+
+
+def prefill_chunk(max_prefill_tokens: int) -> int:
+    """The prefill chunk for a ``maxPrefillTokens`` budget: the one home of this rule (``shapes.plan_shapes``
+    caps it by the largest window)."""
+    return min(max_prefill_tokens, PREFILL_CHUNK)
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     """Engine limits and compiled shapes (the server config's ModelDeployConfig/ScheduleConfig)."""
@@ -44,7 +53,7 @@ class EngineConfig:
     max_iter_times: int = 512
     max_waiting: int = 1024
     block_size: int = 128
-    prefill_chunk: int = 64
+    prefill_chunk: int = PREFILL_CHUNK  # prefill_chunk(max_prefill_tokens) from a server config
     max_prefill_batch: int = 4  # sequences prefilled together (maxPrefillBatchSize)
     max_prefill_tokens: int = 256  # prompt tokens prefilled per step (maxPrefillTokens)
     prefill_batch_buckets: tuple[int, ...] | None = None  # default: 1 and max_prefill_batch
@@ -55,8 +64,9 @@ class EngineConfig:
     prefix_caching: bool = True  # share cached full prompt blocks between requests (enablePrefixCaching)
     threads: int = 2
     # "aot": the AOT matmul + paged attention kernels (rows batch-independent; attention reads only each
-    # row's real keys, so one window serves every length); "ms": MindSpore MatMul and ops attention over
-    # bucketed windows; "auto": aot if the kernels build (g++ and an x86-64-v3 or armv8 CPU at least), else ms
+    # row's real keys, so one window serves every length); "stock": MindSpore MatMul and ops attention over
+    # bucketed windows; "auto": aot if the kernels build (g++; a variant for every x86-64 and AArch64 CPU), else
+    # stock. "ms", the old name of "stock", is still accepted (bench/ and tests pass it).
     kernels: str = "auto"
     # which build of the AOT kernels (kernels/build.py VARIANTS); "auto": MINDSERVE_KERNEL_ISA, else the best
     # this CPU runs

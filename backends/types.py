@@ -125,18 +125,3 @@ class GenerationResult:
     seed: int
     tokens: tuple[Token, ...] = ()
     prefill: tuple[Token, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class GenerationError:
-    """Terminal failure of one request inside the engine."""
-
-    message: str
-    kind: str = "generation"  # "generation" | "validation" | "timeout" | "cancelled"
-
-
-@dataclass(slots=True)
-class Counters:
-    compiled_graphs: int = 0
-    steps: int = 0
-    extra: dict[str, int] = field(default_factory=dict)

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from backends.mindspore.default_model import DEFAULT_DIRS
 from service.config import ConfigFileError, ServerConfig, load_server_config, with_port
 from service.install_check import import_name_conflict
 from service.loading import LOAD_THREAD
@@ -35,17 +34,16 @@ def setup_logging(level: str = "INFO") -> None:
 
 def prepare_model(cfg: ServerConfig) -> Path:
     """The model directory; the default model is downloaded and converted on first use."""
-    from service.preflight import MODEL_KEY, is_model_dir
+    from backends.loader import default_model_dtype, is_default_model, is_model_dir, prepare_default_model
+    from service.preflight import MODEL_KEY
 
     path = cfg.model.weight_path
     if is_model_dir(path):
         return path
-    if path.name in DEFAULT_DIRS:
-        from backends.mindspore.default_model import ensure_default_model
-
+    if is_default_model(path):
         log.info("default model not found at %s: preparing it (download + conversion --dtype %s)", path,
-                 DEFAULT_DIRS[path.name])
-        return ensure_default_model(path.parent, name=path.name)
+                 default_model_dtype(path))
+        return prepare_default_model(path)
     raise ConfigFileError(f"{cfg.path}: {MODEL_KEY}: {path} is not a model directory (no .yaml inside)")
 
 
@@ -187,7 +185,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from backends.mindspore.gguf_convert import convert_gguf
+    from backends.loader import convert_gguf
 
     out = convert_gguf(Path(args.gguf), Path(args.out), model_name=args.name, progress=not args.quiet,
                        dtype=args.dtype)

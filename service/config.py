@@ -10,13 +10,12 @@ from typing import Any
 
 import yaml
 
-from backends.mindspore.shapes import ShapeError, check_buckets
-from backends.settings import EngineConfig, LoraModuleConfig, LoraSettings
+from backends.loader import ShapeError, check_buckets
+from backends.settings import EngineConfig, LoraModuleConfig, LoraSettings, prefill_chunk
 from service.errors import ValidationError
 from service.validation import default_schemas
 
 MAX_CONFIG_BYTES = 10 * 1024 * 1024  # the reference server's limit
-PREFILL_CHUNK = 64  # most prompt tokens per prefill chunk (the chunk is min(maxPrefillTokens, this))
 
 
 class ConfigFileError(ValueError):
@@ -115,7 +114,7 @@ def schema_defaults() -> dict[str, dict[str, Any]]:
 _SECTIONS = ("ServerConfig", "ModelDeployConfig", "ModelConfig", "ScheduleConfig")
 
 
-class _Section:
+class ServerSection:
     """One section of the file; a key it lacks reads as the schema's default (None without one)."""
 
     def __init__(self, name: str, data: dict | None) -> None:
@@ -127,7 +126,7 @@ class _Section:
 
 
 def _server(data: dict, base: Path) -> ServerSettings:
-    s = _Section("ServerConfig", data.get("ServerConfig"))
+    s = ServerSection("ServerConfig", data.get("ServerConfig"))
     ca = s["tlsCaFile"] or []
     ca_dir = _resolve(base, s["tlsCaPath"]) or base
     return ServerSettings(
@@ -153,7 +152,7 @@ def _server(data: dict, base: Path) -> ServerSettings:
 _DEPLOY = "BackendConfig.ModelDeployConfig"
 
 
-def _lora(deploy: _Section, base: Path) -> LoraSettings:
+def _lora(deploy: ServerSection, base: Path) -> LoraSettings:
     """LoraModules and the LoRA keys, checked across entries: unique names, a served baseModelName, a
     loraRoot with runtime updates. ValueError naming the key, the entry and the value."""
     served = [m["modelName"] for m in deploy["ModelConfig"]]
@@ -180,16 +179,16 @@ def _lora(deploy: _Section, base: Path) -> LoraSettings:
 
 
 def _engine(data: dict, base: Path) -> EngineConfig:
-    deploy = _Section("ModelDeployConfig", data["BackendConfig"].get("ModelDeployConfig"))
-    model = _Section("ModelConfig", deploy["ModelConfig"][0])
-    sched = _Section("ScheduleConfig", data["BackendConfig"].get("ScheduleConfig"))
+    deploy = ServerSection("ModelDeployConfig", data["BackendConfig"].get("ModelDeployConfig"))
+    model = ServerSection("ModelConfig", deploy["ModelConfig"][0])
+    sched = ServerSection("ScheduleConfig", data["BackendConfig"].get("ScheduleConfig"))
     truncation = deploy["truncation"]
     buckets = {k: tuple(sorted(sched[k])) if sched[k] else None for k in ("batchBuckets", "windowBuckets")}
     return EngineConfig(
         max_seq_len=deploy["maxSeqLen"], max_input_tokens=deploy["maxInputTokenLen"],
         truncation=int(truncation) if not isinstance(truncation, bool) else (-1 if truncation else 0),
         max_batch_size=sched["maxBatchSize"], max_iter_times=sched["maxIterTimes"],
-        block_size=sched["cacheBlockSize"], prefill_chunk=min(sched["maxPrefillTokens"], PREFILL_CHUNK),
+        block_size=sched["cacheBlockSize"], prefill_chunk=prefill_chunk(sched["maxPrefillTokens"]),
         max_prefill_batch=sched["maxPrefillBatchSize"], max_prefill_tokens=sched["maxPrefillTokens"],
         batch_buckets=buckets["batchBuckets"], window_buckets=buckets["windowBuckets"],
         cache_gb=float(model["npuMemSize"]), prefix_caching=sched["enablePrefixCaching"],
@@ -284,7 +283,7 @@ def load_server_config(path: Path | str) -> ServerConfig:
     except ValidationError as exc:
         raise ConfigFileError(f"{path}: {exc.message}") from None
     model = data["BackendConfig"]["ModelDeployConfig"]["ModelConfig"][0]
-    model_cfg = _Section("ModelConfig", model)
+    model_cfg = ServerSection("ModelConfig", model)
     base = path.resolve().parent
     try:
         config = ServerConfig(

@@ -25,6 +25,7 @@ from service.validation import parse_json_body
 
 log = logging.getLogger("mindserve.http")
 
+
 class BaseHandler(tornado.web.RequestHandler):
     """Renders every error with the taxonomy's status; tells the connection tracker when a request starts
     and ends on its connection; logs a request whose client left before it ended as ``CLIENT_GONE``."""

@@ -7,7 +7,7 @@ import asyncio
 
 from backends.errors import BackendError
 from service.errors import NotFound, ServiceUnavailable, from_backend_error
-from service.http import BaseHandler, GetHandler, JsonBodyHandler
+from service.http import GetHandler, JsonBodyHandler
 from service.info import adapter_card, model_card, model_list, server_info
 from service.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from service.openapi import build_openapi

@@ -86,12 +86,12 @@ LORA_STRENGTH = 0.1
 def lora_adapter_dirs(tmp_path_factory, default_model_dir) -> dict[str, Path]:
     """The LORA_ADAPTERS as PEFT directories under one adapter root (the runtime-load root too)."""
     from backends.lora import BaseDims
-    from backends.mindspore.config import load_model_spec
+    from backends.mindspore.config import load_model
     from tests.support.lora_adapters import make_adapter
     from tests.support.reference_numpy import RefModel
 
     root = tmp_path_factory.mktemp("lora_root")
-    dims = BaseDims.of(load_model_spec(default_model_dir))
+    dims = BaseDims.of(load_model(default_model_dir))
     base = RefModel.from_dir(default_model_dir, dtype=np.float32).w
     dirs = {name: root / name for name in LORA_ADAPTERS}
     for name, kw in LORA_ADAPTERS.items():

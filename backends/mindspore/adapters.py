@@ -14,7 +14,10 @@ import numpy as np
 
 from backends.errors import ParameterRejected
 from backends.lora import BaseDims, load_adapter
-from backends.mindspore.lora_slots import Lease, LoraSlots, load_configured_adapters, lora_slot_shape, slot_bytes
+from backends.mindspore.lora_slots import (ConfiguredAdapterError, Lease, LoraSlots, load_configured_adapters,
+                                          lora_slot_shape, slot_bytes)
+
+__all__ = ["ConfiguredAdapterError", "EngineAdapters"]
 from backends.settings import LoraSettings
 
 log = logging.getLogger("mindserve.engine")
@@ -27,6 +30,9 @@ class EngineAdapters:
     """``shape`` is (slots, rank), None without adapters; ``attach`` gives them the network to write into."""
 
     def __init__(self, spec, settings: LoraSettings) -> None:
+        if spec.vision is not None and settings.enabled:  # the one home of this rule
+            raise ValueError(f"LoRA adapters are not supported for a vision-language model ({spec.arch}); "
+                             "remove LoraModules and allowRuntimeLoraUpdating")
         self.dims, self.settings = BaseDims.of(spec), settings
         self._configured = load_configured_adapters(settings, self.dims)
         self.shape = lora_slot_shape(settings, self._configured)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from backends.errors import ParameterRejected
-from backends.lora import BaseDims, LoraAdapter, load_adapter
+from backends.lora import AdapterError, BaseDims, LoraAdapter, load_adapter
 from backends.settings import LoraSettings
 
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -183,9 +183,24 @@ def adapter_fits(adapter: str | None, active: set[str], limit: int) -> bool:
     return adapter is None or limit <= 0 or adapter in active or len(active) < limit
 
 
+class ConfiguredAdapterError(AdapterError):
+    """A ``LoraModules`` entry that cannot be used: ``index`` and ``module`` name it, the message says why."""
+
+    def __init__(self, index: int, module, error: AdapterError) -> None:
+        ValueError.__init__(self, str(error))  # the adapter's own message, as load_adapter gave it
+        self.adapter, self.file, self.key = error.adapter, error.file, error.key
+        self.index, self.module = index, module
+
+
 def load_configured_adapters(lora: LoraSettings, dims: BaseDims) -> list[LoraAdapter]:
-    """The ``LoraModules`` adapters, read and checked; AdapterError naming the entry for a bad one."""
-    return [load_adapter(m.name, m.path, dims, lora.max_rank or None) for m in lora.modules]
+    """The ``LoraModules`` adapters, read and checked; ConfiguredAdapterError naming the entry for a bad one."""
+    adapters = []
+    for i, module in enumerate(lora.modules):
+        try:
+            adapters.append(load_adapter(module.name, module.path, dims, lora.max_rank or None))
+        except AdapterError as exc:
+            raise ConfiguredAdapterError(i, module, exc) from exc
+    return adapters
 
 
 def lora_slot_shape(lora: LoraSettings, adapters: list[LoraAdapter]) -> tuple[int, int] | None:

@@ -16,7 +16,7 @@ from backends.mindspore.shapes import Shapes, plan_shapes
 from backends.settings import EngineConfig
 
 if TYPE_CHECKING:
-    from backends.mindspore.config import ModelSpec
+    from backends.mindspore.spec import ModelSpec
 
 GIB = 1 << 30
 CACHE_DTYPE_BYTES = 4  # the cache is float32 on CPU (off CPU it may be half that: the budget errs safe)
@@ -190,7 +190,8 @@ def _plan(config: EngineConfig, model: Footprint, available: Available, max_posi
         budget = available.bytes - fixed - margin
         vision = f" - vision tower {_gib(model.activation_bytes)}" if model.activation_bytes else ""
         budget_text = (f"npuMemSize -1: {_gib(available.bytes)} available ({available.source}) - {weights} - "
-                       f"runtime reserve {_gib(RUNTIME_RESERVE)}{vision} - margin {MARGIN:.0%} = {_gib(max(budget, 0))}")
+                       f"runtime reserve {_gib(RUNTIME_RESERVE)}{vision} - margin {MARGIN:.0%} = "
+                       f"{_gib(max(budget, 0))}")
     sequences = max(budget // block_bytes - 1, 0) // per_sequence
     if sequences < 1:
         raise MemoryBudgetError(
@@ -212,13 +213,11 @@ def _plan(config: EngineConfig, model: Footprint, available: Available, max_posi
 
 def _vision_activations(spec: ModelSpec) -> int:
     """The vision tower's largest call of a vision-language model (``qwen2_vl.config``), 0 for a text model."""
-    from backends.mindspore.config import VL_ARCHS
-
-    if spec.arch not in VL_ARCHS:
+    if spec.vision is None:
         return 0
-    from backends.mindspore.qwen2_vl.config import activation_bytes, load_vl_spec
+    from backends.mindspore.qwen2_vl.config import activation_bytes
 
-    return activation_bytes(load_vl_spec(spec.yaml_path))
+    return activation_bytes(spec.vision)
 
 
 def available_memory(proc: Path = Path("/proc"), cgroup_root: Path = Path("/sys/fs/cgroup")) -> Available:

@@ -19,6 +19,14 @@ class StepPlan:
     def empty(self) -> bool:
         return not self.prefill and not self.decode
 
+    def sampling_rows(self) -> list[SeqState]:
+        """The rows that sample this step: every decode row, and each prompt whose last chunk is in it."""
+        return [*self.decode, *(seq for seq, n in self.prefill if seq.prefilled + n == len(seq.prompt_ids))]
+
+    def without(self, dropped: list[SeqState]) -> StepPlan:
+        """This plan less the prompt chunks of ``dropped`` (requests failed before the forward pass)."""
+        return StepPlan(tuple(w for w in self.prefill if w[0] not in dropped), self.decode) if dropped else self
+
 
 PREFILL_FIRST = 3  # prefill-only steps in a row while prompts wait (separate prefill and decode calls)
 

@@ -1,5 +1,6 @@
 """One request's state inside the engine, built from the request (TGI's ``from_pb``): its sampler,
-stopper, detokenizer and grammar state are per-row pieces, dropped with the row when it finishes."""
+stopper, detokenizer and grammar state are per-row pieces, dropped with the row when it finishes.
+``advance`` is the per-row step: sample -> detokenize -> stop, in that order, in one place."""
 from __future__ import annotations
 
 import sys
@@ -16,7 +17,7 @@ from backends.mindspore.lora_slots import Lease
 from backends.mindspore.tokenizer import IncrementalDetokenizer, Tokenizer
 from backends.params import resolve
 from backends.sampling import NextTokenChooser, request_processors
-from backends.stopping import Stopper
+from backends.stopping import StepOutcome, Stopper
 from backends.types import ModelDefaults, RequestParams, Token
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ class SeqState:
     stopper: Stopper
     detokenizer: IncrementalDetokenizer
     seed: int
+    tokenizer: Tokenizer | None = None  # token texts and which ids are special (``advance``, ``token``)
     want_prefill: bool = False  # decoder_input_details: prompt tokens with their logprobs
     grammar: GrammarState | None = None  # constrained decoding: the mask before sampling, advanced after
     top_logprobs: int = 0  # alternatives reported with each token
@@ -51,10 +53,12 @@ class SeqState:
     @classmethod
     def from_request(cls, handle: RequestHandle, prompt_ids: list[int], params: RequestParams, *,
                      max_new_tokens: int, defaults: ModelDefaults, vocab_size: int, eos_ids: Iterable[int],
-                     tokenizer: Tokenizer, grammars: GrammarCompiler | None = None) -> SeqState:
+                     tokenizer: Tokenizer, grammars: GrammarCompiler | None = None, lora: Lease | None = None,
+                     vision: VisionPrompt | None = None, media: list[Patches] | None = None) -> SeqState:
         """The state of a new request: ``params`` resolved against the model's defaults into its chooser
         (logit_bias and the EOS ban of min_tokens/ignore_eos first), its stop rules into its stopper, its
-        grammar compiled (``GrammarRejected`` if it does not compile)."""
+        grammar compiled (``GrammarRejected`` if it does not compile); its adapter ``lora``, and a vision
+        prompt's ``vision`` and ``media``."""
         sampling = resolve(params, defaults, vocab_size)
         outside = [tid for tid, _ in params.logit_bias if not 0 <= tid < vocab_size]
         if outside:
@@ -69,8 +73,9 @@ class SeqState:
         return cls(handle=handle, prompt_ids=prompt_ids, max_new_tokens=max_new_tokens,
                    chooser=NextTokenChooser(sampling, vocab_size, first), grammar=grammar,
                    stopper=Stopper(max_new_tokens, eos_ids, params.stop),
-                   detokenizer=IncrementalDetokenizer(tokenizer, prompt_ids), seed=sampling.seed,
-                   want_prefill=params.decoder_input_details, top_logprobs=params.top_logprobs)
+                   detokenizer=IncrementalDetokenizer(tokenizer, prompt_ids), tokenizer=tokenizer, seed=sampling.seed,
+                   want_prefill=params.decoder_input_details, top_logprobs=params.top_logprobs, lora=lora,
+                   vision=vision, media=list(media or []))
 
     @property
     def adapter(self) -> str | None:
@@ -144,6 +149,35 @@ class SeqState:
     @property
     def prompt_done(self) -> bool:
         return self.prefilled == len(self.prompt_ids)
+
+    def advance(self, logits: np.ndarray) -> tuple[Token, StepOutcome]:
+        """One generated token from ``logits`` [V]: sample (``sample``), detokenize, stop (the ``Stopper``);
+        the token as the client sees it (with its top alternatives), recorded in ``tokens``, and the outcome."""
+        token_id, logprob, top = self.sample(logits)
+        alternatives = tuple(self.token(i, lp) for i, lp in top)
+        if self.tokenizer.is_special(token_id):  # adds no text to the output
+            token, delta = Token(token_id, self.tokenizer.token_text(token_id), logprob, True, alternatives), ""
+        else:
+            delta = self.detokenizer.push(token_id)
+            token = Token(token_id, delta, logprob, False, alternatives)
+        outcome = self.stopper.push(token_id, delta)
+        self.tokens.append(token)
+        return token, outcome
+
+    def token(self, tid: int, logprob: float | None) -> Token:
+        """A token with its own text (a prompt token, an alternative)."""
+        return Token(tid, self.tokenizer.token_text(tid), logprob, self.tokenizer.is_special(tid))
+
+    def record_prompt_logprobs(self, start: int, logprobs: np.ndarray) -> None:
+        """Prefill tokens with their logprobs: ``logprobs`` [t, V] the rows of prompt tokens from ``start``
+        (row i predicts token start + i + 1; the first prompt token has none)."""
+        if start == 0:
+            self.prefill_tokens.append(self.token(self.prompt_ids[0], None))
+        for i, row in enumerate(logprobs):
+            nxt = start + i + 1
+            if nxt < len(self.prompt_ids):
+                tid = self.prompt_ids[nxt]
+                self.prefill_tokens.append(self.token(tid, float(row[tid])))
 
     def sample(self, logits: np.ndarray) -> tuple[int, float, tuple[tuple[int, float], ...]]:
         """Choose the next token from ``logits`` [V] (within the grammar's mask), append it and advance

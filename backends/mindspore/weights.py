@@ -159,7 +159,7 @@ def load_weights(path: Path, fmt: str) -> Weights:
 
 def check_weight_dtype(weights: Weights, yaml_path: Path, weight_dtype: str) -> None:
     """The weights are what the predict yaml's ``model.model_config.weight_dtype`` says (ConfigError if not)."""
-    from backends.mindspore.config import ConfigError
+    from backends.mindspore.yaml_tree import ConfigError
 
     found = weights_format(weights)
     if found != weight_dtype:

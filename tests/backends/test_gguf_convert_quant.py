@@ -14,11 +14,11 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 from safetensors import safe_open
 
-from backends.mindspore.config import ConfigError, load_model_spec
+from backends.mindspore.config import ConfigError, load_model
 from backends.mindspore.gguf_convert import convert_gguf, is_complete_conversion
 from backends.mindspore.quant import QuantWeight
 from backends.mindspore.weights import check_weight_dtype, load_weights
-from tests.backends.test_gguf_convert import TINY_TOKENS, _hf_to_gguf_rows
+from tests.support.gguf_rows import TINY_TOKENS, hf_to_gguf_rows
 
 HIDDEN, FFN = 64, 96
 SHAPES = {"attn_q": (HIDDEN, HIDDEN), "attn_k": (32, HIDDEN), "attn_v": (32, HIDDEN), "attn_output": (HIDDEN, HIDDEN),
@@ -51,7 +51,7 @@ def _write(path: Path, layer_type: T = T.Q4_1, embed_type: T = T.Q8_0, seed: int
     for norm in ("attn_norm", "ffn_norm"):
         w.add_tensor(f"blk.0.{norm}.weight", np.ones(HIDDEN, np.float32))
     for k in SHAPES:
-        tensor(f"blk.0.{k}.weight", _hf_to_gguf_rows(hf[k], HEADS[k]) if k in HEADS else hf[k], layer_type)
+        tensor(f"blk.0.{k}.weight", hf_to_gguf_rows(hf[k], HEADS[k]) if k in HEADS else hf[k], layer_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -129,7 +129,7 @@ def test_unknown_dtype_is_named(tmp_path):
 def test_the_loader_reads_blocks_back_and_checks_the_yaml(tmp_path):
     hf = _write(tmp_path / "t.gguf")
     out = convert_gguf(tmp_path / "t.gguf", tmp_path / "m", progress=False, dtype="as-shipped")
-    spec = load_model_spec(out)
+    spec = load_model(out)
     assert spec.weight_dtype == "q4_1"
     weights = load_weights(spec.checkpoint, spec.checkpoint_format)
     k = weights["model.layers.0.self_attn.k_proj.weight"]
@@ -148,7 +148,7 @@ def test_a_bad_weight_dtype_in_the_yaml_is_named(tmp_path):
     y = next(out.glob("predict_*.yaml"))
     y.write_text(y.read_text().replace("weight_dtype: q4_1", "weight_dtype: q5_k"))
     with pytest.raises(ConfigError, match=r"model.model_config.weight_dtype: must be one of .*got 'q5_k'"):
-        load_model_spec(out)
+        load_model(out)
 
 
 @pytest.mark.parametrize("name", ["SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct-q8_0", "SmolLM2-135M-Instruct-Q4_1"])

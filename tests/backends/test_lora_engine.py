@@ -13,8 +13,8 @@ import pytest
 
 from backends.errors import ParameterRejected
 from backends.lora import BaseDims
-from backends.mindspore.config import load_model_spec
-from backends.mindspore.runner import PrefillChunk
+from backends.mindspore.config import load_model
+from backends.mindspore.runners import PrefillChunk
 from backends.types import RequestParams
 from tests.conftest import LORA_ADAPTERS
 from tests.support.lora_adapters import make_adapter, merged_weights
@@ -160,7 +160,7 @@ def test_runtime_load_equals_the_configured_adapter_and_unload_lets_in_flight_re
 
 
 def test_runtime_load_refuses_a_rank_over_the_slots(lora_engine, tmp_path, default_model_dir):
-    dims = BaseDims.of(load_model_spec(default_model_dir))
+    dims = BaseDims.of(load_model(default_model_dir))
     make_adapter(tmp_path / "big", dims, seed=5, rank=32, alpha=32, targets=("q_proj",))
     with pytest.raises(ValueError, match="maxLoraRank"):
         lora_engine.load_adapter("big", tmp_path / "big")
@@ -172,14 +172,14 @@ def test_runtime_load_refuses_a_rank_over_the_slots(lora_engine, tmp_path, defau
 def test_tiny_model_adapter_logits_on_both_kernel_paths(tiny_model_dir, tmp_path_factory, kernels):
     from backends.mindspore.lora_slots import LoraSlots
     from backends.lora import load_adapter
-    from backends.mindspore.runner import build_runner
+    from backends.mindspore.runners import build_runner
     from backends.mindspore.weights import load_weights
-    from backends.mindspore.model import set_mode
+    from backends.mindspore.device import set_mode
     from tests.support.runner import SHAPES, prompt
 
     if kernels == "aot" and shutil.which("g++") is None:
         pytest.skip("the AOT kernels need g++")
-    spec = load_model_spec(tiny_model_dir)
+    spec = load_model(tiny_model_dir)
     dims = BaseDims.of(spec)
     root = tmp_path_factory.mktemp(f"tiny_lora_{kernels}")
     make_adapter(root / "a", dims, seed=1, rank=8, alpha=16)

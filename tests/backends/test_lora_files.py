@@ -601,7 +601,8 @@ def test_bad_header_layouts_are_refused(tmp_path, header, data_len, words):
 
 
 @pytest.mark.parametrize("blob, words", [(b"[1, 2]", ["a JSON list"]), (b"{nope", ["not valid JSON"]),
-                                         (b"\xff\xfe", ["not valid JSON"]), (b"[" * 50_000, ["nested deeper than 3 levels"]),
+                                         (b"\xff\xfe", ["not valid JSON"]),
+                                         (b"[" * 50_000, ["nested deeper than 3 levels"]),
                                          (b'{"a": {"shape": [[0]]}}', ["nested deeper than 3 levels"]),
                                          (b'{"a": {}, "a": {}}', ["appears twice"])])
 def test_headers_that_are_not_a_json_object(tmp_path, blob, words):

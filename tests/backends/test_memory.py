@@ -170,7 +170,8 @@ def test_quantized_weights_count_as_blocks_on_the_aot_path_and_as_float32_on_the
 
 # RSS growth per stock-op graph, measured on SmolLM2-135M's served config (configs/server.yaml: prefill chunk 64,
 # prefill batches 1 and 8, decode batches 1..16, windows 256 and 1024; MindSpore 2.9 CPU, Q4_1 weights held as
-# float32): (prefill batch or decode batch, tokens, window) -> MiB. The first graph also carries the runtime's own start.
+# float32): (prefill batch or decode batch, tokens, window) -> MiB. The first graph also carries the runtime's
+# own start.
 MEASURED_SMOL = {(1, 64, 256): 369, (1, 64, 1024): 472, (8, 64, 256): 1663, (8, 64, 1024): 3300,
                  (1, 1, 256): 59, (1, 1, 1024): 65, (2, 1, 256): 68, (2, 1, 1024): 75, (4, 1, 256): 76,
                  (4, 1, 1024): 85, (8, 1, 256): 88, (8, 1, 1024): 112, (16, 1, 256): 113, (16, 1, 1024): 163}

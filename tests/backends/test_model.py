@@ -7,9 +7,9 @@ import sys
 import numpy as np
 import pytest
 
-from backends.mindspore.config import load_model_spec
-from backends.mindspore.model import set_mode
-from backends.mindspore.runner import DecodeRow, PrefillChunk
+from backends.mindspore.config import load_model
+from backends.mindspore.device import set_mode
+from backends.mindspore.runners import DecodeRow, PrefillChunk
 from backends.mindspore.weights import load_weights
 from tests.support.paths import REPO
 from tests.support.reference_numpy import RefModel
@@ -18,6 +18,8 @@ from tests.support.runner import SHAPES, make_runner, prefill, prompt
 pytestmark = pytest.mark.slow  # every test here compiles the network (its fixture picks the model indirectly)
 
 TOL = 1e-4
+
+
 @pytest.fixture(scope="module", params=[("tiny_model_dir", "ms"), ("tiny_qwen2_dir", "ms"),
                                         ("tiny_model_dir", "aot"), ("tiny_qwen2_dir", "aot")],
                 ids=lambda p: f"{p[0]}-{p[1]}")
@@ -86,7 +88,8 @@ def test_aot_kernel_rows_are_bit_identical_whatever_the_batch(tiny_model_dir):
     assert np.array_equal(alone[0], mixed[0])
     token = int(np.argmax(alone[0]))
     solo = runner.decode([DecodeRow(token, len(ids), [1, 2])])[0]
-    rows = [DecodeRow(token, len(ids), [3, 4])] + [DecodeRow(7, len(o), [5 + 2 * i, 6 + 2 * i]) for i, o in enumerate(others)]
+    rows = [DecodeRow(token, len(ids), [3, 4])]
+    rows += [DecodeRow(7, len(o), [5 + 2 * i, 6 + 2 * i]) for i, o in enumerate(others)]
     assert np.array_equal(solo, runner.decode(rows)[0])
 
 
@@ -134,7 +137,7 @@ def test_pynative_mode_gives_the_same_logits(tiny_model_dir, kernels):
 def test_aot_kernels_are_not_used_for_shapes_they_do_not_support(head_dim, heads, kv, caplog):
     from types import SimpleNamespace
 
-    from backends.mindspore.runner import _aot_ops
+    from backends.mindspore.runners import _aot_ops
 
     spec = SimpleNamespace(head_dim=head_dim, num_heads=heads, num_kv_heads=kv)
     assert _aot_ops(spec) is None
@@ -142,16 +145,16 @@ def test_aot_kernels_are_not_used_for_shapes_they_do_not_support(head_dim, heads
 
 
 def test_an_unknown_kernels_setting_is_refused_by_name(tiny_model_dir):
-    with pytest.raises(ValueError, match=r"kernels must be one of auto, aot, ms, got 'fast'"):
+    with pytest.raises(ValueError, match=r"kernels must be one of auto, aot, stock, got 'fast'"):
         make_runner(tiny_model_dir, kernels="fast")
 
 
 def test_the_stock_op_path_computes_in_the_yaml_compute_dtype(tiny_model_dir):
     """Targets other than CPU run the stock ops in the yaml's compute_dtype; float16 runs on CPU too, so the
     path is checked here against the float64 reference (to float16 accuracy; logits come out float32)."""
-    from backends.mindspore.split import SplitRunner
+    from backends.mindspore.runners.split import SplitRunner
 
-    spec = load_model_spec(tiny_model_dir)
+    spec = load_model(tiny_model_dir)
     set_mode(0, "CPU", 2)
     runner = SplitRunner(spec, load_weights(spec.checkpoint, spec.checkpoint_format), SHAPES, 24, dtype="float16")
     ids = prompt(7, 3, spec.vocab_size)

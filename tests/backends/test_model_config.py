@@ -11,14 +11,14 @@ import yaml
 from backends.mindspore.config import (
     ConfigError,
     deep_merge,
-    load_model_spec,
+    load_model,
     load_yaml_tree,
 )
 from tests.support.paths import REPO
 
 MODELS = REPO / "configs" / "models"
 
-# The smallest yaml load_model_spec accepts; cases below edit a deep copy of it.
+# The smallest yaml load_model accepts; cases below edit a deep copy of it.
 MINIMAL = {
     "model": {
         "arch": {"type": "LlamaForCausalLM"},
@@ -41,7 +41,7 @@ def spec_from(tmp_path: Path, edit=None, name: str = "predict_case.yaml"):
     if edit:
         edit(data)
     write_tree(tmp_path, {name: data})
-    return load_model_spec(tmp_path / name)
+    return load_model(tmp_path / name)
 
 
 def mc(**changes):
@@ -216,7 +216,7 @@ def _field(spec, dotted: str):
     ("predict_smollm2_135m_instruct.yaml", SMOLLM2),
 ])
 def test_shipped_yaml_loads(name, want):
-    spec = load_model_spec(MODELS / name)  # no weights next to these yamls: loading the spec must not need them
+    spec = load_model(MODELS / name)  # no weights next to these yamls: loading the spec must not need them
     assert not spec.checkpoint.exists()
     got = {key: _field(spec, key) for key in want}
     assert got == want
@@ -314,7 +314,7 @@ def test_config_json_vocab_size(tmp_path, config_json, want):
 
 
 def test_model_dir_and_its_yaml_give_the_same_spec(tiny_qwen2_dir):
-    assert load_model_spec(tiny_qwen2_dir) == load_model_spec(tiny_qwen2_dir / "predict_tiny.yaml")
+    assert load_model(tiny_qwen2_dir) == load_model(tiny_qwen2_dir / "predict_tiny.yaml")
 
 
 # --- errors name the file and the dotted key ---
@@ -392,7 +392,7 @@ FILE_ERRORS = {
 def test_file_errors_name_file_and_key(tmp_path, files, target, file_name, key):
     write_tree(tmp_path, files)
     with pytest.raises(ConfigError) as err:
-        load_model_spec(tmp_path / target)
+        load_model(tmp_path / target)
     assert err.value.key == key
     assert Path(err.value.path).name == file_name
     assert file_name in str(err.value) and key in str(err.value)
@@ -401,7 +401,7 @@ def test_file_errors_name_file_and_key(tmp_path, files, target, file_name, key):
 def test_two_yamls_error_lists_them(tmp_path):
     write_tree(tmp_path, {"a.yaml": MINIMAL, "b.yaml": MINIMAL})
     with pytest.raises(ConfigError, match=r"a\.yaml.*b\.yaml"):
-        load_model_spec(tmp_path)
+        load_model(tmp_path)
 
 
 def test_error_in_a_base_names_the_base(tmp_path):
@@ -409,5 +409,20 @@ def test_error_in_a_base_names_the_base(tmp_path):
     write_tree(tmp_path, {"base.yaml": {"context": {"mode": 2}},
                           "predict_child.yaml": {**MINIMAL, "base_config": "base.yaml"}})
     with pytest.raises(ConfigError) as err:
-        load_model_spec(tmp_path / "predict_child.yaml")
+        load_model(tmp_path / "predict_child.yaml")
     assert err.value.key == "context.mode" and "predict_child.yaml" in str(err.value)
+
+
+def test_a_vision_language_directory_is_read_once_into_spec_vision():
+    """``load_model`` dispatches from the one architecture table: a vision-language yaml gives its language
+    model's spec with ``vision`` set (the same ``VLSpec`` ``load_vl_spec`` reads), a text yaml ``vision`` None."""
+    from dataclasses import replace
+
+    from backends.mindspore.qwen2_vl.config import load_vl_spec
+    from backends.mindspore.spec import ARCHITECTURES, VISION_FAMILIES
+
+    yaml_path = MODELS / "predict_qwen2_vl_7b_instruct.yaml"
+    spec, vl = load_model(yaml_path), load_vl_spec(yaml_path)
+    assert spec.vision == vl and replace(spec, vision=None) == vl.text
+    assert ARCHITECTURES[spec.arch] in VISION_FAMILIES
+    assert load_model(MODELS / "predict_llama2_7b.yaml").vision is None

@@ -1,4 +1,5 @@
-"""The "ms" default-parameter rules (docs/api.md, the parameters table of POST /) and the effective max_new_tokens cap."""
+"""The "ms" backend's default-parameter rules (docs/api.md, the parameters table of POST /) and the effective
+max_new_tokens cap."""
 import random
 
 import pytest

@@ -21,7 +21,7 @@ from gguf.quants import dequantize as gguf_dequantize
 from safetensors.numpy import load_file
 
 from backends.mindspore.gguf_convert import convert_gguf
-from backends.mindspore.runner import DecodeRow, PrefillChunk
+from backends.mindspore.runners import DecodeRow, PrefillChunk
 from tests.support.reference_numpy import RefConfig, RefModel
 from tests.support.runner import make_runner, prefill, prompt
 from tests.support.tiny_model import quantized_copy
@@ -225,16 +225,16 @@ class LoraActQuantRef(ActQuantRef):
 def test_lora_adapters_on_quantized_weights(tiny_model_dir, tmp_path_factory):
     """Adapters on a q8_0 base: each row's logits against the reference (quantized base product, float delta)."""
     from backends.lora import BaseDims, load_adapter
-    from backends.mindspore.config import load_model_spec
+    from backends.mindspore.config import load_model
     from backends.mindspore.lora_slots import LoraSlots
-    from backends.mindspore.model import set_mode
-    from backends.mindspore.runner import build_runner
+    from backends.mindspore.device import set_mode
+    from backends.mindspore.runners import build_runner
     from backends.mindspore.weights import load_weights
     from tests.support.lora_adapters import make_adapter, merged_weights
     from tests.support.runner import SHAPES
 
     path = quantized_copy(tiny_model_dir, tmp_path_factory.mktemp("tiny_lora_q8"), "q8_0")
-    spec = load_model_spec(path)
+    spec = load_model(path)
     dims = BaseDims.of(spec)
     root = tmp_path_factory.mktemp("tiny_lora_q8_adapters")
     make_adapter(root / "a", dims, seed=1, rank=8, alpha=16)

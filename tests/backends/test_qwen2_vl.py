@@ -259,6 +259,7 @@ def test_shipped_vl_yamls_load(name):
     assert {k: field(k) for k in want} == want
     assert spec.text.checkpoint.name == "models" and spec.text.checkpoint_format == "safetensors"
 
+
 def _rewrite_yaml(model_dir, old: str, new: str):
     yaml_path = next(model_dir.glob("*.yaml"))
     text = yaml_path.read_text()
@@ -325,7 +326,7 @@ def test_weights_are_checked_by_name_and_shape(tmp_path):
 @pytest.fixture(scope="module", params=["ms", "aot"])
 def models(request, model_dirs):
     """Both archs on one kernel path: stock MindSpore ops (SplitRunner's) or the AOT kernels (PackedRunner's)."""
-    from backends.mindspore.qwen2_vl.pipeline import Qwen2VL
+    from tests.support.qwen2_vl_reference import Qwen2VL
 
     return {arch: Qwen2VL(d, threads=2, kernels=request.param) for arch, d in model_dirs.items()}
 
@@ -392,7 +393,7 @@ def test_window_attention_matters_for_qwen2_5(models, monkeypatch):
 def test_image_and_text_rows_batch_together(models, runs):
     """An image prompt and a text-only prompt prefilled in one call and decoded in one call give each the
     logits it gets alone (the image's rows ride in the same cache, on their own blocks)."""
-    from backends.mindspore.qwen2_vl.pipeline import VLSequence
+    from tests.support.qwen2_vl_reference import VLSequence
 
     model = models["qwen2_5_vl"]
     image_prompt, image_ids, image_steps, _ = runs["qwen2_5_vl", "two_images"]

@@ -16,6 +16,7 @@ from backends.sampling import (
     build_processors,
     choose_batch,
     green_list,
+    vocab_log_softmax,
     watermark_z_score,
 )
 from backends.types import SamplingParams
@@ -261,6 +262,19 @@ def test_padded_vocab_rows_are_never_chosen():
     assert NextTokenChooser(params(do_sample=False), vocab_size=3).choose(logits, [3])[0] == 2
     chooser = NextTokenChooser(params(), vocab_size=3)
     assert {chooser.choose(logits, [])[0] for _ in range(50)} == {0, 1, 2}
+
+
+@pytest.mark.parametrize("vocab_size", [3, None])
+def test_prompt_logprobs_normalise_over_the_choosers_vocabulary(vocab_size):
+    """Prompt logprobs and a greedy token's logprob are one log-softmax over one width: a padded row
+    (here id 3, logit 50) carries no mass in either when the vocabulary stops before it."""
+    logits = np.array([[0.0, 0.1, 2.2, 50.0], [1.0, 3.0, 2.0, 0.5]], dtype=np.float32)
+    rows = vocab_log_softmax(logits, vocab_size)
+    assert rows.shape == (2, vocab_size or 4) and rows.dtype == np.float64
+    for logit_row, row in zip(logits, rows):
+        token, logprob = NextTokenChooser(params(do_sample=False), vocab_size=vocab_size).choose(logit_row, [])
+        assert row[token] == pytest.approx(logprob, abs=1e-12)
+        assert np.exp(row).sum() == pytest.approx(1.0, abs=1e-12)
 
 
 def test_batch_rows_are_independent():

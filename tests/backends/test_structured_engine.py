@@ -66,7 +66,8 @@ def test_batched_constrained_request_is_bit_identical_to_its_solo_run(default_en
     solo = default_engine.generate(text, params)
     batch = run_all(default_engine, [(FREE[0], RequestParams(max_new_tokens=30)), (text, params),
                                      (FREE[1], RequestParams(max_new_tokens=20, do_sample=True, seed=3)),
-                                     (FREE[2], RequestParams(grammar=Grammar("regex", "[a-z ]{1,40}"), max_new_tokens=30))])
+                                     (FREE[2], RequestParams(grammar=Grammar("regex", "[a-z ]{1,40}"),
+                                                             max_new_tokens=30))])
     assert [(t.id, t.logprob) for t in batch[1].tokens] == [(t.id, t.logprob) for t in solo.tokens]
     assert batch[1].generated_text == solo.generated_text
 

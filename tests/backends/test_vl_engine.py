@@ -13,7 +13,8 @@ from PIL import Image
 
 from backends.errors import InputRejected
 from backends.mindspore.kv_cache import block_hashes
-from backends.mindspore.runner import PrefillChunk, media_inputs
+from backends.mindspore.qwen2_vl.text import media_inputs
+from backends.mindspore.runners import PrefillChunk
 from backends.types import MediaInput, RequestParams
 from tests.support.make_tiny_qwen2_vl import make_tiny_qwen2_vl
 from tests.support.paths import DATA_DIR
@@ -98,7 +99,7 @@ def test_media_inputs_lay_out_rows_positions_and_deltas():
 def test_vision_buckets_and_the_memory_budget(model_dirs):
     """The released yamls compile buckets up to their largest image exactly (5120 patches, no 8192); a
     vision-language model's footprint has the tower's activations, a text model's none."""
-    from backends.mindspore.config import load_model_spec
+    from backends.mindspore.config import load_model
     from backends.mindspore.memory import Footprint, _vision_activations
     from backends.mindspore.qwen2_vl.config import activation_bytes, load_vl_spec, vision_buckets
     from tests.support.paths import REPO
@@ -109,8 +110,8 @@ def test_vision_buckets_and_the_memory_budget(model_dirs):
     assert activation_bytes(released) >= 2 * 16 * 5120 ** 2 * 4
     tiny = load_vl_spec(model_dirs["qwen2_vl"])
     assert vision_buckets(tiny) == (64, 128, 256)  # max_pixels 56*56*16: 256 patches
-    assert Footprint.of(load_model_spec(model_dirs["qwen2_vl"])).activation_bytes == activation_bytes(tiny) > 0
-    assert _vision_activations(load_model_spec(REPO / "configs" / "models" / "predict_llama2_7b.yaml")) == 0
+    assert Footprint.of(load_model(model_dirs["qwen2_vl"])).activation_bytes == activation_bytes(tiny) > 0
+    assert _vision_activations(load_model(REPO / "configs" / "models" / "predict_llama2_7b.yaml")) == 0
 
 
 def test_videos_are_bounded_before_their_frames_are_decoded(model_dirs, tmp_path):
@@ -246,7 +247,8 @@ def test_prefix_cache_keeps_different_images_apart_and_shares_the_same_one(engin
         result = engine.submit(req.text, GREEDY, media=media).result(timeout=120)
         return result, engine.scheduler.hit_tokens - before
 
-    prompt, _ = engine.vision_prompt(req.text, (MediaInput(kind, _png(original), "image/png", "t", position),), None)
+    part = MediaInput(kind, _png(original), "image/png", "t", position)
+    prompt, _ = engine.intake.vision_prompt(req.text, (part,), None)
     span, bs, length = prompt.spans[0], engine.allocator.block_size, len(prompt.ids)
     first, _ = run(original)
     assert _ids(first) == golden("qwen2_vl")["prompts"]["one_image"]["greedy_ids"]

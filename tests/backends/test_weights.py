@@ -14,7 +14,7 @@ import pytest
 import yaml
 from safetensors.numpy import save_file
 
-from backends.mindspore.config import load_model_spec
+from backends.mindspore.config import load_model
 from backends.mindspore.weights import (
     WeightsError,
     hf_to_mindformers,
@@ -223,7 +223,7 @@ def test_ckpt_model_dir_generates_like_safetensors(tiny_qwen2_dir, tmp_path):
     params = RequestParams(max_new_tokens=8, do_sample=False)
     prompt = "Hello! How are you today?"
     ckpt_dir = _ckpt_variant(tiny_qwen2_dir, tmp_path / "tiny_qwen2_ckpt")
-    spec = load_model_spec(ckpt_dir)
+    spec = load_model(ckpt_dir)
     assert (spec.checkpoint, spec.checkpoint_format) == (ckpt_dir / "model.ckpt", "ckpt")
 
     results = {}

@@ -196,10 +196,10 @@ USAGE_AT_THE_BUDGET_CHECK = 512 * 2**20
 def test_the_memory_limit_passes_the_servers_own_start_up_budget(cfg, default_model_dir):
     """Under the pod's limit, the server's cache rule (backends/mindspore/memory.py, asked by preflight and the
     engine) must keep every sequence of maxBatchSize, not cap the batch nor stop start-up."""
-    from backends.mindspore.config import load_model_spec
+    from backends.mindspore.config import load_model
     from backends.mindspore.memory import Available, Footprint, plan_cache
 
-    spec = load_model_spec(default_model_dir)
+    spec = load_model(default_model_dir)
     limit = quantity_bytes(container()["resources"]["limits"]["memory"])
     available = Available(limit - USAGE_AT_THE_BUDGET_CHECK, "the pod's memory limit")
     plan = plan_cache(cfg.engine, Footprint.of(spec), available, spec.max_position_embeddings)

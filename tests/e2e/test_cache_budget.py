@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -66,7 +65,8 @@ def test_a_budget_that_holds_no_sequence_stops_validate_and_serve_naming_the_key
         done = run_cli(*command, timeout=TIMEOUT)
         assert done.returncode == 2, (command, done.stderr[-2000:])
         message = done.stderr
-        for fragment in ("ModelConfig[0].npuMemSize: the KV cache does not hold one sequence", "512 tokens (maxSeqLen 2560, capped by the model's max_position_embeddings)",
+        for fragment in ("ModelConfig[0].npuMemSize: the KV cache does not hold one sequence",
+                         "512 tokens (maxSeqLen 2560, capped by the model's max_position_embeddings)",
                          "cacheBlockSize 128", "needs 4 blocks", "raise npuMemSize"):
             assert fragment in message, (command, message)
         assert "listening on" not in message  # refused before any port is bound or weight loaded

@@ -93,7 +93,8 @@ def test_hf_errors_are_raised_with_the_server_message(any_ids_url: str, default_
     count = default_engine.count_tokens(too_long)
     with pytest.raises(Exception) as caught:
         client.generate(too_long, max_new_tokens=2)
-    # The seed's error_type strings are not TGI's ("validation"...), so the client maps by status: 422 → Unknown.
+    # POST /'s error_type strings (docs/api.md) are not TGI's ("validation"...), so the client maps by status:
+    # 422 → Unknown.
     assert type(caught.value).__module__ == "text_generation.errors", repr(caught.value)
     assert f"{count} tokens" in str(caught.value) and "200" in str(caught.value)
     with pytest.raises(Exception) as caught:
@@ -102,7 +103,7 @@ def test_hf_errors_are_raised_with_the_server_message(any_ids_url: str, default_
 
 
 def test_hf_stream_needs_int_ids(server_url: str) -> None:
-    """The seed's list-shaped token.id is not what the client parses: why tokenIdFormat "int" exists."""
+    """POST /'s list-shaped token.id (docs/api.md) is not what the client parses: why tokenIdFormat "int" exists."""
     client = text_generation.Client(server_url, timeout=TIMEOUT)
     with pytest.raises(KeyError, match="error"):
         list(client.generate_stream(PROMPT, max_new_tokens=2))

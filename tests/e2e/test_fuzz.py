@@ -166,7 +166,9 @@ def mangle(text: str, how: str, where: int) -> bytes:
     if how == "nan":
         return text.replace(":", ": NaN,", 1).encode() if ":" in text else b"NaN"
     if how == "duplicate":
-        return (text[:-1] + ', "inputs": "again"}').encode() if text.startswith("{") and len(text) > 2 else text.encode()
+        if text.startswith("{") and len(text) > 2:
+            return (text[:-1] + ', "inputs": "again"}').encode()
+        return text.encode()
     if how == "deep":
         depth = 40 + where % 200
         return ('{"inputs": "x", "parameters": ' + "[" * depth + "]" * depth + "}").encode()

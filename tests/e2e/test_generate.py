@@ -1,4 +1,4 @@
-"""POST / end to end on a real socket with the real default model: the seed document's example request,
+"""POST / end to end on a real socket with the real default model: the example request of docs/api.md and README.md,
 text and SSE bodies against the response schemas, every parameter's observable effect, the server options
 (tokenIdFormat, fullTextEnabled), errors, client disconnects, and the greedy goldens."""
 from __future__ import annotations
@@ -43,7 +43,7 @@ from tests.support.http import (
 from tests.support.paths import GOLDEN_DIR
 
 REGENERATE = os.environ.get("MINDSERVE_REGENERATE_GOLDENS") == "1"
-SEED_DOC_EXAMPLE: dict[str, Any] = {  # the seed document's request body, verbatim
+SEED_DOC_EXAMPLE: dict[str, Any] = {  # the example request body of docs/api.md, verbatim
     "inputs": "My name is Olivier and I",
     "parameters": {
         "decoder_input_details": True,
@@ -66,7 +66,7 @@ SEED_DOC_EXAMPLE: dict[str, Any] = {  # the seed document's request body, verbat
 }
 
 
-# --- the seed document's example --------------------------------------------------------------------
+# --- docs/api.md's example request --------------------------------------------------------------------
 
 def test_seed_doc_example_text(server_url: str) -> None:
     result = ok_json(post(server_url, SEED_DOC_EXAMPLE))

@@ -12,10 +12,10 @@ import pytest
 import requests
 
 from backends.lora import BaseDims
-from backends.mindspore.config import load_model_spec
-from tests.e2e.test_metrics import delta, scrape
+from backends.mindspore.config import load_model
 from tests.support.http import error_json, ok_json, post, stream_events
 from tests.support.lora_adapters import make_adapter
+from tests.support.metrics import delta, scrape
 
 TIMEOUT = 120
 PROMPT = "My name is Olivier and I"
@@ -126,7 +126,7 @@ def test_runtime_load_serves_the_adapter_and_unload_refuses_it_after(lora_url, l
 def outside(tmp_path_factory, default_model_dir):
     """A valid adapter outside the adapter root."""
     path = tmp_path_factory.mktemp("outside") / "evil"
-    make_adapter(path, BaseDims.of(load_model_spec(default_model_dir)), seed=3, rank=4)
+    make_adapter(path, BaseDims.of(load_model(default_model_dir)), seed=3, rank=4)
     return path
 
 

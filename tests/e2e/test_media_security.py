@@ -240,7 +240,8 @@ def test_a_whitelisted_image_is_fetched_and_handed_to_the_backend(servers, site)
     media, port = site
     server = servers["loopback"]
     before = len(server.backend.media)
-    ok_json(post(server.url, {"inputs": image(f"http://media.test:{port}/ok.png"), "parameters": {"max_new_tokens": 2}}))
+    ok_json(post(server.url, {"inputs": image(f"http://media.test:{port}/ok.png"),
+                              "parameters": {"max_new_tokens": 2}}))
     prompt, (item,) = server.backend.media[before]
     assert (prompt, item.kind, item.mime, item.data, item.position) == ("Describe ", "image", "image/png",
                                                                         media.image, len("Describe "))
@@ -395,7 +396,8 @@ def test_the_connection_goes_to_the_address_that_was_checked(live_servers, serve
     server = _start(live_servers, MediaPolicy(root=media_root, domains=frozenset({"media.test"}), resolver=resolver,
                                               allow_loopback_for_tests=True))
     servers["rebinding"] = server  # checked after the test like the others
-    ok_json(post(server.url, {"inputs": image(f"http://media.test:{port}/ok.png"), "parameters": {"max_new_tokens": 1}}))
+    ok_json(post(server.url, {"inputs": image(f"http://media.test:{port}/ok.png"),
+                              "parameters": {"max_new_tokens": 1}}))
     assert resolver.calls == 1
     assert server.backend.media[-1][1][0].data == media.image
     refused(server, image(f"http://media.test:{port}/ok.png"), 422, "10.0.0.9, which is a private address")

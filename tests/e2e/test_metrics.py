@@ -14,6 +14,8 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.metrics import delta, scrape
+
 TIMEOUT = 120
 PROMPT = "My name is Olivier and I"
 COUNTERS = ("request_received_total", "request_success_total", "request_failed_total", "prompt_tokens_total",
@@ -22,29 +24,6 @@ HISTOGRAMS = ("time_to_first_token_seconds", "time_per_output_token_seconds", "e
               "request_prompt_tokens", "request_generation_tokens")
 GAUGES = ("num_requests_running", "num_requests_waiting", "cpu_cache_usage_perc", "prefix_cache_hit_rate",
           "prefix_cache_blocks")
-
-
-def scrape(url: str) -> dict[str, float]:
-    """Sample name → value for the samples labelled with the model (a histogram bucket keeps its ``le``, an HTTP
-    timeout or refusal counter its ``kind`` or ``reason``, the failures by type their ``error_type``, the
-    per-adapter counters their ``adapter`` (and ``outcome``))."""
-    reply = requests.get(url + "/metrics", timeout=10)
-    assert reply.status_code == 200
-    assert reply.headers["Content-Type"].startswith("text/plain")
-    out = {}
-    for family in text_string_to_metric_families(reply.text):
-        for sample in family.samples:
-            extra = set(sample.labels) - {"model_name"}
-            assert "model_name" in sample.labels, sample
-            assert len(extra) <= 1 or extra == {"adapter", "outcome"}, sample
-            assert extra <= {"le", "kind", "reason", "error_type", "adapter", "outcome"}, sample
-            key = sample.name + "".join(f"{{{name}={sample.labels[name]}}}" for name in sorted(extra))
-            out[key] = sample.value
-    return out
-
-
-def delta(before: dict[str, float], after: dict[str, float], name: str) -> float:
-    return after.get(name, 0.0) - before.get(name, 0.0)
 
 
 def error_deltas(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:

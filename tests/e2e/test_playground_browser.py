@@ -305,7 +305,8 @@ def test_sse_parsing_survives_any_chunking(browser, changed_schema_url):
         chunks = [text[i:i + size] for i in range(0, len(text), size)]
         got = run_module(browser, "sse.js", """
             const chunks = %s, out = [];
-            const body = new ReadableStream({start(c) { for (const x of chunks) c.enqueue(new TextEncoder().encode(x)); c.close(); }});
+            const body = new ReadableStream({start(c) {
+                for (const x of chunks) c.enqueue(new TextEncoder().encode(x)); c.close(); }});
             for await (const data of m.sseData(body)) out.push(data);
             return out;""" % json.dumps(chunks))
         assert got == expected, (size, got)

@@ -29,6 +29,8 @@ from tests.support.paths import REPO
 from tests.support.served import Served
 
 TIMEOUT = 60
+
+
 def write_config(tmp_path: Path, model_dir: Path, **server) -> Path:
     cfg = server_config(model_dir, **server)
     path = tmp_path / "server.yaml"

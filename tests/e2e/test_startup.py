@@ -31,7 +31,7 @@ TIMEOUT = 240
 NOT_LOADED = "the model is still loading or warming up"
 BOOTSTRAP = """
 import os, sys, time
-from backends.mindspore.runner import ModelRunner
+from backends.mindspore.runners import ModelRunner
 warmup, gate = ModelRunner.warmup, sys.argv[1]
 def gated(self, *args, **kwargs):
     while not os.path.exists(gate):

@@ -1,6 +1,7 @@
 """The layering of the import graph: ``service/`` never imports MindSpore,
-``backends/`` never imports Tornado or ``service``, and no module of ``service/`` imports back into a
-circle, even under ``TYPE_CHECKING``."""
+``backends/`` never imports Tornado or ``service``, ``service/`` reaches the MindSpore backend only through
+``backends/loader.py``, and no module of ``service/`` or ``backends/`` imports back into a circle, even under
+``TYPE_CHECKING``."""
 from __future__ import annotations
 
 import ast
@@ -42,8 +43,17 @@ def test_layers_do_not_reach_across(package: str, forbidden: tuple[str, ...]) ->
     assert not {m: n for m, n in bad.items() if n}
 
 
-def test_no_import_circle_in_service() -> None:
-    graph = package_modules("service")
+def test_service_reaches_the_mindspore_backend_only_through_the_loader() -> None:
+    """``service/`` names ``backends.mindspore`` nowhere (TYPE_CHECKING and function-local imports included):
+    the model, adapter and memory checks, the default model and the GGUF conversion go through
+    ``backends/loader.py``."""
+    reach = {module: sorted(n for n in names if n == "backends.mindspore" or n.startswith("backends.mindspore."))
+             for module, names in package_modules("service").items()}
+    assert not {m: n for m, n in reach.items() if n}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import circle among ``graph``'s modules (every import counts, TYPE_CHECKING ones too), or []."""
     edges = {m: {n for n in names if n in graph and n != m} for m, names in graph.items()}
     visiting, done, cycle = set(), set(), []
 
@@ -61,4 +71,17 @@ def test_no_import_circle_in_service() -> None:
 
     for start in sorted(edges):
         visit(start, [start])
+    return cycle
+
+
+@pytest.mark.parametrize("package", ["service", "backends"])
+def test_no_import_circle(package: str) -> None:
+    cycle = find_cycle(package_modules(package))
     assert not cycle, " -> ".join(cycle)
+
+
+def test_no_test_imports_a_test() -> None:
+    """Shared helpers live in tests/support/ (STYLE 16): a test module imports no other test module."""
+    reach = {module: sorted(n for n in names if n.split(".")[-1].startswith("test_") and n.startswith("tests."))
+             for module, names in package_modules("tests").items()}
+    assert not {m: n for m, n in reach.items() if n}

@@ -18,7 +18,8 @@ JPEG_B64 = base64.b64encode(b"\xff\xd8\xff\xe0" + b"\x00" * 60).decode()  # star
 @pytest.mark.parametrize("kind, url, source, mime, location", [
     (IMAGE, "/data/multimodal_inputs/cat.png", Source.LOCAL, "image/png", "/data/multimodal_inputs/cat.png"),
     (IMAGE, "cat.JPG", Source.LOCAL, "image/jpeg", "cat.JPG"),
-    (IMAGE, "file:///data/multimodal_inputs/a%20b.jpeg", Source.LOCAL, "image/jpeg", "/data/multimodal_inputs/a b.jpeg"),
+    (IMAGE, "file:///data/multimodal_inputs/a%20b.jpeg", Source.LOCAL, "image/jpeg",
+     "/data/multimodal_inputs/a b.jpeg"),
     (IMAGE, "file://localhost/m/c.png", Source.LOCAL, "image/png", "/m/c.png"),
     (IMAGE, "https://Media.Example/x/cat.png?size=2", Source.REMOTE, "image/png", "https://Media.Example/x/cat.png?size=2"),
     (VIDEO, "http://h/clip.MP4", Source.REMOTE, "video/mp4", "http://h/clip.MP4"),

@@ -101,7 +101,8 @@ def test_completion_logprobs_is_the_count():
     assert (completion(logprobs=0).logprobs, completion().logprobs) == (True, False)
 
 
-@pytest.mark.parametrize("fields, param", [({"top_logprobs": 2}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 21},
+@pytest.mark.parametrize("fields, param", [({"top_logprobs": 2}, "top_logprobs"),
+                                           ({"logprobs": True, "top_logprobs": 21},
                                                                                     "top_logprobs")])
 def test_bad_logprobs_fields(fields, param):
     with pytest.raises(InvalidRequest) as caught:
@@ -144,6 +145,28 @@ def test_stream_sends_a_chunk_per_token_with_its_logprobs():
         SCHEMAS.validate("openai_chat_chunk", chunk)
     with_logprobs = [c["choices"][0]["logprobs"]["content"][0]["token"] for c in chunks if c["choices"][0]["logprobs"]]
     assert with_logprobs == ["Hi", "!"]
+
+
+@pytest.mark.parametrize("finish", [FinishReason.EOS_TOKEN, FinishReason.LENGTH])
+def test_a_final_eos_has_no_logprob_in_body_and_stream_alike(finish):
+    """An EOS exactly at the length cap finishes as "length": body and stream both leave it out."""
+    import dataclasses
+    import json as _json
+
+    from backends.types import TokenEvent
+
+    result = dataclasses.replace(_result(), finish_reason=finish)
+    req = chat(logprobs=True)
+    body = render_completion(req, result, response_id="chatcmpl-x", model=MODEL)
+    in_body = [e["token"] for e in body["choices"][0]["logprobs"]["content"]]
+    stream = OpenAIStream(req, ChunkRenderer(req, response_id="chatcmpl-x", model=MODEL))
+    events = []
+    for i, token in enumerate(result.tokens):
+        events += stream.on_token(TokenEvent(token, i, "" if token.special else token.text,
+                                             last=i == len(result.tokens) - 1))
+    chunks = [_json.loads(e.removeprefix("data: ")) for e in events]
+    in_stream = [c["choices"][0]["logprobs"]["content"][0]["token"] for c in chunks if c["choices"][0]["logprobs"]]
+    assert in_body == in_stream == ["Hi", "!"]
 
 
 # --- n ---------------------------------------------------------------------------------------------------

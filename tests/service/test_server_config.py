@@ -118,7 +118,8 @@ def test_an_absent_key_gets_the_schema_default(tmp_path, section, key):
 # A value other than the default for each key (with what else it needs to stay valid).
 OTHER = {
     "ipAddress": ("::1", {}), "allowAllZeroIpListening": (True, {}), "port": (8080, {}), "maxLinkNum": (7, {}),
-    "fullTextEnabled": (True, {}), "playgroundEnabled": (False, {}), "tokenTimeout": (5, {}), "e2eTimeout": (9, {}), "maxRequestLength": (2, {}),
+    "fullTextEnabled": (True, {}), "playgroundEnabled": (False, {}), "tokenTimeout": (5, {}), "e2eTimeout": (9, {}),
+    "maxRequestLength": (2, {}),
     "shutdownGracePeriod": (0.5, {}), "tokenIdFormat": ("int", {}), "headerTimeout": (2.5, {}),
     "bodyTimeout": (7, {}), "keepAliveTimeout": (4, {}), "maxHeaderBytes": (8192, {}), "maxReadingRequests": (5, {}),
     "maxBufferedBodyMB": (64, {}), "listenBacklog": (16, {}), "mediaRoot": ("/srv/media", {}),
@@ -212,7 +213,8 @@ ZERO_IP = "listens on every network interface; set ServerConfig.allowAllZeroIpLi
 
 
 @pytest.mark.parametrize("sections, fragment", [
-    ({"ServerConfig": {"adapters": {"sql-lora": "/a"}}}, "ServerConfig.adapters is not allowed: Not a key of this server"),
+    ({"ServerConfig": {"adapters": {"sql-lora": "/a"}}},
+     "ServerConfig.adapters is not allowed: Not a key of this server"),
     # maxPrefillBatchSize absent: its default (4) is checked against maxBatchSize
     ({"ScheduleConfig": {"maxBatchSize": 2}}, f"{SCHED}.maxPrefillBatchSize 4 must be <= maxBatchSize 2"),
     ({"ScheduleConfig": {"maxBatchSize": 8, "maxPrefillBatchSize": 9}},
@@ -258,10 +260,10 @@ def test_planes_by_listener(tmp_path, server, listeners):
 def test_the_engine_rules_agree_with_the_engine(tiny_model_dir):
     """``check_engine`` + preflight's window rule refuse exactly what the engine's ``plan_shapes`` refuses
     (preflight asks ``plan_shapes`` itself; ``check_engine`` asks its config-only part)."""
-    from backends.mindspore.config import load_model_spec
+    from backends.mindspore.config import load_model
     from backends.mindspore.shapes import check_window_coverage, plan_shapes
 
-    spec = load_model_spec(tiny_model_dir)
+    spec = load_model(tiny_model_dir)
     base = EngineConfig(max_seq_len=64, max_batch_size=4, max_prefill_batch=1, max_iter_times=32, block_size=16)
     cases = [base, replace(base, batch_buckets=(1, 2)), replace(base, batch_buckets=(1, 4)),
              replace(base, window_buckets=(32,)), replace(base, window_buckets=(32, 64)),
@@ -331,9 +333,9 @@ def test_validate_config_checks_the_model_directory(tmp_path, tiny_model_dir, br
 
 
 def test_window_coverage_uses_the_models_max_position_embeddings(tmp_path, tiny_model_dir):
-    from backends.mindspore.config import load_model_spec
+    from backends.mindspore.config import load_model
 
-    max_pos = load_model_spec(tiny_model_dir).max_position_embeddings
+    max_pos = load_model(tiny_model_dir).max_position_embeddings
     config = cli_config(tiny_model_dir)
     config["BackendConfig"]["ModelDeployConfig"]["maxSeqLen"] = max_pos * 4  # capped by the model
     config["BackendConfig"]["ScheduleConfig"]["windowBuckets"] = [max_pos]

@@ -157,8 +157,6 @@ class QuantizedX:
     s: np.ndarray
 
 
-
-
 def _wrap32(v: np.ndarray) -> np.ndarray:
     return ((v.astype(np.int64) + 2 ** 31) % 2 ** 32 - 2 ** 31).astype(np.int64)
 

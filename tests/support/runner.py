@@ -5,9 +5,9 @@ from pathlib import Path
 
 import numpy as np
 
-from backends.mindspore.config import load_model_spec
-from backends.mindspore.model import set_mode
-from backends.mindspore.runner import DecodeRow, ModelRunner, PrefillChunk, build_runner
+from backends.mindspore.config import load_model
+from backends.mindspore.device import set_mode
+from backends.mindspore.runners import DecodeRow, ModelRunner, PrefillChunk, build_runner
 from backends.mindspore.shapes import Shapes
 from backends.mindspore.weights import load_weights
 
@@ -17,7 +17,7 @@ SHAPES = Shapes(block_size=16, prefill_chunk=8, batch_buckets=(1, 4), window_buc
 
 def make_runner(model_dir: Path, num_blocks: int = 24, mode: int = 0, kernels: str = "ms",
                 kernel_isa: str = "auto") -> ModelRunner:
-    spec = load_model_spec(model_dir)
+    spec = load_model(model_dir)
     set_mode(mode, "CPU", 2)
     return build_runner(spec, load_weights(spec.checkpoint, spec.checkpoint_format), SHAPES, num_blocks, kernels,
                         kernel_isa=kernel_isa)

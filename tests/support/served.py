@@ -15,7 +15,7 @@ from tests.support.paths import REPO
 # Runs `python -m service serve ...` with every decode step slowed by argv[1] seconds.
 BOOTSTRAP = """
 import sys, time
-from backends.mindspore.runner import ModelRunner
+from backends.mindspore.runners import ModelRunner
 decode, delay = ModelRunner.decode, float(sys.argv[1])
 def slow(self, *args, **kwargs):
     time.sleep(delay)

@@ -240,7 +240,6 @@ class AotOps:
 
     matmul: Any
     matmul_add: Any
-    matmul_lora: Any  # matmul(x, w, a, b, rows, segs): + each row's LoRA delta (lora.h)
     matmul_add_lora: Any  # matmul_add(x, w, res, a, b, rows, segs)
     qkv_attention: Any  # qkv_attention(qkv, bias, cos, sin, k_cache, v_cache, write, table, pos, rows, meta)
     norm_matmul: Any  # norm_matmul(x, w_norm, eps, w) = matmul(rmsnorm(x), w)
@@ -267,7 +266,6 @@ def aot_ops(heads: int, kv_heads: int, head_dim: int, cache_dir: str | os.PathLi
     return AotOps(
         matmul=custom(ENTRY, _out_shape, _out_dtype),
         matmul_add=custom("MindserveMatMulAdd", lambda x, w, r: _out_shape(x, w), _first_dtype),
-        matmul_lora=custom(ENTRY, lambda x, w, *_: _out_shape(x, w)),
         matmul_add_lora=custom("MindserveMatMulAdd", lambda x, w, *_: _out_shape(x, w)),
         qkv_attention=custom("MindserveQKVAttention", lambda qkv, *_: [qkv[0], heads * head_dim]),
         norm_matmul=custom("MindserveNormMatMul", lambda x, _nw, _eps, w: _out_shape(x, w)),

@@ -79,6 +79,15 @@ def _compiler(cxx: str | None) -> str:
     return found
 
 
+def compiler_found(cxx: str | None = None) -> bool:
+    """Whether ``cxx`` (default g++, else c++) is on PATH."""
+    try:
+        _compiler(cxx)
+    except KernelBuildError:
+        return False
+    return True
+
+
 def cpu_features(cpuinfo: str | None = None) -> frozenset[str]:
     """The ISA features of this CPU: the first ``flags`` (x86) or ``Features`` (ARM) line of /proc/cpuinfo
     (empty where there is none)."""

@@ -9,84 +9,21 @@ and the dotted key.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
 from pathlib import Path
 from typing import Any
 
-from backends.mindspore.config import (ConfigError, ModelSpec, _checkpoint, _context, _defaults, _eos_ids,
-                                       _Section, find_model_yaml, load_yaml_tree, read_json_object)
+from backends.mindspore.spec import (ARCHITECTURES, VISION_FAMILIES, ModelSpec, ProcessorSpec, VisionSpec, VLSpec,
+                                     archs_of)
+from backends.mindspore.yaml_tree import (ConfigError, YamlSection, read_checkpoint, read_context, read_defaults,
+                                          read_eos_ids, read_json_object, read_model_yaml)
 
-VL_ARCHS = {"Qwen2VLForConditionalGeneration": "qwen2_vl", "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl"}
+__all__ = ["ProcessorSpec", "VisionSpec", "VLSpec", "activation_bytes", "load_vl_spec", "processor_chat_template",
+           "vision_buckets", "vl_spec"]
 _ACTS = ("quick_gelu", "silu", "gelu")
 
 
-@dataclass(frozen=True, slots=True)
-class VisionSpec:
-    """The vision tower. ``family`` "qwen2_vl": LayerNorm blocks, fc1/fc2 MLP, full attention;
-    "qwen2_5_vl": RMSNorm blocks, gated MLP, window attention but in ``full_attention_blocks``."""
-
-    family: str
-    depth: int
-    width: int  # embed_dim (Qwen2-VL) / hidden_size (Qwen2.5-VL)
-    num_heads: int
-    mlp_hidden: int
-    hidden_act: str
-    out_dim: int  # the language model's hidden size
-    patch_size: int
-    temporal_patch_size: int
-    merge_size: int
-    in_channels: int
-    window_size: int  # pixels; 0 = no window attention
-    full_attention_blocks: tuple[int, ...]
-    tokens_per_second: float
-    rope_theta: float = 10000.0
-
-    @property
-    def head_dim(self) -> int:
-        return self.width // self.num_heads
-
-    @property
-    def patch_dim(self) -> int:
-        return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
-
-    @property
-    def window_units(self) -> int:
-        """A window's side in merged units (Qwen2.5-VL: 112 px / 14 px / 2 = 4)."""
-        return self.window_size // self.patch_size // self.merge_size if self.window_size else 0
-
-
-@dataclass(frozen=True, slots=True)
-class ProcessorSpec:
-    min_pixels: int
-    max_pixels: int
-    image_mean: tuple[float, float, float]
-    image_std: tuple[float, float, float]
-    patch_size: int
-    temporal_patch_size: int
-    merge_size: int
-    video_fps: float  # frames sampled per second of video
-    video_min_frames: int
-    video_max_frames: int
-    video_frames: int | None = None  # a fixed frame count instead of fps (rounded to temporal_patch_size)
-
-    @property
-    def factor(self) -> int:
-        return self.patch_size * self.merge_size
-
-
-@dataclass(frozen=True, slots=True)
-class VLSpec:
-    family: str  # "qwen2_vl" | "qwen2_5_vl"
-    text: ModelSpec
-    vision: VisionSpec
-    processor: ProcessorSpec
-    mrope_section: tuple[int, int, int]
-    image_token_id: int
-    video_token_id: int
-    vision_start_token_id: int
-
-
-class _Merged(_Section):
+class _Merged(YamlSection):
     """The yaml's section, falling back to a config.json mapping for the keys it leaves out."""
 
     def __init__(self, path: Path, prefix: str, data: Any, fallback: dict) -> None:
@@ -95,17 +32,18 @@ class _Merged(_Section):
 
 
 def load_vl_spec(path: Path | str) -> VLSpec:
-    """Read a model directory (or one yaml inside it) into a ``VLSpec``."""
-    path = Path(path)
-    yaml_path = find_model_yaml(path) if path.is_dir() else path
-    tree = load_yaml_tree(yaml_path)
-    hf = read_json_object(yaml_path.parent / "config.json")
-    model = _Section(yaml_path, "model", tree.get("model"))
-    arch = _Section(yaml_path, "model.arch", model.get("arch", dict)).get("type", str)
-    if arch not in VL_ARCHS:
+    """Read a vision-language model directory (or one yaml inside it) into a ``VLSpec`` (``config.load_model``
+    reads any model directory)."""
+    return vl_spec(*read_model_yaml(path))
+
+
+def vl_spec(yaml_path: Path, tree: dict, model: YamlSection, arch: str) -> VLSpec:
+    """The ``VLSpec`` of a vision-language yaml tree (``yaml_tree.read_model_yaml``)."""
+    family = ARCHITECTURES.get(arch)
+    if family not in VISION_FAMILIES:
         raise ConfigError(yaml_path, "model.arch.type", f"{arch!r} is not a vision-language arch; use one of "
-                                                        f"{tuple(VL_ARCHS)}")
-    family = VL_ARCHS[arch]
+                                                        f"{archs_of(*VISION_FAMILIES)}")
+    hf = read_json_object(yaml_path.parent / "config.json")
     hf_text = {**hf, **(hf.get("text_config") or {})}
     mc = _Merged(yaml_path, "model.model_config", model.get("model_config", dict, {}), _text_fallback(hf_text))
     text = _text_spec(yaml_path, tree, mc, arch)
@@ -116,7 +54,7 @@ def load_vl_spec(path: Path | str) -> VLSpec:
                           f"must be 3 positive ints summing to head_dim/2 = {text.head_dim // 2}, got {section!r}")
     vc = _Merged(yaml_path, "model.vision_config", model.get("vision_config", dict, {}), hf.get("vision_config") or {})
     vision = _vision_spec(yaml_path, vc, family, text.hidden_size)
-    proc = _Section(yaml_path, "processor", tree.get("processor") or {})
+    proc = YamlSection(yaml_path, "processor", tree.get("processor") or {})
     pre = read_json_object(yaml_path.parent / "preprocessor_config.json")
     return VLSpec(
         family=family, text=text, vision=vision,
@@ -138,7 +76,7 @@ def _text_fallback(hf: dict) -> dict:
     return out
 
 
-def _text_spec(yaml_path: Path, tree: dict, mc: _Section, arch: str) -> ModelSpec:
+def _text_spec(yaml_path: Path, tree: dict, mc: YamlSection, arch: str) -> ModelSpec:
     hidden, heads = mc.positive("hidden_size"), mc.positive("num_heads")
     kv_heads = mc.positive("n_kv_heads", heads)
     if hidden % heads or heads % kv_heads:
@@ -146,9 +84,9 @@ def _text_spec(yaml_path: Path, tree: dict, mc: _Section, arch: str) -> ModelSpe
                           f"num_heads {heads} must divide hidden_size {hidden} and be a multiple of n_kv_heads "
                           f"{kv_heads}")
     seq_length = mc.positive("seq_length", 4096)
-    ckpt, fmt = _checkpoint(tree, yaml_path)
-    mode, target = _context(tree, yaml_path)
-    tok = _Section(yaml_path, "processor", tree.get("processor") or {}).get("tokenizer", dict, {})
+    ckpt, fmt = read_checkpoint(tree, yaml_path)
+    mode, target = read_context(tree, yaml_path)
+    tok = YamlSection(yaml_path, "processor", tree.get("processor") or {}).get("tokenizer", dict, {})
     return ModelSpec(
         yaml_path=yaml_path, model_dir=yaml_path.parent, arch=arch,
         hidden_size=hidden, num_layers=mc.positive("num_layers"), num_heads=heads, num_kv_heads=kv_heads,
@@ -159,15 +97,15 @@ def _text_spec(yaml_path: Path, tree: dict, mc: _Section, arch: str) -> ModelSpe
         qkv_has_bias=mc.get("qkv_has_bias", bool, True),
         tie_word_embeddings=mc.get("tie_word_embeddings", bool, False),
         bos_token_id=mc.get("bos_token_id", int, None),
-        eos_token_ids=_eos_ids(mc.get("eos_token_id", (int, list), 151645), yaml_path),
+        eos_token_ids=read_eos_ids(mc.get("eos_token_id", (int, list), 151645), yaml_path),
         pad_token_id=mc.get("pad_token_id", int, None),
         compute_dtype=mc.get("compute_dtype", str, "float32"), checkpoint=ckpt, checkpoint_format=fmt,
-        tokenizer=tok, mode=mode, device_target=target, defaults=_defaults(mc),
+        tokenizer=tok, mode=mode, device_target=target, defaults=read_defaults(mc),
         config_vocab_size=mc.positive("vocab_size"),
     )
 
 
-def _vision_spec(yaml_path: Path, vc: _Section, family: str, text_hidden: int) -> VisionSpec:
+def _vision_spec(yaml_path: Path, vc: YamlSection, family: str, text_hidden: int) -> VisionSpec:
     qwen2 = family == "qwen2_vl"
     width = vc.positive("embed_dim") if qwen2 else vc.positive("hidden_size")
     heads = vc.positive("num_heads")
@@ -202,12 +140,12 @@ def _vision_spec(yaml_path: Path, vc: _Section, family: str, text_hidden: int) -
     return spec
 
 
-def _processor_spec(yaml_path: Path, proc: _Section, pre: dict, vision: VisionSpec) -> ProcessorSpec:
+def _processor_spec(yaml_path: Path, proc: YamlSection, pre: dict, vision: VisionSpec) -> ProcessorSpec:
     size = pre.get("size") or {}
     fallback = {"min_pixels": size.get("shortest_edge", size.get("min_pixels")),
                 "max_pixels": size.get("longest_edge", size.get("max_pixels")), **pre}
     ip = _Merged(yaml_path, "processor.image_processor", proc.get("image_processor", dict, {}), fallback)
-    video = _Section(yaml_path, "processor.video", proc.get("video", dict, {}))
+    video = YamlSection(yaml_path, "processor.video", proc.get("video", dict, {}))
     mean, std = ip.get("image_mean", list, [0.48145466, 0.4578275, 0.40821073]), ip.get(
         "image_std", list, [0.26862954, 0.26130258, 0.27577711])
     for key, value in (("image_mean", mean), ("image_std", std)):
@@ -251,3 +189,15 @@ def activation_bytes(spec: VLSpec) -> int:
     windows = v.num_heads * (n // v.merge_size ** 2) * (v.window_units * v.merge_size) ** 4 if v.window_size else 0
     rows = n * (8 * v.width + 2 * v.mlp_hidden + v.patch_dim)
     return 4 * (2 * max(full, windows) + rows)
+
+
+def processor_chat_template(model_dir: Path) -> str:
+    """The released checkpoints' chat_template.json (the processor's template), when the tokenizer has none."""
+    path = model_dir / "chat_template.json"
+    try:
+        template = json.loads(path.read_text(encoding="utf-8")).get("chat_template")
+    except (OSError, ValueError, AttributeError):
+        template = None
+    if not isinstance(template, str):
+        raise ConfigError(path, "chat_template", "no chat template in tokenizer_config.json or chat_template.json")
+    return template

@@ -23,6 +23,7 @@ from backends.mindspore.qwen2_vl.vision import VisionTower
 
 log = logging.getLogger("mindserve.engine")
 
+
 class VisionEncoder:
     """The tower's cell and its bucketed calls; ``compiled`` the graph keys called so far."""
 
@@ -47,6 +48,20 @@ class VisionEncoder:
             return window_layout(np.zeros(1, np.int64), bucket, 1, 1)
         segments = window_ids(item.grid, v.merge_size, v.window_units)
         return window_layout(segments, bucket, (v.window_units * v.merge_size) ** 2, bucket // v.merge_size ** 2)
+
+    def encode_reached(self, prefill, fail) -> list:
+        """Encode each media item the planned prompt chunks ``prefill`` ((sequence, tokens) pairs) reach and
+        no earlier step encoded (an item the prefix cache holds is never reached); a sequence whose item
+        fails is handed to ``fail(seq, exc)`` and returned, to leave the plan."""
+        failed = []
+        for seq, n in prefill:
+            try:
+                for i in seq.unencoded(seq.prefilled, seq.prefilled + n):
+                    seq.media_rows[i] = self.encode(seq.media[i])
+            except Exception as exc:
+                failed.append(seq)
+                fail(seq, exc)
+        return failed
 
     def encode(self, item: Patches) -> np.ndarray:
         """The rows [tokens, out_dim] of one image or video."""

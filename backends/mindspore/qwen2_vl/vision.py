@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 from mindspore import nn, ops
 
-from backends.mindspore.model import RMSNorm, _param
+from backends.mindspore.network.common import RMSNorm
+from backends.mindspore.network.common import param as _param
 from backends.mindspore.qwen2_vl.config import VisionSpec
 
 

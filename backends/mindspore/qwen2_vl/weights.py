@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from backends.mindspore.config import ConfigError
+from backends.mindspore.yaml_tree import ConfigError
 from backends.mindspore.qwen2_vl.config import VLSpec
 from backends.mindspore.weights import WeightsError, load_weights
 

@@ -453,7 +453,8 @@ def test_swiglu_kernel_matches_numpy(lib, rows, ffn):
     np.testing.assert_allclose(y, g / (1 + np.exp(-g)) * u, rtol=2e-6, atol=2e-6)
 
 
-@pytest.mark.parametrize("rows,heads,kv,d", [(1, 9, 3, 64), (6, 4, 4, 32), (3, 28, 4, 128), (2, 3, 1, 40), (4, 2, 2, 6)])
+@pytest.mark.parametrize("rows,heads,kv,d",
+                         [(1, 9, 3, 64), (6, 4, 4, 32), (3, 28, 4, 128), (2, 3, 1, 40), (4, 2, 2, 6)])
 def test_qkv_rope_kernel_matches_numpy(lib, rows, heads, kv, d):
     from backends.mindspore.model import rope_tables
 
@@ -468,7 +469,8 @@ def test_qkv_rope_kernel_matches_numpy(lib, rows, heads, kv, d):
     assert _aot_call(lib, "MindserveQKVRope", [qkv, cos, sin], [q, k, v]) == 0
     split = qkv.astype(np.float64).reshape(rows, heads + 2 * kv, d)
     np.testing.assert_allclose(q, _rope_ref(split[:, :heads], cos[:, None], sin[:, None]), rtol=0, atol=2e-6)
-    np.testing.assert_allclose(k.reshape(rows, kv, d), _rope_ref(split[:, heads:heads + kv], cos[:, None], sin[:, None]),
+    np.testing.assert_allclose(k.reshape(rows, kv, d),
+                               _rope_ref(split[:, heads:heads + kv], cos[:, None], sin[:, None]),
                                rtol=0, atol=2e-6)
     assert np.array_equal(v.reshape(rows, kv, d), qkv.reshape(rows, heads + 2 * kv, d)[:, heads + kv:])
 
@@ -623,10 +625,11 @@ def test_fused_matmul_entries_pass_the_matmul_checks_through(lib):
                      [np.zeros((2, 5), np.float32)]) == 4  # norm weight of the wrong width
     assert _aot_call(lib, "MindserveNormMatMul", [x, np.zeros(8, np.float32), eps, packed],
                      [np.zeros((2, 6), np.float32)]) == 5  # the matmul's own output check
-    assert _aot_call(lib, "MindserveSwiGLUMatMulAdd", [np.zeros((2, 7), np.float32), packed, np.zeros((2, 5), np.float32)],
-                     [np.zeros((2, 5), np.float32)]) == 3  # an odd gate/up width
-    assert _aot_call(lib, "MindserveSwiGLUMatMulAdd", [np.zeros((2, 16), np.float32), packed,
-                                                       np.zeros((3, 5), np.float32)], [np.zeros((2, 5), np.float32)]) == 6
+    out = [np.zeros((2, 5), np.float32)]
+    odd = [np.zeros((2, 7), np.float32), packed, np.zeros((2, 5), np.float32)]
+    assert _aot_call(lib, "MindserveSwiGLUMatMulAdd", odd, out) == 3  # an odd gate/up width
+    short = [np.zeros((2, 16), np.float32), packed, np.zeros((3, 5), np.float32)]
+    assert _aot_call(lib, "MindserveSwiGLUMatMulAdd", short, out) == 6
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -646,8 +649,8 @@ def test_decoder_layer_is_its_five_ops_bit_for_bit(lib, bias):
     cache = [att["write"], att["table"], att["pos"], att["rows"], att["meta"]]
     k1, v1 = att["k"].copy(), att["v"].copy()
     y = np.full_like(x, np.nan)
-    assert _aot_call(lib, "MindserveDecoderLayer", [x, na, eps, wqkv, att["bias"], att["cos"], att["sin"], k1, v1, *cache,
-                                                    wo, nf, wgu, wd], [y]) == 0
+    inputs = [x, na, eps, wqkv, att["bias"], att["cos"], att["sin"], k1, v1, *cache, wo, nf, wgu, wd]
+    assert _aot_call(lib, "MindserveDecoderLayer", inputs, [y]) == 0
     k2, v2 = att["k"].copy(), att["v"].copy()
     qkv = np.full((6, wqkv.shape[2]), np.nan, np.float32)
     assert _aot_call(lib, "MindserveNormMatMul", [x, na, eps, wqkv], [qkv]) == 0
@@ -671,9 +674,11 @@ def test_embed_rope_gathers_the_rows_of_every_token(lib):
     rng = np.random.default_rng(8)
     embed, cos_t, sin_t = (rng.standard_normal(s).astype(np.float32) for s in [(50, 24), (40, 8), (40, 8)])
     ids, pos = rng.integers(0, 50, (1, 7)).astype(np.int32), rng.integers(0, 40, (1, 7)).astype(np.int32)
-    x, cos, sin = np.full((7, 24), np.nan, np.float32), np.full((7, 8), np.nan, np.float32), np.full((7, 8), np.nan, np.float32)
+    x = np.full((7, 24), np.nan, np.float32)
+    cos, sin = np.full((7, 8), np.nan, np.float32), np.full((7, 8), np.nan, np.float32)
     assert _aot_call(lib, "MindserveEmbedRope", [ids, pos, embed, cos_t, sin_t], [x, cos, sin]) == 0
-    assert np.array_equal(x, embed[ids[0]]) and np.array_equal(cos, cos_t[pos[0]]) and np.array_equal(sin, sin_t[pos[0]])
+    assert np.array_equal(x, embed[ids[0]])
+    assert np.array_equal(cos, cos_t[pos[0]]) and np.array_equal(sin, sin_t[pos[0]])
     bad = ids.copy()
     bad[0, 3] = 50
     assert _aot_call(lib, "MindserveEmbedRope", [bad, pos, embed, cos_t, sin_t], [x, cos, sin]) == 5

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.backends.mindspore.kernels.conftest import HOST_VARIANTS, NATIVE, SIMD_VARIANTS, skip_unless_runs
+from tests.support.kernel_variants import HOST_VARIANTS, NATIVE, SIMD_VARIANTS, skip_unless_runs
 from tests.support.runner import greedy, make_runner, prompt
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,7 @@ from gguf.quants import quantize as gguf_quantize
 
 from backends.mindspore.kernels import prepare_qweight, prepare_weight
 from backends.mindspore.quant import QuantWeight
-from tests.backends.mindspore.kernels.conftest import HOST_VARIANTS, variant_lib
+from tests.support.kernel_variants import HOST_VARIANTS, variant_lib
 from tests.support import kernel_ref as ref
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
@@ -24,6 +24,7 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 def lib(kernel_cache, request):
     """This module's kernels: every variant, the scalar one too (its cases are small)."""
     return variant_lib(kernel_cache, request.param)
+
 
 F32 = np.float32
 QFORMATS = {"q8_0": (0, T.Q8_0), "q4_0": (1, T.Q4_0), "q4_1": (2, T.Q4_1)}

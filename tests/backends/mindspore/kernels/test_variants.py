@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from backends.mindspore.kernels import build as kbuild
-from tests.backends.mindspore.kernels.conftest import HOST_VARIANTS, MACHINE, NATIVE, variant_lib
+from tests.support.kernel_variants import HOST_VARIANTS, MACHINE, NATIVE, variant_lib
 from tests.support.kernel_entries import cases
 
 ZEN3 = frozenset("fpu sse sse2 ssse3 sse4_1 sse4_2 popcnt avx avx2 fma f16c bmi1 bmi2 abm movbe aes sha_ni".split())

@@ -10,7 +10,8 @@ import dataclasses
 import numpy as np
 
 from backends.mindspore.kv_cache import block_table, token_slots
-from backends.mindspore.runner import DecodeRow, ModelRunner, PrefillChunk, RowOutput, media_inputs, write_rows
+from backends.mindspore.network.llama import AotLlama
+from backends.mindspore.runners.base import DecodeRow, ModelRunner, PrefillChunk, RowOutput, write_rows
 from backends.mindspore.scheduler import StepPlan
 from backends.mindspore.shapes import Shapes
 from backends.settings import EngineConfig
@@ -31,6 +32,14 @@ class PackedRunner(ModelRunner):
     kernels = "aot"
     prefill_first = 0  # the decode rows ride along with the prompt chunks: decoding never pauses
     description = "AOT (matmul, paged attention, fused norm/rope/SwiGLU; row-deterministic)"
+
+    def network(self, spec, weights, num_blocks, aot, dtype, lora, vl):
+        s = self.shapes
+        if vl is not None:
+            from backends.mindspore.qwen2_vl.text import AotQwen2VLText
+
+            return AotQwen2VLText(vl, weights, num_blocks, s.block_size, s.max_window, aot)
+        return AotLlama(spec, weights, num_blocks, s.block_size, s.max_window, aot, lora)
 
     def compiled_shapes(self, shapes: Shapes) -> Shapes:
         """One window (the largest); graphs per packed token count: the decode batch buckets, 16, 32, ...
@@ -84,9 +93,8 @@ class PackedRunner(ModelRunner):
             at += t
         window = self.shapes.max_window
         table = block_table([c.blocks for c in chunks] + [[]] * (rows - n), window // self.shapes.block_size)
-        media = media_inputs(chunks, [(0, o) for o in offsets], pos, self.spec.hidden_size) if self.vl else None
         logits, hidden = self._call(("packed", size, rows, window), ids, pos, slots, table, last_rows, token_rows,
-                                    lora_rows, media)
+                                    lora_rows, chunks, [(0, o) for o in offsets])
         return logits[:n], [hidden[o: o + len(c.ids)] for o, c in zip(offsets, chunks)]
 
     def _decode(self, rows: list[DecodeRow]) -> np.ndarray:

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import numpy as np
 
 from backends.mindspore.kv_cache import block_table, token_slots
-from backends.mindspore.runner import DecodeRow, ModelRunner, PrefillChunk, RowOutput, media_inputs, write_rows
+from backends.mindspore.network.llama import StockLlama
+from backends.mindspore.runners.base import DecodeRow, ModelRunner, PrefillChunk, RowOutput, write_rows
 from backends.mindspore.scheduler import PREFILL_FIRST, StepPlan
 from backends.settings import EngineConfig
 
@@ -35,9 +36,17 @@ def window_inputs(ids: np.ndarray, pos: np.ndarray, slots: np.ndarray, table: np
 
 
 class SplitRunner(ModelRunner):
-    kernels = "ms"
+    kernels = "stock"
     prefill_first = PREFILL_FIRST
     description = "stock MindSpore ops (MatMul, windowed attention)"
+
+    def network(self, spec, weights, num_blocks, aot, dtype, lora, vl):
+        s = self.shapes
+        if vl is not None:
+            from backends.mindspore.qwen2_vl.text import StockQwen2VLText
+
+            return StockQwen2VLText(vl, weights, num_blocks, s.block_size, s.max_window)
+        return StockLlama(spec, weights, num_blocks, s.block_size, s.max_window, dtype, lora)
 
     def prefill_budget(self, config: EngineConfig) -> int:
         return max(config.max_prefill_tokens, self.shapes.prefill_chunk)
@@ -70,9 +79,8 @@ class SplitRunner(ModelRunner):
             lora_rows[i, :t] = c.lora
             last_rows[i] += t - 1
         table = block_table([c.blocks for c in chunks] + [[]] * (batch - n), window // self.shapes.block_size)
-        media = media_inputs(chunks, [(i, 0) for i in range(n)], pos, self.spec.hidden_size) if self.vl else None
         logits, hidden = self._call(("prefill", batch, size, window), ids, pos, slots.reshape(-1), table, last_rows,
-                                    lora_rows=lora_rows.reshape(-1), media=media)
+                                    lora_rows=lora_rows.reshape(-1), chunks=chunks, places=[(i, 0) for i in range(n)])
         return logits[:n], [hidden[i * size: i * size + len(c.ids)] for i, c in enumerate(chunks)]
 
     def _decode(self, rows: list[DecodeRow]) -> np.ndarray:
@@ -86,12 +94,9 @@ class SplitRunner(ModelRunner):
             ids[i, 0], pos[i, 0], lora_rows[i] = row.token, row.position, row.lora
             slots[i] = token_slots(row.blocks, pos[i], self.shapes.block_size)[0]
         table = block_table([r.blocks for r in rows] + [[]] * (batch - n), window // self.shapes.block_size)
-        media = None
-        if self.vl:
-            chunks = [PrefillChunk([r.token], r.position, r.blocks, delta=r.delta) for r in rows]
-            media = media_inputs(chunks, [(i, 0) for i in range(n)], pos, self.spec.hidden_size)
+        chunks = [PrefillChunk([r.token], r.position, r.blocks, delta=r.delta) for r in rows]  # for media_inputs
         logits, _ = self._call(("decode", batch, window), ids, pos, slots, table, np.arange(batch, dtype=np.int32),
-                               lora_rows=lora_rows, media=media)
+                               lora_rows=lora_rows, chunks=chunks, places=[(i, 0) for i in range(n)])
         return logits[:n]
 
     def warmup_plan(self) -> list[tuple]:

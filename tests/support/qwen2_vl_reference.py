@@ -1,17 +1,19 @@
-"""Qwen2-VL end to end on the paged KV cache: weights (HF safetensors layout) -> the vision tower and the
+"""A reference driver for tests/backends/test_qwen2_vl.py, beside the engine (which serves with
+``qwen2_vl/encoder.py`` and the runners).
+
+Qwen2-VL end to end on the paged KV cache: weights (HF safetensors layout) -> the vision tower and the
 language model cells; a prompt with its media -> expanded ids, M-RoPE positions and media rows (the vision
 tower runs once per image or video) -> prefill in fixed-size chunks through the cache (a media item may
 span chunks: each chunk carries its own rows) -> decode steps at ``cache index + delta``.
 
 Graphs: the vision tower once per patch-count bucket, the language model once per (rows, tokens, window).
-``kernels``: "ms" (stock ops, windowed attention under a mask, as ``SplitRunner``) or "aot" (the AOT
+``kernels``: "stock" (stock ops, windowed attention under a mask, as ``SplitRunner``) or "aot" (the AOT
 kernels' paged attention and fused ops, as ``PackedRunner``).
 ``Qwen2VL`` drives one or several sequences on explicit block lists (block 0 is the scratch block, as in
 ``kv_cache``); the engine's scheduler is not involved here.
 """
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,22 +23,19 @@ import numpy as np
 import mindspore as ms
 
 from backends.chat_template import render_chat_template
-from backends.mindspore.config import ConfigError
 from backends.mindspore.kv_cache import block_table, token_slots
-from backends.mindspore.model import set_device
-from backends.mindspore.packed import packed_inputs
-from backends.mindspore.qwen2_vl.config import load_vl_spec
+from backends.mindspore.device import set_device
+from backends.mindspore.runners.packed import packed_inputs
+from backends.mindspore.qwen2_vl.config import VISION_BUCKETS, load_vl_spec, processor_chat_template
 from backends.mindspore.qwen2_vl.positions import (WindowLayout, frame_ids, rope_index, segment_mask, vision_cos_sin,
                                                    window_ids, window_layout)
 from backends.mindspore.qwen2_vl.preprocess import MediaError, Patches, expand_media_tokens
-from backends.mindspore.qwen2_vl.text import Qwen2VLText
+from backends.mindspore.qwen2_vl.text import AotQwen2VLText, StockQwen2VLText
 from backends.mindspore.qwen2_vl.vision import VisionTower
 from backends.mindspore.qwen2_vl.weights import load_vl_weights
-from backends.mindspore.runner import _aot_ops  # the text models' AOT kernel build (and its fit check)
-from backends.mindspore.split import window_inputs
+from backends.mindspore.runners import KERNEL_ALIASES, _aot_ops  # the text models' AOT kernel build (and its fit check)
+from backends.mindspore.runners.split import window_inputs
 from backends.mindspore.tokenizer import Tokenizer
-
-VISION_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)  # patches per vision-tower call (graphs on demand)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,18 +62,6 @@ class VLSequence:
     prefilled: int = 0
 
 
-def processor_chat_template(model_dir: Path) -> str:
-    """The released checkpoints' chat_template.json (the processor's template), when the tokenizer has none."""
-    path = model_dir / "chat_template.json"
-    try:
-        template = json.loads(path.read_text(encoding="utf-8")).get("chat_template")
-    except (OSError, ValueError, AttributeError):
-        template = None
-    if not isinstance(template, str):
-        raise ConfigError(path, "chat_template", "no chat template in tokenizer_config.json or chat_template.json")
-    return template
-
-
 class Qwen2VL:
     """The model on a KV cache of ``num_blocks`` x ``block_size`` slots; prefill chunks of ``prefill_chunk``
     tokens, attention windows of ``window`` tokens."""
@@ -82,9 +69,10 @@ class Qwen2VL:
     def __init__(self, model_dir: str | Path, *, num_blocks: int = 64, block_size: int = 16,
                  prefill_chunk: int = 64, window: int = 256,
                  vision_buckets: Sequence[int] = VISION_BUCKETS, threads: int | None = None,
-                 kernels: str = "ms") -> None:
-        if kernels not in ("ms", "aot"):
-            raise ValueError(f"kernels must be 'ms' or 'aot', got {kernels!r}")
+                 kernels: str = "stock") -> None:
+        kernels = KERNEL_ALIASES.get(kernels, kernels)
+        if kernels not in ("stock", "aot"):
+            raise ValueError(f"kernels must be 'stock' or 'aot', got {kernels!r}")
         if window % block_size or window > (num_blocks - 1) * block_size:
             raise ValueError(f"window {window} must be a multiple of block_size {block_size} within the cache "
                              f"({num_blocks - 1} usable blocks)")
@@ -102,7 +90,9 @@ class Qwen2VL:
         self.aot = _aot_ops(spec.text) if kernels == "aot" else None
         if kernels == "aot" and self.aot is None:
             raise RuntimeError("kernels 'aot' asked for, but the AOT kernels could not be built (see the log)")
-        self.text = Qwen2VLText(spec, weights, num_blocks, block_size, self.max_positions, self.aot)
+        self.text = (AotQwen2VLText(spec, weights, num_blocks, block_size, self.max_positions, self.aot)
+                     if self.aot is not None else StockQwen2VLText(spec, weights, num_blocks, block_size,
+                                                                   self.max_positions))
         self.vision.set_train(False)
         self.text.set_train(False)
         head = weights["model.embed_tokens.weight"] if spec.text.tie_word_embeddings else weights["lm_head.weight"]

@@ -1,0 +1,70 @@
+"""MindSpore's process-wide context: GRAPH or PyNative mode, the device the yaml's ``context`` names (a
+missing runtime is a ConfigError naming the key), the CPU thread count."""
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import mindspore as ms
+
+from backends.mindspore.spec import ModelSpec
+from backends.mindspore.yaml_tree import DEVICE_TARGETS, ConfigError
+
+
+_threads_set: list[int] = []
+
+
+def set_mode(mode: int, device_target: str, threads: int | None) -> None:
+    """Global MindSpore context: GRAPH_MODE (0) or PYNATIVE_MODE (1); CPU threads (settable once per process)."""
+    ms.set_context(mode=ms.GRAPH_MODE if mode == 0 else ms.PYNATIVE_MODE)
+    if not _threads_set:
+        try:
+            ms.set_device(device_target)
+            if threads:
+                ms.device_context.cpu.op_tuning.threads_num(threads)
+        except RuntimeError as exc:  # the runtime already started (some op ran first): keep its settings
+            logging.getLogger("mindserve.engine").warning("MindSpore device/threads left as they are: %s", exc)
+        _threads_set.append(threads or 0)
+    if mode == 1:
+        ms.runtime.launch_blocking()  # PyNative's async dispatch costs ~1 ms per op on CPU
+
+
+def set_device(spec: ModelSpec, threads: int | None) -> str:
+    """Set MindSpore's context to the yaml's ``context`` (mode, device_target) and return the device it runs
+    on. A target whose runtime is absent is a ConfigError naming the yaml key and what was found."""
+    target = spec.device_target
+    if not _available(target):
+        found = [t for t in DEVICE_TARGETS if t != target and _available(t)]
+        raise ConfigError(spec.yaml_path, "context.device_target",
+                          f"{target}, but this MindSpore {ms.__version__} has no {target} runtime "
+                          f"(found: {', '.join(found) or 'none'})")
+    set_mode(spec.mode, target, threads)
+    actual = ms.get_context("device_target")
+    if actual != target:
+        raise ConfigError(spec.yaml_path, "context.device_target",
+                          f"{target}, but MindSpore already runs on {actual} in this process")
+    return actual
+
+
+def _available(target: str) -> bool:
+    from mindspore import hal
+
+    with _quiet_mindspore():  # a missing runtime is our error to report, not a page of plugin warnings
+        return bool(hal.is_available(target))
+
+
+@contextlib.contextmanager
+def _quiet_mindspore():
+    try:
+        from mindspore import log as ms_log
+
+        logger = ms_log._get_logger()  # MindSpore's own logger (not under the "mindspore" name)
+    except (ImportError, AttributeError):
+        yield
+        return
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

@@ -1,0 +1,118 @@
+"""The engine's parts, built once from a model directory and the engine settings, in order: the spec
+(read once), the adapters (their slots count in the memory budget), the device, the kernel path (the strategy,
+chosen once: it changes what the budget counts), the cache within its budget, the tokenizer, the shapes, the
+weights, the runner, the vision tower,
+the block allocator and the scheduler. ``engine_info`` is what ``/info`` reports of a running engine."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from backends.grammar import GrammarCompiler
+from backends.limits import PromptLimit, longest_sequence, prompt_token_limit
+from backends.mindspore.adapters import EngineAdapters
+from backends.mindspore.config import load_model, torch_dtype
+from backends.mindspore.device import set_device
+from backends.mindspore.kv_cache import BlockAllocator
+from backends.mindspore.memory import Footprint, available_memory, plan_cache
+from backends.mindspore.qwen2_vl.config import VLSpec, processor_chat_template
+from backends.mindspore.qwen2_vl.encoder import VisionEncoder
+from backends.mindspore.qwen2_vl.weights import load_vl_weights
+from backends.mindspore.runners import ModelRunner, build_runner, choose_kernels
+from backends.mindspore.scheduler import Scheduler
+from backends.mindspore.shapes import plan_shapes
+from backends.mindspore.spec import ModelSpec
+from backends.mindspore.tokenizer import Tokenizer
+from backends.mindspore.weights import check_weight_dtype, load_weights
+from backends.settings import EngineConfig
+
+log = logging.getLogger("mindserve.engine")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineParts:
+    spec: ModelSpec
+    config: EngineConfig  # as applied: the batch capped at what the cache holds
+    model_name: str
+    device: str
+    tokenizer: Tokenizer
+    chat_template: str | None
+    grammars: GrammarCompiler
+    eos_ids: frozenset[int]
+    vocab_size: int  # the chooser's: config.json's vocab_size, else the embedding's rows
+    max_seq_len: int
+    prompt_limit: PromptLimit
+    lora: EngineAdapters
+    runner: ModelRunner
+    vision: VisionEncoder | None
+    allocator: BlockAllocator
+    scheduler: Scheduler
+
+    @property
+    def media_kinds(self) -> frozenset[str]:
+        return frozenset({"image", "video"}) if self.spec.vision is not None else frozenset()
+
+
+def build_parts(model_dir: Path | str, config: EngineConfig, model_name: str | None = None) -> EngineParts:
+    spec = load_model(model_dir)
+    vl = spec.vision
+    lora = EngineAdapters(spec, config.lora)  # read and checked now: their slots count in the budget
+    device = set_device(spec, config.threads)
+    # The execution strategy, chosen once and before the budget: the AOT kernels (the packed step), or None
+    # for stock ops (the split step), which hold float32 weights and every compiled graph's activations.
+    aot = choose_kernels(spec, config.kernels, device, config.kernel_isa)
+    # The cache within its memory budget (npuMemSize), the batch capped at what it holds.
+    cache = plan_cache(config, Footprint.of(spec, lora.bytes, stock=aot is None), available_memory(),
+                       spec.max_position_embeddings)
+    log.info("%s", cache.describe())
+    config, num_blocks = cache.apply(config), cache.num_blocks
+    tokenizer = Tokenizer.from_model_dir(spec.model_dir, spec.tokenizer)
+    chat_template = tokenizer.chat_template
+    if chat_template is None and vl is not None:
+        chat_template = processor_chat_template(spec.model_dir)
+    shapes = plan_shapes(config, spec.max_position_embeddings)
+    weights = _load_weights(spec, vl)
+    check_weight_dtype(weights, spec.yaml_path, spec.weight_dtype)
+    runner = build_runner(spec, weights, shapes, num_blocks, config.kernels, device, lora.shape, vl, aot=aot)
+    vision = VisionEncoder(vl, weights) if vl is not None else None
+    del weights
+    lora.attach(runner.write_lora)
+    allocator = BlockAllocator(num_blocks, runner.shapes.block_size, config.prefix_caching)
+    scheduler = Scheduler(allocator, config.max_batch_size, config.max_waiting,
+                          prefill_rows=runner.shapes.prefill_batch_buckets[-1],
+                          prefill_tokens=runner.prefill_budget(config), chunk=runner.shapes.prefill_chunk,
+                          prefill_first=runner.prefill_first, max_loras=config.lora.max_loras)
+    eos_ids = frozenset(spec.eos_token_ids) | frozenset(tokenizer.eos_token_ids)
+    vocab_size = spec.config_vocab_size or spec.vocab_size
+    return EngineParts(spec=spec, config=config, model_name=model_name or spec.model_dir.name, device=device,
+                       tokenizer=tokenizer, chat_template=chat_template,
+                       grammars=GrammarCompiler(tokenizer.to_json(), vocab_size, eos_ids), eos_ids=eos_ids,
+                       vocab_size=vocab_size, max_seq_len=longest_sequence(config, spec.max_position_embeddings),
+                       prompt_limit=prompt_token_limit(config, spec.max_position_embeddings), lora=lora,
+                       runner=runner, vision=vision, allocator=allocator, scheduler=scheduler)
+
+
+def _load_weights(spec, vl: VLSpec | None) -> dict[str, np.ndarray]:
+    """The checkpoint's arrays (a vision-language checkpoint checked name by name against both towers)."""
+    return load_vl_weights(vl) if vl is not None else load_weights(spec.checkpoint, spec.checkpoint_format)
+
+
+def engine_info(self) -> dict:  # self: the Engine
+    """What ``/info`` reports of the running engine ``self``."""
+    return {"model_name": self.model_name, "arch": self.spec.arch, "max_seq_len": self.max_seq_len,
+            "max_input_tokens": self.prompt_limit.tokens, "max_batch_size": self.config.max_batch_size,
+            "compiled_graphs": self.compiled_graphs, "free_blocks": self.allocator.free_blocks,
+            "total_blocks": self.allocator.usable_blocks, "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting) + len(self.scheduler.prefilling),
+            "dtype": torch_dtype(self.spec.model_dir) or self.spec.compute_dtype,
+            "max_prefill_tokens": self.config.max_prefill_tokens, "block_size": self.runner.shapes.block_size,
+            "device": self.device, "kernels": self.runner.kernels, "kernel_variant": self.runner.kernel_variant,
+            "compute_dtype": self.runner.dtype,
+            "weight_dtype": self.spec.weight_dtype,
+            "prefix_caching": self.allocator.prefix_caching, "prefix_cache_blocks": self.allocator.cached_blocks,
+            "prefix_cache_hit_rate": self.scheduler.hit_tokens / max(self.scheduler.prompt_tokens, 1),
+            "prefix_cache_hit_tokens": self.scheduler.hit_tokens, "adapters": self.adapters(),
+            "lora": self.lora.info()}

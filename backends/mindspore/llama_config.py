@@ -1,0 +1,76 @@
+"""The Llama family's predict yaml (Llama, Qwen2, Mistral: MindFormers' LlamaConfig keys) -> ``ModelSpec``."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from backends.mindspore.spec import ModelSpec
+from backends.mindspore.yaml_tree import (ConfigError, YamlSection, read_checkpoint, read_context, read_defaults,
+                                          read_eos_ids, read_json_object)
+
+# model_config.weight_dtype: float32, a GGUF block format kept by convert-gguf (served by the quantized AOT
+# matmul, dequantized once at load for the stock ops), or mixed (the layers' matrices differ).
+WEIGHT_DTYPES = ("float32", "q8_0", "q4_0", "q4_1", "mixed")
+
+
+def llama_spec(yaml_path: Path, tree: dict, model: YamlSection, arch: str) -> ModelSpec:
+    """The language model of a Llama-family yaml tree (``yaml_tree.read_model_yaml``)."""
+    mc = YamlSection(yaml_path, "model.model_config", model.get("model_config", dict))
+    hidden, heads = mc.positive("hidden_size"), mc.positive("num_heads")
+    kv_heads = mc.positive("n_kv_heads", heads, "num_key_value_heads")
+    head_dim = mc.positive("head_dim", None)
+    if head_dim is None and hidden % heads:
+        raise ConfigError(yaml_path, "model.model_config.num_heads",
+                          f"num_heads {heads} does not divide hidden_size {hidden}")
+    if heads % kv_heads:
+        raise ConfigError(yaml_path, "model.model_config.n_kv_heads",
+                          f"n_kv_heads {kv_heads} does not divide num_heads {heads}")
+    seq_length = mc.positive("seq_length", 2048)
+    hf = read_json_object(yaml_path.parent / "config.json")
+    cfg_vocab = hf.get("vocab_size") or hf.get("padded_vocab_size")
+    if isinstance(cfg_vocab, bool):
+        cfg_vocab = None
+    ckpt, fmt = read_checkpoint(tree, yaml_path)
+    mode, target = read_context(tree, yaml_path)
+    tok = YamlSection(yaml_path, "processor", tree.get("processor") or {}).get("tokenizer", dict, {})
+    dtype = mc.get("compute_dtype", str, "float32")
+    if dtype not in ("float32", "float16", "bfloat16"):
+        raise ConfigError(yaml_path, "model.model_config.compute_dtype", f"unknown dtype {dtype!r}")
+    weight_dtype = mc.get("weight_dtype", str, "float32")
+    if weight_dtype not in WEIGHT_DTYPES:
+        raise ConfigError(yaml_path, "model.model_config.weight_dtype",
+                          f"must be one of {', '.join(WEIGHT_DTYPES)}, got {weight_dtype!r}")
+    return ModelSpec(
+        yaml_path=yaml_path, model_dir=yaml_path.parent, arch=arch,
+        hidden_size=hidden, num_layers=mc.positive("num_layers", ..., "num_hidden_layers"),
+        num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim or hidden // heads,
+        intermediate_size=_intermediate_size(mc, hidden),
+        vocab_size=mc.positive("vocab_size"),
+        rms_norm_eps=mc.get("rms_norm_eps", float, 1e-6),
+        rope_theta=mc.get("theta", float, 10000.0, "rope_theta"),
+        max_position_embeddings=mc.positive("max_position_embedding", seq_length, "max_position_embeddings"),
+        seq_length=seq_length,
+        qkv_has_bias=mc.get("qkv_has_bias", bool, arch == "Qwen2ForCausalLM"),
+        tie_word_embeddings=mc.get("tie_word_embeddings", bool, False),
+        bos_token_id=mc.get("bos_token_id", int, None),
+        eos_token_ids=read_eos_ids(mc.get("eos_token_id", (int, list), 2), yaml_path),
+        pad_token_id=mc.get("pad_token_id", int, None),
+        compute_dtype=dtype, checkpoint=ckpt, checkpoint_format=fmt,
+        tokenizer=tok, mode=mode, device_target=target,
+        defaults=read_defaults(mc),
+        config_vocab_size=cfg_vocab if isinstance(cfg_vocab, int) and cfg_vocab > 0 else None,
+        weight_dtype=weight_dtype,
+    )
+
+
+def _intermediate_size(mc: YamlSection, hidden: int) -> int:
+    """``intermediate_size``, else derived as MindFormers' LlamaConfig does (Llama-2 yamls give only
+    ``multiple_of``): 2/3 of 4*hidden, times ``ffn_dim_multiplier``, rounded up to ``multiple_of``."""
+    size = mc.positive("intermediate_size", None)
+    if size is not None:
+        return size
+    multiple_of = mc.positive("multiple_of", 256)
+    size = int(2 * 4 * hidden / 3)
+    multiplier = mc.get("ffn_dim_multiplier", float, None)
+    if multiplier is not None:
+        size = int(multiplier * size)
+    return multiple_of * -(-size // multiple_of)

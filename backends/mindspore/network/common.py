@@ -1,0 +1,86 @@
+"""What both kernel paths' networks share: parameters from host arrays, the rotary tables, RMSNorm."""
+from __future__ import annotations
+
+import numpy as np
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+
+from backends.mindspore.quant import QuantWeight, concat_rows
+
+DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
+
+
+def param(array: np.ndarray | QuantWeight, name: str, dtype=ms.float32) -> Parameter:
+    if isinstance(array, QuantWeight):  # the embedding of a quantized conversion: dequantized once
+        array = array.dequantize()
+    return Parameter(Tensor(np.ascontiguousarray(array, dtype=np.float32), dtype), name=name, requires_grad=False)
+
+
+def _stacked(parts: list[np.ndarray | QuantWeight]) -> np.ndarray:
+    """HF [out, in] matrices stacked along their outputs (q, k, v -> qkv), as [in, out] float32."""
+    return np.concatenate([p.dequantize() if isinstance(p, QuantWeight) else p for p in parts], axis=0).T
+
+
+def stock_weight(parts: list[np.ndarray | QuantWeight], name: str, dtype=ms.float32) -> Parameter:
+    """A MatMul weight: [in, out] in ``dtype`` (GGUF blocks dequantized once, here)."""
+    return param(_stacked(parts), name, dtype)
+
+
+def aot_weight(parts: list[np.ndarray | QuantWeight], name: str) -> Parameter:
+    """An AOT matmul weight: GGUF blocks of one format stay quantized (prepare_qweight), else float32 in the
+    kernel's packed layout."""
+    from backends.mindspore.kernels import prepare_qweight, prepare_weight
+
+    if all(isinstance(p, QuantWeight) for p in parts) and len({p.fmt for p in parts}) == 1:
+        return Parameter(Tensor(prepare_qweight(concat_rows(parts)), ms.uint8), name=name, requires_grad=False)
+    return param(prepare_weight(_stacked(parts)), name)
+
+
+def rope_tables(head_dim: int, max_pos: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin [max_pos, head_dim] in HF ``rotate_half`` layout (frequencies repeated over both halves)."""
+    inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    angles = np.outer(np.arange(max_pos, dtype=np.float64), inv_freq)
+    angles = np.concatenate([angles, angles], axis=-1)
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+class RMSNorm(nn.Cell):
+    """Stock ops, in ``dtype``; the mean of squares in float32 below it (float16 overflows past 256)."""
+
+    def __init__(self, weight: np.ndarray, eps: float, name: str, dtype=ms.float32) -> None:
+        super().__init__()
+        self.weight = param(weight, name, dtype)
+        self.eps = eps
+        self.eps_t = Tensor(np.array([eps], np.float32))
+        self.dtype, self.low_precision = dtype, dtype != ms.float32
+
+    def construct(self, x):
+        if self.low_precision:
+            x32 = ops.cast(x, ms.float32)
+            normed = x32 * ops.rsqrt(ops.mean(x32 * x32, -1, keep_dims=True) + self.eps)
+            return ops.cast(normed, self.dtype) * self.weight
+        return x * ops.rsqrt(ops.mean(x * x, -1, keep_dims=True) + self.eps) * self.weight
+
+
+class AotRMSNorm(nn.Cell):
+    """The AOT kernel's RMSNorm (float32); the fused ops read ``weight`` and ``eps_t`` themselves."""
+
+    def __init__(self, weight: np.ndarray, eps: float, name: str, aot) -> None:
+        super().__init__()
+        self.weight = param(weight, name)
+        self.eps_t = Tensor(np.array([eps], np.float32))
+        self.aot = aot
+
+    def construct(self, x):
+        return self.aot.rmsnorm(x, self.weight, self.eps_t)
+
+
+def lora_factors(spec, p: str, group: str, slots: int, rank: int, dtype=ms.float32) -> tuple[Parameter, Parameter]:
+    """One group's adapter slots (lora_slots.py): a [S, K, G*R] and b [S, R, N], zeros until an adapter is
+    loaded."""
+    from backends.lora import BaseDims
+    from backends.mindspore.lora_slots import group_shapes
+
+    a_shape, b_shape = group_shapes(BaseDims.of(spec), group, slots, rank)
+    return (param(np.zeros(a_shape, np.float32), p + f"lora_{group}_a", dtype),
+            param(np.zeros(b_shape, np.float32), p + f"lora_{group}_b", dtype))

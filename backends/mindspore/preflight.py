@@ -1,0 +1,108 @@
+"""The MindSpore backend's start-up checks that read the model directory but load no weights: the yaml,
+config.json, weights file and tokenizer, the window buckets against the model, the configured adapters and
+the KV cache against the memory budget. No MindSpore import: ``backends/loader.py`` runs them for
+``service/preflight.py``, which names the server config's key for each ``PreflightError``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from backends.mindspore.adapters import ConfiguredAdapterError, EngineAdapters
+from backends.mindspore.config import load_model
+from backends.mindspore.default_model import DEFAULT_DIRS
+from backends.mindspore.kernel_path import stock_expected
+from backends.mindspore.memory import CachePlan, Footprint, MemoryBudgetError, available_memory, plan_cache
+from backends.mindspore.shapes import ShapeError, plan_shapes
+from backends.mindspore.yaml_tree import ConfigError
+from backends.settings import EngineConfig
+
+MODEL, MEMORY, SCHEDULE, ADAPTERS = "model", "memory", "schedule", "adapters"  # what a PreflightError is about
+
+
+class PreflightError(ValueError):
+    """A check failed. ``about`` says which setting is at fault (``MODEL``, ``MEMORY``, ``SCHEDULE``,
+    ``ADAPTERS``); ``detail`` is the text that follows that setting's key (from ``: ``, ``.`` or ``[i]``)."""
+
+    def __init__(self, about: str, detail: str) -> None:
+        super().__init__(detail)
+        self.about, self.detail = about, detail
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCheck:
+    """What the model directory holds (``None`` fields: the default model, not prepared yet)."""
+
+    directory: Path
+    arch: str | None = None
+    max_position_embeddings: int | None = None
+    cache: CachePlan | None = None  # the KV cache the engine would allocate now
+
+    @property
+    def prepared(self) -> bool:
+        return self.arch is not None
+
+
+def is_model_dir(path: Path) -> bool:
+    return path.is_dir() and any(path.glob("*.yaml"))
+
+
+def is_default_model(path: Path) -> bool:
+    """``path`` names a default model directory that ``prepare_default_model`` makes on first use."""
+    return path.name in DEFAULT_DIRS
+
+
+def check_model(path: Path, engine: EngineConfig) -> ModelCheck:
+    """The model directory and everything the engine reads from it before loading weights. The default
+    model's directory may be absent: serve prepares it."""
+    if not is_model_dir(path):
+        if is_default_model(path):
+            _check_windows(engine, None)
+            return ModelCheck(path)
+        raise PreflightError(MODEL, f": {path} is not a model directory (no .yaml inside)")
+    from backends.mindspore.tokenizer import Tokenizer  # tokenizers: only once there is a model
+
+    try:
+        spec = load_model(path)
+    except (ConfigError, OSError, ValueError) as exc:
+        raise PreflightError(MODEL, f": {exc}") from None
+    if not spec.checkpoint.exists():
+        raise PreflightError(MODEL, f": weights {spec.checkpoint} not found (load_checkpoint in "
+                                    f"{spec.yaml_path.name})")
+    try:
+        Tokenizer.from_model_dir(spec.model_dir, spec.tokenizer)
+    except Exception as exc:  # noqa: BLE001 - tokenizers and mindformers raise plain exceptions
+        raise PreflightError(MODEL, f": cannot load the tokenizer: {exc}") from None
+    _check_windows(engine, spec.max_position_embeddings)
+    adapters = _check_adapters(engine, spec)
+    return ModelCheck(spec.model_dir, spec.arch, spec.max_position_embeddings, _check_memory(engine, spec, adapters))
+
+
+def _check_adapters(engine: EngineConfig, spec) -> EngineAdapters:
+    """Every LoraModules adapter read and checked against the model, as the engine reads them
+    (``EngineAdapters``): a bad one is an error naming its entry (the reference server warns and skips it;
+    we refuse)."""
+    try:
+        return EngineAdapters(spec, engine.lora)
+    except ConfiguredAdapterError as exc:
+        raise PreflightError(ADAPTERS, f"[{exc.index}] ({exc.module.name}, path {exc.module.path}): {exc}") from None
+    except ValueError as exc:  # a vision-language model with LoraModules
+        raise PreflightError(ADAPTERS, f": {exc}") from None
+
+
+def _check_memory(engine: EngineConfig, spec, adapters: EngineAdapters) -> CachePlan:
+    """The engine's own cache rule (``memory.plan_cache``) on the memory free now, the weights' size read
+    from the safetensors headers, plus the adapter slots the engine would allocate."""
+    try:
+        model = Footprint.of(spec, adapters.bytes, stock=stock_expected(spec, engine.kernels))
+        return plan_cache(engine, model, available_memory(), spec.max_position_embeddings)
+    except MemoryBudgetError as exc:
+        raise PreflightError(MEMORY, f": {exc}") from None
+
+
+def _check_windows(engine: EngineConfig, max_position_embeddings: int | None) -> None:
+    """The engine's own shape rules (``shapes.plan_shapes``) against the model."""
+    try:
+        plan_shapes(engine, max_position_embeddings)
+    except ShapeError as exc:
+        raise PreflightError(SCHEDULE, f".{exc}") from None

@@ -1,0 +1,238 @@
+"""The model runner's interface: the network on a fixed set of compiled shapes, turning a step plan into one
+output per row. Two strategies implement it, chosen once by ``runners.build_runner``: ``PackedRunner`` (the
+AOT kernels: one packed forward per step, packed.py) and ``SplitRunner`` (stock MindSpore ops: a prefill
+call, then a decode call, split.py). The engine never asks which one it has.
+
+Each strategy builds its network (``network``: ``network/llama.py``'s, or for a vision-language model
+``qwen2_vl/text.py``'s), and the network completes its own graph inputs (``arguments``: adapter slots, or
+media rows and M-RoPE positions), so the runner never asks which network it has.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import mindspore as ms
+
+from backends.mindspore.spec import ModelSpec
+from backends.mindspore.scheduler import StepPlan
+from backends.mindspore.sequence import SeqState
+from backends.mindspore.shapes import Shapes
+from backends.settings import EngineConfig
+
+log = logging.getLogger("mindserve.engine")
+
+
+@dataclass(slots=True)
+class PrefillChunk:
+    ids: list[int]  # this chunk's prompt tokens
+    start: int  # position of ids[0]
+    blocks: list[int]
+    lora: int = -1  # adapter slot (-1: the base model)
+    media: tuple[np.ndarray, np.ndarray] | None = None  # vision rows [t, D] and their mask [t]; None: text
+    mpos: np.ndarray | None = None  # M-RoPE positions [3, t]; None: cache index + delta on all three
+    delta: int = 0
+
+
+@dataclass(slots=True)
+class DecodeRow:
+    token: int
+    position: int
+    blocks: list[int]
+    lora: int = -1  # adapter slot (-1: the base model)
+    delta: int = 0  # M-RoPE: the token's position is its cache index + delta
+
+
+@dataclass(slots=True)
+class RowOutput:
+    """What one row of a step gave: the logits of its last token, or the error that failed it."""
+
+    seq: SeqState
+    prompt: PrefillChunk | None = None  # the prompt chunk this row ran; None: a decode row
+    logits: np.ndarray | None = None  # [V]
+    hidden: np.ndarray | None = None  # [t, D] final-normed hidden rows of the prompt chunk
+    error: Exception | None = None
+
+
+def write_rows(slots: np.ndarray, kv_heads: int, num_slots: int) -> np.ndarray:
+    """Cache rows of every new token's K/V heads, token-major: head h of slot s is row h * num_slots + s."""
+    heads = np.arange(kv_heads, dtype=np.int64) * num_slots
+    return (slots.reshape(-1, 1).astype(np.int64) + heads).reshape(-1).astype(np.int32)
+
+
+class ModelRunner(ABC):
+    """The network, its compiled shapes and graphs; subclasses say how a step's rows become graph calls."""
+
+    kernels: ClassVar[str]  # "aot" | "stock": the kernel path, as /info reports it
+    prefill_first: ClassVar[int]  # the scheduler's prefill-only steps in a row while prompts wait
+
+    def __init__(self, spec: ModelSpec, weights: dict[str, np.ndarray], shapes: Shapes, num_blocks: int,
+                 aot=None, dtype: str = "float32", lora: tuple[int, int] | None = None, vl=None) -> None:
+        self.spec = spec
+        self.shapes = shapes = self.compiled_shapes(shapes)
+        self.dtype = dtype
+        self.num_slots = num_blocks * shapes.block_size
+        if spec.num_kv_heads * self.num_slots >= 2**31:
+            raise ValueError(f"a KV cache of {num_blocks} blocks x {shapes.block_size} tokens x {spec.num_kv_heads} "
+                             "kv heads has more rows than int32 indices address; lower cacheBlockNum")
+        # The network of this strategy: the Llama family's, or a vision-language model's (``vl`` its VLSpec).
+        self.net = self.network(spec, weights, num_blocks, aot, dtype, lora, vl)
+        self.net.set_train(False)
+        self._lora_host: dict[tuple[int, str, str], np.ndarray] = {}  # host copies of the slot arrays
+        self.head = self.net.lm_head()
+        self.compiled: set[tuple] = set()
+        # {"variant", "isa"} of the AOT kernels' build (the library aot_ops() loaded last), None on stock ops
+        self.kernel_variant: dict[str, str] | None = None
+        library = "stock"
+        if aot is not None:
+            from backends.mindspore.kernels import active_library, kernel_variant
+
+            self.kernel_variant, library = kernel_variant(), active_library()
+        # Everything of this runner that shapes its graphs (graph_cache.graph_key): the strategy, the compiled
+        # shapes, the cache size, dtype, adapter slots, a vision model's spec and the kernel library (its file
+        # name hashes its build).
+        self.graph_parts = [type(self).__name__, repr(shapes), str(self.num_slots), dtype, repr(lora), repr(vl),
+                            library]
+
+    # --- what a strategy defines ---
+
+    def compiled_shapes(self, shapes: Shapes) -> Shapes:
+        """The shapes this runner compiles, given the ones the settings allow (``shapes.plan_shapes``)."""
+        return shapes
+
+    @abstractmethod
+    def network(self, spec: ModelSpec, weights: dict[str, np.ndarray], num_blocks: int, aot, dtype: str,
+                lora: tuple[int, int] | None, vl):
+        """The network cell this strategy runs (its layer classes chosen here, once)."""
+
+    @abstractmethod
+    def prefill_budget(self, config: EngineConfig) -> int:
+        """Prompt tokens the scheduler may plan per step."""
+
+    @abstractmethod
+    def run(self, plan: StepPlan) -> Iterable[RowOutput]:
+        """The forward passes of one step: one output per planned row, each as soon as it exists."""
+
+    @abstractmethod
+    def _prefill(self, chunks: list[PrefillChunk]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """``prefill`` for this strategy."""
+
+    @abstractmethod
+    def _decode(self, rows: list[DecodeRow]) -> np.ndarray:
+        """``decode`` for this strategy."""
+
+    @abstractmethod
+    def warmup_plan(self) -> list[tuple]:
+        """The key of every graph the engine will call, the prompt-logits head last."""
+
+    @abstractmethod
+    def _warm(self, key: tuple) -> None:
+        """Call the graph of ``key`` once, on the scratch block only."""
+
+    @abstractmethod
+    def graph_inputs(self, ids, pos, slots, table, last_rows, token_rows=None) -> tuple:
+        """The network's inputs (numpy) for padded ids/pos/slots, a block table and the logit rows."""
+
+    # --- shared ---
+
+    def prefill(self, chunks: list[PrefillChunk]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """One prompt chunk for each of several sequences: (last-token logits [n, V], hidden [t_i, D] each)."""
+        return self._prefill(chunks)
+
+    def decode(self, rows: list[DecodeRow]) -> np.ndarray:
+        """One token for each row; logits [len(rows), V]."""
+        return self._decode(rows)
+
+    def decode_rows(self, plan: StepPlan) -> list[RowOutput]:
+        """The decode call of the plan's running sequences (one token each), with fault isolation."""
+        rows = [DecodeRow(s.generated[-1], s.length - 1, s.blocks, s.lora_slot, s.delta) for s in plan.decode]
+        return self.isolated(lambda r: (self.decode(r), [None] * len(r)), rows, [RowOutput(s) for s in plan.decode])
+
+    @staticmethod
+    def prompt_chunks(plan: StepPlan) -> list[PrefillChunk]:
+        """The next prompt tokens of each planned sequence, from ``seq.prefilled`` on: a prompt that shares
+        cached prefix blocks starts after them, and its block table still lists them, so attention reads them."""
+        return [PrefillChunk(seq.prompt_ids[seq.prefilled:seq.prefilled + n], seq.prefilled, seq.blocks,
+                             seq.lora_slot, seq.chunk_media(seq.prefilled, seq.prefilled + n),
+                             seq.chunk_positions(seq.prefilled, seq.prefilled + n), seq.delta)
+                for seq, n in plan.prefill]
+
+    @staticmethod
+    def isolated(forward: Callable[[list], tuple[np.ndarray, list]], rows: list,
+                 outs: list[RowOutput]) -> list[RowOutput]:
+        """Fill ``outs`` from ``forward(rows)``; if it fails, rerun each row alone so only the culprit fails.
+
+        Rerunning is safe: a row rewrites the same cache slots with the same values.
+        """
+        try:
+            logits, hidden = forward(rows)
+            for out, row_logits, row_hidden in zip(outs, logits, hidden):
+                out.logits, out.hidden = row_logits, row_hidden
+            return outs
+        except Exception as exc:
+            if len(rows) == 1:
+                outs[0].error = exc
+                return outs
+            log.warning("batched forward of %d rows failed (%s); isolating rows", len(rows), exc)
+        for row, out in zip(rows, outs):
+            try:
+                logits, hidden = forward([row])
+                out.logits, out.hidden = logits[0], hidden[0]
+            except Exception as exc:
+                out.error = exc
+        return outs
+
+    def _call(self, key: tuple, ids, pos, slots, table, last_rows, token_rows=None, lora_rows=None, chunks=(),
+              places=()):
+        """One graph call: the strategy's inputs (``graph_inputs``), completed by the network itself
+        (``arguments``: each token's adapter slot ``lora_rows``, -1 padding; a vision-language network's media
+        rows of ``chunks``, chunk i's tokens from (row, column) ``places[i]``)."""
+        args = self.net.arguments(self.graph_inputs(ids, pos, slots, table, last_rows, token_rows), lora_rows, chunks,
+                                  places)
+        started = time.perf_counter()
+        logits, hidden = self.net(*(None if a is None else ms.Tensor(a) for a in args))
+        out = logits.asnumpy(), hidden.asnumpy()
+        self._compiled(key, started)
+        return out
+
+    def _compiled(self, key: tuple, started: float) -> None:
+        if key not in self.compiled:
+            self.compiled.add(key)
+            log.info("compiled graph %s in %.2fs", key, time.perf_counter() - started)
+
+    def write_lora(self, slot: int, layer: int, group: str, a: np.ndarray, b: np.ndarray) -> None:
+        """Put one adapter slot's factors of one layer's group into the network (lora_slots.LoraSlots)."""
+        for part, value, param in zip("ab", (a, b), self.net.layers[layer].adapter_factors(group)):
+            key = (layer, group, part)
+            if key not in self._lora_host:
+                self._lora_host[key] = param.asnumpy()
+            host = self._lora_host[key]
+            host[slot] = value
+            param.set_data(ms.Tensor(host, param.dtype))
+
+    def prompt_logits(self, hidden: np.ndarray) -> np.ndarray:
+        """Logits [t, V] for normed hidden rows of one prefill chunk (padded to the chunk shape)."""
+        padded = np.zeros((self.shapes.prefill_chunk, hidden.shape[1]), np.float32)
+        padded[: len(hidden)] = hidden
+        started = time.perf_counter()
+        out = self.head(ms.Tensor(padded)).asnumpy()[: len(hidden)]
+        self._compiled(("head", self.shapes.prefill_chunk), started)
+        return out
+
+    def warmup(self, progress: bool = False) -> None:
+        """Compile every graph shape the engine will use; only the scratch block is written."""
+        from tqdm import tqdm
+
+        plan = self.warmup_plan()
+        started = time.perf_counter()
+        for key in tqdm(plan, desc="warm-up: compiling graphs", disable=not progress, unit="graph"):
+            if key[0] == "head":
+                self.prompt_logits(np.zeros((1, self.spec.hidden_size), np.float32))
+            else:
+                self._warm(key)
+        log.info("warm-up done: %d graphs in %.1fs", len(plan), time.perf_counter() - started)

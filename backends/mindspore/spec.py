@@ -1,0 +1,129 @@
+"""What a model directory describes, as frozen data: ``ModelSpec`` (the language model, and ``vision`` for a
+vision-language model), and the one architecture table that says which family reads a yaml
+(``backends/mindspore/config.py`` dispatches on it). No reading here: ``yaml_tree.py`` and the family
+loaders (``llama_config.py``, ``qwen2_vl/config.py``) fill these in."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from backends.types import ModelDefaults
+
+# model.arch.type -> the family that reads it: "llama" (llama_config.py) or a vision-language family
+# (qwen2_vl/config.py, which also reads the tower's layout from the family name).
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "ParallelLlamaForCausalLM": "llama",
+    "Qwen2VLForConditionalGeneration": "qwen2_vl",
+    "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
+}
+VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
+
+
+def archs_of(*families: str) -> tuple[str, ...]:
+    """The architectures the table gives to ``families``, in table order."""
+    return tuple(arch for arch, family in ARCHITECTURES.items() if family in families)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """Everything the network, tokenizer and engine need from a model directory."""
+
+    yaml_path: Path
+    model_dir: Path
+    arch: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int  # rows of the embedding
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    seq_length: int
+    qkv_has_bias: bool
+    tie_word_embeddings: bool
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int | None
+    compute_dtype: str
+    checkpoint: Path
+    checkpoint_format: str  # "safetensors" | "ckpt"
+    tokenizer: dict[str, Any]
+    mode: int  # 0 = GRAPH_MODE, 1 = PYNATIVE_MODE
+    device_target: str
+    defaults: ModelDefaults
+    config_vocab_size: int | None  # config.json vocab_size / padded_vocab_size (for top_k clamp)
+    weight_dtype: str = "float32"  # model_config.weight_dtype: how the layers' matrices are stored (WEIGHT_DTYPES)
+    vision: VLSpec | None = None  # a vision-language model's tower, processor and M-RoPE (its ``text`` is this spec)
+
+
+@dataclass(frozen=True, slots=True)
+class VisionSpec:
+    """The vision tower. ``family`` "qwen2_vl": LayerNorm blocks, fc1/fc2 MLP, full attention;
+    "qwen2_5_vl": RMSNorm blocks, gated MLP, window attention but in ``full_attention_blocks``."""
+
+    family: str
+    depth: int
+    width: int  # embed_dim (Qwen2-VL) / hidden_size (Qwen2.5-VL)
+    num_heads: int
+    mlp_hidden: int
+    hidden_act: str
+    out_dim: int  # the language model's hidden size
+    patch_size: int
+    temporal_patch_size: int
+    merge_size: int
+    in_channels: int
+    window_size: int  # pixels; 0 = no window attention
+    full_attention_blocks: tuple[int, ...]
+    tokens_per_second: float
+    rope_theta: float = 10000.0
+
+    @property
+    def head_dim(self) -> int:
+        return self.width // self.num_heads
+
+    @property
+    def patch_dim(self) -> int:
+        return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
+
+    @property
+    def window_units(self) -> int:
+        """A window's side in merged units (Qwen2.5-VL: 112 px / 14 px / 2 = 4)."""
+        return self.window_size // self.patch_size // self.merge_size if self.window_size else 0
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessorSpec:
+    min_pixels: int
+    max_pixels: int
+    image_mean: tuple[float, float, float]
+    image_std: tuple[float, float, float]
+    patch_size: int
+    temporal_patch_size: int
+    merge_size: int
+    video_fps: float  # frames sampled per second of video
+    video_min_frames: int
+    video_max_frames: int
+    video_frames: int | None = None  # a fixed frame count instead of fps (rounded to temporal_patch_size)
+
+    @property
+    def factor(self) -> int:
+        return self.patch_size * self.merge_size
+
+
+@dataclass(frozen=True, slots=True)
+class VLSpec:
+    family: str  # "qwen2_vl" | "qwen2_5_vl"
+    text: ModelSpec
+    vision: VisionSpec
+    processor: ProcessorSpec
+    mrope_section: tuple[int, int, int]
+    image_token_id: int
+    video_token_id: int
+    vision_start_token_id: int
