@@ -32,7 +32,7 @@ def run_all(engine: Engine, together: bool) -> list[list[tuple[int, float]]]:
     return first + [outputs(engine.generate(SYSTEM + q, GREEDY)) for q in QUESTIONS]
 
 
-@pytest.mark.parametrize("kernels, together", [("aot", False), ("aot", True), ("ms", False)])
+@pytest.mark.parametrize("kernels, together", [("aot", False), ("aot", True), ("stock", False)])
 def test_tiny_outputs_are_bit_identical_with_and_without_the_cache(tiny_model_dir, kernels, together):
     results, info = {}, {}
     for caching in (False, True):
