@@ -60,7 +60,9 @@ import numpy as np
 
 from backends.mindspore.kernels.build import VARIANTS, KernelBuildError, build_kernel, choose_variant, default_cache_dir
 
-__all__ = ["fast_matmul", "aot_ops", "AotOps", "prepare_weight", "prepare_qweight", "QGROUP", "qmatmul_isa", "KERNEL_KINDS", "PANEL", "build_kernel", "set_kernel_threads", "kernel_library", "kernel_stats", "KernelBuildError",
+__all__ = ["fast_matmul", "aot_ops", "AotOps", "prepare_weight", "prepare_qweight", "QGROUP", "qmatmul_isa",
+           "KERNEL_KINDS", "PANEL", "build_kernel", "set_kernel_threads", "kernel_library", "kernel_stats",
+           "KernelBuildError",
            "default_cache_dir", "ENTRY", "VARIANTS", "choose_variant", "kernel_variant",
            "active_library"]
 

@@ -1,5 +1,6 @@
-"""Compile the kernels (``matmul.cc``, ``qmatmul.cc``, ``attention.cc``, ``fused.cc``, ``lora.cc`` and their headers) into one shared
-library per named variant on first use, cached by content (one library, so every kernel shares the one thread pool).
+"""Compile the kernels (``matmul.cc``, ``qmatmul.cc``, ``attention.cc``, ``fused.cc``, ``lora.cc`` and their headers)
+into one shared library per named variant on first use, cached by content (one library, so every kernel shares the
+one thread pool).
 
 A variant is one instruction-set level with fixed compiler flags (``VARIANTS``): the same sources compile to
 the AVX-512, AVX2, NEON or scalar backend of ``vec.h``, and every variant gives the same output bits. The
