@@ -23,10 +23,17 @@ from backends.mindspore.spec import ModelSpec
 
 
 class _Llama(nn.Cell):
-    """What both strategies' inputs end with: each token's adapter slot (read by the adapter layers only)."""
+    """What both strategies' inputs end with: with adapter slots, each token's slot (read by the adapter layers
+    only). A network without them takes no such input: an unused graph input costs MindSpore ~0.7 ms a step."""
+
+    def __init__(self, lora: tuple[int, int] | None) -> None:
+        super().__init__()
+        self.adapter_slots = lora  # (slots, rank) in every layer, or None
 
     def arguments(self, base: tuple, lora, chunks=(), places=()) -> tuple:
-        """The graph's inputs: the runner's (``base``), then ``lora``."""
+        """The graph's inputs: the runner's (``base``), then, with adapter slots, ``lora``."""
+        if self.adapter_slots is None:
+            return base
         return (*base, np.ascontiguousarray(lora, np.int32))
 
 
@@ -39,7 +46,7 @@ class AotLlama(_Llama):
 
     def __init__(self, spec: ModelSpec, w: dict[str, np.ndarray], num_blocks: int, block_size: int,
                  max_positions: int, aot, lora: tuple[int, int] | None = None) -> None:
-        super().__init__()
+        super().__init__(lora)
         self.aot = aot
         self.embed = param(w["model.embed_tokens.weight"], "embed")
         head = w["model.embed_tokens.weight"] if spec.tie_word_embeddings else w["lm_head.weight"]
@@ -69,7 +76,7 @@ class StockLlama(_Llama):
 
     def __init__(self, spec: ModelSpec, w: dict[str, np.ndarray], num_blocks: int, block_size: int,
                  max_positions: int, dtype: str = "float32", lora: tuple[int, int] | None = None) -> None:
-        super().__init__()
+        super().__init__(lora)
         self.dim = spec.hidden_size
         self.dtype = dt = DTYPES[dtype]
         self.low_precision = dt != ms.float32
