@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backends.mindspore.default_model import DEFAULT_DIRS
+from backends.mindspore.kernel_path import stock_expected
 from backends.mindspore.memory import CachePlan, Footprint, MemoryBudgetError, available_memory, plan_cache
 from backends.mindspore.shapes import ShapeError, plan_shapes
 from service.config import (BUSINESS, MANAGEMENT, METRICS, ConfigFileError, ServerConfig, planes_by_listener,
@@ -100,7 +101,8 @@ def check_memory(cfg: ServerConfig, spec, adapters: list = ()) -> CachePlan:
 
     extra = slot_bytes(BaseDims.of(spec), lora_slot_shape(cfg.engine.lora, list(adapters)))
     try:
-        return plan_cache(cfg.engine, Footprint.of(spec, extra), available_memory(), spec.max_position_embeddings)
+        model = Footprint.of(spec, extra, stock=stock_expected(spec, cfg.engine.kernels))
+        return plan_cache(cfg.engine, model, available_memory(), spec.max_position_embeddings)
     except MemoryBudgetError as exc:
         raise ConfigFileError(f"{cfg.path}: {MEMORY_KEY}: {exc}") from None
 

@@ -37,7 +37,7 @@ from backends.mindspore.qwen2_vl.pipeline import processor_chat_template
 from backends.mindspore.qwen2_vl.preprocess import MediaError, Patches
 from backends.mindspore.qwen2_vl.request import VisionPrompt, build_prompt, truncate_prompt
 from backends.mindspore.qwen2_vl.weights import load_vl_weights
-from backends.mindspore.runner import RowOutput, build_runner
+from backends.mindspore.runner import RowOutput, build_runner, choose_kernels
 from backends.mindspore.scheduler import Scheduler, StepPlan
 from backends.mindspore.sequence import SeqState
 from backends.mindspore.shapes import plan_shapes
@@ -74,8 +74,12 @@ class Engine:
         if vl is not None and self.lora.shape is not None:
             raise ValueError(f"{spec.arch}: LoRA adapters are not supported for a vision-language model; "
                              "remove LoraModules / allowRuntimeLoraUpdating")
+        self.device = set_device(spec, config.threads)
+        # The execution strategy, chosen once and before the budget: the AOT kernels (the packed step), or None
+        # for stock ops (the split step), which hold float32 weights and every compiled graph's activations.
+        aot = choose_kernels(spec, config.kernels, self.device, config.kernel_isa)
         # The cache within its memory budget (npuMemSize), the batch capped at what it holds.
-        cache = plan_cache(config, Footprint.of(spec, self.lora.bytes), available_memory(),
+        cache = plan_cache(config, Footprint.of(spec, self.lora.bytes, stock=aot is None), available_memory(),
                            spec.max_position_embeddings)
         log.info("%s", cache.describe())
         self.config = config = cache.apply(config)
@@ -88,12 +92,10 @@ class Engine:
         self.max_seq_len = longest_sequence(config, spec.max_position_embeddings)
         self.prompt_limit = prompt_token_limit(config, spec.max_position_embeddings)
         shapes = plan_shapes(config, spec.max_position_embeddings)
-        self.device = set_device(spec, config.threads)
         weights = _load_weights(spec, vl)
         check_weight_dtype(weights, spec.yaml_path, spec.weight_dtype)
-        # The execution strategy, chosen once: the packed AOT step or the split stock-op step.
         self.runner = build_runner(spec, weights, shapes, num_blocks, config.kernels, self.device, self.lora.shape, vl,
-                                   kernel_isa=config.kernel_isa)
+                                   aot=aot)
         self.vision = VisionEncoder(vl, weights) if vl is not None else None
         del weights
         self.lora.attach(self.runner.write_lora)

@@ -19,6 +19,7 @@ from typing import ClassVar
 import numpy as np
 import mindspore as ms
 
+from backends.mindspore.kernel_path import KERNELS, fits_aot
 from backends.mindspore.config import ModelSpec
 from backends.mindspore.model import LlamaModel, LMHead
 from backends.mindspore.scheduler import StepPlan
@@ -266,17 +267,13 @@ class ModelRunner(ABC):
         log.info("warm-up done: %d graphs in %.1fs", len(plan), time.perf_counter() - started)
 
 
-MAX_AOT_HEAD_DIM = 512  # attention.cc kMaxHeadDim
-KERNELS = ("auto", "aot", "ms")
-
-
 def _aot_ops(spec: ModelSpec, kernel_isa: str = "auto"):
     """The AOT kernels (an ``AotOps``) of the build variant ``kernel_isa`` asks for (``auto``: the best this CPU
     runs, or $MINDSERVE_KERNEL_ISA), or None with a warning where they cannot be built or do not fit the model.
     A named variant this CPU cannot run is a ValueError naming the key."""
     from backends.mindspore.kernels import KernelBuildError, aot_ops, choose_variant
 
-    if spec.head_dim % 2 or spec.head_dim > MAX_AOT_HEAD_DIM or spec.num_heads % spec.num_kv_heads:
+    if not fits_aot(spec):
         log.warning("AOT kernels do not support head_dim %d with %d heads / %d kv heads; using stock MindSpore "
                     "ops", spec.head_dim, spec.num_heads, spec.num_kv_heads)
         return None
@@ -294,29 +291,38 @@ def _aot_ops(spec: ModelSpec, kernel_isa: str = "auto"):
     return ops
 
 
-def build_runner(spec: ModelSpec, weights: dict[str, np.ndarray], shapes: Shapes, num_blocks: int,
-                 kernels: str = "ms", device: str = "CPU", lora: tuple[int, int] | None = None,
-                 vl=None, kernel_isa: str = "auto") -> ModelRunner:
-    """The runner for ``kernels`` (auto|aot|ms) on ``device``: on CPU the AOT kernels where asked and they
-    build (float32); elsewhere the stock ops in the yaml's compute_dtype (float32 for a vision-language
-    model, ``vl`` its VLSpec)."""
-    from backends.mindspore.packed import PackedRunner
-    from backends.mindspore.split import SplitRunner
-
+def choose_kernels(spec: ModelSpec, kernels: str = "ms", device: str = "CPU", kernel_isa: str = "auto"):
+    """The AOT operators the runner will use (an ``AotOps``), or None for the stock-op path: decided once, before
+    the memory budget (the stock path holds float32 weights and every compiled graph's activations)."""
     if kernels not in KERNELS:
         raise ValueError(f"kernels must be one of {', '.join(KERNELS)}, got {kernels!r}")
     if device != "CPU":
         if kernels == "aot":
             raise ValueError(f"kernels 'aot' asked for, but the AOT kernels are CPU kernels and the model's "
                              f"context.device_target is {device}")
-        dtype = "float32" if vl is not None else spec.compute_dtype
+        return None
+    aot = _aot_ops(spec, kernel_isa) if kernels != "ms" else None
+    if kernels == "aot" and aot is None:
+        raise RuntimeError("kernels 'aot' asked for, but the AOT kernels could not be built (see the log)")
+    return aot
+
+
+def build_runner(spec: ModelSpec, weights: dict[str, np.ndarray], shapes: Shapes, num_blocks: int,
+                 kernels: str = "ms", device: str = "CPU", lora: tuple[int, int] | None = None,
+                 vl=None, kernel_isa: str = "auto", aot=False) -> ModelRunner:
+    """The runner for ``kernels`` (auto|aot|ms) on ``device``: on CPU the AOT kernels where asked and they
+    build (float32); elsewhere the stock ops in the yaml's compute_dtype (float32 for a vision-language
+    model, ``vl`` its VLSpec). ``aot``: the operators ``choose_kernels`` already chose (None: stock ops)."""
+    from backends.mindspore.packed import PackedRunner
+    from backends.mindspore.split import SplitRunner
+
+    if aot is False:
+        aot = choose_kernels(spec, kernels, device, kernel_isa)
+    if aot is None:
+        dtype = spec.compute_dtype if device != "CPU" and vl is None else "float32"
         runner: ModelRunner = SplitRunner(spec, weights, shapes, num_blocks, dtype=dtype, lora=lora, vl=vl)
     else:
-        aot = _aot_ops(spec, kernel_isa) if kernels != "ms" else None
-        if kernels == "aot" and aot is None:
-            raise RuntimeError("kernels 'aot' asked for, but the AOT kernels could not be built (see the log)")
-        runner = (PackedRunner(spec, weights, shapes, num_blocks, aot, lora=lora, vl=vl) if aot is not None
-                  else SplitRunner(spec, weights, shapes, num_blocks, lora=lora, vl=vl))
+        runner = PackedRunner(spec, weights, shapes, num_blocks, aot, lora=lora, vl=vl)
     variant = f" [variant {runner.kernel_variant['variant']}, {runner.kernel_variant['isa']} vectors]" \
         if runner.kernel_variant else ""
     log.info("kernels: %s%s on %s, %s", runner.description, variant, device, runner.dtype)
