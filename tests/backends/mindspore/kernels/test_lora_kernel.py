@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from backends.mindspore.kernels import prepare_weight
-from backends.mindspore.kernels import build as kbuild
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
