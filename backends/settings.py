@@ -73,6 +73,6 @@ class EngineConfig:
     kernel_isa: str = "auto"
     # keep the warm-up's compiled graphs (MindSpore's compile cache) under ~/.cache/mindserve/graphs, one directory
     # per everything that shapes them (graph_cache.py): a restart loads them instead of compiling. Only for a process
-    # whose first compiled graphs are the engine's (``mindserve serve`` sets it): the cache numbers graphs by order
+    # whose first compiled graphs are the engine's (the server config's graphCache): the cache numbers graphs by order
     graph_cache: bool = False
     lora: LoraSettings = field(default_factory=LoraSettings)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import logging
 import os
 import signal
@@ -81,9 +80,9 @@ async def serve(cfg: ServerConfig) -> None:
         media=media, planes=planes, lora=cfg.engine.lora))
     started = time.monotonic()
     log.info("loading model %s; /health answers 503 until it is loaded and warmed up", cfg.model.name)
-    # The serve process compiles nothing before the engine's warm-up, so MindSpore's compile cache (numbered by
-    # the order of compilation in the process) keeps the same graphs under the same numbers: a restart loads them.
-    engine = dataclasses.replace(cfg.engine, graph_cache=True)
+    # graphCache: the serve process compiles nothing before the engine's warm-up, so MindSpore's compile cache
+    # (numbered by the order of compilation in the process) keeps the same graphs under the same numbers.
+    engine = cfg.engine
     loading = load_in_background(lambda: load_backend(cfg.model.backend_type, prepare_model(cfg), engine,
                                                       model_name=cfg.model.name, progress=True), into=backend)
     stop, force = asyncio.Event(), asyncio.Event()

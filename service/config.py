@@ -193,6 +193,7 @@ def _engine(data: dict, base: Path) -> EngineConfig:
         batch_buckets=buckets["batchBuckets"], window_buckets=buckets["windowBuckets"],
         cache_gb=float(model["npuMemSize"]), prefix_caching=sched["enablePrefixCaching"],
         lora=_lora(deploy, base), kernel_isa=deploy["kernelIsa"],
+        graph_cache=deploy["graphCache"],
     )
 
 

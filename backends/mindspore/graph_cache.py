@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import sys
 from importlib import resources
 from pathlib import Path
 
@@ -56,10 +58,16 @@ def _python_sources(folder, prefix: str = ""):
             yield prefix + entry.name, entry.read_bytes()
 
 
-def enable_graph_cache(key: str, root: Path | None = None) -> Path:
+def enable_graph_cache(key: str, root: Path | None = None) -> Path | None:
     """Turn MindSpore's compile cache on in ``root``/``key`` (default under ~/.cache/mindserve/graphs) for the
-    graphs compiled from now on; returns the directory."""
+    graphs compiled from now on; returns the directory. None, with the cache left off, when the process has no
+    entry script file (``python -c``, an interactive session): MindSpore reads that file for its cache."""
     import mindspore as ms
+
+    script = sys.argv[0] if sys.argv else ""
+    if not script or not os.path.isfile(os.path.realpath(script)):
+        log.info("graph cache off: this process has no entry script file (%r) for MindSpore's compile cache", script)
+        return None
 
     where = (root or default_graph_cache_root()) / key
     where.mkdir(parents=True, exist_ok=True)

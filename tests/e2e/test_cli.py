@@ -144,15 +144,17 @@ def _serve_once(path: Path, env: dict) -> tuple[list[str], dict]:
 
 
 def test_a_restart_loads_the_warm_up_graphs_from_the_graph_cache(tmp_path, tiny_model_dir):
-    """serve keeps MindSpore's compiled graphs under ~/.cache/mindserve/graphs/<digest>: the second start loads
-    every one of them and answers the very same tokens and logprobs."""
+    """With graphCache, serve keeps MindSpore's compiled graphs under ~/.cache/mindserve/graphs/<digest>: the second
+    start loads every one of them and answers the very same tokens and logprobs."""
     from backends.mindspore.kernels.build import default_cache_dir
 
     home = tmp_path / "home"
     (home / ".cache" / "mindserve").mkdir(parents=True)
     (home / ".cache" / "mindserve" / "kernels").symlink_to(default_cache_dir(), target_is_directory=True)
     path = tmp_path / "server.yaml"
-    path.write_text(yaml.safe_dump(server_config(tiny_model_dir)))
+    config = server_config(tiny_model_dir)
+    config["BackendConfig"]["ModelDeployConfig"]["graphCache"] = True
+    path.write_text(yaml.safe_dump(config))
     first_log, first = _serve_once(path, {"HOME": str(home)})
     assert any("graph cache:" in line and "empty: compiling" in line for line in first_log), "".join(first_log)[-2000:]
     cached = list((home / ".cache" / "mindserve" / "graphs").glob("*/**/*.mindir"))

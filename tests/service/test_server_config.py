@@ -95,6 +95,7 @@ APPLIED = {
     ("ModelDeployConfig", "maxLoraRank"): lambda c: c.engine.lora.max_rank,
     ("ModelDeployConfig", "maxLoadedLoras"): lambda c: c.engine.lora.max_loaded,
     ("ModelDeployConfig", "kernelIsa"): lambda c: c.engine.kernel_isa,
+    ("ModelDeployConfig", "graphCache"): lambda c: c.engine.graph_cache,
     ("ModelDeployConfig", "allowRuntimeLoraUpdating"): lambda c: c.engine.lora.runtime_updates,
 }
 # Reference keys whose schema default documents the reference server; mindserve does not use them.
@@ -127,7 +128,7 @@ OTHER = {
     "maxInputTokenLen": (99, {}), "truncation": (1, {}), "cacheBlockSize": (64, {}),
     "maxBatchSize": (3, {"maxPrefillBatchSize": 1}), "maxPrefillBatchSize": (2, {}), "maxPrefillTokens": (64, {}),
     "maxIterTimes": (100, {}), "npuMemSize": (0.5, {}), "enablePrefixCaching": (False, {}),
-    "maxLoras": (2, {}), "maxLoraRank": (32, {}), "maxLoadedLoras": (3, {}), "kernelIsa": ("x86-64-v3", {}),
+    "maxLoras": (2, {}), "maxLoraRank": (32, {}), "maxLoadedLoras": (3, {}), "kernelIsa": ("x86-64-v3", {}), "graphCache": (True, {}),
     "allowRuntimeLoraUpdating": (True, {"ModelDeployConfig.loraRoot": "/tmp"}),
 }
 

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-_DTYPES = {np.dtype(np.float32): b"float32", np.dtype(np.int32): b"int32", np.dtype(np.uint8): b"uint8"}
+_DTYPES = {np.dtype(np.float32): b"float32", np.dtype(np.int32): b"int32", np.dtype(np.uint8): b"uint8",
+           np.dtype(np.float64): b"float64"}
 
 
 def call_entry(lib, entry: str, arrays: list[np.ndarray]) -> int:
@@ -23,6 +24,12 @@ def call_entry(lib, entry: str, arrays: list[np.ndarray]) -> int:
     fn = getattr(lib, entry)
     fn.restype = ctypes.c_int
     return fn(n, params, ndims, shapes, dtypes, None, None)
+
+
+def call_aot(lib, entry: str, inputs: list[np.ndarray], outputs: list[np.ndarray]) -> int:
+    """``call_entry`` on the inputs (made contiguous: an already contiguous one is passed itself, so a kernel's
+    in-place writes land in it) followed by the outputs."""
+    return call_entry(lib, entry, [np.ascontiguousarray(a) for a in inputs] + list(outputs))
 
 
 @dataclass(frozen=True)

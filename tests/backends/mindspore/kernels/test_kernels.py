@@ -11,6 +11,7 @@ import pytest
 
 from backends.mindspore.kernels import PANEL, prepare_weight
 from backends.mindspore.kernels import build as kbuild
+from tests.support.kernel_entries import call_aot as _aot_call
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
@@ -409,22 +410,6 @@ def test_paged_attention_refuses_a_block_or_row_outside_its_table(lib):
 
 
 # --- fused row kernels, called through their AOT entry points ------------------------------------
-
-def _aot_call(lib, entry: str, inputs: list[np.ndarray], outputs: list[np.ndarray]) -> int:
-    """Call an AOT entry as MindSpore does: (nparam, params, ndims, shapes, dtypes, stream, extra)."""
-    arrays = [np.ascontiguousarray(a) for a in inputs] + outputs
-    n = len(arrays)
-    params = (ctypes.c_void_p * n)(*[a.ctypes.data for a in arrays])
-    ndims = (ctypes.c_int * n)(*[a.ndim for a in arrays])
-    shape_arrays = [(ctypes.c_int64 * max(1, a.ndim))(*a.shape) for a in arrays]
-    shapes = (ctypes.POINTER(ctypes.c_int64) * n)(*[ctypes.cast(s, ctypes.POINTER(ctypes.c_int64))
-                                                     for s in shape_arrays])
-    names = {np.dtype(np.float32): b"float32", np.dtype(np.int32): b"int32", np.dtype(np.float64): b"float64"}
-    dtypes = (ctypes.c_char_p * n)(*[names[a.dtype] for a in arrays])
-    fn = getattr(lib, entry)
-    fn.restype = ctypes.c_int
-    return fn(n, params, ndims, shapes, dtypes, None, None)
-
 
 def _rope_ref(x, cos, sin):
     half = x.shape[-1] // 2

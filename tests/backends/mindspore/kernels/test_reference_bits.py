@@ -4,7 +4,6 @@ large dynamic range with exact and negative zeros and subnormals, all three quan
 variant of this machine's architecture, scalar included (a variant the CPU cannot run is skipped by name)."""
 from __future__ import annotations
 
-import ctypes
 import shutil
 
 import numpy as np
@@ -16,6 +15,7 @@ from backends.mindspore.kernels import prepare_qweight, prepare_weight
 from backends.mindspore.quant import QuantWeight
 from tests.support.kernel_variants import HOST_VARIANTS, variant_lib
 from tests.support import kernel_ref as ref
+from tests.support.kernel_entries import call_aot as aot_call
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
@@ -46,22 +46,6 @@ def wild(rng: np.random.Generator, shape, spread: int = 12, scale: float = 1.0) 
     x = np.where(u < 0.05, 0.0, np.where(u < 0.10, -0.0, x))
     x = np.where((u > 0.10) & (u < 0.12), rng.standard_normal(shape) * 1e-40, x)
     return x.astype(F32)
-
-
-def aot_call(lib, entry: str, inputs: list[np.ndarray], outputs: list[np.ndarray]) -> int:
-    """Call an AOT entry as MindSpore does: (nparam, params, ndims, shapes, dtypes, stream, extra)."""
-    arrays = [np.ascontiguousarray(a) for a in inputs] + outputs
-    n = len(arrays)
-    params = (ctypes.c_void_p * n)(*[a.ctypes.data for a in arrays])
-    ndims = (ctypes.c_int * n)(*[a.ndim for a in arrays])
-    shape_arrays = [(ctypes.c_int64 * max(1, a.ndim))(*a.shape) for a in arrays]
-    shapes = (ctypes.POINTER(ctypes.c_int64) * n)(*[ctypes.cast(s, ctypes.POINTER(ctypes.c_int64))
-                                                     for s in shape_arrays])
-    names = {np.dtype(F32): b"float32", np.dtype(np.int32): b"int32", np.dtype(np.uint8): b"uint8"}
-    dtypes = (ctypes.c_char_p * n)(*[names[a.dtype] for a in arrays])
-    fn = getattr(lib, entry)
-    fn.restype = ctypes.c_int
-    return fn(n, params, ndims, shapes, dtypes, None, None)
 
 
 def out(*shape) -> np.ndarray:
