@@ -1,4 +1,4 @@
-"""A reference driver for tests/backends/test_qwen2_vl.py, beside the engine (which serves with
+"""A reference driver for tests/backends/mindspore/qwen2_vl/test_qwen2_vl.py, beside the engine (which serves with
 ``qwen2_vl/encoder.py`` and the runners).
 
 Qwen2-VL end to end on the paged KV cache: weights (HF safetensors layout) -> the vision tower and the
