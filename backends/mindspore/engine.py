@@ -20,10 +20,9 @@ from backends.base import Listener, RequestHandle
 from backends.chat_template import render_chat_template
 from backends.errors import EngineOverloaded, EngineUnavailable, GenerationFailed, InputRejected
 from backends.grammar import MaskBatch, MaskWorker
-from backends.mindspore.engine_parts import build_parts, engine_info
-from backends.mindspore.graph_cache import enable_graph_cache, graph_key
+from backends.mindspore.engine_parts import build_parts, engine_info, warm_up
 from backends.mindspore.intake import Intake
-from backends.mindspore.runners import RowOutput
+from backends.mindspore.step import RowOutput
 from backends.mindspore.sequence import SeqState
 from backends.sampling import vocab_log_softmax
 from backends.settings import EngineConfig
@@ -60,11 +59,7 @@ class Engine:
                  self.model_name, spec.arch, spec.num_layers, "GRAPH" if spec.mode == 0 else "PYNATIVE",
                  time.perf_counter() - started, self.allocator.num_blocks, self.runner.shapes.block_size)
         if warmup:
-            if config.graph_cache and spec.mode == 0:
-                enable_graph_cache(graph_key(self.runner.graph_parts, spec.model_dir, spec.yaml_path))
-            self.runner.warmup(progress)
-            if self.vision is not None:
-                self.vision.warmup()
+            warm_up(self, progress)
 
     @property
     def max_prompt_tokens(self) -> int:
@@ -180,8 +175,9 @@ class Engine:
         if self.vision is not None:  # the media items this step's prompt chunks reach, encoded first
             plan = plan.without(self.vision.encode_reached(plan.prefill, self._fail))
         masks = self.masks.start([seq.grammar for seq in plan.sampling_rows() if seq.grammar is not None])
-        for out in self.runner.run(plan):
-            self._advance(out, masks)
+        seqs = plan.sequences()
+        for out in self.runner.run(plan.batch()):
+            self._advance(seqs[out.row], out, masks)
         return not plan.empty
 
     def _admit(self) -> None:
@@ -196,10 +192,9 @@ class Engine:
             if seq.handle.cancelled:
                 self._finish(seq, seq.stopper.cancel().finish)
 
-    def _advance(self, out: RowOutput, masks: MaskBatch) -> None:
+    def _advance(self, seq: SeqState, out: RowOutput, masks: MaskBatch) -> None:
         """One row of a step: record a prompt chunk; a row with a next token samples, stops, emits.
         A failure fails this request only (its client gets a Generation Error); the others go on."""
-        seq = out.seq
         try:
             if out.error is not None:
                 raise out.error

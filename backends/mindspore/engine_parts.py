@@ -16,6 +16,7 @@ from backends.limits import PromptLimit, longest_sequence, prompt_token_limit
 from backends.mindspore.adapters import EngineAdapters
 from backends.mindspore.config import load_model, torch_dtype
 from backends.mindspore.device import set_device
+from backends.mindspore.graph_cache import enable_graph_cache, graph_key
 from backends.mindspore.kv_cache import BlockAllocator
 from backends.mindspore.memory import Footprint, available_memory, plan_cache
 from backends.mindspore.qwen2_vl.config import VLSpec, processor_chat_template
@@ -98,6 +99,16 @@ def build_parts(model_dir: Path | str, config: EngineConfig, model_name: str | N
 def _load_weights(spec, vl: VLSpec | None) -> dict[str, np.ndarray]:
     """The checkpoint's arrays (a vision-language checkpoint checked name by name against both towers)."""
     return load_vl_weights(vl) if vl is not None else load_weights(spec.checkpoint, spec.checkpoint_format)
+
+
+def warm_up(engine, progress: bool) -> None:
+    """Compile every graph the engine will call (loaded from the graph cache where ``graph_cache`` is on)."""
+    spec = engine.spec
+    if engine.config.graph_cache and spec.mode == 0:
+        enable_graph_cache(graph_key(engine.runner.graph_parts, spec.model_dir, spec.yaml_path))
+    engine.runner.warmup(progress)
+    if engine.vision is not None:
+        engine.vision.warmup()
 
 
 def engine_info(self) -> dict:  # self: the Engine

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from backends.mindspore.kv_cache import BlockAllocator, block_hashes
 from backends.mindspore.lora_slots import adapter_fits
 from backends.mindspore.sequence import SeqState
+from backends.mindspore.step import StepBatch
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +23,14 @@ class StepPlan:
     def sampling_rows(self) -> list[SeqState]:
         """The rows that sample this step: every decode row, and each prompt whose last chunk is in it."""
         return [*self.decode, *(seq for seq, n in self.prefill if seq.prefilled + n == len(seq.prompt_ids))]
+
+    def sequences(self) -> list[SeqState]:
+        """The sequence of each row of ``batch()``: the decode rows, then the prompt chunks."""
+        return [*self.decode, *(seq for seq, _ in self.prefill)]
+
+    def batch(self) -> StepBatch:
+        """The runner's plain rows (built after any media the prompt chunks reach is encoded)."""
+        return StepBatch(tuple(s.decode_row() for s in self.decode), tuple(s.prompt_chunk(n) for s, n in self.prefill))
 
     def without(self, dropped: list[SeqState]) -> StepPlan:
         """This plan less the prompt chunks of ``dropped`` (requests failed before the forward pass)."""

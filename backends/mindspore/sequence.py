@@ -14,6 +14,7 @@ from backends.base import RequestHandle
 from backends.errors import ParameterRejected
 from backends.grammar import GrammarCompiler, GrammarState
 from backends.mindspore.lora_slots import Lease
+from backends.mindspore.step import DecodeRow, PrefillChunk
 from backends.mindspore.tokenizer import IncrementalDetokenizer, Tokenizer
 from backends.params import resolve
 from backends.sampling import NextTokenChooser, request_processors
@@ -86,6 +87,18 @@ class SeqState:
     def lora_slot(self) -> int:
         """The adapter slot its rows name; -1 = the base model."""
         return self.lora.slot if self.lora is not None else -1
+
+    def decode_row(self) -> DecodeRow:
+        """This step's decode row: the last token, at its position."""
+        return DecodeRow(self.generated[-1], self.length - 1, self.blocks, self.lora_slot, self.delta)
+
+    def prompt_chunk(self, n: int) -> PrefillChunk:
+        """The next ``n`` prompt tokens from ``prefilled`` on (a prompt that shares cached prefix blocks starts
+        after them, and its block table still lists them, so attention reads them), with the media rows they
+        reach (encoded by then) and their M-RoPE positions."""
+        start, end = self.prefilled, self.prefilled + n
+        return PrefillChunk(self.prompt_ids[start:end], start, self.blocks, self.lora_slot,
+                            self.chunk_media(start, end), self.chunk_positions(start, end), self.delta)
 
     def close(self) -> None:
         """The request is over (finished, failed or refused): let go of what it holds outside the cache."""

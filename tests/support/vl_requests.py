@@ -8,7 +8,7 @@ from functools import cache
 from pathlib import Path
 
 from backends.types import MediaInput
-from tests.support.make_qwen2_vl_goldens import PROMPTS
+from tests.support.scripts.make_qwen2_vl_goldens import PROMPTS
 from tests.support.paths import DATA_DIR, GOLDEN_DIR
 from tests.support.vlm_media import IMAGE_FILES, VIDEO_FPS, video_frames, write_mp4
 

@@ -7,11 +7,12 @@ import logging
 import numpy as np
 
 from backends.mindspore.kernel_path import KERNEL_ALIASES, KERNELS, fits_aot, stock_expected
-from backends.mindspore.runners.base import DecodeRow, ModelRunner, PrefillChunk, RowOutput, write_rows
+from backends.mindspore.runners.base import ModelRunner, write_rows
 from backends.mindspore.runners.packed import PackedRunner
 from backends.mindspore.runners.split import SplitRunner
 from backends.mindspore.shapes import Shapes
 from backends.mindspore.spec import ModelSpec
+from backends.mindspore.step import DecodeRow, PrefillChunk, RowOutput
 
 __all__ = ["KERNELS", "choose_kernels", "stock_expected",
            "DecodeRow", "ModelRunner", "PackedRunner", "PrefillChunk", "RowOutput", "SplitRunner",

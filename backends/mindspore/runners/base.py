@@ -13,50 +13,17 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 import mindspore as ms
 
 from backends.mindspore.spec import ModelSpec
-from backends.mindspore.scheduler import StepPlan
-from backends.mindspore.sequence import SeqState
 from backends.mindspore.shapes import Shapes
+from backends.mindspore.step import DecodeRow, PrefillChunk, RowOutput, StepBatch
 from backends.settings import EngineConfig
 
 log = logging.getLogger("mindserve.engine")
-
-
-@dataclass(slots=True)
-class PrefillChunk:
-    ids: list[int]  # this chunk's prompt tokens
-    start: int  # position of ids[0]
-    blocks: list[int]
-    lora: int = -1  # adapter slot (-1: the base model)
-    media: tuple[np.ndarray, np.ndarray] | None = None  # vision rows [t, D] and their mask [t]; None: text
-    mpos: np.ndarray | None = None  # M-RoPE positions [3, t]; None: cache index + delta on all three
-    delta: int = 0
-
-
-@dataclass(slots=True)
-class DecodeRow:
-    token: int
-    position: int
-    blocks: list[int]
-    lora: int = -1  # adapter slot (-1: the base model)
-    delta: int = 0  # M-RoPE: the token's position is its cache index + delta
-
-
-@dataclass(slots=True)
-class RowOutput:
-    """What one row of a step gave: the logits of its last token, or the error that failed it."""
-
-    seq: SeqState
-    prompt: PrefillChunk | None = None  # the prompt chunk this row ran; None: a decode row
-    logits: np.ndarray | None = None  # [V]
-    hidden: np.ndarray | None = None  # [t, D] final-normed hidden rows of the prompt chunk
-    error: Exception | None = None
 
 
 def write_rows(slots: np.ndarray, kv_heads: int, num_slots: int) -> np.ndarray:
@@ -115,8 +82,8 @@ class ModelRunner(ABC):
         """Prompt tokens the scheduler may plan per step."""
 
     @abstractmethod
-    def run(self, plan: StepPlan) -> Iterable[RowOutput]:
-        """The forward passes of one step: one output per planned row, each as soon as it exists."""
+    def run(self, batch: StepBatch) -> Iterable[RowOutput]:
+        """The forward passes of one step: one output per row of ``batch``, each as soon as it exists."""
 
     @abstractmethod
     def _prefill(self, chunks: list[PrefillChunk]) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -148,19 +115,10 @@ class ModelRunner(ABC):
         """One token for each row; logits [len(rows), V]."""
         return self._decode(rows)
 
-    def decode_rows(self, plan: StepPlan) -> list[RowOutput]:
-        """The decode call of the plan's running sequences (one token each), with fault isolation."""
-        rows = [DecodeRow(s.generated[-1], s.length - 1, s.blocks, s.lora_slot, s.delta) for s in plan.decode]
-        return self.isolated(lambda r: (self.decode(r), [None] * len(r)), rows, [RowOutput(s) for s in plan.decode])
-
-    @staticmethod
-    def prompt_chunks(plan: StepPlan) -> list[PrefillChunk]:
-        """The next prompt tokens of each planned sequence, from ``seq.prefilled`` on: a prompt that shares
-        cached prefix blocks starts after them, and its block table still lists them, so attention reads them."""
-        return [PrefillChunk(seq.prompt_ids[seq.prefilled:seq.prefilled + n], seq.prefilled, seq.blocks,
-                             seq.lora_slot, seq.chunk_media(seq.prefilled, seq.prefilled + n),
-                             seq.chunk_positions(seq.prefilled, seq.prefilled + n), seq.delta)
-                for seq, n in plan.prefill]
+    def decode_rows(self, batch: StepBatch) -> list[RowOutput]:
+        """The decode call of the step's decode rows (one token each; rows 0..), with fault isolation."""
+        outs = [RowOutput(i) for i in range(len(batch.decode))]
+        return self.isolated(lambda r: (self.decode(r), [None] * len(r)), list(batch.decode), outs)
 
     @staticmethod
     def isolated(forward: Callable[[list], tuple[np.ndarray, list]], rows: list,

@@ -11,8 +11,8 @@ import numpy as np
 
 from backends.mindspore.kv_cache import block_table, token_slots
 from backends.mindspore.network.llama import AotLlama
-from backends.mindspore.runners.base import DecodeRow, ModelRunner, PrefillChunk, RowOutput, write_rows
-from backends.mindspore.scheduler import StepPlan
+from backends.mindspore.runners.base import ModelRunner, write_rows
+from backends.mindspore.step import DecodeRow, PrefillChunk, RowOutput, StepBatch
 from backends.mindspore.shapes import Shapes
 from backends.settings import EngineConfig
 
@@ -51,15 +51,14 @@ class PackedRunner(ModelRunner):
     def prefill_budget(self, config: EngineConfig) -> int:
         return self.shapes.prefill_chunk
 
-    def run(self, plan: StepPlan) -> list[RowOutput]:
+    def run(self, batch: StepBatch) -> list[RowOutput]:
         """Decode tokens (1-token chunks) and prompt chunks in one packed forward."""
-        if not plan.prefill:
-            return self.decode_rows(plan) if plan.decode else []
-        prompts = self.prompt_chunks(plan)
-        rows = [PrefillChunk([s.generated[-1]], s.length - 1, s.blocks, s.lora_slot, delta=s.delta)
-                for s in plan.decode] + prompts
-        outs = [RowOutput(s) for s in plan.decode] + [RowOutput(seq, c) for (seq, _), c in zip(plan.prefill, prompts)]
-        return self.isolated(self.prefill, rows, outs)
+        if not batch.prefill:
+            return self.decode_rows(batch) if batch.decode else []
+        rows = [PrefillChunk([r.token], r.position, r.blocks, r.lora, delta=r.delta) for r in batch.decode]
+        d = len(rows)
+        outs = [RowOutput(i) for i in range(d)] + [RowOutput(d + i, c) for i, c in enumerate(batch.prefill)]
+        return self.isolated(self.prefill, rows + list(batch.prefill), outs)
 
     def packed_rows(self, size: int) -> int:
         """Sequences (logit rows) a packed graph of ``size`` tokens serves."""

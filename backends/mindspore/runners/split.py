@@ -10,8 +10,9 @@ import numpy as np
 
 from backends.mindspore.kv_cache import block_table, token_slots
 from backends.mindspore.network.llama import StockLlama
-from backends.mindspore.runners.base import DecodeRow, ModelRunner, PrefillChunk, RowOutput, write_rows
-from backends.mindspore.scheduler import PREFILL_FIRST, StepPlan
+from backends.mindspore.runners.base import ModelRunner, write_rows
+from backends.mindspore.scheduler import PREFILL_FIRST
+from backends.mindspore.step import DecodeRow, PrefillChunk, RowOutput, StepBatch
 from backends.settings import EngineConfig
 
 _NEG = np.float32(-1e9)
@@ -51,14 +52,13 @@ class SplitRunner(ModelRunner):
     def prefill_budget(self, config: EngineConfig) -> int:
         return max(config.max_prefill_tokens, self.shapes.prefill_chunk)
 
-    def run(self, plan: StepPlan) -> Iterator[RowOutput]:
+    def run(self, batch: StepBatch) -> Iterator[RowOutput]:
         """The prefill call, its rows handed out before the decode call runs."""
-        if plan.prefill:
-            chunks = self.prompt_chunks(plan)
-            outs = [RowOutput(seq, chunk) for (seq, _), chunk in zip(plan.prefill, chunks)]
-            yield from self.isolated(self.prefill, chunks, outs)
-        if plan.decode:
-            yield from self.decode_rows(plan)
+        if batch.prefill:
+            d, chunks = len(batch.decode), list(batch.prefill)
+            yield from self.isolated(self.prefill, chunks, [RowOutput(d + i, c) for i, c in enumerate(chunks)])
+        if batch.decode:
+            yield from self.decode_rows(batch)
 
     def _prefill(self, chunks: list[PrefillChunk]) -> tuple[np.ndarray, list[np.ndarray]]:
         """Each chunk its own row, padded to ``prefill_chunk``."""

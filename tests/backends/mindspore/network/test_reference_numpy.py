@@ -13,7 +13,7 @@ import pytest
 import yaml
 from tokenizers import Tokenizer
 
-from tests.support.make_goldens import GOLDEN, PUBLISHED_HF_FP32_IDS, render
+from tests.support.scripts.make_goldens import GOLDEN, PUBLISHED_HF_FP32_IDS, render
 from tests.support.reference_numpy import (
     RefConfig,
     RefModel,

@@ -1,5 +1,5 @@
 """Qwen2-VL / Qwen2.5-VL (backends/mindspore/qwen2_vl) against HF transformers' goldens
-(tests/support/make_qwen2_vl_goldens.py, transformers 4.51.3): the processor's output on three images and
+(tests/support/scripts/make_qwen2_vl_goldens.py, transformers 4.51.3): the processor's output on three images and
 a clip decoded from a real mp4, the prompts' ids and M-RoPE positions, and, on tiny random checkpoints,
 the vision rows, logits within 1e-4 and the 16 greedy ids of the 1-image, 2-image and video prompts.
 """
@@ -20,7 +20,7 @@ from backends.mindspore.qwen2_vl.preprocess import (MediaError, Patches, expand_
 from backends.mindspore.qwen2_vl.video import read_video
 from backends.mindspore.tokenizer import Tokenizer
 from backends.chat_template import render_chat_template
-from tests.support.make_qwen2_vl_goldens import PROMPTS, messages_for
+from tests.support.scripts.make_qwen2_vl_goldens import PROMPTS, messages_for
 from tests.support.make_tiny_qwen2_vl import make_tiny_qwen2_vl
 from tests.support.paths import DATA_DIR, GOLDEN_DIR
 from tests.support.vlm_media import IMAGE_FILES, VIDEO_FPS, video_frames, write_mp4, write_video

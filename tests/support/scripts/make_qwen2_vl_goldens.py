@@ -3,7 +3,7 @@ model classes), run once in a separate environment: torch and transformers are n
 
     python3 -m venv /work/venv-hf451
     /work/venv-hf451/bin/pip install torch==2.13.0 transformers==4.51.3 pillow safetensors av
-    /work/venv-hf451/bin/python -m tests.support.make_qwen2_vl_goldens --write
+    /work/venv-hf451/bin/python -m tests.support.scripts.make_qwen2_vl_goldens --write
 
 transformers 4.51.3: its Qwen2VLImageProcessor does images and video frames in NumPy/Pillow (the later
 video processor needs torchvision, which has no CPU build for this torch), and its get_rope_index is the

@@ -1,6 +1,6 @@
 """Recompute tests/golden/smollm2_greedy.json with the NumPy reference; writes only with --regenerate.
 
-    python -m tests.support.make_goldens --gguf PATH/SmolLM2-135M-Instruct.Q4_1.gguf [--regenerate]
+    python -m tests.support.scripts.make_goldens --gguf PATH/SmolLM2-135M-Instruct.Q4_1.gguf [--regenerate]
 
 Without --regenerate it prints the diff between the stored and the recomputed golden and exits 1 if they
 differ. It never writes ids that disagree with HF transformers fp32's published ids.

@@ -1,7 +1,7 @@
 """Take the README's picture of the playground (docs/playground.png) from a running server, in headless Chromium.
 
     mindserve serve --port 8123 &          # the default model, the shipped config
-    python -m tests.support.playground_screenshot --url http://127.0.0.1:8123 [--out docs/playground.png]
+    python -m tests.support.scripts.playground_screenshot --url http://127.0.0.1:8123 [--out docs/playground.png]
 
 The run is real: the page streams the answer from the server; the picture is taken once it has ended.
 """

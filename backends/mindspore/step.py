@@ -1,0 +1,51 @@
+"""One step as the runner reads it: plain rows the scheduler's plan builds from its sequences (vLLM's
+``SchedulerOutput`` is the model), and what each row gave. No ``SeqState`` crosses into a runner: an output
+names its row by index, and the engine maps it back to the sequence."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(slots=True)
+class PrefillChunk:
+    ids: list[int]  # this chunk's prompt tokens
+    start: int  # position of ids[0]
+    blocks: list[int]
+    lora: int = -1  # adapter slot (-1: the base model)
+    media: tuple[np.ndarray, np.ndarray] | None = None  # vision rows [t, D] and their mask [t]; None: text
+    mpos: np.ndarray | None = None  # M-RoPE positions [3, t]; None: cache index + delta on all three
+    delta: int = 0
+
+
+@dataclass(slots=True)
+class DecodeRow:
+    token: int
+    position: int
+    blocks: list[int]
+    lora: int = -1  # adapter slot (-1: the base model)
+    delta: int = 0  # M-RoPE: the token's position is its cache index + delta
+
+
+@dataclass(frozen=True, slots=True)
+class StepBatch:
+    """The rows of one step: row i of the step is ``decode[i]``, then ``prefill[i - len(decode)]``."""
+
+    decode: tuple[DecodeRow, ...] = ()
+    prefill: tuple[PrefillChunk, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not self.decode and not self.prefill
+
+
+@dataclass(slots=True)
+class RowOutput:
+    """What one row of a step gave: the logits of its last token, or the error that failed it."""
+
+    row: int  # the row's index in the step (StepBatch)
+    prompt: PrefillChunk | None = None  # the prompt chunk this row ran; None: a decode row
+    logits: np.ndarray | None = None  # [V]
+    hidden: np.ndarray | None = None  # [t, D] final-normed hidden rows of the prompt chunk
+    error: Exception | None = None
