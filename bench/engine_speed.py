@@ -598,7 +598,8 @@ class Bench:
             steps = self.args.profile_steps
             try:
                 if self.args.quiet_wait > 0:
-                    self.info["quiet_wait_s"] = self.info.get("quiet_wait_s", 0.0) + wait_quiet(4 * self.args.quiet_wait)
+                    self.info["quiet_wait_s"] = (self.info.get("quiet_wait_s", 0.0)
+                                                 + wait_quiet(4 * self.args.quiet_wait))
                 rows = [DecodeRow(7, 100, blocks) for blocks in seqs]
                 self.runner.decode(rows)
                 self.info["profile"][f"B={batch}"] = {"kernels": self._kernel_breakdown(rows, 4 * steps)}
@@ -658,7 +659,8 @@ class Bench:
                 self.engine_batch(4)
                 self.engine_batch(16)
                 self.prefill()
-                self.info.setdefault("loadavg_1min_per_round", []).append(float(open("/proc/loadavg").read().split()[0]))
+                self.info.setdefault("loadavg_1min_per_round", []).append(
+                    float(open("/proc/loadavg").read().split()[0]))
                 if not self.args.no_progress:
                     print(f"round {r + 1}/{self.args.rounds}: {time.perf_counter() - t:.0f}s, "
                           f"B=1 engine {self.series['eng1'].values[-1]:.1f} / runner "
@@ -763,8 +765,8 @@ def report(res: dict, rounds: int) -> str:
     add(f"config: {info['config']}  buckets: batch {info['shapes']['batch_buckets']}, "
         f"window {info['shapes']['window_buckets']}, chunk {info['shapes']['prefill_chunk']}, "
         f"{info['cache_blocks']} cache blocks")
-    add(f"code: git {info['git']} (at start); matmul: {info.get('matmul_path', '?')}; graphs compiled during the measurements (should be none): "
-        f"{info['compiled_during_measurement'] or 'none'}")
+    add(f"code: git {info['git']} (at start); matmul: {info.get('matmul_path', '?')}; graphs compiled during the "
+        f"measurements (should be none): {info['compiled_during_measurement'] or 'none'}")
     add(f"rounds: {rounds} (interleaved); median and best over rounds; 'other' = median cores used by other "
         f"processes during the measurement; 'clean' = samples with other < {CLEAN_CORES} cores, and their median")
     add("")
@@ -839,7 +841,7 @@ def report(res: dict, rounds: int) -> str:
     (e1, e1_how), (r1, r1_how), (g1, g1_how) = pick("eng1"), pick("raw1"), pick("graph1")
     add(f"  decode B=1 as % of that ceiling: engine {e1:.1f} tok/s = {100 * e1 / ceil:.0f}% ({e1_how}), "
         f"runner {r1:.1f} = {100 * r1 / ceil:.0f}% ({r1_how}), bare graph {g1:.1f} = {100 * g1 / ceil:.0f}% ({g1_how})")
-    add(f"  the ratios below use the same values (clean medians where there are any)")
+    add("  the ratios below use the same values (clean medians where there are any)")
     add(f"  effective weight streaming at B=1: engine {wb * e1 / 1e9:.1f} GB/s, bare graph {wb * g1 / 1e9:.1f} GB/s")
     add("ratios")
     add(f"  engine overhead per token: {1e3 / e1 - 1e3 / r1:.2f} ms (engine {1e3 / e1:.1f} vs runner "

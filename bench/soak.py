@@ -336,7 +336,8 @@ async def probe(session: aiohttp.ClientSession, base: str, server: psutil.Proces
         async with session.get(base + "/info", timeout=timeout) as reply:
             ms = (await reply.json())["mindserve"]
         sample.update(running=ms.get("running"), waiting=ms.get("waiting"))
-        sample.update(ms.get("http") or {})  # slots_in_use, slots_total, waiting_for_slot, reading_body, open_connections
+        # slots_in_use, slots_total, waiting_for_slot, reading_body, open_connections
+        sample.update(ms.get("http") or {})
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as exc:
         sample["info"] = type(exc).__name__
     sample["server_tcp"] = server_tcp_connections(server, port)
@@ -452,7 +453,8 @@ def flood_report(args: argparse.Namespace, out: dict) -> dict:
         for outcome in by:
             times = [s.at for s in group if s.outcome == outcome and s.at is not None]
             if times:
-                ended[outcome] = f"{by[outcome]} at {min(times):.1f}-{max(times):.1f} s (median {percentile(times, .5):.1f})"
+                ended[outcome] = (f"{by[outcome]} at {min(times):.1f}-{max(times):.1f} s "
+                                  f"(median {percentile(times, .5):.1f})")
             else:
                 ended[outcome] = str(by[outcome])
         outcomes[kind] = ended
@@ -555,7 +557,8 @@ def report(args: argparse.Namespace, out: dict, exit_code: int | None, loads: tu
         "cache_blocks_total"]
     server = out["server_counts"]
     summary = {
-        "minutes": args.minutes, "clients": args.clients, "max_link_num": args.max_link_num, "wall_s": round(out["wall_s"], 1),
+        "minutes": args.minutes, "clients": args.clients, "max_link_num": args.max_link_num,
+        "wall_s": round(out["wall_s"], 1),
         "sent": t.sent, "completed": t.completed, "rejected_429": t.rejected, "dropped_by_client": t.dropped,
         "errors_by_status": {str(k): v for k, v in sorted(t.errors_by_status.items(), key=str)},
         "transport_errors": dict(t.transport_errors), "adds_up": t.accounted() == t.sent,

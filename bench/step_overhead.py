@@ -6,11 +6,11 @@ round, so both see the same load on a shared box.
 
 Each child loads the default model from its tree with the engine_speed configuration (max_seq_len 2048,
 block 128, batch 16) but a small cache (33 blocks), compiles the two decode graphs, then alternates B=1 and
-B=16 (one 128-token block each, position 100) for ``--reps`` repetitions of ``--steps`` ``runner.decode`` calls, reading the AOT kernels' own counters
-(``kernel_stats``: calls and time inside each kernel kind) around each; the rest of a step is MindSpore's
-dispatch of its ops, its stock ops and the host side. A last pass under the MindSpore CPU profiler counts
-the ops launched per step by type. Each measurement records the cores other processes used meanwhile and
-the 1-minute load average.
+B=16 (one 128-token block each, position 100) for ``--reps`` repetitions of ``--steps`` ``runner.decode`` calls,
+reading the AOT kernels' own counters (``kernel_stats``: calls and time inside each kernel kind) around each; the
+rest of a step is MindSpore's dispatch of its ops, its stock ops and the host side. A last pass under the MindSpore
+CPU profiler counts the ops launched per step by type. Each measurement records the cores other processes used
+meanwhile and the 1-minute load average.
 """
 from __future__ import annotations
 

@@ -43,9 +43,10 @@ def requests_for(engine: Engine, clients: int, per_client: int, max_new: int) ->
         mine = []
         for j in range(per_client):
             name = names[(i + j) % len(names)]
-            prompt = engine.apply_chat_template([{"role": "user", "content": f"Answer in JSON only: an example of {name}."}])
-            mine.append((prompt, RequestParams(grammar=Grammar("json", json.dumps(SCHEMAS[name])), max_new_tokens=max_new,
-                                               do_sample=False)))
+            question = f"Answer in JSON only: an example of {name}."
+            prompt = engine.apply_chat_template([{"role": "user", "content": question}])
+            grammar = Grammar("json", json.dumps(SCHEMAS[name]))
+            mine.append((prompt, RequestParams(grammar=grammar, max_new_tokens=max_new, do_sample=False)))
         load.append(mine)
     return load
 

@@ -1,0 +1,361 @@
+"""The servers under test: how to start each, when it is ready, and one streamed request to it (TTFT, ITL)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+from .meters import RssSampler
+from .scenarios import RequestResult
+
+THREADS = 2
+LLAMA_SERVER_SLOTS, LLAMA_SERVER_CTX = 16, 32768  # -np 16: a slot per client of c16, 2048 tokens each
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def log(msg: str) -> None:
+    """One progress line, time-stamped."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class Server:
+    """A server process on a free port: started, checked for readiness, sent requests, stopped."""
+
+    name = "?"
+
+    def __init__(self, workdir: Path):
+        self.workdir = workdir
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+        self.log_path = workdir / f"{self.slug}.log"
+        self.rss: RssSampler | None = None
+        self.started_in = math.nan
+
+    @property
+    def slug(self) -> str:
+        return self.name.replace(" ", "_").replace(".", "").lower()
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def env(self) -> dict:
+        return dict(os.environ)
+
+    async def ready(self, session: aiohttp.ClientSession) -> bool:
+        raise NotImplementedError
+
+    async def start(self, session: aiohttp.ClientSession, timeout: float) -> None:
+        cmd = self.command()
+        log(f"starting {self.name}: {' '.join(cmd)}  (log: {self.log_path})")
+        self._logf = open(self.log_path, "w")
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen(cmd, cwd=self.workdir, stdout=self._logf, stderr=subprocess.STDOUT, env=self.env(),
+                                     start_new_session=True)
+        self.rss = RssSampler(self.proc.pid)
+        self.rss.start()
+        last_note = t0
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with code {self.proc.returncode} while starting "
+                                   f"(peak RSS {self.rss.peak / 2**30:.1f} GiB; -9 is often the OOM killer, see "
+                                   f"dmesg); last log lines:\n{self.tail(15)}")
+            if await self.ready(session):
+                break
+            now = time.perf_counter()
+            if now - t0 > timeout:
+                raise RuntimeError(f"{self.name} not ready after {timeout:.0f} s; last log lines:\n{self.tail(15)}")
+            if now - last_note >= 15:
+                last_note = now
+                log(f"  ... {self.name} warming up, {now - t0:.0f} s, RSS {self.rss.sample() / 2**30:.1f} GiB "
+                    f"(peak {self.rss.peak / 2**30:.1f}); log: {self.tail(1)[-110:]}")
+            await asyncio.sleep(0.5)
+        self.started_in = time.perf_counter() - t0
+        log(f"{self.name} ready in {self.started_in:.1f} s (RSS {self.rss.sample() / 2**20:.0f} MiB)")
+
+    def tail(self, n: int) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").replace("\r", "\n")
+        except OSError:
+            return ""
+        lines = [line for line in text.splitlines() if line.strip()]
+        return "\n".join(lines[-n:])
+
+    def stop(self) -> None:
+        if self.rss is not None:
+            self.rss.stop()
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+            log(f"stopped {self.name}")
+        self._logf.close()
+
+    # one request: streams, measuring TTFT and ITL
+    async def request(self, session: aiohttp.ClientSession, prompt: str, max_new: int) -> RequestResult:
+        raise NotImplementedError
+
+    async def greedy_text(self, session: aiohttp.ClientSession, prompt: str, max_new: int) -> str:
+        res = await self.request(session, prompt, max_new)
+        if not res.ok:
+            raise RuntimeError(f"{self.name}: greedy check request failed: {res.error}")
+        return res.text
+
+
+async def _sse_lines(resp: aiohttp.ClientResponse):
+    """The payloads of the `data:` lines of an SSE response, as they arrive."""
+    buf = b""
+    async for chunk in resp.content.iter_any():
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            line = line.strip()
+            if line.startswith(b"data:"):
+                yield line[5:].strip().decode("utf-8"), time.perf_counter()
+    if buf.strip().startswith(b"data:"):
+        yield buf.strip()[5:].strip().decode("utf-8"), time.perf_counter()
+
+
+def _record_tokens(res: RequestResult, n: int, now: float) -> None:
+    """n tokens arrived at `now`: the first sets TTFT; later ones add the gap (split evenly) to ITL."""
+    if n <= 0:
+        return
+    if res.first_token is None:
+        res.first_token = now
+        res.itl.extend([0.0] * (n - 1))
+    else:
+        res.itl.extend([(now - res.last_token) / n] * n)
+    res.last_token = now
+    res.tokens += n
+
+
+class MindServe(Server):
+    name = "mindserve"
+
+    def __init__(self, workdir: Path, model_dir: Path, config_src: Path, prefix_caching: bool = True,
+                 adapters: dict[str, Path] | None = None, name: str | None = None):
+        if not prefix_caching:
+            self.name = "mindserve-nocache"
+        if adapters:
+            self.name = "mindserve-lora"
+        if name is not None:
+            self.name = name
+        super().__init__(workdir)
+        self.model_dir = model_dir
+        self.config_path = workdir / f"{self.name.replace('-', '_')}_bench.yaml"
+        import yaml
+
+        cfg = yaml.safe_load(config_src.read_text())
+        if not prefix_caching:
+            cfg["BackendConfig"].setdefault("ScheduleConfig", {})["enablePrefixCaching"] = False
+        cfg["ServerConfig"]["port"] = self.port
+        for key in ("managementPort", "metricsPort"):
+            cfg["ServerConfig"].pop(key, None)  # everything on one port
+        deploy = cfg["BackendConfig"]["ModelDeployConfig"]
+        deploy["ModelConfig"][0]["modelWeightPath"] = str(model_dir)
+        if adapters:
+            deploy["LoraModules"] = [{"name": n, "path": str(p), "baseModelName": deploy["ModelConfig"][0]["modelName"]}
+                                     for n, p in adapters.items()]
+        self.config = cfg
+        self.config_path.write_text(f"# generated by bench/serve_bench.py from {config_src}\n"
+                                    + yaml.safe_dump(cfg, sort_keys=False))
+
+    def command(self) -> list[str]:
+        exe = Path(sys.executable).with_name("mindserve")
+        prefix = [str(exe)] if exe.exists() else [sys.executable, "-m", "service"]
+        return prefix + ["serve", "--config", str(self.config_path), "--port", str(self.port)]
+
+    def env(self) -> dict:
+        env = dict(os.environ)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    async def ready(self, session) -> bool:
+        if "listening on" not in self.tail(40):
+            return False
+        try:
+            async with session.get(self.base + "/health", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                return r.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return False
+
+    async def request(self, session, prompt, max_new, adapter: str | None = None) -> RequestResult:
+        body = {"inputs": prompt, "parameters": {"max_new_tokens": max_new, "do_sample": False}, "stream": True}
+        if adapter is not None:
+            body["parameters"]["adapter_id"] = adapter
+        res = RequestResult(ok=False, start=time.perf_counter())
+        try:
+            async with session.post(self.base + "/", json=body) as resp:
+                if resp.status != 200:
+                    res.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+                    return res
+                async for data, now in _sse_lines(resp):
+                    event = json.loads(data)
+                    if "error" in event:
+                        res.error = f"stream error: {event}"
+                        return res
+                    tok = event.get("token") or {}
+                    ids = tok.get("id")
+                    n = len(ids) if isinstance(ids, list) else 1
+                    if tok.get("special"):
+                        n = 0  # EOS: not a generated text token (llama.cpp does not stream it either)
+                    _record_tokens(res, n, now)
+                    if event.get("generated_text") is not None:
+                        res.text = event["generated_text"]
+                        details = event.get("details") or {}
+                        res.finish_reason = details.get("finish_reason") or "done"
+            res.ok = res.finish_reason is not None  # 0 tokens is a valid answer (EOS first)
+            if not res.ok:
+                res.error = f"stream ended without its final event ({res.tokens} tokens)"
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+            res.error = f"{type(exc).__name__}: {exc}"
+        res.end = time.perf_counter()
+        return res
+
+
+class LlamaCppServer(Server):
+    def __init__(self, workdir: Path, gguf: Path, label: str, python: Path):
+        self.name = f"llama.cpp {label}"
+        super().__init__(workdir)
+        self.gguf = gguf
+        self.python = python
+
+    def command(self) -> list[str]:
+        # interrupt_requests defaults to True: a new request arriving cancels the stream in progress
+        # (it ends early with [DONE]). Off, requests wait on the server's lock and run one at a time.
+        return [str(self.python), "-m", "llama_cpp.server", "--model", str(self.gguf),
+                "--n_threads", str(THREADS), "--n_threads_batch", str(THREADS), "--n_ctx", "2048",
+                "--host", "127.0.0.1", "--port", str(self.port), "--interrupt_requests", "False"]
+
+    async def ready(self, session) -> bool:
+        try:
+            async with session.get(self.base + "/v1/models", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                return r.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return False
+
+    async def request(self, session, prompt, max_new) -> RequestResult:
+        # repeat_penalty defaults to 1.1 in llama-cpp-python's server: 1.0 makes temperature 0 plain argmax.
+        body = {"prompt": prompt, "max_tokens": max_new, "temperature": 0.0, "repeat_penalty": 1.0,
+                "top_k": 1, "stream": True}
+        res = RequestResult(ok=False, start=time.perf_counter())
+        try:
+            async with session.post(self.base + "/v1/completions", json=body) as resp:
+                if resp.status != 200:
+                    res.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+                    return res
+                text = []
+                async for data, now in _sse_lines(resp):
+                    if data == "[DONE]":
+                        break
+                    chunk = json.loads(data)
+                    choice = chunk["choices"][0]
+                    piece = choice.get("text") or ""
+                    text.append(piece)
+                    if choice.get("finish_reason") is None:
+                        _record_tokens(res, 1, now)  # one chunk per generated token (see README)
+                    else:
+                        res.finish_reason = choice["finish_reason"]
+                        if piece:
+                            _record_tokens(res, 1, now)
+                res.text = "".join(text)
+                if res.finish_reason == "length" and res.tokens != max_new:
+                    res.tokens = max_new  # a multi-byte character held back several tokens as one chunk
+            res.ok = res.finish_reason is not None  # 0 tokens is a valid answer (EOS first)
+            if not res.ok:
+                res.error = f"stream ended without a finish_reason ({res.tokens} tokens)"
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as exc:
+            res.error = f"{type(exc).__name__}: {exc}"
+        res.end = time.perf_counter()
+        return res
+
+
+class LlamaServer(Server):
+    """llama.cpp's own HTTP server: continuous batching over ``-np`` slots, a per-slot prompt cache."""
+
+    name = "llama-server"
+
+    def __init__(self, workdir: Path, gguf: Path, bindir: Path, slots: int = LLAMA_SERVER_SLOTS,
+                 ctx: int = LLAMA_SERVER_CTX):
+        super().__init__(workdir)
+        self.gguf, self.bindir, self.slots, self.ctx = gguf, bindir, slots, ctx
+
+    def command(self) -> list[str]:
+        # Continuous batching is llama-server's default (-cb); said anyway. -c is the whole KV cache, shared
+        # by the -np slots (ctx / slots tokens each).
+        return [str(self.bindir / "llama-server"), "-m", str(self.gguf), "-t", str(THREADS), "-tb", str(THREADS),
+                "-c", str(self.ctx), "-np", str(self.slots), "--cont-batching",
+                "--host", "127.0.0.1", "--port", str(self.port)]
+
+    def env(self) -> dict:
+        env = dict(os.environ)
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(self.bindir), env.get("LD_LIBRARY_PATH")]))
+        return env
+
+    async def ready(self, session) -> bool:
+        try:
+            async with session.get(self.base + "/health", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                return r.status == 200  # 503 while the model loads
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return False
+
+    async def request(self, session, prompt, max_new) -> RequestResult:
+        # temperature 0 is greedy; ignore_eos bans EOS (every request generates max_new tokens, as the
+        # continuation prompts make mindserve's do); return_tokens puts the chunk's token ids in each event.
+        body = {"prompt": prompt, "n_predict": max_new, "temperature": 0.0, "top_k": 1, "repeat_penalty": 1.0,
+                "ignore_eos": True, "cache_prompt": True, "return_tokens": True, "stream": True}
+        res = RequestResult(ok=False, start=time.perf_counter())
+        try:
+            # A fresh connection each time: llama-server's HTTP library closes a kept-alive connection after a
+            # few requests, and reusing it fails with "Can not write request body".
+            async with session.post(self.base + "/completion", json=body, headers={"Connection": "close"}) as resp:
+                if resp.status != 200:
+                    res.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+                    return res
+                text = []
+                async for data, now in _sse_lines(resp):
+                    chunk = json.loads(data)
+                    if "error" in chunk:
+                        res.error = f"stream error: {chunk['error']}"
+                        return res
+                    text.append(chunk.get("content") or "")
+                    ids = chunk.get("tokens")
+                    _record_tokens(res, len(ids) if isinstance(ids, list) else int(bool(chunk.get("content"))), now)
+                    if chunk.get("stop"):
+                        res.finish_reason = chunk.get("stop_type") or "stop"
+                        predicted = chunk.get("tokens_predicted")
+                        if isinstance(predicted, int) and predicted != res.tokens:
+                            res.tokens = predicted  # the server's own count wins
+                        break
+                res.text = "".join(text)
+            res.ok = res.finish_reason is not None
+            if not res.ok:
+                res.error = f"stream ended without its stop event ({res.tokens} tokens)"
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as exc:
+            res.error = f"{type(exc).__name__}: {exc}"
+        res.end = time.perf_counter()
+        return res
+
