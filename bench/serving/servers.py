@@ -63,6 +63,14 @@ class Server:
     async def ready(self, session: aiohttp.ClientSession) -> bool:
         raise NotImplementedError
 
+    async def answers_200(self, session: aiohttp.ClientSession, path: str) -> bool:
+        """GET ``path`` is 200 now (a 503 while a model loads, no answer at all: not yet)."""
+        try:
+            async with session.get(self.base + path, timeout=aiohttp.ClientTimeout(total=5)) as r:
+                return r.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return False
+
     async def start(self, session: aiohttp.ClientSession, timeout: float) -> None:
         cmd = self.command()
         log(f"starting {self.name}: {' '.join(cmd)}  (log: {self.log_path})")
@@ -194,13 +202,7 @@ class MindServe(Server):
         return env
 
     async def ready(self, session) -> bool:
-        if "listening on" not in self.tail(40):
-            return False
-        try:
-            async with session.get(self.base + "/health", timeout=aiohttp.ClientTimeout(total=5)) as r:
-                return r.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError):
-            return False
+        return "listening on" in self.tail(40) and await self.answers_200(session, "/health")
 
     async def request(self, session, prompt, max_new, adapter: str | None = None) -> RequestResult:
         body = {"inputs": prompt, "parameters": {"max_new_tokens": max_new, "do_sample": False}, "stream": True}
@@ -251,11 +253,7 @@ class LlamaCppServer(Server):
                 "--host", "127.0.0.1", "--port", str(self.port), "--interrupt_requests", "False"]
 
     async def ready(self, session) -> bool:
-        try:
-            async with session.get(self.base + "/v1/models", timeout=aiohttp.ClientTimeout(total=5)) as r:
-                return r.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError):
-            return False
+        return await self.answers_200(session, "/v1/models")
 
     async def request(self, session, prompt, max_new) -> RequestResult:
         # repeat_penalty defaults to 1.1 in llama-cpp-python's server: 1.0 makes temperature 0 plain argmax.
@@ -316,11 +314,7 @@ class LlamaServer(Server):
         return env
 
     async def ready(self, session) -> bool:
-        try:
-            async with session.get(self.base + "/health", timeout=aiohttp.ClientTimeout(total=5)) as r:
-                return r.status == 200  # 503 while the model loads
-        except (aiohttp.ClientError, asyncio.TimeoutError):
-            return False
+        return await self.answers_200(session, "/health")
 
     async def request(self, session, prompt, max_new) -> RequestResult:
         # temperature 0 is greedy; ignore_eos bans EOS (every request generates max_new tokens, as the
