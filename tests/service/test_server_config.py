@@ -129,7 +129,7 @@ OTHER = {
     "maxBatchSize": (3, {"maxPrefillBatchSize": 1}), "maxPrefillBatchSize": (2, {}), "maxPrefillTokens": (64, {}),
     "maxIterTimes": (100, {}), "npuMemSize": (0.5, {}), "enablePrefixCaching": (False, {}),
     "maxLoras": (2, {}), "maxLoraRank": (32, {}), "maxLoadedLoras": (3, {}), "kernelIsa": ("x86-64-v3", {}),
-    "graphCache": (True, {}),
+    "graphCache": (False, {}),
     "allowRuntimeLoraUpdating": (True, {"ModelDeployConfig.loraRoot": "/tmp"}),
 }
 
