@@ -7,7 +7,7 @@ import math
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,7 +18,7 @@ from .meters import CpuMeter
 from .paths import MODEL_DIR, REPO
 
 if TYPE_CHECKING:
-    from .servers import Server
+    from .servers import RequestResult, Server
 
 # The prompt set: varied English prompts of 20-60 tokens (SmolLM2 tokenizer), written for this benchmark.
 PROMPTS = [
@@ -94,20 +94,6 @@ class Scenario:
     max_new: int | None = None  # None: --max-new-tokens
     only: tuple[str, ...] | None = None  # run against the servers whose name starts with one of these only
     adapters: tuple[str | None, ...] = (None,)  # request i names adapters[i % len]: None = the base model
-
-
-@dataclass
-class RequestResult:
-    ok: bool
-    start: float
-    first_token: float | None = None
-    last_token: float | None = None
-    end: float | None = None
-    tokens: int = 0
-    itl: list[float] = field(default_factory=list)
-    text: str = ""
-    finish_reason: str | None = None
-    error: str | None = None
 
 
 def pct(values: list[float], q: float) -> float:

@@ -10,12 +10,12 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
 
 from .meters import RssSampler
-from .scenarios import RequestResult
 
 THREADS = 2
 LLAMA_SERVER_SLOTS, LLAMA_SERVER_CTX = 16, 32768  # -np 16: a slot per client of c16, 2048 tokens each
@@ -31,6 +31,22 @@ def free_port() -> int:
 def log(msg: str) -> None:
     """One progress line, time-stamped."""
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+@dataclass
+class RequestResult:
+    """What one streamed request gave: its times, tokens, text and outcome."""
+
+    ok: bool
+    start: float
+    first_token: float | None = None
+    last_token: float | None = None
+    end: float | None = None
+    tokens: int = 0
+    itl: list[float] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    error: str | None = None
 
 
 class Server:
