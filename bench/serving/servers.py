@@ -142,6 +142,30 @@ class Server:
     async def request(self, session: aiohttp.ClientSession, prompt: str, max_new: int) -> RequestResult:
         raise NotImplementedError
 
+    async def stream(self, session: aiohttp.ClientSession, path: str, body: dict, read, final: str,
+                     headers: dict | None = None) -> RequestResult:
+        """POST ``body`` to ``path`` and hand each SSE payload to ``read(res, data, now)`` (True: the stream is
+        over). A non-200 answer, a transport error, an error ``read`` records or a stream without its ``final``
+        event fails the result."""
+        res = RequestResult(ok=False, start=time.perf_counter())
+        try:
+            async with session.post(self.base + path, json=body, headers=headers) as resp:
+                if resp.status != 200:
+                    res.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+                    return res
+                async for data, now in _sse_lines(resp):
+                    if read(res, data, now):
+                        break
+            if res.error is not None:
+                return res
+            res.ok = res.finish_reason is not None  # 0 tokens is a valid answer (EOS first)
+            if not res.ok:
+                res.error = f"stream ended without its {final} ({res.tokens} tokens)"
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as exc:
+            res.error = f"{type(exc).__name__}: {exc}"
+        res.end = time.perf_counter()
+        return res
+
     async def greedy_text(self, session: aiohttp.ClientSession, prompt: str, max_new: int) -> str:
         res = await self.request(session, prompt, max_new)
         if not res.ok:
@@ -224,34 +248,23 @@ class MindServe(Server):
         body = {"inputs": prompt, "parameters": {"max_new_tokens": max_new, "do_sample": False}, "stream": True}
         if adapter is not None:
             body["parameters"]["adapter_id"] = adapter
-        res = RequestResult(ok=False, start=time.perf_counter())
-        try:
-            async with session.post(self.base + "/", json=body) as resp:
-                if resp.status != 200:
-                    res.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
-                    return res
-                async for data, now in _sse_lines(resp):
-                    event = json.loads(data)
-                    if "error" in event:
-                        res.error = f"stream error: {event}"
-                        return res
-                    tok = event.get("token") or {}
-                    ids = tok.get("id")
-                    n = len(ids) if isinstance(ids, list) else 1
-                    if tok.get("special"):
-                        n = 0  # EOS: not a generated text token (llama.cpp does not stream it either)
-                    _record_tokens(res, n, now)
-                    if event.get("generated_text") is not None:
-                        res.text = event["generated_text"]
-                        details = event.get("details") or {}
-                        res.finish_reason = details.get("finish_reason") or "done"
-            res.ok = res.finish_reason is not None  # 0 tokens is a valid answer (EOS first)
-            if not res.ok:
-                res.error = f"stream ended without its final event ({res.tokens} tokens)"
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-            res.error = f"{type(exc).__name__}: {exc}"
-        res.end = time.perf_counter()
-        return res
+        return await self.stream(session, "/", body, _read_tgi_event, "final event")
+
+
+def _read_tgi_event(res: RequestResult, data: str, now: float) -> bool:
+    """One TGI stream event: its token (EOS is not a text token: llama.cpp does not stream it either), and at the
+    end the generated text and finish reason."""
+    event = json.loads(data)
+    if "error" in event:
+        res.error = f"stream error: {event}"
+        return True
+    tok = event.get("token") or {}
+    ids = tok.get("id")
+    _record_tokens(res, 0 if tok.get("special") else len(ids) if isinstance(ids, list) else 1, now)
+    if event.get("generated_text") is not None:
+        res.text = event["generated_text"]
+        res.finish_reason = (event.get("details") or {}).get("finish_reason") or "done"
+    return False
 
 
 class LlamaCppServer(Server):
@@ -275,36 +288,26 @@ class LlamaCppServer(Server):
         # repeat_penalty defaults to 1.1 in llama-cpp-python's server: 1.0 makes temperature 0 plain argmax.
         body = {"prompt": prompt, "max_tokens": max_new, "temperature": 0.0, "repeat_penalty": 1.0,
                 "top_k": 1, "stream": True}
-        res = RequestResult(ok=False, start=time.perf_counter())
-        try:
-            async with session.post(self.base + "/v1/completions", json=body) as resp:
-                if resp.status != 200:
-                    res.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
-                    return res
-                text = []
-                async for data, now in _sse_lines(resp):
-                    if data == "[DONE]":
-                        break
-                    chunk = json.loads(data)
-                    choice = chunk["choices"][0]
-                    piece = choice.get("text") or ""
-                    text.append(piece)
-                    if choice.get("finish_reason") is None:
-                        _record_tokens(res, 1, now)  # one chunk per generated token (see README)
-                    else:
-                        res.finish_reason = choice["finish_reason"]
-                        if piece:
-                            _record_tokens(res, 1, now)
-                res.text = "".join(text)
-                if res.finish_reason == "length" and res.tokens != max_new:
-                    res.tokens = max_new  # a multi-byte character held back several tokens as one chunk
-            res.ok = res.finish_reason is not None  # 0 tokens is a valid answer (EOS first)
-            if not res.ok:
-                res.error = f"stream ended without a finish_reason ({res.tokens} tokens)"
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as exc:
-            res.error = f"{type(exc).__name__}: {exc}"
-        res.end = time.perf_counter()
+        res = await self.stream(session, "/v1/completions", body, _read_openai_chunk, "finish_reason")
+        if res.finish_reason == "length" and res.tokens != max_new:
+            res.tokens = max_new  # a multi-byte character held back several tokens as one chunk
         return res
+
+
+def _read_openai_chunk(res: RequestResult, data: str, now: float) -> bool:
+    """One OpenAI completions chunk: one per generated token (see README), the last with its finish_reason."""
+    if data == "[DONE]":
+        return True
+    choice = json.loads(data)["choices"][0]
+    piece = choice.get("text") or ""
+    res.text += piece
+    if choice.get("finish_reason") is None:
+        _record_tokens(res, 1, now)
+    else:
+        res.finish_reason = choice["finish_reason"]
+        if piece:
+            _record_tokens(res, 1, now)
+    return False
 
 
 class LlamaServer(Server):
@@ -337,35 +340,25 @@ class LlamaServer(Server):
         # continuation prompts make mindserve's do); return_tokens puts the chunk's token ids in each event.
         body = {"prompt": prompt, "n_predict": max_new, "temperature": 0.0, "top_k": 1, "repeat_penalty": 1.0,
                 "ignore_eos": True, "cache_prompt": True, "return_tokens": True, "stream": True}
-        res = RequestResult(ok=False, start=time.perf_counter())
-        try:
-            # A fresh connection each time: llama-server's HTTP library closes a kept-alive connection after a
-            # few requests, and reusing it fails with "Can not write request body".
-            async with session.post(self.base + "/completion", json=body, headers={"Connection": "close"}) as resp:
-                if resp.status != 200:
-                    res.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
-                    return res
-                text = []
-                async for data, now in _sse_lines(resp):
-                    chunk = json.loads(data)
-                    if "error" in chunk:
-                        res.error = f"stream error: {chunk['error']}"
-                        return res
-                    text.append(chunk.get("content") or "")
-                    ids = chunk.get("tokens")
-                    _record_tokens(res, len(ids) if isinstance(ids, list) else int(bool(chunk.get("content"))), now)
-                    if chunk.get("stop"):
-                        res.finish_reason = chunk.get("stop_type") or "stop"
-                        predicted = chunk.get("tokens_predicted")
-                        if isinstance(predicted, int) and predicted != res.tokens:
-                            res.tokens = predicted  # the server's own count wins
-                        break
-                res.text = "".join(text)
-            res.ok = res.finish_reason is not None
-            if not res.ok:
-                res.error = f"stream ended without its stop event ({res.tokens} tokens)"
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as exc:
-            res.error = f"{type(exc).__name__}: {exc}"
-        res.end = time.perf_counter()
-        return res
+        # A fresh connection each time: llama-server's HTTP library closes a kept-alive connection after a few
+        # requests, and reusing it fails with "Can not write request body".
+        return await self.stream(session, "/completion", body, _read_llama_chunk, "stop event",
+                                 headers={"Connection": "close"})
 
+
+def _read_llama_chunk(res: RequestResult, data: str, now: float) -> bool:
+    """One llama-server /completion chunk: its content and token ids; the last says stop (its token count wins)."""
+    chunk = json.loads(data)
+    if "error" in chunk:
+        res.error = f"stream error: {chunk['error']}"
+        return True
+    res.text += chunk.get("content") or ""
+    ids = chunk.get("tokens")
+    _record_tokens(res, len(ids) if isinstance(ids, list) else int(bool(chunk.get("content"))), now)
+    if chunk.get("stop"):
+        res.finish_reason = chunk.get("stop_type") or "stop"
+        predicted = chunk.get("tokens_predicted")
+        if isinstance(predicted, int) and predicted != res.tokens:
+            res.tokens = predicted  # the server's own count wins
+        return True
+    return False
