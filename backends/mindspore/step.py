@@ -39,6 +39,14 @@ class StepBatch:
     def empty(self) -> bool:
         return not self.decode and not self.prefill
 
+    def decode_outputs(self) -> list[RowOutput]:
+        """An empty output for each decode row, numbered as the step's rows are."""
+        return [RowOutput(i) for i in range(len(self.decode))]
+
+    def prefill_outputs(self) -> list[RowOutput]:
+        """An empty output for each prompt chunk, numbered after the decode rows."""
+        return [RowOutput(len(self.decode) + i, c) for i, c in enumerate(self.prefill)]
+
 
 @dataclass(slots=True)
 class RowOutput:

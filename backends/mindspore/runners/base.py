@@ -117,8 +117,7 @@ class ModelRunner(ABC):
 
     def decode_rows(self, batch: StepBatch) -> list[RowOutput]:
         """The decode call of the step's decode rows (one token each; rows 0..), with fault isolation."""
-        outs = [RowOutput(i) for i in range(len(batch.decode))]
-        return self.isolated(lambda r: (self.decode(r), [None] * len(r)), list(batch.decode), outs)
+        return self.isolated(lambda r: (self.decode(r), [None] * len(r)), list(batch.decode), batch.decode_outputs())
 
     @staticmethod
     def isolated(forward: Callable[[list], tuple[np.ndarray, list]], rows: list,

@@ -56,9 +56,7 @@ class PackedRunner(ModelRunner):
         if not batch.prefill:
             return self.decode_rows(batch) if batch.decode else []
         rows = [PrefillChunk([r.token], r.position, r.blocks, r.lora, delta=r.delta) for r in batch.decode]
-        d = len(rows)
-        outs = [RowOutput(i) for i in range(d)] + [RowOutput(d + i, c) for i, c in enumerate(batch.prefill)]
-        return self.isolated(self.prefill, rows + list(batch.prefill), outs)
+        return self.isolated(self.prefill, rows + list(batch.prefill), batch.decode_outputs() + batch.prefill_outputs())
 
     def packed_rows(self, size: int) -> int:
         """Sequences (logit rows) a packed graph of ``size`` tokens serves."""

@@ -55,8 +55,7 @@ class SplitRunner(ModelRunner):
     def run(self, batch: StepBatch) -> Iterator[RowOutput]:
         """The prefill call, its rows handed out before the decode call runs."""
         if batch.prefill:
-            d, chunks = len(batch.decode), list(batch.prefill)
-            yield from self.isolated(self.prefill, chunks, [RowOutput(d + i, c) for i, c in enumerate(chunks)])
+            yield from self.isolated(self.prefill, list(batch.prefill), batch.prefill_outputs())
         if batch.decode:
             yield from self.decode_rows(batch)
 
