@@ -51,6 +51,7 @@
 #include "vec.h"
 #include "lora.h"
 
+
 namespace {
 
 enum Fmt { kQ8_0 = 0, kQ4_0 = 1, kQ4_1 = 2, kFormats = 3 };
@@ -61,7 +62,7 @@ constexpr int kGroup = 16;  // output columns per group (one vector of lanes)
 // 16 lanes of int32 / float32: vec.h. FULL: all 16 columns of a group, else the first w.
 namespace v = mindserve::vec;
 constexpr int kMaxMR = v::kQRows;    // rows per tile of one group of columns
-constexpr int kMaxMR2 = v::kQRows2;  // rows per tile of two groups
+constexpr int kMaxMR2 = v::kQRows2;  // rows per tile of two groups (0: the backend has no pair tiles)
 using VI = v::I32x16;
 using VF = v::F32x16;
 template <bool FULL>
@@ -140,12 +141,24 @@ void quantize_rows(const float *x, int64_t M, int64_t K, QX *out) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The weight bytes a tile asks the cache for while it computes (none: bytes == 0): a slice of the next
+// columns' weights, spread over the tile's blocks, so their first pass does not wait for memory.
+struct Ahead {
+  const uint8_t *p = nullptr;
+  int64_t bytes = 0;
+  inline void touch(int64_t b, int64_t nb) const {
+    for (int64_t o = bytes * b / nb & ~int64_t{63}; o < bytes * (b + 1) / nb; o += 64)
+      __builtin_prefetch(p + o, 0, 3);  // a hint: never faults, changes no result
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
 // Register tile: rows [m0, m0 + MR) times NG groups of columns over every block: NG == 2 takes two full groups
 // (g, and g + group_bytes), so every broadcast activation dword and scale feeds two dot products; NG == 1 one
 // group of w columns (FULL: w == 16). Each output element sees the same operations either way.
 template <int MR, int NG, int F, bool FULL>
 void tile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t group_bytes, int w,
-          const float *__restrict res, float *__restrict y, int64_t ldy) {
+          const float *__restrict res, float *__restrict y, int64_t ldy, Ahead ahead) {
   constexpr int D = F == kQ8_0 ? 8 : 4;  // quant dwords per column per block
   constexpr int B = kBlockBytes[F];
   const int64_t K = qx.K, nb = qx.nb;
@@ -153,6 +166,7 @@ void tile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t group_b
   _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)
     _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) facc[r][n] = v::zero();
   for (int64_t b = 0; b < nb; ++b) {
+    ahead.touch(b, nb);
     const uint8_t *blk = g + b * w * B;
     const int8_t *xq = qx.q.data() + m0 * K + 32 * b;
     VI iacc[MR][NG];
@@ -161,7 +175,7 @@ void tile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t group_b
     v::NibAcc nacc[MR][NG];
     _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)
       _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) nacc[r][n] = v::nib_zero();
-    _Pragma("GCC unroll 8") for (int j = 0; j < D; ++j) {
+    MINDSERVE_UNROLL(MINDSERVE_QDWORD_UNROLL) for (int j = 0; j < D; ++j) {
       VI raw[NG];
       _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) raw[n] = load_q<FULL>(blk + n * group_bytes + j * 4 * w, w);
       if constexpr (F == kQ8_0) {
@@ -219,7 +233,7 @@ void tile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t group_b
   }
 }
 
-using TileFn = void (*)(const QX &, int64_t, const uint8_t *, int64_t, int, const float *, float *, int64_t);
+using TileFn = void (*)(const QX &, int64_t, const uint8_t *, int64_t, int, const float *, float *, int64_t, Ahead);
 
 template <int NG, int F, bool FULL, int... MRs>
 constexpr void fill_rows(TileFn *row, std::integer_sequence<int, MRs...>) {
@@ -263,7 +277,11 @@ inline void row_blocks(int64_t M, int most, Fn &&fn) {
   }
 }
 
-// Output columns of groups [g0, g1) for every row; full groups two at a time (a pair never straddles chunks).
+// Output columns of groups [g0, g1) for every row; full groups two at a time where the backend has pair tiles
+// (a pair never straddles chunks). When several row blocks pass over a step's columns (a group or a pair),
+// they prefetch the next step's weights, each block its share: measured at M=16 on a model's worth of
+// weights (which never stay in cache from one step to the next), the first pass otherwise waits on memory
+// (-8% AVX2, -17% AVX-512 VNNI time); with one pass the hardware prefetcher does better alone (+15% if added).
 void run_chunk(const void *ctx, int64_t c) {
   const Job &j = *static_cast<const Job *>(ctx);
   const int64_t g0 = j.groups * c / j.nchunks, g1 = j.groups * (c + 1) / j.nchunks;
@@ -271,22 +289,21 @@ void run_chunk(const void *ctx, int64_t c) {
   for (int64_t g = g0; g < g1;) {
     const int64_t n0 = g * kGroup;
     const int w = static_cast<int>(std::min<int64_t>(kGroup, j.N - n0));
-    const bool pair = j.M > 1 && g + 1 < g1 && j.N - n0 >= 2 * kGroup;  // measured: no gain for one row
+    const bool pair = kMaxMR2 > 0 && j.M > 1 && g + 1 < g1 && j.N - n0 >= 2 * kGroup;  // no gain for one row
+    const int step = pair ? 2 : 1;
     const uint8_t *wg = j.w + g * group_bytes;
     const float *res = j.res == nullptr ? nullptr : j.res + n0;
-    if (pair) {
-      row_blocks(j.M, kMaxMR2, [&](int64_t m, int64_t rows) {
-        kTiles.fn[j.fmt][2][rows - 1](*j.qx, m, wg, group_bytes, kGroup, res == nullptr ? nullptr : res + m * j.N,
-                                      j.y + m * j.N + n0, j.N);
-      });
-      g += 2;
-    } else {
-      row_blocks(j.M, kMaxMR, [&](int64_t m, int64_t rows) {
-        kTiles.fn[j.fmt][w == kGroup][rows - 1](*j.qx, m, wg, group_bytes, w, res == nullptr ? nullptr : res + m * j.N,
-                                                j.y + m * j.N + n0, j.N);
-      });
-      g += 1;
-    }
+    const int most = pair ? kMaxMR2 : kMaxMR;
+    const int64_t passes = (j.M + most - 1) / most;
+    const int64_t ahead = passes > 1 ? std::min<int64_t>(step, g1 - g - step) * group_bytes : 0;
+    int64_t pass = 0;
+    row_blocks(j.M, most, [&](int64_t m, int64_t rows) {
+      const Ahead a{wg + step * group_bytes + ahead * pass / passes, ahead * (pass + 1) / passes - ahead * pass / passes};
+      ++pass;
+      const TileFn fn = pair ? kTiles.fn[j.fmt][2][rows - 1] : kTiles.fn[j.fmt][w == kGroup][rows - 1];
+      fn(*j.qx, m, wg, group_bytes, w, res == nullptr ? nullptr : res + m * j.N, j.y + m * j.N + n0, j.N, a);
+    });
+    g += step;
   }
 }
 

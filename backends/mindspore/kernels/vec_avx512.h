@@ -15,7 +15,11 @@ constexpr const char *kIsa = "avx512bw";
 #endif
 constexpr int kMatMulRows = 8;  // fp32 tile rows: 8 x 3 accumulators + 3 weights + a broadcast in 32 zmm
 constexpr int kQRows = 8;       // quantized tile rows, one group of 16 columns
+#if defined(__AVX512VNNI__)
 constexpr int kQRows2 = 6;      // ... two groups
+#else
+constexpr int kQRows2 = 0;      // AVX-512BW: no two-group tiles (measured at M=16: one group is 7% faster)
+#endif
 #if defined(__AVX512VNNI__)
 constexpr int kQ8Bias = 128;  // dot_q8 sums u * x with u = q + 128 (vpdpbusd is unsigned x signed)
 #else
