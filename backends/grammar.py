@@ -19,6 +19,7 @@ import numpy as np
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask_par
 
 from backends.errors import ParameterRejected
+from backends.tool_grammar import tool_call_lark
 from backends.types import Grammar
 
 MAX_GRAMMAR_BYTES = 65_536  # the serialized schema or the regex
@@ -76,12 +77,18 @@ class GrammarCompiler:
         if len(grammar.value.encode("utf-8")) > MAX_GRAMMAR_BYTES:
             raise GrammarRejected(f"the {grammar.kind} grammar is {len(grammar.value.encode('utf-8'))} bytes, "
                                   f"more than the limit of {MAX_GRAMMAR_BYTES}")
-        text = _llguidance_grammar(grammar)
+        text = (tool_call_lark(grammar.value, self._is_token, JSON_OPTIONS) if grammar.kind == "tool_calls"
+                else _llguidance_grammar(grammar))
         matcher = llguidance.LLMatcher(self.tokenizer, text, log_level=0,
                                        limits=llguidance.LLParserLimits(**LIMITS))
         if matcher.is_error():
             raise GrammarRejected(_first_lines(matcher.get_error()))
         return GrammarState(matcher, self._vocab_size)
+
+    def _is_token(self, text: str) -> bool:
+        """``text`` is one special token of this tokenizer (a Lark grammar names it as ``<text>``)."""
+        ids = self.tokenizer.tokenize_str(text)
+        return len(ids) == 1 and self.tokenizer.is_special_token(ids[0])
 
 
 class GrammarState:
