@@ -22,13 +22,14 @@ _ARGUMENTS_KEY = {ToolCallSyntax.HERMES: "arguments", ToolCallSyntax.LLAMA3_JSON
 
 
 def tool_call_constraint(tools: Sequence[tuple[str, Mapping[str, Any]]], fmt: ChatFormat, *, parallel: bool,
-                         thinking: bool = False) -> Grammar:
+                         thinking: bool = False, optional: bool = False) -> Grammar:
     """The constraint for calls of ``tools`` ((name, parameters schema) each); ``fmt.tool_calls`` must be set.
     With reasoning markers a reasoning block may come first (``thinking``: the prompt opened it, so the
-    output starts inside it and must close it)."""
+    output starts inside it and must close it). ``optional`` (tool_choice auto with strict tools, Hermes
+    syntax whose ``<tool_call>`` is a token): free text, and any call in it follows its schema."""
     assert fmt.tool_calls is not None, "a tool-call grammar needs a tool-call syntax"
     spec = {"tools": [[name, schema] for name, schema in tools], "syntax": fmt.tool_calls.value,
-            "reasoning": fmt.reasoning is not None, "thinking": thinking, "parallel": parallel}
+            "reasoning": fmt.reasoning is not None, "thinking": thinking, "parallel": parallel, "optional": optional}
     return Grammar("tool_calls", json.dumps(spec, separators=(",", ":")))
 
 
@@ -47,6 +48,10 @@ def tool_call_lark(spec_text: str, is_token: Callable[[str], bool], json_options
     call = (f"{literal(TOOL_CALL.open)} {json.dumps(chr(10))} body {json.dumps(chr(10))} {literal(TOOL_CALL.close)}"
             if syntax is ToolCallSyntax.HERMES else "body")
     calls = f"call ({json.dumps(_SEPARATOR[syntax])} call)*" if spec["parallel"] else "call"
+    if spec.get("optional"):
+        if not literal(TOOL_CALL.open).startswith("<"):
+            raise ValueError("strict tools with tool_choice auto need <tool_call> to be one token of the model")
+        calls = "TEXT? (call TEXT?)*\nTEXT: /(.|\\n)+/"  # text cannot hold the <tool_call> token: calls start there
     lines = ["%llguidance {}"]
     if spec["reasoning"]:
         opening = "" if spec["thinking"] else literal(THINK.open) + " "
