@@ -56,6 +56,14 @@ def chat_format(template: str | None, tool_setting: str = AUTO, reasoning_settin
     return ChatFormat(tools, reasoning)
 
 
+def closes_reasoning(prompt: str, fmt: ChatFormat) -> bool:
+    """True if the rendered ``prompt`` ends with a closed, empty reasoning block (thinking switched off, as
+    Qwen3's ``enable_thinking: false`` does): the answer follows without one."""
+    if fmt.reasoning is None:
+        return False
+    return prompt.rstrip().endswith(fmt.reasoning.close)
+
+
 def opens_reasoning(prompt: str, fmt: ChatFormat) -> bool:
     """True if the rendered ``prompt`` leaves a reasoning block open (a template that starts the model's
     thinking itself): the output then begins inside it."""

@@ -51,7 +51,8 @@ def tool_call_lark(spec_text: str, is_token: Callable[[str], bool], json_options
     if spec.get("optional"):
         if not literal(TOOL_CALL.open).startswith("<"):
             raise ValueError("strict tools with tool_choice auto need <tool_call> to be one token of the model")
-        calls = "TEXT? (call TEXT?)*\nTEXT: /(.|\\n)+/"  # text cannot hold the <tool_call> token: calls start there
+        many = "*" if spec["parallel"] else "?"
+        calls = f"TEXT? (call TEXT?){many}\nTEXT: /(.|\\n)+/"  # text cannot hold the <tool_call> token
     lines = ["%llguidance {}"]
     if spec["reasoning"]:
         opening = "" if spec["thinking"] else literal(THINK.open) + " "

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from backends.base import Backend
-from backends.chat_format import ChatFormat, chat_format, opens_reasoning
+from backends.chat_format import ChatFormat, chat_format, closes_reasoning, opens_reasoning
 from backends.errors import BackendError
 from backends.grammar import GrammarRejected, check_json_schema
 from backends.tool_grammar import tool_call_constraint
@@ -45,6 +45,7 @@ class ChatOptions:
     parallel: bool = True
     template_kwargs: tuple[tuple[str, Any], ...] = ()
     thinking: bool = False  # the prompt opens a reasoning block: the output starts inside it
+    thinking_off: bool = False  # the prompt closed an empty reasoning block: the answer comes without one
 
     @property
     def parses(self) -> bool:
@@ -86,18 +87,20 @@ def parse_chat_options(body: dict[str, Any], backend: Backend) -> tuple[ChatOpti
         raise ToolRequestError(f"model {show(backend.model_name)} has no tool-call format (its chat template "
                                "shows none); send tool_choice \"none\" or no tools", "tools")
     template_kwargs = tuple(sorted(kwargs.items()))
-    thinking = fmt.reasoning is not None and _prompt_thinks(backend, json.dumps(kwargs, sort_keys=True), fmt)
-    options = ChatOptions(fmt, tools, choice, body.get("parallel_tool_calls") is not False, template_kwargs, thinking)
+    thinking, off = _prompt_thinks(backend, json.dumps(kwargs, sort_keys=True), fmt)
+    options = ChatOptions(fmt, tools, choice, body.get("parallel_tool_calls") is not False, template_kwargs, thinking,
+                          off)
+    grammar_fmt = replace(fmt, reasoning=None) if off else fmt  # thinking off: no reasoning block before calls
     strict = [t["function"] for t in tools if t["function"].get("strict")]
     if choice == "none" or (choice == "auto" and not strict):
         return options, None
     if choice == "auto":  # strict tools: any call the model makes follows its schema
         schemas = [(f["name"], f.get("parameters") or {"type": "object"}) for f in strict]
-        return options, tool_call_constraint(schemas, fmt, parallel=options.parallel, thinking=thinking,
+        return options, tool_call_constraint(schemas, grammar_fmt, parallel=options.parallel, thinking=thinking,
                                              optional=True)
     chosen = [t["function"] for t in tools if choice == "required" or t["function"]["name"] == choice]
     schemas = [(f["name"], f.get("parameters") or {"type": "object"}) for f in chosen]
-    return options, tool_call_constraint(schemas, fmt, parallel=options.parallel and choice == "required",
+    return options, tool_call_constraint(schemas, grammar_fmt, parallel=options.parallel and choice == "required",
                                          thinking=thinking)
 
 
@@ -126,14 +129,17 @@ def _check_schema(schema: Any, field: str) -> None:
 
 
 @functools.lru_cache(maxsize=64)
-def _prompt_thinks(backend: Backend, kwargs_json: str, fmt: ChatFormat) -> bool:
+def _prompt_thinks(backend: Backend, kwargs_json: str, fmt: ChatFormat) -> tuple[bool, bool]:
     """Whether the template, with these chat_template_kwargs, opens a reasoning block at the start of the
-    answer (decided on a one-message conversation: templates decide it in the generation prompt)."""
+    answer, and whether it closed an empty one (thinking off); decided on a one-message conversation, as
+    templates decide it in the generation prompt."""
+    if fmt.reasoning is None:
+        return False, False
     try:
         prompt = backend.apply_chat_template(_PROBE, **json.loads(kwargs_json))
     except BackendError:
-        return False
-    return opens_reasoning(prompt, fmt)
+        return False, False
+    return opens_reasoning(prompt, fmt), closes_reasoning(prompt, fmt)
 
 
 def template_messages(messages: list[dict[str, Any]]) -> None:

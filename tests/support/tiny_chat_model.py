@@ -13,6 +13,7 @@ from tokenizers import AddedToken
 from tests.support import tiny_model as tm
 
 MARKERS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
+MAX_POSITIONS = 2048  # a prompt with tools is long in a 388-token vocabulary
 
 # Qwen3's template, shortened: the same turns, tool section, call and response syntax and thinking switch.
 QWEN3_LIKE_TEMPLATE = (
@@ -63,15 +64,18 @@ def make_tiny_chat_model(out_dir: str | Path, *, seed: int = 3) -> Path:
     ids = {tok: tokenizer.token_to_id(tok) for tok in tm.SPECIAL_TOKENS}
     save_file(tm.random_weights(vocab_size, seed=seed, qkv_bias=False, tie=True), str(out / "model.safetensors"),
               metadata={"format": "pt"})
-    tm._write_json(out / "config.json", tm._config("llama", vocab_size, True, ids))
+    tm._write_json(out / "config.json", {**tm._config("llama", vocab_size, True, ids),
+                                         "max_position_embeddings": MAX_POSITIONS})
     config = tm._tokenizer_config(ids)
-    config["chat_template"] = QWEN3_LIKE_TEMPLATE
+    config["chat_template"], config["model_max_length"] = QWEN3_LIKE_TEMPLATE, MAX_POSITIONS
     for marker in MARKERS:
         config["added_tokens_decoder"][str(tokenizer.token_to_id(marker))] = {
             "content": marker, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
             "special": False}
     tm._write_json(out / "tokenizer_config.json", config)
-    (out / "predict_tiny.yaml").write_text(tm._predict_yaml(vocab_size, False, True, ids), encoding="utf-8")
+    positions = str(tm.SHAPE["max_position_embeddings"])
+    yaml = tm._predict_yaml(vocab_size, False, True, ids).replace(f": {positions}\n", f": {MAX_POSITIONS}\n")
+    (out / "predict_tiny.yaml").write_text(yaml, encoding="utf-8")
     return out
 
 
