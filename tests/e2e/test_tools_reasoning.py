@@ -93,7 +93,8 @@ def test_enforced_calls_equal_an_independent_parse_and_follow_the_schema(chat_ur
         choice0 = reply["choices"][0]
         _, content, calls = independent_parse(raw)
         assert choice0["finish_reason"] == "tool_calls", raw
-        got = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in choice0["message"]["tool_calls"]]
+        got = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+               for c in choice0["message"]["tool_calls"]]
         assert got == calls and (choice0["message"]["content"] or "") == content
         for tool, arguments in got:
             jsonschema.validate(arguments, SCHEMAS[tool])
