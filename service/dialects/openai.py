@@ -267,7 +267,8 @@ class OpenAIDialect:
 
     def submit_error(self, error: BackendError, req: OpenAIRequest) -> ServiceError:
         if isinstance(error, ParameterRejected):
-            tools = req.params.grammar is not None and req.params.grammar.kind == "tool_calls"
+            grammar = req.params.grammar if req is not None else None
+            tools = grammar is not None and grammar.kind == "tool_calls"  # the tool-call grammar names "tools"
             param = "tools" if tools and error.param == "grammar" else ENGINE_PARAMS.get(error.param, error.param)
             verb = " does not compile" if error.param == "grammar" else ""
             return InvalidRequest(f"{param}{verb}: {error}", param)
