@@ -90,11 +90,13 @@ def new_response_id(kind: Kind) -> str:
 
 def parse_openai_request(kind: Kind, body: Any, schemas: Schemas, model_name: str,
                          adapters: Collection[str] = (), media_types: Collection[str] = (),
-                         backend: Backend | None = None) -> OpenAIRequest:
+                         backend: Backend | None = None, formats: tuple[str, str] = ("auto", "auto")
+                         ) -> OpenAIRequest:
     """Validate ``body`` and convert it; errors are ``InvalidRequest`` (400) or ``ModelNotFound`` (404).
     ``model`` is the base model's name, or a LoRA adapter's (``adapters``), which the request then runs with.
     Chat image_url parts only if ``media_types`` (the part types the model takes beside text) has it; tools and
-    reasoning as ``backend``'s chat template writes them (``openai_tools.py``)."""
+    reasoning as ``backend``'s chat template writes them, or as ``formats`` (the server config's toolCallFormat,
+    reasoningFormat) say (``openai_tools.py``)."""
     error = jsonschema.exceptions.best_match(schemas.validator(SCHEMA[kind]).iter_errors(body))
     if error is not None:
         raise InvalidRequest(describe(error), _param_of(error))
@@ -114,7 +116,7 @@ def parse_openai_request(kind: Kind, body: Any, schemas: Schemas, model_name: st
               "include_usage": bool(options and options.get("include_usage")), "response_id": new_response_id(kind)}
     if kind == "chat":
         messages, media = _messages(body["messages"], frozenset(media_types))
-        chat, params = _chat_options(body, backend, common["params"])
+        chat, params = _chat_options(body, backend, formats, common["params"])
         return OpenAIRequest(kind, "", messages=messages, media=media, chat=chat, **{**common, "params": params})
     prompt = body["prompt"]
     return OpenAIRequest(kind, prompt if isinstance(prompt, str) else prompt[0],
@@ -142,13 +144,13 @@ def _params(kind: Kind, body: dict[str, Any]) -> RequestParams:
     )
 
 
-def _chat_options(body: dict[str, Any], backend: Backend | None,
+def _chat_options(body: dict[str, Any], backend: Backend | None, formats: tuple[str, str],
                   params: RequestParams) -> tuple[ChatOptions, RequestParams]:
     """Tools and reasoning: the options, and the parameters with the tool-call grammar and thinking budget."""
     if backend is None:
         return ChatOptions(), params
     try:
-        chat, grammar = parse_chat_options(body, backend)
+        chat, grammar = parse_chat_options(body, backend, formats)
     except ToolRequestError as exc:
         raise InvalidRequest(str(exc), exc.param) from None
     if grammar is not None and params.grammar is not None:

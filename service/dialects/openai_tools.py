@@ -66,8 +66,10 @@ class ChatOptions:
         return {**dict(self.template_kwargs), **tools}
 
 
-def parse_chat_options(body: dict[str, Any], backend: Backend) -> tuple[ChatOptions, Grammar | None]:
-    """The request's options and, for tool_choice required or named, the grammar that enforces it."""
+def parse_chat_options(body: dict[str, Any], backend: Backend,
+                       formats: tuple[str, str] = ("auto", "auto")) -> tuple[ChatOptions, Grammar | None]:
+    """The request's options and, for tool_choice required or named (or strict tools), the grammar that
+    enforces the calls. ``formats``: the server config's toolCallFormat and reasoningFormat."""
     tools = tuple(body.get("tools") or ())
     names = [t["function"]["name"] for t in tools]
     for i, tool in enumerate(tools):
@@ -82,7 +84,7 @@ def parse_chat_options(body: dict[str, Any], backend: Backend) -> tuple[ChatOpti
             raise ToolRequestError(f"chat_template_kwargs may not set {show(key)}, which the server sets",
                                    f"chat_template_kwargs.{key}")
     template = getattr(backend, "chat_template", None)
-    fmt = chat_format(template)
+    fmt = chat_format(template, *formats)
     if tools and choice != "none" and fmt.tool_calls is None:
         raise ToolRequestError(f"model {show(backend.model_name)} has no tool-call format (its chat template "
                                "shows none); send tool_choice \"none\" or no tools", "tools")

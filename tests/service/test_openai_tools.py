@@ -196,3 +196,12 @@ def test_a_model_without_reasoning_is_unaffected():
     assert body["choices"][0]["message"] == {"role": "assistant", "content": text}
     assert "completion_tokens_details" not in body["usage"]
     assert joined(chunks)["content"] == text and joined(chunks)["reasoning_content"] == ""
+
+
+def test_the_server_config_overrides_the_templates_formats():
+    body = {"model": MODEL, "messages": ASK, "tools": TOOLS, "tool_choice": "required"}
+    llama = parse_openai_request("chat", body, SCHEMAS, MODEL, backend=QWEN, formats=("llama3_json", "none"))
+    spec = json.loads(llama.params.grammar.value)
+    assert spec["syntax"] == "llama3_json" and not spec["reasoning"] and llama.chat.fmt.reasoning is None
+    with pytest.raises(InvalidRequest):
+        parse_openai_request("chat", body, SCHEMAS, MODEL, backend=QWEN, formats=("none", "auto"))
