@@ -139,7 +139,7 @@ def _prompt_thinks(backend: Backend, kwargs_json: str, fmt: ChatFormat) -> tuple
         return False, False
     try:
         prompt = backend.apply_chat_template(_PROBE, **json.loads(kwargs_json))
-    except BackendError:
+    except (BackendError, TypeError, ValueError, LookupError):  # a template that needs more: the real render tells
         return False, False
     return opens_reasoning(prompt, fmt), closes_reasoning(prompt, fmt)
 
