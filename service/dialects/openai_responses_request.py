@@ -25,7 +25,7 @@ from service.validation import Schemas, describe, show
 
 SCHEMA = "openai_responses_request"
 # fields copied as they are into the chat body
-_SAME = ("model", "temperature", "top_p", "top_k", "seed", "stream", "user", "parallel_tool_calls",
+_SAME = ("model", "temperature", "top_p", "top_k", "seed", "logit_bias", "stream", "user", "parallel_tool_calls",
          "chat_template_kwargs", "thinking_budget")
 
 
@@ -141,12 +141,12 @@ def _part(part: dict[str, Any]) -> dict[str, Any]:
 
 
 def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
-    function = {"name": tool["name"], "strict": tool.get("strict") is not False}
-    if tool.get("description") is not None:
-        function["description"] = tool["description"]
-    if tool.get("parameters") is not None:
-        function["parameters"] = tool["parameters"]
-    return {"type": "function", "function": function}
+    """The chat tool (keys in the chat API's order: a template writes the tool as it is)."""
+    function = {"name": tool["name"]}
+    for key in ("description", "parameters"):
+        if tool.get(key) is not None:
+            function[key] = tool[key]
+    return {"type": "function", "function": {**function, "strict": tool.get("strict") is not False}}
 
 
 def _response_format(text_format: dict[str, Any]) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import pytest
 
 from service.validation import default_schemas
 from tests.support.http import parse_sse
-from tests.support.tiny_chat_model import make_tiny_chat_model, marker_ids
+from tests.support.tiny_chat_model import marker_ids
 
 pytestmark = pytest.mark.slow
 
@@ -29,22 +29,6 @@ SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 STREAM_SCHEMA = default_schemas().validator("openai_chat_chunk")
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
-
-
-@pytest.fixture(scope="module")
-def chat_model(tmp_path_factory):
-    return make_tiny_chat_model(tmp_path_factory.mktemp("tiny_chat"))
-
-
-@pytest.fixture(scope="module")
-def chat_url(live_servers, chat_model):
-    from backends.mindspore.engine import Engine
-    from backends.settings import EngineConfig
-
-    config = EngineConfig(max_seq_len=1536, max_input_tokens=1400, max_batch_size=4, max_iter_times=64,
-                          block_size=64, prefill_chunk=256, window_buckets=(1536,), batch_buckets=(1, 4))
-    with Engine(chat_model, config) as engine:
-        yield live_servers.start(engine)
 
 
 @pytest.fixture(scope="module")
