@@ -166,7 +166,7 @@ _FIELDS = (
     (re.compile(r"\bresponse_format\b"), "text.format"),
     (re.compile(r"\bmax_completion_tokens\b"), "max_output_tokens"),
 )
-_MESSAGE = re.compile(r"\bmessages(\[(\d+)\])?")
+_MESSAGE = re.compile(r"(?<![.\w\"])messages(\[(\d+)\])?")  # not chat_template_kwargs.messages, "messages"
 
 
 def rename(text: str, origins: Sequence[str]) -> str:
