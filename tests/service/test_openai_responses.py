@@ -184,7 +184,8 @@ def test_the_length_cap_makes_the_response_incomplete():
     body, events = body_and_stream(parse(), result("cut sho", FinishReason.LENGTH))
     assert body["status"] == "incomplete" and body["incomplete_details"] == {"reason": "max_output_tokens"}
     assert body["output"][-1]["status"] == "incomplete"
-    assert events[-1]["type"] == "response.incomplete" and without_ids(events[-1]["response"]["output"]) == without_ids(body["output"])
+    assert events[-1]["type"] == "response.incomplete"
+    assert without_ids(events[-1]["response"]["output"]) == without_ids(body["output"])
 
 
 def test_a_model_without_reasoning_keeps_its_text_as_generated():
