@@ -133,7 +133,7 @@ def test_reasoning_is_shown_in_a_collapsed_block(browser, chat_url, chat_model):
 def test_tool_calls_are_shown_and_answered(browser, chat_url):
     open_chat(browser, chat_url)
     browser.find_element(By.ID, "chat-clear").click()
-    settings(browser, max_tokens=40, temperature=1.0,
+    settings(browser, max_tokens=120, temperature=1.0,
              extra={"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False, "seed": 3,
                     **NO_THINKING})
     answer = say(browser, "Weather?")
