@@ -256,6 +256,7 @@ function clearConversation() {
 ui.modePrompt.addEventListener("click", () => showMode("prompt"));
 ui.modeChat.addEventListener("click", () => showMode("chat"));
 ui.compose.addEventListener("submit", send);
+$("chat-settings").addEventListener("submit", (e) => e.preventDefault());  // Enter in a setting sends nothing
 ui.stop.addEventListener("click", () => chat.running?.controller.abort());
 ui.clear.addEventListener("click", clearConversation);
 ui.input.addEventListener("keydown", (e) => {

@@ -38,6 +38,7 @@ def name(chat_url) -> str:
 
 
 def open_chat(driver, url: str) -> None:
+    driver.get_log("browser")  # what an earlier page logged
     driver.get(url + "/playground#chat")
     WebDriverWait(driver, TIMEOUT).until(lambda d: d.find_element(By.ID, "chat-mode").is_displayed())
     assert not driver.find_element(By.ID, "prompt-mode").is_displayed()
@@ -112,6 +113,7 @@ def test_a_two_message_conversation(browser, chat_url, name):
     assert roles == ["msg user", "msg assistant", "msg user", "msg assistant"]
     browser.find_element(By.ID, "chat-clear").click()
     assert browser.find_elements(By.CSS_SELECTOR, "#conversation .msg") == []
+    assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]  # e.g. the page's CSP
 
 
 def test_reasoning_is_shown_in_a_collapsed_block(browser, chat_url, chat_model):
