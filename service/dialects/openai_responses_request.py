@@ -19,6 +19,7 @@ from typing import Any
 import jsonschema.exceptions
 
 from backends.base import Backend
+from backends.types import RequestParams
 from service.dialects.openai_request import InvalidRequest, OpenAIRequest, _param_of, parse_openai_request
 from service.errors import ServiceError
 from service.validation import Schemas, describe, show
@@ -39,7 +40,7 @@ class ResponsesRequest:
     origins: tuple[str, ...] = ()  # the Responses field each chat message came from (for error messages)
 
     @property
-    def params(self):
+    def params(self) -> RequestParams:
         return self.chat.params
 
     @property

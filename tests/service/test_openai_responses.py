@@ -203,3 +203,35 @@ def test_an_empty_answer_is_an_empty_message():
 def test_store_is_accepted_and_reported_false():
     body, _ = body_and_stream(parse(store=True, metadata={"k": "v"}), result("ok"))
     assert body["store"] is False and body["metadata"] == {"k": "v"}
+
+
+def test_a_failure_after_the_stream_opened_is_an_error_then_response_failed():
+    from service.errors import ServiceUnavailable
+
+    stream = ResponsesStream(parse(), MODEL)
+    frames = stream.on_token(TokenEvent(Token(0, "Hi", -0.1, False), 0, "Hi"))
+    frames += stream.on_error(ServiceUnavailable("the server is shutting down"))
+    events = [json.loads(f.removesuffix("\n\n").split("\n")[1].removeprefix("data: ")) for f in frames]
+    for event in events:
+        SCHEMAS.validate("openai_responses_event", event, root="event")
+    assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
+    assert events[-2]["message"] == "the server is shutting down"
+    failed = events[-1]["response"]
+    assert failed["status"] == "failed" and failed["error"]["message"] == "the server is shutting down"
+
+
+@pytest.mark.parametrize("error, param, words", [
+    ("InputRejected", "input", "too many tokens"),
+    ("grammar", "text.format", "text.format does not compile"),
+    ("tools", "tools", "tools does not compile"),
+])
+def test_submit_errors_name_the_responses_fields(error, param, words):
+    from backends.errors import InputRejected, ParameterRejected
+
+    fields = {"text": {"format": {"type": "json_object"}}} if error == "grammar" else \
+        {"tools": [TOOL], "tool_choice": "required"} if error == "tools" else {}
+    req = parse(**fields)
+    backend_error = InputRejected("too many tokens") if error == "InputRejected" else \
+        ParameterRejected("grammar", "bad grammar")
+    refused = RESPONSES.submit_error(backend_error, req)
+    assert refused.param == param and words in refused.message
