@@ -97,9 +97,7 @@ def parse_openai_request(kind: Kind, body: Any, schemas: Schemas, model_name: st
     Chat image_url parts only if ``media_types`` (the part types the model takes beside text) has it; tools and
     reasoning as ``backend``'s chat template writes them, or as ``formats`` (the server config's toolCallFormat,
     reasoningFormat) say (``openai_tools.py``)."""
-    error = jsonschema.exceptions.best_match(schemas.validator(SCHEMA[kind]).iter_errors(body))
-    if error is not None:
-        raise InvalidRequest(describe(error), _param_of(error))
+    check_body(schemas, SCHEMA[kind], body)
     if body["model"] != model_name and body["model"] not in adapters:
         raise ModelNotFound(body["model"], model_name, sorted(adapters))
     adapter = None if body["model"] == model_name else body["model"]
@@ -245,6 +243,13 @@ def _message(message: dict[str, Any], content: str) -> dict[str, Any]:
         out["tool_calls"] = [{**call, "function": dict(call["function"])} for call in message["tool_calls"]]
         template_messages([out])
     return out
+
+
+def check_body(schemas: Schemas, schema: str, body: Any) -> None:
+    """``body`` against the schema named ``schema``; the best error as an ``InvalidRequest`` naming its field."""
+    error = jsonschema.exceptions.best_match(schemas.validator(schema).iter_errors(body))
+    if error is not None:
+        raise InvalidRequest(describe(error), _param_of(error))
 
 
 def _float_or_none(value: Any) -> float | None:

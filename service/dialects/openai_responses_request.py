@@ -16,13 +16,11 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import jsonschema.exceptions
-
 from backends.base import Backend
 from backends.types import RequestParams
-from service.dialects.openai_request import InvalidRequest, OpenAIRequest, _param_of, parse_openai_request
+from service.dialects.openai_request import InvalidRequest, OpenAIRequest, check_body, parse_openai_request
 from service.errors import ServiceError
-from service.validation import Schemas, describe, show
+from service.validation import Schemas, show
 
 SCHEMA = "openai_responses_request"
 # fields copied as they are into the chat body
@@ -66,9 +64,7 @@ def parse_responses_request(body: Any, schemas: Schemas, model_name: str, adapte
                             media_types: Collection[str] = (), backend: Backend | None = None,
                             formats: tuple[str, str] = ("auto", "auto")) -> ResponsesRequest:
     """Validate ``body``, translate it and parse it as a chat request; errors name the Responses fields."""
-    error = jsonschema.exceptions.best_match(schemas.validator(SCHEMA).iter_errors(body))
-    if error is not None:
-        raise InvalidRequest(describe(error), _param_of(error))
+    check_body(schemas, SCHEMA, body)
     if body.get("previous_response_id") is not None:
         raise InvalidRequest(f"previous_response_id {show(body['previous_response_id'])}: this server stores no "
                              "responses; send the whole conversation in input instead", "previous_response_id")
