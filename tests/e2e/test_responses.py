@@ -213,6 +213,17 @@ def test_reasoning_is_an_item_and_is_counted(chat_url, chat_model, name):
     final = check_sequence(events)
     assert summary(final["output"]) == kinds
     assert "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta") == reasoning
+    client = openai.OpenAI(base_url=chat_url + "/v1", api_key="none", max_retries=0, timeout=120)
+    extra = {k: body[k] for k in ("seed", "thinking_budget", "logit_bias")}
+    with client.responses.stream(model=name, input=QUESTION, max_output_tokens=40, temperature=1.0,
+                                 extra_body=extra) as stream:
+        last = None
+        for last in stream:
+            pass
+    streamed = stream.get_final_response() if last.type == "response.completed" else last.response
+    assert streamed.output[0].type == "reasoning" and streamed.output[0].content[0].text == reasoning
+    assert streamed.usage.output_tokens_details.reasoning_tokens == whole["usage"]["output_tokens_details"][
+        "reasoning_tokens"]
 
 
 def test_text_format_json_schema_is_enforced(client, name):
