@@ -85,8 +85,10 @@ class Backend(Protocol):
     def tokenize(self, text: str) -> list[int]:
         """The token ids ``submit`` would use for ``text`` (before ``truncate``)."""
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]]) -> str:
-        """The prompt text for chat messages ([{"role", "content"}, ...]); InputRejected if impossible."""
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], **variables: Any) -> str:
+        """The prompt text for chat messages ([{"role", "content"}, ...]); InputRejected if impossible.
+        ``variables``: more template variables (``tools``, chat_template_kwargs); a backend may take none
+        when no request sends any. Its ``chat_template`` attribute (optional) is the template's text."""
 
     def info(self) -> dict:
         """Live figures for /info and /metrics: model_name, dtype, max_seq_len, max_input_tokens,

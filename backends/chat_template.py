@@ -47,7 +47,8 @@ def render_chat_template(
         )
     except TemplateRejected as exc:
         raise InputRejected(f"messages rejected by the model's chat template: {exc.message}") from None
-    except jinja2.TemplateError as exc:
+    except (jinja2.TemplateError, TypeError, ValueError, LookupError, ArithmeticError) as exc:
+        # e.g. a chat_template_kwargs value of a type the template does not expect
         raise GenerationFailed(f"the model's chat template failed: {exc}") from None
 
 

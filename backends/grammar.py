@@ -19,6 +19,7 @@ import numpy as np
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask_par
 
 from backends.errors import ParameterRejected
+from backends.tool_grammar import tool_call_lark
 from backends.types import Grammar
 
 MAX_GRAMMAR_BYTES = 65_536  # the serialized schema or the regex
@@ -76,12 +77,23 @@ class GrammarCompiler:
         if len(grammar.value.encode("utf-8")) > MAX_GRAMMAR_BYTES:
             raise GrammarRejected(f"the {grammar.kind} grammar is {len(grammar.value.encode('utf-8'))} bytes, "
                                   f"more than the limit of {MAX_GRAMMAR_BYTES}")
-        text = _llguidance_grammar(grammar)
+        if grammar.kind == "tool_calls":
+            try:
+                text = tool_call_lark(grammar.value, self._is_token, JSON_OPTIONS)
+            except ValueError as exc:
+                raise GrammarRejected(str(exc)) from None
+        else:
+            text = _llguidance_grammar(grammar)
         matcher = llguidance.LLMatcher(self.tokenizer, text, log_level=0,
                                        limits=llguidance.LLParserLimits(**LIMITS))
         if matcher.is_error():
             raise GrammarRejected(_first_lines(matcher.get_error()))
         return GrammarState(matcher, self._vocab_size)
+
+    def _is_token(self, text: str) -> bool:
+        """``text`` is one special token of this tokenizer (a Lark grammar names it as ``<text>``)."""
+        ids = self.tokenizer.tokenize_str(text)
+        return len(ids) == 1 and self.tokenizer.is_special_token(ids[0])
 
 
 class GrammarState:
@@ -143,6 +155,21 @@ class MaskWorker:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
+
+
+def check_json_schema(schema: object) -> None:
+    """``GrammarRejected`` if the JSON Schema ``schema`` cannot become a grammar (no tokenizer needed)."""
+    if not isinstance(schema, dict):
+        raise GrammarRejected(f"the JSON Schema must be an object, got {type(schema).__name__}")
+    try:
+        text = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+    except (ValueError, TypeError) as exc:
+        raise GrammarRejected(_first_lines(str(exc))) from None
+    except RecursionError:
+        raise GrammarRejected("the JSON Schema nests too deeply") from None
+    failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text)
+    if failed:
+        raise GrammarRejected(_first_lines("; ".join(messages)))
 
 
 def _llguidance_grammar(grammar: Grammar) -> str:

@@ -15,7 +15,8 @@ class FinishReason(str, enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Grammar:
-    """A constraint on the generated text: ``kind`` "json" (``value`` is a JSON Schema's text) or "regex"."""
+    """A constraint on the generated text: ``kind`` "json" (``value`` is a JSON Schema's text), "regex", or
+    "tool_calls" (the server's tool-call constraint: backends/tool_grammar.py)."""
 
     kind: str
     value: str
@@ -47,6 +48,7 @@ class RequestParams:
     ignore_eos: bool = False  # never choose EOS: generate until the length cap
     min_tokens: int = 0  # no EOS before this many generated tokens
     top_logprobs: int = 0  # report this many most likely alternatives with each generated token
+    thinking_budget: int | None = None  # at most this many tokens inside <think>…</think> (backends/thinking.py)
 
 
 @dataclass(frozen=True, slots=True)

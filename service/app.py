@@ -14,6 +14,7 @@ from service.config import BUSINESS, MANAGEMENT, METRICS, ServerSettings
 from service.connections import ConnectionTracker
 from service.context import AppContext, RequestLimits
 from service.dialects.openai import CHAT, COMPLETIONS
+from service.dialects.openai_responses import RESPONSES
 from service.dialects.tgi import Route as TGIRoute
 from service.dialects.tgi import TGIDialect
 from service.http import NotFoundHandler
@@ -42,6 +43,7 @@ def business_routes(ctx: AppContext) -> list[Route]:
         (r"/generate_stream", TGIDialect(TGIRoute.STREAM)),
         (r"/v1/completions", COMPLETIONS),
         (r"/v1/chat/completions", CHAT),
+        (r"/v1/responses", RESPONSES),
     )]
     return [
         *playground_routes(ctx),  # first: a browser's GET / is matched before POST /'s route

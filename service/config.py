@@ -40,6 +40,8 @@ class ServerSettings:
     max_link_num: int = 1000
     full_text_enabled: bool = False
     playground_enabled: bool = True  # the browser page at /playground and a browser's GET / (service/playground.py)
+    tool_call_format: str = "auto"  # how chat output's tool calls are read (backends/chat_format.py)
+    reasoning_format: str = "auto"  # whether chat output's <think> block is reasoning_content
     token_timeout: float = 600.0
     e2e_timeout: float = 600.0
     max_request_bytes: int = 40 * 1024 * 1024
@@ -137,6 +139,7 @@ def _server(data: dict, base: Path) -> ServerSettings:
         tls_ca_files=tuple(_resolve(ca_dir, f) for f in ([ca] if isinstance(ca, str) else ca)),
         max_link_num=s["maxLinkNum"], full_text_enabled=s["fullTextEnabled"],
         playground_enabled=s["playgroundEnabled"],
+        tool_call_format=s["toolCallFormat"], reasoning_format=s["reasoningFormat"],
         token_timeout=float(s["tokenTimeout"]), e2e_timeout=float(s["e2eTimeout"]),
         max_request_bytes=int(s["maxRequestLength"]) * 1024 * 1024,
         token_id_format=s["tokenIdFormat"], shutdown_grace_period=float(s["shutdownGracePeriod"]),

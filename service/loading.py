@@ -65,8 +65,12 @@ class LoadingBackend:
     def tokenize(self, text: str) -> list[int]:
         return self._loaded().tokenize(text)
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]]) -> str:
-        return self._loaded().apply_chat_template(messages)
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], **variables: Any) -> str:
+        return self._loaded().apply_chat_template(messages, **variables)
+
+    @property
+    def chat_template(self) -> str | None:
+        return getattr(self._backend, "chat_template", None) if self._backend is not None else None
 
     def adapters(self) -> list[dict]:
         return self._backend.adapters() if self._backend is not None else []

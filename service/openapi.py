@@ -52,6 +52,9 @@ ROUTES: tuple[RouteDoc, ...] = (
     RouteDoc("post", "/v1/chat/completions", "OpenAI-compatible chat completion (SSE with stream: true)",
              request="openai_chat_request", stream=True, event="openai_chat_chunk",
              errors=_OPENAI_ERRORS, error_schema="openai_error"),
+    RouteDoc("post", "/v1/responses", "OpenAI Responses API, stateless (SSE with stream: true): translated into a "
+             "chat completion", request="openai_responses_request", response="openai_responses_response",
+             stream=True, event="openai_responses_event", errors=_OPENAI_ERRORS, error_schema="openai_error"),
     RouteDoc("post", "/v1/tokenizer", "Tokenize text as POST / would", request="tokenizer_request",
              response="tokenizer_response", errors=(400, 413, 415, 422)),
     RouteDoc("get", "/v1/models", "The served model (OpenAI list shape)", response="model_list"),

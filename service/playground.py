@@ -1,4 +1,5 @@
-"""The playground: a browser page for ``POST /``, served from the package's ``static/`` files.
+"""The playground: a browser page for ``POST /`` (and, in its chat mode, ``/v1/chat/completions``), served from
+the package's ``static/`` files.
 
 ``GET /playground`` always, and ``GET /`` when the client asks for HTML (a browser); any other ``GET /`` keeps
 its 405. ``ServerConfig.playgroundEnabled: false`` serves none of it. The page builds its form from

@@ -93,14 +93,15 @@ class Engine:
         """The ids ``submit`` would start from (before ``truncate`` and the length policy)."""
         return self.tokenizer.encode(text)
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]]) -> str:
-        """The prompt for a chat (the tokenizer config's template, with the generation prompt)."""
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], **variables: Any) -> str:
+        """The prompt for a chat (the tokenizer config's template, with the generation prompt); ``variables``:
+        more template variables (``tools``, a request's chat_template_kwargs)."""
         template = self.chat_template
         if template is None:
             raise InputRejected(f"model {self.model_name} has no chat template; "
                                 "send a plain prompt to /v1/completions instead")
         return render_chat_template(template, messages, bos_token=self.tokenizer.bos_token or "",
-                                    eos_token=self.tokenizer.eos_token or "")
+                                    eos_token=self.tokenizer.eos_token or "", **variables)
 
     def prompt_ids(self, text: str, truncate: int | None) -> list[int]:
         return self.intake.prompt_ids(text, truncate)  # what submit starts a text prompt from

@@ -19,6 +19,7 @@ from backends.mindspore.tokenizer import IncrementalDetokenizer, Tokenizer
 from backends.params import resolve
 from backends.sampling import NextTokenChooser, request_processors
 from backends.stopping import StepOutcome, Stopper
+from backends.thinking import thinking_budget
 from backends.types import ModelDefaults, RequestParams, Token
 
 if TYPE_CHECKING:
@@ -66,6 +67,7 @@ class SeqState:
             raise ParameterRejected("logit_bias", f"logit_bias has token id {outside[0]}, outside the "
                                                   f"vocabulary of {vocab_size} tokens")
         first = request_processors(params.logit_bias, sorted(eos_ids), _eos_banned_until(params, len(prompt_ids)))
+        first += thinking_budget(params.thinking_budget, prompt_ids, tokenizer.token_id)
         grammar = None
         if params.grammar is not None:
             if grammars is None:

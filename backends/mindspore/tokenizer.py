@@ -104,6 +104,10 @@ class Tokenizer:
         part of a UTF-8 character shows as U+FFFD, as in TGI's per-token `text`."""
         return self.decode([token_id], skip_special_tokens=False)
 
+    def token_id(self, text: str) -> int | None:
+        """The id of the token whose text is ``text`` (an added token such as ``<think>``), None if none is."""
+        return self._id_of(text)
+
     def _id_of(self, token: Any) -> int | None:
         if isinstance(token, Mapping):  # HF serialises AddedToken as {"content": ...}
             token = token.get("content")

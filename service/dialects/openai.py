@@ -25,6 +25,7 @@ from typing import Any
 from backends.errors import BackendError, InputRejected, ParameterRejected
 from backends.types import FinishReason, GenerationResult, Token, TokenEvent
 from service import sse
+from service.dialects.openai_chat_output import ChatDeltas, finish_reason, render_message
 from service.context import AppContext
 from service.dialects.openai_request import (MEDIA_MARK, InvalidRequest, Kind, ModelNotFound, OpenAIRequest,
                                              parse_openai_request)
@@ -56,9 +57,14 @@ _SERVER_ERROR = "server_error"
 
 # --- response --------------------------------------------------------------------------------------
 
-def usage(result: GenerationResult) -> dict[str, int]:
-    return {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.generated_tokens,
-            "total_tokens": result.prompt_tokens + result.generated_tokens}
+def usage(result: GenerationResult, reasoning: int | None = None) -> dict[str, Any]:
+    """The usage counts; ``reasoning`` (a model that reasons): its reasoning tokens, in
+    completion_tokens_details."""
+    counts: dict[str, Any] = {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.generated_tokens,
+                              "total_tokens": result.prompt_tokens + result.generated_tokens}
+    if reasoning is not None:
+        counts["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+    return counts
 
 
 def has_logprob(token: Token, last: bool) -> bool:
@@ -103,21 +109,29 @@ def render_completion(req: OpenAIRequest, results: GenerationResult | list[Gener
     object_ = "chat.completion" if req.kind == "chat" else "text_completion"
     prompt_tokens = results[0].prompt_tokens
     completion_tokens = sum(r.generated_tokens for r in results)
+    choices, reasoning = zip(*(_choice(req, i, r) for i, r in enumerate(results)))
+    counts = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+              "total_tokens": prompt_tokens + completion_tokens}
+    if req.chat.fmt.reasoning is not None:
+        counts["completion_tokens_details"] = {"reasoning_tokens": sum(reasoning)}
     return {"id": response_id, "object": object_, "created": created or int(time.time()), "model": model,
-            "choices": [_choice(req, i, r) for i, r in enumerate(results)],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens}}
+            "choices": list(choices), "usage": counts}
 
 
-def _choice(req: OpenAIRequest, index: int, result: GenerationResult) -> dict[str, Any]:
+def _choice(req: OpenAIRequest, index: int, result: GenerationResult) -> tuple[dict[str, Any], int]:
+    """One choice and its reasoning tokens."""
     finish = FINISH_REASONS[FinishReason(result.finish_reason)]
     start = len(req.prompt) if req.kind == "completion" and req.echo else 0
     logprobs = render_logprobs(req, reported_tokens(result), start)
-    if req.kind == "chat":
+    reasoning = 0
+    if req.kind == "chat" and req.chat.parses:
+        message, called, reasoning = render_message(req.chat, result)
+        choice, finish = {"message": message}, finish_reason(result, called, finish)
+    elif req.kind == "chat":
         choice = {"message": {"role": "assistant", "content": result.generated_text}}
     else:
         choice = {"text": (req.prompt if req.echo else "") + result.generated_text}
-    return {"index": index, **choice, "logprobs": logprobs, "finish_reason": finish}
+    return {"index": index, **choice, "logprobs": logprobs, "finish_reason": finish}, reasoning
 
 
 class ChunkRenderer:
@@ -142,15 +156,22 @@ class ChunkRenderer:
             chunk["choices"][0]["logprobs"] = render_logprobs(self._req, tokens, offset)
         return chunk
 
-    def finish(self, result: GenerationResult) -> dict[str, Any]:
-        finish = FINISH_REASONS[FinishReason(result.finish_reason)]
+    def delta(self, delta: dict[str, Any], tokens: tuple[Token, ...] = ()) -> dict[str, Any]:
+        """A chat chunk of any delta (reasoning, tool calls); with logprobs asked, those of ``tokens``."""
+        chunk = self._chunk(delta)
+        if tokens:
+            chunk["choices"][0]["logprobs"] = render_logprobs(self._req, tokens)
+        return chunk
+
+    def finish(self, result: GenerationResult, called: bool = False) -> dict[str, Any]:
+        finish = finish_reason(result, called, FINISH_REASONS[FinishReason(result.finish_reason)])
         return self._chunk({} if self._req.kind == "chat" else "", finish)
 
-    def usage(self, result: GenerationResult) -> dict[str, Any]:
+    def usage(self, result: GenerationResult, reasoning: int | None = None) -> dict[str, Any]:
         """The include_usage chunk: no choices, the usage counts."""
-        return {**self._head, "choices": [], "usage": usage(result)}
+        return {**self._head, "choices": [], "usage": usage(result, reasoning)}
 
-    def _chunk(self, delta: dict[str, str] | str, finish: str | None = None) -> dict[str, Any]:
+    def _chunk(self, delta: dict[str, Any] | str, finish: str | None = None) -> dict[str, Any]:
         content = {"delta": delta} if isinstance(delta, dict) else {"text": delta}
         chunk = {**self._head, "choices": [{"index": 0, **content, "logprobs": None, "finish_reason": finish}]}
         if self._req.include_usage:
@@ -179,6 +200,8 @@ class OpenAIStream:
         self._chunks = chunks
         self._sent = ""  # text sent so far
         self._opened = False
+        # tools or reasoning: the text goes through the chat-output parser (openai_chat_output.py)
+        self._deltas = ChatDeltas(req.chat) if req.kind == "chat" and req.chat.parses else None
 
     def _open(self) -> list[str]:
         if self._opened:
@@ -189,6 +212,9 @@ class OpenAIStream:
 
     def on_token(self, event: TokenEvent) -> list[str]:
         out = self._open()
+        if self._deltas is not None:
+            return out + self._parsed(event.text, (event.token,) if self._req.logprobs and has_logprob(
+                event.token, event.last) else ())
         if self._req.logprobs and has_logprob(event.token, event.last):  # a chunk per token, a final EOS aside
             offset = len(self._sent) + (len(self._req.prompt) if self._req.echo else 0)
             self._sent += event.text
@@ -198,15 +224,30 @@ class OpenAIStream:
             out.append(sse.event(self._chunks.text(event.text)))
         return out
 
+    def _parsed(self, text: str, tokens: tuple[Token, ...] = ()) -> list[str]:
+        """The deltas ``text`` settles, the tokens' logprobs with the first (or alone)."""
+        self._sent += text
+        deltas = self._deltas.feed(text)
+        if tokens and not deltas:
+            deltas = [{}]
+        return [sse.event(self._chunks.delta(d, tokens if i == 0 else ())) for i, d in enumerate(deltas)]
+
     def on_result(self, result: GenerationResult) -> list[str]:
         out = self._open()
         text = result.generated_text
         tail = text[len(self._sent):] if text.startswith(self._sent) else ""
-        if tail:
-            out.append(sse.event(self._chunks.text(tail)))
-        out.append(sse.event(self._chunks.finish(result)))
+        reasoning = None
+        if self._deltas is not None:
+            out += self._parsed(tail)
+            out += [sse.event(self._chunks.delta(d)) for d in self._deltas.finish()]
+            out.append(sse.event(self._chunks.finish(result, self._deltas.called)))
+            reasoning = self._deltas.reasoning_tokens(result) if self._req.chat.fmt.reasoning is not None else None
+        else:
+            if tail:
+                out.append(sse.event(self._chunks.text(tail)))
+            out.append(sse.event(self._chunks.finish(result)))
         if self._req.include_usage:
-            out.append(sse.event(self._chunks.usage(result)))
+            out.append(sse.event(self._chunks.usage(result, reasoning)))
         out.append(DONE_EVENT)
         return out
 
@@ -221,11 +262,14 @@ class OpenAIDialect:
 
     def parse(self, body: Any, ctx: AppContext) -> OpenAIRequest:
         return parse_openai_request(self.kind, body, ctx.schemas, ctx.backend.model_name,
-                                    [a["name"] for a in ctx.backend.adapters()], ctx.accepted_part_types()[1:])
+                                    [a["name"] for a in ctx.backend.adapters()], ctx.accepted_part_types()[1:],
+                                    ctx.backend, (ctx.settings.tool_call_format, ctx.settings.reasoning_format))
 
     def submit_error(self, error: BackendError, req: OpenAIRequest) -> ServiceError:
         if isinstance(error, ParameterRejected):
-            param = ENGINE_PARAMS.get(error.param, error.param)
+            grammar = req.params.grammar if req is not None else None
+            tools = grammar is not None and grammar.kind == "tool_calls"  # the tool-call grammar names "tools"
+            param = "tools" if tools and error.param == "grammar" else ENGINE_PARAMS.get(error.param, error.param)
             verb = " does not compile" if error.param == "grammar" else ""
             return InvalidRequest(f"{param}{verb}: {error}", param)
         if isinstance(error, InputRejected):

@@ -15,6 +15,7 @@ from backends.errors import InputRejected
 from backends.grammar import ANY_JSON_OBJECT
 from backends.types import Grammar, MediaInput, RequestParams
 from service.dialects import json_schema_grammar, stop_sequences
+from service.dialects.openai_tools import ChatOptions, ToolRequestError, parse_chat_options, template_messages
 from service.errors import NotFound, ValidationError
 from service.media.kinds import BY_PART_TYPE
 from service.media.parts import MAX_MEDIA_PARTS, MediaRef, media_ref
@@ -58,11 +59,16 @@ class OpenAIRequest:
     logprobs: bool = False  # choices[].logprobs in OpenAI's shape (the alternatives: params.top_logprobs)
     choices: int = 1  # n: sequences for the prompt (not with stream)
     media: tuple[MediaRef, ...] = ()  # chat: the image_url parts, in order (service/media/)
+    chat: ChatOptions = ChatOptions()  # chat: tools, tool_choice, the template's kwargs, the output's format
 
     def render_prompt(self, backend: Backend) -> str:
         """The text to generate from: chat messages rendered with the model's chat template (each image part
         a ``MEDIA_MARK`` in its message's content until ``place_media``)."""
-        return backend.apply_chat_template(self.messages) if self.kind == "chat" else self.prompt
+        if self.kind != "chat":
+            return self.prompt
+        variables = self.chat.template_variables()
+        return backend.apply_chat_template(self.messages, **variables) if variables else \
+            backend.apply_chat_template(self.messages)
 
     def place_media(self, prompt: str, media: tuple[MediaInput, ...]) -> tuple[str, tuple[MediaInput, ...]]:
         """The rendered prompt without its media marks, and each loaded part placed where its mark was."""
@@ -83,13 +89,15 @@ def new_response_id(kind: Kind) -> str:
 
 
 def parse_openai_request(kind: Kind, body: Any, schemas: Schemas, model_name: str,
-                         adapters: Collection[str] = (), media_types: Collection[str] = ()) -> OpenAIRequest:
+                         adapters: Collection[str] = (), media_types: Collection[str] = (),
+                         backend: Backend | None = None, formats: tuple[str, str] = ("auto", "auto")
+                         ) -> OpenAIRequest:
     """Validate ``body`` and convert it; errors are ``InvalidRequest`` (400) or ``ModelNotFound`` (404).
     ``model`` is the base model's name, or a LoRA adapter's (``adapters``), which the request then runs with.
-    Chat image_url parts only if ``media_types`` (the part types the model takes beside text) has it."""
-    error = jsonschema.exceptions.best_match(schemas.validator(SCHEMA[kind]).iter_errors(body))
-    if error is not None:
-        raise InvalidRequest(describe(error), _param_of(error))
+    Chat image_url parts only if ``media_types`` (the part types the model takes beside text) has it; tools and
+    reasoning as ``backend``'s chat template writes them, or as ``formats`` (the server config's toolCallFormat,
+    reasoningFormat) say (``openai_tools.py``)."""
+    check_body(schemas, SCHEMA[kind], body)
     if body["model"] != model_name and body["model"] not in adapters:
         raise ModelNotFound(body["model"], model_name, sorted(adapters))
     adapter = None if body["model"] == model_name else body["model"]
@@ -106,7 +114,8 @@ def parse_openai_request(kind: Kind, body: Any, schemas: Schemas, model_name: st
               "include_usage": bool(options and options.get("include_usage")), "response_id": new_response_id(kind)}
     if kind == "chat":
         messages, media = _messages(body["messages"], frozenset(media_types))
-        return OpenAIRequest(kind, "", messages=messages, media=media, **common)
+        chat, params = _chat_options(body, backend, formats, common["params"])
+        return OpenAIRequest(kind, "", messages=messages, media=media, chat=chat, **{**common, "params": params})
     prompt = body["prompt"]
     return OpenAIRequest(kind, prompt if isinstance(prompt, str) else prompt[0],
                          echo=bool(body.get("echo")), **common)
@@ -131,6 +140,22 @@ def _params(kind: Kind, body: dict[str, Any]) -> RequestParams:
         ignore_eos=bool(body.get("ignore_eos")),
         min_tokens=int(body.get("min_tokens") or 0),
     )
+
+
+def _chat_options(body: dict[str, Any], backend: Backend | None, formats: tuple[str, str],
+                  params: RequestParams) -> tuple[ChatOptions, RequestParams]:
+    """Tools and reasoning: the options, and the parameters with the tool-call grammar and thinking budget."""
+    if backend is None:
+        return ChatOptions(), params
+    try:
+        chat, grammar = parse_chat_options(body, backend, formats)
+    except ToolRequestError as exc:
+        raise InvalidRequest(str(exc), exc.param) from None
+    if grammar is not None and params.grammar is not None:
+        raise InvalidRequest(f"response_format cannot be combined with tool_choice {show(body['tool_choice'])}",
+                             "response_format")
+    budget = body.get("thinking_budget") if chat.fmt.reasoning is not None else None
+    return chat, replace(params, grammar=grammar or params.grammar, thinking_budget=budget)
 
 
 def _grammar(response_format: dict[str, Any] | None) -> Grammar | None:
@@ -178,7 +203,7 @@ def _messages(messages: list[dict[str, Any]], media_types: frozenset[str]
     parts as media references naming ``messages[i].content[j]``."""
     out, refs = [], []
     for i, message in enumerate(messages):
-        content = message["content"]
+        content = message.get("content") or ""
         if not isinstance(content, str):
             content = "".join(_part(part, f"messages[{i}].content[{j}]", media_types, refs)
                               for j, part in enumerate(content))
@@ -207,11 +232,24 @@ def _part(part: dict[str, Any], field: str, media_types: frozenset[str], refs: l
     return MEDIA_MARK
 
 
-def _message(message: dict[str, Any], content: str) -> dict[str, str]:
+def _message(message: dict[str, Any], content: str) -> dict[str, Any]:
+    """A message as the chat template reads it: role, content ("" for none), and the name, tool calls (their
+    arguments as objects) and tool_call_id when set."""
     out = {"role": ROLE_ALIASES.get(message["role"], message["role"]), "content": content}
-    if message.get("name") is not None:
-        out["name"] = message["name"]
+    for key in ("name", "tool_call_id"):
+        if message.get(key) is not None:
+            out[key] = message[key]
+    if message.get("tool_calls"):
+        out["tool_calls"] = [{**call, "function": dict(call["function"])} for call in message["tool_calls"]]
+        template_messages([out])
     return out
+
+
+def check_body(schemas: Schemas, schema: str, body: Any) -> None:
+    """``body`` against the schema named ``schema``; the best error as an ``InvalidRequest`` naming its field."""
+    error = jsonschema.exceptions.best_match(schemas.validator(schema).iter_errors(body))
+    if error is not None:
+        raise InvalidRequest(describe(error), _param_of(error))
 
 
 def _float_or_none(value: Any) -> float | None:

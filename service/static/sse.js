@@ -1,8 +1,13 @@
-// POST / and its server-sent events, read as they arrive (fetch + ReadableStream), abortable.
+// POST / (and the chat route) and their server-sent events, read as they arrive (fetch + ReadableStream), abortable.
 
 /** POST `bodyText` to the page's own origin's `/` (a relative URL: same scheme, host, port and prefix). */
 export function postGenerate(bodyText, signal) {
-  return fetch("./", {
+  return postJson("./", bodyText, signal);
+}
+
+/** POST a JSON body to `path`, relative to the page (e.g. "v1/chat/completions"). */
+export function postJson(path, bodyText, signal) {
+  return fetch(path, {
     method: "POST",
     headers: { "Content-Type": "application/json", Accept: "application/json, text/event-stream" },
     body: bodyText,

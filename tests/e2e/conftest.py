@@ -71,3 +71,23 @@ def server_url_full_text(live_servers, default_engine):
     from service.config import ServerSettings
 
     return live_servers.start(default_engine, _replace(ServerSettings(), full_text_enabled=True))
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory):
+    """A tiny model with a Qwen3-like chat template (Hermes tool calls, <think> reasoning)."""
+    from tests.support.tiny_chat_model import make_tiny_chat_model
+
+    return make_tiny_chat_model(tmp_path_factory.mktemp("tiny_chat"))
+
+
+@pytest.fixture(scope="module")
+def chat_url(live_servers, chat_model):
+    """A server of ``chat_model`` (one per test module)."""
+    from backends.mindspore.engine import Engine
+    from backends.settings import EngineConfig
+
+    config = EngineConfig(max_seq_len=1536, max_input_tokens=1400, max_batch_size=4, max_iter_times=64,
+                          block_size=64, prefill_chunk=256, window_buckets=(1536,), batch_buckets=(1, 4))
+    with Engine(chat_model, config) as engine:
+        yield live_servers.start(engine)

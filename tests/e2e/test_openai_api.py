@@ -167,7 +167,8 @@ def test_invalid_completion_params_raise_bad_request(client, model, kwargs, para
 
 @pytest.mark.parametrize("kwargs, param", [
     ({"n": 0}, "n"),
-    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
+    ({"messages": [{"role": "function", "content": "x"}]}, "messages[0].role"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages[0].content[0].type"),
     ({"messages": []}, "messages"),

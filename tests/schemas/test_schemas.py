@@ -24,7 +24,8 @@ SCHEMA_FILES = sorted(SCHEMA_DIR.glob("*.schema.json"))
 EXPECTED_SCHEMAS = {"generate_request", "parameters", "response", "stream_event", "error", "server_config",
                     "openai_completion_request", "openai_chat_request", "openai_error",
                     "openai_completion_response", "openai_chat_response", "openai_completion_chunk",
-                    "openai_chat_chunk",
+                    "openai_chat_chunk", "openai_responses_request", "openai_responses_response",
+                    "openai_responses_event",
                     "tokenizer_request", "tokenizer_response", "info", "model_list",
                     "lora_load_request", "lora_unload_request"}
 

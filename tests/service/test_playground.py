@@ -44,7 +44,7 @@ def test_accept_table(accept, html):
 
 def test_the_package_ships_the_page_and_its_files():
     assets = load_assets()
-    assert {PAGE, "playground.css", "playground.js", "schema_form.js", "sse.js"} <= set(assets)
+    assert {PAGE, "playground.css", "playground.js", "chat.js", "schema_form.js", "sse.js"} <= set(assets)
     assert assets[PAGE].content_type.startswith("text/html")
     assert assets["playground.js"].content_type.startswith("text/javascript")
     assert assets["playground.css"].content_type.startswith("text/css")
@@ -74,8 +74,9 @@ def test_nothing_is_loaded_from_elsewhere():
 
 
 def test_the_page_calls_the_business_routes_only():
-    """POST /, /openapi.json and /v1/models are on the business port; /info and /health may be elsewhere."""
+    """POST /, /v1/chat/completions, /openapi.json and /v1/models are on the business port; /info and /health
+    may be elsewhere."""
     calls = set()
     for text in _static_texts().values():
-        calls |= set(re.findall(r"""fetch\(\s*["'`]([^"'`]+)""", text))
-    assert calls == {"./", "openapi.json", "v1/models"}
+        calls |= set(re.findall(r"""(?:fetch|postJson)\(\s*["'`]([^"'`]+)""", text))
+    assert calls == {"./", "openapi.json", "v1/models", "v1/chat/completions"}

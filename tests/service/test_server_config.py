@@ -65,6 +65,8 @@ APPLIED = {
     ("ServerConfig", "httpsEnabled"): lambda c: c.server.https_enabled,
     ("ServerConfig", "fullTextEnabled"): lambda c: c.server.full_text_enabled,
     ("ServerConfig", "playgroundEnabled"): lambda c: c.server.playground_enabled,
+    ("ServerConfig", "toolCallFormat"): lambda c: c.server.tool_call_format,
+    ("ServerConfig", "reasoningFormat"): lambda c: c.server.reasoning_format,
     ("ServerConfig", "tokenTimeout"): lambda c: c.server.token_timeout,
     ("ServerConfig", "e2eTimeout"): lambda c: c.server.e2e_timeout,
     ("ServerConfig", "maxRequestLength"): lambda c: c.server.max_request_bytes // (1024 * 1024),
@@ -120,6 +122,7 @@ def test_an_absent_key_gets_the_schema_default(tmp_path, section, key):
 OTHER = {
     "ipAddress": ("::1", {}), "allowAllZeroIpListening": (True, {}), "port": (8080, {}), "maxLinkNum": (7, {}),
     "fullTextEnabled": (True, {}), "playgroundEnabled": (False, {}), "tokenTimeout": (5, {}), "e2eTimeout": (9, {}),
+    "toolCallFormat": ("hermes", {}), "reasoningFormat": ("none", {}),
     "maxRequestLength": (2, {}),
     "shutdownGracePeriod": (0.5, {}), "tokenIdFormat": ("int", {}), "headerTimeout": (2.5, {}),
     "bodyTimeout": (7, {}), "keepAliveTimeout": (4, {}), "maxHeaderBytes": (8192, {}), "maxReadingRequests": (5, {}),

@@ -1,0 +1,85 @@
+"""A tiny random Llama whose chat template is Qwen3-like: tools rendered into the system turn, Hermes
+``<tool_call>{…}</tool_call>`` calls, ``<tool_response>`` turns, ``<think>`` reasoning and
+``enable_thinking``. ``<think>``, ``</think>``, ``<tool_call>`` and ``</tool_call>`` are added, non-special
+tokens, as in Qwen3's tokenizer (so they stay in the decoded text). Built from ``tiny_model.py``'s pieces."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from safetensors.numpy import save_file
+from tokenizers import AddedToken
+
+from tests.support import tiny_model as tm
+
+MARKERS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
+MAX_POSITIONS = 2048  # a prompt with tools is long in a 388-token vocabulary
+
+# Qwen3's template, shortened: the same turns, tool section, call and response syntax and thinking switch.
+QWEN3_LIKE_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
+    "{%- elif messages[0].role == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' %}"
+    "{{- '<|im_start|>user\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'assistant' %}"
+    "{{- '<|im_start|>assistant\\n' + (message.content or '') }}"
+    "{%- for call in message.tool_calls or [] %}"
+    "{%- if call.function %}{%- set call = call.function %}{%- endif %}"
+    "{%- if message.content or not loop.first %}{{- '\\n' }}{%- endif %}"
+    "{{- '<tool_call>\\n{\"name\": \"' + call.name + '\", \"arguments\": ' }}"
+    "{%- if call.arguments is string %}{{- call.arguments }}{%- else %}{{- call.arguments | tojson }}{%- endif %}"
+    "{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + message.content + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+
+
+def make_tiny_chat_model(out_dir: str | Path, *, seed: int = 3) -> Path:
+    """Write the model directory and return its path (same arguments → the same files)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = tm.train_tokenizer(384)
+    tokenizer.add_tokens([AddedToken(m, special=False, normalized=False) for m in MARKERS])
+    (out / "tokenizer.json").write_text(tokenizer.to_str(pretty=True), encoding="utf-8")
+    vocab_size = tokenizer.get_vocab_size()
+    ids = {tok: tokenizer.token_to_id(tok) for tok in tm.SPECIAL_TOKENS}
+    save_file(tm.random_weights(vocab_size, seed=seed, qkv_bias=False, tie=True), str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    tm._write_json(out / "config.json", {**tm._config("llama", vocab_size, True, ids),
+                                         "max_position_embeddings": MAX_POSITIONS})
+    config = tm._tokenizer_config(ids)
+    config["chat_template"], config["model_max_length"] = QWEN3_LIKE_TEMPLATE, MAX_POSITIONS
+    for marker in MARKERS:
+        config["added_tokens_decoder"][str(tokenizer.token_to_id(marker))] = {
+            "content": marker, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
+            "special": False}
+    tm._write_json(out / "tokenizer_config.json", config)
+    positions = str(tm.SHAPE["max_position_embeddings"])
+    yaml = tm._predict_yaml(vocab_size, False, True, ids).replace(f": {positions}\n", f": {MAX_POSITIONS}\n")
+    (out / "predict_tiny.yaml").write_text(yaml, encoding="utf-8")
+    return out
+
+
+def marker_ids(model_dir: str | Path) -> dict[str, int]:
+    """The token id of each marker in the model's tokenizer.json."""
+    added = json.loads((Path(model_dir) / "tokenizer.json").read_text())["added_tokens"]
+    return {t["content"]: t["id"] for t in added if t["content"] in MARKERS}
