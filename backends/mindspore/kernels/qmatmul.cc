@@ -175,7 +175,8 @@ void tile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t group_b
     v::NibAcc nacc[MR][NG];
     _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)
       _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) nacc[r][n] = v::nib_zero();
-    MINDSERVE_UNROLL(MINDSERVE_QDWORD_UNROLL) for (int j = 0; j < D; ++j) {
+    // Quant dword j of each column, for every row of the tile.
+    const auto dword = [&](int j) __attribute__((always_inline)) {
       VI raw[NG];
       _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) raw[n] = load_q<FULL>(blk + n * group_bytes + j * 4 * w, w);
       if constexpr (F == kQ8_0) {
@@ -197,6 +198,11 @@ void tile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t group_b
           }
         }
       }
+    };
+    if constexpr (MR >= v::kQRolledRows) {
+      _Pragma("GCC unroll 1") for (int j = 0; j < D; ++j) dword(j);
+    } else {
+      _Pragma("GCC unroll 8") for (int j = 0; j < D; ++j) dword(j);
     }
     if constexpr (F != kQ8_0) {  // D = 4 dwords x 2 halves: the 8 nibble sums NibAcc holds
       _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)

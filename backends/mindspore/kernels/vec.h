@@ -20,8 +20,9 @@
 //   (u = q + 128, the sum of q * x or of u * x: the backend's kQ8Bias says which, the kernel subtracts
 //   kQ8Bias * sum x), and NibAcc, where up to 8 dot_nib sums gather before one widening to int32.
 // Every backend defines, in namespace mindserve::vec: the two types and the functions used below; kernels
-// use nothing else (tile sizes come from the kMatMulRows / kQRows / kQRows2 constants of the backend; kQRows2 0:
-// no two-group quantized tiles).
+// use nothing else (tile sizes come from the kMatMulRows / kQRows / kQRows2 constants of the backend, kQRows2 0:
+// no two-group quantized tiles; kQRolledRows: from this many rows a quantized tile keeps its loop over a block's
+// quant dwords rolled).
 #pragma once
 
 #include <cstdint>
@@ -37,13 +38,6 @@
 #include "vec_neon.h"
 #else
 #include "vec_scalar.h"
-#endif
-
-// "#pragma GCC unroll n" with n a macro of the backend (a tuning choice, like the tile sizes).
-#define MINDSERVE_PRAGMA(x) _Pragma(#x)
-#define MINDSERVE_UNROLL(n) MINDSERVE_PRAGMA(GCC unroll n)
-#ifndef MINDSERVE_QDWORD_UNROLL
-#define MINDSERVE_QDWORD_UNROLL 8  // the quantized tile's loop over a block's quant dwords: unrolled
 #endif
 
 #ifndef MINDSERVE_VARIANT

@@ -20,6 +20,7 @@ constexpr int kQRows2 = 6;      // ... two groups
 #else
 constexpr int kQRows2 = 0;      // AVX-512BW: no two-group tiles (measured at M=16: one group is 7% faster)
 #endif
+constexpr int kQRolledRows = 1 << 20;  // quantized tiles unroll their loop over a block's quant dwords
 #if defined(__AVX512VNNI__)
 constexpr int kQ8Bias = 128;  // dot_q8 sums u * x with u = q + 128 (vpdpbusd is unsigned x signed)
 #else
