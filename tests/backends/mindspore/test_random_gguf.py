@@ -36,9 +36,11 @@ TINY_LAYER = {"attn_norm": ((64,), "F32"), "attn_q": ((64, 64), "W"), "attn_k": 
               "ffn_gate": ((128, 64), "W"), "ffn_up": ((128, 64), "W"), "ffn_down": ((64, 128), "W")}
 
 
-def _tensors(path: Path) -> dict[str, tuple[tuple[int, ...], str, object]]:
-    return {t.name: (tuple(int(d) for d in reversed(t.shape)), t.tensor_type.name, t)
-            for t in gguf.GGUFReader(str(path)).tensors}
+def _read(path: Path) -> tuple[dict[str, tuple[tuple[int, ...], str, object]], dict]:
+    """{name: (numpy shape, GGML type, tensor)} and the fields, from one read (~6 s: the tokenizer's arrays)."""
+    reader = gguf.GGUFReader(str(path))
+    return {t.name: (tuple(int(d) for d in reversed(t.shape)), t.tensor_type.name, t) for t in reader.tensors}, \
+        reader.fields
 
 
 @pytest.mark.parametrize(("wtype", "big"), [("Q4_1", "Q8_0"), ("Q4_0", "Q8_0"), ("F16", "F16")])
@@ -48,22 +50,27 @@ def test_tiny_file_has_the_presets_tensors_and_types(tmp_path, default_gguf_path
     want = {"token_embd.weight": ((49152, 64), big), "output_norm.weight": ((64,), "F32")}
     for i in range(2):
         want |= {f"blk.{i}.{k}.weight": (s, wtype if t == "W" else t) for k, (s, t) in TINY_LAYER.items()}
-    got = _tensors(out)
+    got, fields = _read(out)
     assert {k: v[:2] for k, v in got.items()} == want
     # N(0, 1/fan_in) weights, norms ones.
     down = got["blk.1.ffn_down.weight"][2]
     values = dequantize(down.data, down.tensor_type).reshape(64, 128)
     assert abs(float(values.std()) - 128 ** -0.5) < 0.15 * 128 ** -0.5
     assert np.all(np.asarray(got["output_norm.weight"][2].data) == 1)
-    fields = gguf.GGUFReader(str(out)).fields
     meta = {k: fields[k].contents() for k in ("general.architecture", "llama.embedding_length", "llama.block_count",
                                              "llama.attention.head_count", "llama.attention.head_count_kv",
                                              "llama.feed_forward_length", "llama.rope.dimension_count")}
     assert meta == {"general.architecture": "llama", "llama.embedding_length": 64, "llama.block_count": 2,
                     "llama.attention.head_count": 4, "llama.attention.head_count_kv": 2,
                     "llama.feed_forward_length": 128, "llama.rope.dimension_count": 16}
-    source = gguf.GGUFReader(str(default_gguf_path)).fields
-    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.pre", "tokenizer.chat_template"):
+
+
+def test_the_tokenizer_is_the_default_models(tmp_path, default_gguf_path):
+    out = mrg.write(mrg.PRESETS["tiny"], tmp_path / "t.gguf", "Q8_0", tokenizer_gguf=default_gguf_path,
+                    progress=False)
+    fields, source = gguf.GGUFReader(str(out)).fields, gguf.GGUFReader(str(default_gguf_path)).fields
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.pre",
+                "tokenizer.chat_template", "tokenizer.ggml.eos_token_id"):
         assert fields[key].contents() == source[key].contents(), key
 
 
@@ -92,14 +99,14 @@ def test_tiny_file_converts_as_shipped(tmp_path, default_gguf_path, default_mode
 def test_qwen3moe_file_has_expert_tensors(tmp_path, default_gguf_path):
     shape = replace(mrg.PRESETS["qwen3moe-small"], hidden=64, layers=1, heads=4, kv_heads=2, head_dim=32, ffn=32,
                     experts=4, experts_used=2)
-    got = _tensors(mrg.write(shape, tmp_path / "m.gguf", "Q8_0", tokenizer_gguf=default_gguf_path, progress=False))
+    got, fields = _read(mrg.write(shape, tmp_path / "m.gguf", "Q8_0", tokenizer_gguf=default_gguf_path,
+                                  progress=False))
     assert got["blk.0.attn_q.weight"][:2] == ((128, 64), "Q8_0")
     assert got["blk.0.attn_q_norm.weight"][:2] == ((32,), "F32")
     assert got["blk.0.ffn_gate_inp.weight"][:2] == ((4, 64), "F32")
     assert got["blk.0.ffn_gate_exps.weight"][:2] == ((4, 32, 64), "Q8_0")
     assert got["blk.0.ffn_down_exps.weight"][:2] == ((4, 64, 32), "Q8_0")
     assert "blk.0.ffn_gate.weight" not in got
-    fields = gguf.GGUFReader(str(tmp_path / "m.gguf")).fields
     assert fields["qwen3moe.expert_count"].contents() == 4 and fields["qwen3moe.expert_used_count"].contents() == 2
 
 
@@ -118,6 +125,6 @@ def test_bad_requests_are_named(tmp_path, default_gguf_path):
                     reason="llama-quantize not built (~/.cache/llama-anchors; ../shared/tools/build-llama-anchors.sh)")
 def test_k_quant_via_llama_quantize(tmp_path, default_gguf_path):
     shape = replace(mrg.PRESETS["tiny"], hidden=256, heads=4, ffn=512)  # K-quant rows are blocks of 256
-    got = _tensors(mrg.make(shape, tmp_path / "k.gguf", "Q4_K_M", tokenizer_gguf=default_gguf_path, progress=False))
+    got, _ = _read(mrg.make(shape, tmp_path / "k.gguf", "Q4_K_M", tokenizer_gguf=default_gguf_path, progress=False))
     assert {t for _, t, _ in got.values()} & {"Q4_K", "Q6_K"}
     assert not (tmp_path / "k.gguf.f16.gguf").exists()
