@@ -195,7 +195,7 @@ def _engine(data: dict, base: Path) -> EngineConfig:
         max_prefill_batch=sched["maxPrefillBatchSize"], max_prefill_tokens=sched["maxPrefillTokens"],
         batch_buckets=buckets["batchBuckets"], window_buckets=buckets["windowBuckets"],
         cache_gb=float(model["npuMemSize"]), prefix_caching=sched["enablePrefixCaching"],
-        lora=_lora(deploy, base), kernel_isa=deploy["kernelIsa"],
+        lora=_lora(deploy, base), kernels=deploy["kernels"], kernel_isa=deploy["kernelIsa"],
         graph_cache=deploy["graphCache"],
     )
 

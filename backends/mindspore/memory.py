@@ -39,15 +39,27 @@ class Footprint:
     bytes_per_token: int  # K and V, every layer
     activation_bytes: int = 0
     graphs: StockGraphs | None = None  # the stock-op path's per-graph activations (None: the AOT path's are small)
+    load_bytes: int = 0  # the peak while the network is built; 0: LOAD_COPIES x weights_bytes
 
     @classmethod
     def of(cls, spec: ModelSpec, extra_bytes: int = 0, stock: bool = False) -> Footprint:
         """``extra_bytes``: what the network holds besides the checkpoint (the LoRA adapter slots); ``stock``: the
-        network runs on stock MindSpore ops, which hold quantized weights as float32 copies and keep every
-        compiled graph's activations."""
-        return cls(weights_bytes(spec.checkpoint, dequantized=stock) + extra_bytes,
-                   2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * CACHE_DTYPE_BYTES,
-                   _vision_activations(spec), StockGraphs.of(spec) if stock else None)
+        network runs on stock MindSpore ops, which hold quantized weights as float32 copies (the tied output
+        matrix a copy of its own) and keep every compiled graph's activations. While that network is built the
+        checkpoint as read is held beside it: the GGUF blocks of a quantized one, the float32 arrays of another
+        (measured at SmolLM2-1.7B's shape, Q4_1: 8.8 GiB peak, not twice the 6.7 GiB of float32 weights)."""
+        kv = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * CACHE_DTYPE_BYTES
+        if not stock:
+            return cls(weights_bytes(spec.checkpoint) + extra_bytes, kv, _vision_activations(spec))
+        held = weights_bytes(spec.checkpoint, dequantized=True) + extra_bytes
+        if spec.tie_word_embeddings:
+            held += embedding_bytes(spec.checkpoint)
+        return cls(held, kv, _vision_activations(spec), StockGraphs.of(spec),
+                   load_bytes=held + weights_bytes(spec.checkpoint, as_read=True))
+
+    @property
+    def load_peak(self) -> int:
+        return self.load_bytes or LOAD_COPIES * self.weights_bytes
 
 
 # What one stock-op graph keeps (MindSpore CPU, GRAPH mode: a compiled graph holds its intermediates between calls,
@@ -176,12 +188,10 @@ def _plan(config: EngineConfig, model: Footprint, available: Available, max_posi
     longest = longest_sequence(config, max_positions)
     per_sequence = -(-longest // config.block_size)
     asked = config.max_batch_size
-    # The weights are held twice only while the network is built; the graphs' activations come after, beside one copy.
-    held = max(LOAD_COPIES * model.weights_bytes, model.weights_bytes + graph_bytes)
+    # The checkpoint as read is held beside the network only while it is built; the graphs' activations come after.
+    held = max(model.load_peak, model.weights_bytes + graph_bytes)
     fixed = held + RUNTIME_RESERVE + model.activation_bytes
-    weights = (f"max(weights {_gib(model.weights_bytes)} x {LOAD_COPIES}, weights + stock-op graphs "
-               f"{_gib(graph_bytes)} (maxPrefillBatchSize {config.max_prefill_batch}, batchBuckets, windowBuckets))"
-               if graph_bytes else f"weights {_gib(model.weights_bytes)} x {LOAD_COPIES}")
+    weights = _weights_text(model, config, graph_bytes)
     if config.cache_gb > 0:
         budget = int(config.cache_gb * GIB)
         budget_text = f"npuMemSize {config.cache_gb:g} GB"
@@ -193,6 +203,11 @@ def _plan(config: EngineConfig, model: Footprint, available: Available, max_posi
                        f"runtime reserve {_gib(RUNTIME_RESERVE)}{vision} - margin {MARGIN:.0%} = "
                        f"{_gib(max(budget, 0))}")
     sequences = max(budget // block_bytes - 1, 0) // per_sequence
+    if sequences < 1 and config.cache_gb <= 0 and fixed + margin >= available.bytes:
+        raise MemoryBudgetError(
+            f"the model does not fit before any KV cache: {budget_text}"
+            + ("; lower maxPrefillBatchSize or the windowBuckets, or set kernels: aot (stock ops hold every "
+               "matrix as float32)" if graph_bytes else "") + ", or free memory")
     if sequences < 1:
         raise MemoryBudgetError(
             f"the KV cache does not hold one sequence: {_sequence(config, longest)} in blocks of cacheBlockSize "
@@ -209,6 +224,16 @@ def _plan(config: EngineConfig, model: Footprint, available: Available, max_posi
             f"({_gib(RUNTIME_RESERVE)}) needs more than the {_gib(available.bytes)} available ({available.source}); "
             "lower npuMemSize, maxBatchSize or maxSeqLen, or set npuMemSize -1 to size the cache from what is free")
     return plan
+
+
+def _weights_text(model: Footprint, config: EngineConfig, graph_bytes: int) -> str:
+    """The weights' term of the budget line."""
+    load = (f"weights {_gib(model.weights_bytes)} + checkpoint {_gib(model.load_bytes - model.weights_bytes)} while "
+            "loading" if model.load_bytes else f"weights {_gib(model.weights_bytes)} x {LOAD_COPIES}")
+    if not graph_bytes:
+        return load
+    return (f"max({load}, weights + stock-op graphs {_gib(graph_bytes)} (maxPrefillBatchSize "
+            f"{config.max_prefill_batch}, batchBuckets, windowBuckets))")
 
 
 def _vision_activations(spec: ModelSpec) -> int:
@@ -230,15 +255,26 @@ def available_memory(proc: Path = Path("/proc"), cgroup_root: Path = Path("/sys/
     return available
 
 
-def weights_bytes(checkpoint: Path, dequantized: bool = False) -> int:
+def weights_bytes(checkpoint: Path, dequantized: bool = False, as_read: bool = False) -> int:
     """Bytes of the weights once loaded (float32, or GGUF blocks as they are; ``dequantized``: every quantized
-    tensor as float32, as the stock-op path holds it): from the safetensors headers (a file, or every
-    ``*.safetensors`` of a directory), else the file size. Reads no tensor data."""
+    tensor as float32, as the stock-op path holds it; ``as_read``: the arrays the loader returns, blocks without
+    the embedding's lookup table): from the safetensors headers (a file, or every ``*.safetensors`` of a
+    directory), else the file size. Reads no tensor data."""
     files = sorted(checkpoint.glob("*.safetensors")) if checkpoint.is_dir() else [checkpoint]
-    return sum(_safetensors_bytes(f, dequantized) if f.suffix == ".safetensors" else f.stat().st_size for f in files)
+    return sum(_safetensors_bytes(f, dequantized, as_read) if f.suffix == ".safetensors" else f.stat().st_size
+               for f in files)
 
 
-def _safetensors_bytes(path: Path, dequantized: bool = False) -> int:
+def embedding_bytes(checkpoint: Path) -> int:
+    """The input embedding as float32 (what a tied output matrix costs on the stock-op path), 0 if not found."""
+    files = sorted(checkpoint.glob("*.safetensors")) if checkpoint.is_dir() else [checkpoint]
+    return sum(_safetensors_bytes(f, dequantized=True, only=EMBEDDING) for f in files if f.suffix == ".safetensors")
+
+
+EMBEDDING = "model.embed_tokens.weight"
+
+
+def _safetensors_bytes(path: Path, dequantized: bool = False, as_read: bool = False, only: str | None = None) -> int:
     """Bytes of every tensor a safetensors file holds once loaded (its header: u64 length, then JSON): float32
     for the float tensors; the GGUF blocks of a quantized conversion (its metadata key mindserve.quantization)
     as they are (the kernels' packed copy is the same size), plus a float32 lookup table for a quantized
@@ -250,13 +286,13 @@ def _safetensors_bytes(path: Path, dequantized: bool = False) -> int:
         from backends.mindspore.quant import QUANT_KEY
 
         quantized = json.loads((header.get("__metadata__") or {}).get(QUANT_KEY) or "{}")
-        return sum(_tensor_bytes(name, t, quantized.get(name), dequantized) for name, t in header.items()
-                   if name != "__metadata__")
+        return sum(_tensor_bytes(name, t, quantized.get(name), dequantized, as_read) for name, t in header.items()
+                   if name != "__metadata__" and only in (None, name))
     except (ValueError, struct.error, KeyError, TypeError, AttributeError):
-        return path.stat().st_size
+        return 0 if only else path.stat().st_size
 
 
-def _tensor_bytes(name: str, tensor: dict, fmt: str | None, dequantized: bool = False) -> int:
+def _tensor_bytes(name: str, tensor: dict, fmt: str | None, dequantized: bool = False, as_read: bool = False) -> int:
     from backends.mindspore.quant import BLOCK, BLOCK_BYTES
 
     count = math.prod(tensor["shape"])
@@ -266,7 +302,7 @@ def _tensor_bytes(name: str, tensor: dict, fmt: str | None, dequantized: bool = 
     floats = rows * (row_bytes // BLOCK_BYTES[fmt] * BLOCK) * 4
     if dequantized:
         return floats
-    return count + (floats if name == "model.embed_tokens.weight" else 0)
+    return count + (floats if name == EMBEDDING and not as_read else 0)
 
 
 def _meminfo(path: Path) -> dict[str, int]:

@@ -96,6 +96,7 @@ APPLIED = {
     ("ModelDeployConfig", "maxLoras"): lambda c: c.engine.lora.max_loras,
     ("ModelDeployConfig", "maxLoraRank"): lambda c: c.engine.lora.max_rank,
     ("ModelDeployConfig", "maxLoadedLoras"): lambda c: c.engine.lora.max_loaded,
+    ("ModelDeployConfig", "kernels"): lambda c: c.engine.kernels,
     ("ModelDeployConfig", "kernelIsa"): lambda c: c.engine.kernel_isa,
     ("ModelDeployConfig", "graphCache"): lambda c: c.engine.graph_cache,
     ("ModelDeployConfig", "allowRuntimeLoraUpdating"): lambda c: c.engine.lora.runtime_updates,
@@ -132,7 +133,7 @@ OTHER = {
     "maxBatchSize": (3, {"maxPrefillBatchSize": 1}), "maxPrefillBatchSize": (2, {}), "maxPrefillTokens": (64, {}),
     "maxIterTimes": (100, {}), "npuMemSize": (0.5, {}), "enablePrefixCaching": (False, {}),
     "maxLoras": (2, {}), "maxLoraRank": (32, {}), "maxLoadedLoras": (3, {}), "kernelIsa": ("x86-64-v3", {}),
-    "graphCache": (False, {}),
+    "kernels": ("stock", {}), "graphCache": (False, {}),
     "allowRuntimeLoraUpdating": (True, {"ModelDeployConfig.loraRoot": "/tmp"}),
 }
 
