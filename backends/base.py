@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Callable, Protocol
 
 from backends.errors import BackendError, GenerationFailed
-from backends.types import GenerationResult, MediaInput, RequestParams, TokenEvent
+from backends.types import GenerationResult, Grammar, MediaInput, RequestParams, TokenEvent
 
 Event = TokenEvent | GenerationResult | BackendError
 Listener = Callable[[Event], None]
@@ -87,6 +87,11 @@ class Backend(Protocol):
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]]) -> str:
         """The prompt text for chat messages ([{"role", "content"}, ...]); InputRejected if impossible."""
+
+    def check_grammar(self, grammar: Grammar) -> None:
+        """Optional: raise ``ParameterRejected("grammar", …)`` if ``grammar`` does not compile or is over the
+        grammar engine's limits (the service asks before a request takes a slot; a backend without it is
+        asked nothing and refuses at ``submit``)."""
 
     def info(self) -> dict:
         """Live figures for /info and /metrics: model_name, dtype, max_seq_len, max_input_tokens,

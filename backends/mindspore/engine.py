@@ -27,7 +27,7 @@ from backends.mindspore.sequence import SeqState
 from backends.sampling import vocab_log_softmax
 from backends.settings import EngineConfig
 from backends.stopping import StepOutcome
-from backends.types import FinishReason, GenerationResult, MediaInput, RequestParams, Token, TokenEvent
+from backends.types import FinishReason, GenerationResult, Grammar, MediaInput, RequestParams, Token, TokenEvent
 
 log = logging.getLogger("mindserve.engine")
 
@@ -101,6 +101,11 @@ class Engine:
                                 "send a plain prompt to /v1/completions instead")
         return render_chat_template(template, messages, bos_token=self.tokenizer.bos_token or "",
                                     eos_token=self.tokenizer.eos_token or "")
+
+    def check_grammar(self, grammar: Grammar) -> None:
+        """GrammarRejected if ``grammar`` does not compile or meets the grammar engine's limits in its first
+        steps (any thread; ``backends/grammar.py``)."""
+        self.grammars.check(grammar)
 
     def prompt_ids(self, text: str, truncate: int | None) -> list[int]:
         return self.intake.prompt_ids(text, truncate)  # what submit starts a text prompt from
