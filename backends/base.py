@@ -82,11 +82,20 @@ class Backend(Protocol):
 
     def count_tokens(self, text: str) -> int: ...
 
-    def tokenize(self, text: str) -> list[int]:
-        """The token ids ``submit`` would use for ``text`` (before ``truncate``)."""
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """The token ids ``submit`` would use for ``text`` (before ``truncate``); without the special tokens the
+        tokenizer adds (BOS) if not ``add_special_tokens``."""
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]]) -> str:
-        """The prompt text for chat messages ([{"role", "content"}, ...]); InputRejected if impossible."""
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """The text of ``ids``, special tokens included; ``ParameterRejected("tokens", …)`` naming the first id
+        outside the vocabulary."""
+
+    def token_strs(self, ids: Sequence[int]) -> list[str]:
+        """Each id's vocabulary string; ``ParameterRejected("tokens", …)`` as ``detokenize``."""
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
+        """The prompt text for chat messages ([{"role", "content"}, ...]), ending with the assistant's opening
+        if ``add_generation_prompt``; InputRejected if impossible."""
 
     def check_grammar(self, grammar: Grammar) -> None:
         """Optional: raise ``ParameterRejected("grammar", …)`` if ``grammar`` does not compile or is over the

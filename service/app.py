@@ -26,6 +26,7 @@ from service.ops_handlers import (HealthHandler, InfoHandler, LiveHandler, Metri
 from service.pipeline import GenerationHandler
 from service.playground import playground_routes
 from service.state import ServerState
+from service.tokenize import DetokenizeHandler, TokenizeHandler
 from service.validation import Schemas, default_schemas
 
 ALL_PLANES = frozenset({BUSINESS, MANAGEMENT, METRICS})
@@ -47,6 +48,8 @@ def business_routes(ctx: AppContext) -> list[Route]:
         *playground_routes(ctx),  # first: a browser's GET / is matched before POST /'s route
         *((path, GenerationHandler, kwargs) for path, kwargs in generation),
         (r"/v1/tokenizer", TokenizerHandler, args),
+        (r"/tokenize", TokenizeHandler, args),
+        (r"/detokenize", DetokenizeHandler, args),
         (r"/v1/models", ModelsHandler, args),
         (r"/v1/models/(.+)", ModelHandler, args),
         (r"/openapi\.json", OpenAPIHandler, args),

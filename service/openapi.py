@@ -54,6 +54,11 @@ ROUTES: tuple[RouteDoc, ...] = (
              errors=_OPENAI_ERRORS, error_schema="openai_error"),
     RouteDoc("post", "/v1/tokenizer", "Tokenize text as POST / would", request="tokenizer_request",
              response="tokenizer_response", errors=(400, 413, 415, 422)),
+    RouteDoc("post", "/tokenize", "Tokenize a prompt, or chat messages rendered with the model's template (vLLM's "
+             "shape)", request="tokenize_request", response="tokenize_response", errors=_OPENAI_ERRORS,
+             error_schema="openai_error"),
+    RouteDoc("post", "/detokenize", "Token ids back to text (vLLM's shape)", request="detokenize_request",
+             response="detokenize_response", errors=_OPENAI_ERRORS, error_schema="openai_error"),
     RouteDoc("get", "/v1/models", "The served model (OpenAI list shape)", response="model_list"),
     RouteDoc("get", "/v1/models/{model_id}", "One model (OpenAI shape)", response="model_list/$defs/model",
              errors=(404,)),

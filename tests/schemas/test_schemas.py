@@ -25,7 +25,8 @@ EXPECTED_SCHEMAS = {"generate_request", "parameters", "response", "stream_event"
                     "openai_completion_request", "openai_chat_request", "openai_error",
                     "openai_completion_response", "openai_chat_response", "openai_completion_chunk",
                     "openai_chat_chunk",
-                    "tokenizer_request", "tokenizer_response", "info", "model_list",
+                    "tokenizer_request", "tokenizer_response", "tokenize_request", "tokenize_response",
+                    "detokenize_request", "detokenize_response", "info", "model_list",
                     "lora_load_request", "lora_unload_request"}
 
 
