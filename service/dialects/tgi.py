@@ -32,7 +32,7 @@ NEUTRAL_CLIENT_KEYS: dict[str, tuple[Any, ...]] = {
 }
 _BOOL_FIELDS = ("watermark", "decoder_input_details")
 _FLOAT_FIELDS = ("temperature", "top_p", "typical_p", "repetition_penalty")
-_INT_FIELDS = ("top_k", "seed", "truncate", "max_new_tokens")
+_INT_FIELDS = ("top_k", "seed", "truncate", "max_new_tokens", "priority")
 
 TokenIdFormat = Literal["list", "int"]
 
