@@ -36,7 +36,7 @@ class RouteDoc:
     empty_ok: bool = False  # 200 with no body
     plain_text: bool = False  # 200 is text/plain
     media: tuple[str, ...] = ()  # other media types of the 200 (the playground's page and files)
-    playground: bool = False  # served only with ServerConfig.playgroundEnabled
+    playground: bool | None = None  # True: only with ServerConfig.playgroundEnabled; False: only without it
 
 
 ROUTES: tuple[RouteDoc, ...] = (
@@ -63,8 +63,11 @@ ROUTES: tuple[RouteDoc, ...] = (
     RouteDoc("get", "/v1/models/{model_id}", "One model (OpenAI shape)", response="model_list/$defs/model",
              errors=(404,)),
     RouteDoc("get", "/openapi.json", "This document"),
-    RouteDoc("get", "/", "The playground page, for a GET whose Accept ranks text/html above application/json (a "
-             "browser); any other GET / is a 405", media=("text/html",), errors=(405,), playground=True),
+    RouteDoc("get", "/", "The playground page (text/html) for a GET whose Accept ranks text/html above "
+             "application/json (a browser); any other GET / gets a JSON document pointing at this document",
+             response="root_response", media=("text/html",), playground=True),
+    RouteDoc("get", "/", "A JSON document pointing at this document (the playground is off)",
+             response="root_response", playground=False),
     RouteDoc("get", "/playground", "The playground page: a form for POST / built from this document",
              media=("text/html",), playground=True),
     RouteDoc("get", "/playground/{asset}", "A file of the playground page", media=("text/css", "text/javascript"),
@@ -91,13 +94,34 @@ _PLANE_NOTE = {
 }
 
 
-def build_openapi(schemas: Schemas, *, playground: bool = True) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class Served:
+    """What the running server serves, for the document to describe it rather than every server: the model
+    names a request's ``model`` may be (the base model, then the loaded adapters) and the part types a
+    prompt may have (``/info``'s ``accepted_part_types``)."""
+
+    models: tuple[str, ...]
+    part_types: tuple[str, ...] = ("text",)
+
+
+# Where the served names and part types go in the components: (component, path to the schema to narrow)
+_MODEL_FIELDS = (("openai_completion_request", ("properties", "model")),
+                 ("tokenize_request", ("properties", "model")))
+_PART_TYPE_FIELDS = (("generate_request", ("$defs", "part", "properties", "type")),
+                     ("openai_chat_request", ("$defs", "content_part", "properties", "type")))
+
+
+def build_openapi(schemas: Schemas, *, playground: bool = True, served: Served | None = None) -> dict[str, Any]:
     """The whole document; routes whose request schema is not loaded are left out, and the playground's
-    unless ``playground``."""
+    unless ``playground``. With ``served``, ``model`` fields enumerate the served names and the part types
+    are those the loaded model accepts."""
     components = {name: component_schema(schemas.schema(name), schemas) for name in schemas.names}
+    if served is not None:
+        _describe_served(components, served)
     paths: dict[str, dict[str, Any]] = {}
     for route in ROUTES:
-        if (route.request is not None and route.request not in components) or (route.playground and not playground):
+        if (route.request is not None and route.request not in components) or (
+                route.playground is not None and route.playground != playground):
             continue
         operations = paths.setdefault(route.path, {})
         operations[route.method] = _operation(route, components)
@@ -119,6 +143,28 @@ def build_openapi(schemas: Schemas, *, playground: bool = True) -> dict[str, Any
             "responses": {_error_response_name(s): _error_response(s, "error") for s in statuses},
         },
     }
+
+
+def _describe_served(components: dict[str, Any], served: Served) -> None:
+    """Narrow the components to the running server: ``model`` to its names, part types to the model's."""
+    for name, path in _MODEL_FIELDS:
+        node = _node(components, name, path)
+        if node is not None:
+            nullable = "null" in (node.get("type") or [])
+            node["enum"] = [*served.models, *([None] if nullable else [])]
+            node["description"] = (node.get("description", "") + " This server serves: "
+                                   + ", ".join(served.models) + ".").strip()
+    for name, path in _PART_TYPE_FIELDS:
+        node = _node(components, name, path)
+        if node is not None and "enum" in node:
+            node["enum"] = [t for t in node["enum"] if t in served.part_types]
+
+
+def _node(components: dict[str, Any], name: str, path: tuple[str, ...]) -> dict[str, Any] | None:
+    node = components.get(name)
+    for key in path:
+        node = node.get(key) if isinstance(node, dict) else None
+    return node if isinstance(node, dict) else None
 
 
 def component_schema(schema: dict[str, Any], schemas: Schemas) -> dict[str, Any]:
