@@ -105,7 +105,8 @@ class Backend(Protocol):
     def info(self) -> dict:
         """Live figures for /info and /metrics: model_name, dtype, max_seq_len, max_input_tokens,
         max_batch_size, max_prefill_tokens, block_size, free_blocks, total_blocks, running, waiting,
-        compiled_graphs (a key may be missing; the service then reports null)."""
+        priorities ({priority: {"waiting", "running"}}), vocab_size (the tokenizer's), compiled_graphs (a key
+        may be missing; the service then reports null)."""
 
     def adapters(self) -> list[dict]:
         """The LoRA adapters requests may name (``adapter_id``, an OpenAI ``model``): each a dict with at least

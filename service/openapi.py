@@ -37,6 +37,7 @@ class RouteDoc:
     plain_text: bool = False  # 200 is text/plain
     media: tuple[str, ...] = ()  # other media types of the 200 (the playground's page and files)
     playground: bool | None = None  # True: only with ServerConfig.playgroundEnabled; False: only without it
+    request_also: dict[str, Any] | None = None  # a rule of this route only, beside the request schema
 
 
 ROUTES: tuple[RouteDoc, ...] = (
@@ -45,12 +46,18 @@ ROUTES: tuple[RouteDoc, ...] = (
     RouteDoc("post", "/generate", "Generate (TGI): one JSON object", request="generate_request",
              response="response/$defs/result", errors=_GENERATION_ERRORS),
     RouteDoc("post", "/generate_stream", "Generate (TGI): server-sent events, one per token",
-             request="generate_request", stream=True, errors=_GENERATION_ERRORS),
+             request="generate_request", stream=True, errors=_GENERATION_ERRORS,
+             request_also={"if": {"required": ["parameters"], "properties": {"parameters": {
+                               "required": ["decoder_input_details"],
+                               "properties": {"decoder_input_details": {"const": True}}}}},
+                           "then": {"properties": {"parameters": {"properties": {"decoder_input_details": {
+                               "description": "a stream has no prompt details", "not": {}}}}}}}),
     RouteDoc("post", "/v1/completions", "OpenAI-compatible text completion (SSE with stream: true)",
-             request="openai_completion_request", stream=True, event="openai_completion_chunk",
+             request="openai_completion_request", response="openai_completion_response", stream=True,
+             event="openai_completion_chunk",
              errors=_OPENAI_ERRORS, error_schema="openai_error"),
     RouteDoc("post", "/v1/chat/completions", "OpenAI-compatible chat completion (SSE with stream: true)",
-             request="openai_chat_request", stream=True, event="openai_chat_chunk",
+             request="openai_chat_request", response="openai_chat_response", stream=True, event="openai_chat_chunk",
              errors=_OPENAI_ERRORS, error_schema="openai_error"),
     RouteDoc("post", "/v1/tokenizer", "Tokenize text as POST / would", request="tokenizer_request",
              response="tokenizer_response", errors=(400, 413, 415, 422)),
@@ -102,6 +109,7 @@ class Served:
 
     models: tuple[str, ...]
     part_types: tuple[str, ...] = ("text",)
+    vocab_size: int | None = None  # the tokenizer's: the ids /detokenize takes are below it
 
 
 # Where the served names and part types go in the components: (component, path to the schema to narrow)
@@ -158,6 +166,12 @@ def _describe_served(components: dict[str, Any], served: Served) -> None:
         node = _node(components, name, path)
         if node is not None and "enum" in node:
             node["enum"] = [t for t in node["enum"] if t in served.part_types]
+    node = _node(components, "parameters", ("properties", "adapter_id"))
+    if node is not None:  # "None" (the base model), null, or a loaded adapter
+        node["enum"] = ["None", None, *served.models[1:]]
+    node = _node(components, "detokenize_request", ("properties", "tokens", "items"))
+    if node is not None and served.vocab_size:
+        node["maximum"] = served.vocab_size - 1
 
 
 def _node(components: dict[str, Any], name: str, path: tuple[str, ...]) -> dict[str, Any] | None:
@@ -208,7 +222,9 @@ def _operation(route: RouteDoc, components: dict[str, Any]) -> dict[str, Any]:
         op["parameters"] = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
                             for name in names]
     if route.request is not None:
-        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": _ref(route.request)}}}
+        schema = _ref(route.request) if route.request_also is None else {"allOf": [_ref(route.request),
+                                                                                    route.request_also]}
+        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": schema}}}
     for status in route.errors:
         op["responses"][str(status)] = (_error_response(status, route.error_schema)
                                         if route.error_schema != "error"
@@ -235,11 +251,7 @@ def _ok_response(route: RouteDoc, components: dict[str, Any]) -> dict[str, Any]:
         content["application/json"] = {"schema": _ref(route.response)}
     if route.stream:
         event = route.event if route.event in components else None
-        media: dict[str, Any] = {"schema": {"type": "string", "description": "Server-sent events: `data: <JSON>` "
-                                            "lines, each followed by a blank line."}}
-        if event is not None:
-            media["x-event-data-schema"] = _ref(event)
-        content["text/event-stream"] = media
+        content["text/event-stream"] = {"schema": _sse_event(event)}
     if route.plain_text:
         content["text/plain"] = {"schema": {"type": "string"}}
     for media in route.media:
@@ -247,6 +259,20 @@ def _ok_response(route: RouteDoc, components: dict[str, Any]) -> dict[str, Any]:
     if not content:
         content["application/json"] = {"schema": {"type": "object"}}
     return {"description": "OK", "content": content}
+
+
+def _sse_event(event: str | None) -> dict[str, Any]:
+    """One server-sent event, as OpenAPI 3.1 tools read a text/event-stream ``schema`` (OpenAPI 3.2 calls it
+    ``itemSchema``): its ``data`` is the JSON text of ``event`` (or ``[DONE]``, the OpenAI streams' end)."""
+    data: dict[str, Any] = {"type": "string", "contentMediaType": "application/json",
+                            "description": "The event's JSON (one line)."}
+    if event is not None:
+        data["contentSchema"] = _ref(event)
+    if event is not None and event.startswith("openai_"):
+        data = {"anyOf": [data, {"const": "[DONE]", "description": "The end of an OpenAI stream."}]}
+    return {"type": "object", "required": ["data"], "description": "One server-sent event: a `data: <JSON>` line, "
+            "then a blank line.", "properties": {"data": data, "event": {"type": "string"},
+                                                  "id": {"type": "string"}, "retry": {"type": "integer"}}}
 
 
 def _error_response(status: int, schema: str) -> dict[str, Any]:

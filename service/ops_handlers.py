@@ -81,6 +81,6 @@ class MetricsHandler(GetHandler):
 class OpenAPIHandler(GetHandler):
     def get(self) -> None:
         served = Served((self.ctx.backend.model_name, *(a["name"] for a in self.ctx.backend.adapters())),
-                        tuple(self.ctx.accepted_part_types()))
+                        tuple(self.ctx.accepted_part_types()), self.ctx.backend.info().get("vocab_size"))
         self.write_json(build_openapi(self.ctx.schemas, playground=self.ctx.settings.playground_enabled,
                                       served=served))

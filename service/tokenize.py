@@ -83,7 +83,8 @@ class DetokenizeHandler(_VllmHandler):
 
     async def post(self) -> None:
         body = self.checked_body()
-        self.write_json({"prompt": await self.off_loop(self.ctx.backend.detokenize, body["tokens"])})
+        ids = [int(i) for i in body["tokens"]]  # JSON Schema also calls 20.0 an integer
+        self.write_json({"prompt": await self.off_loop(self.ctx.backend.detokenize, ids)})
 
 
 def chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
