@@ -198,10 +198,11 @@ class Scheduler:
         seq.close()
 
     def by_priority(self) -> dict[int, dict[str, int]]:
-        """Requests per priority: ``waiting`` (queued or still prefilling) and ``running`` (for /info)."""
+        """Requests per priority: ``waiting`` (queued or still prefilling) and ``running`` (for /info, from
+        another thread: each pool is copied in one C call, under the GIL, before it is counted)."""
         counts: dict[int, dict[str, int]] = {}
         for pool, where in ((self.waiting, "waiting"), (self.prefilling, "waiting"), (self.running, "running")):
-            for seq in pool:
+            for seq in tuple(pool):
                 counts.setdefault(seq.priority, {"waiting": 0, "running": 0})[where] += 1
         return dict(sorted(counts.items()))
 

@@ -171,3 +171,13 @@ def test_a_low_priority_prompt_gets_a_chunk_after_at_most_patience_overtakings(p
             break
         chunks_before += 1
     assert chunks_before == patience
+
+
+def test_by_priority_counts_waiting_and_running():
+    sched = make(max_batch=2, rows=2)
+    seqs = [prioritized(4, p) for p in (3, -1, 3, 0)]
+    for s in seqs:
+        sched.add(s)
+    run_prefill(sched, sched.plan())  # -1 and 0 admitted and prefilled: running
+    assert sched.by_priority() == {-1: {"waiting": 0, "running": 1}, 0: {"waiting": 0, "running": 1},
+                                   3: {"waiting": 2, "running": 0}}
