@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Callable, Protocol
 
 from backends.errors import BackendError, GenerationFailed
-from backends.types import GenerationResult, MediaInput, RequestParams, TokenEvent
+from backends.types import GenerationResult, Grammar, MediaInput, RequestParams, TokenEvent
 
 Event = TokenEvent | GenerationResult | BackendError
 Listener = Callable[[Event], None]
@@ -82,18 +82,34 @@ class Backend(Protocol):
 
     def count_tokens(self, text: str) -> int: ...
 
-    def tokenize(self, text: str) -> list[int]:
-        """The token ids ``submit`` would use for ``text`` (before ``truncate``)."""
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """The token ids ``submit`` would use for ``text`` (before ``truncate``); without the special tokens the
+        tokenizer adds (BOS) if not ``add_special_tokens``."""
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], **variables: Any) -> str:
-        """The prompt text for chat messages ([{"role", "content"}, ...]); InputRejected if impossible.
-        ``variables``: more template variables (``tools``, chat_template_kwargs); a backend may take none
-        when no request sends any. Its ``chat_template`` attribute (optional) is the template's text."""
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """The text of ``ids``, special tokens included; ``ParameterRejected("tokens", …)`` naming the first id
+        outside the vocabulary."""
+
+    def token_strs(self, ids: Sequence[int]) -> list[str]:
+        """Each id's vocabulary string; ``ParameterRejected("tokens", …)`` as ``detokenize``."""
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
+                            **variables: Any) -> str:
+        """The prompt text for chat messages ([{"role", "content"}, ...]), ending with the assistant's opening
+        if ``add_generation_prompt``; InputRejected if impossible. ``variables``: more template variables
+        (``tools``, chat_template_kwargs); a backend may take none when no request sends any. Its
+        ``chat_template`` attribute (optional) is the template's text."""
+
+    def check_grammar(self, grammar: Grammar) -> None:
+        """Optional: raise ``ParameterRejected("grammar", …)`` if ``grammar`` does not compile or is over the
+        grammar engine's limits (the service asks before a request takes a slot; a backend without it is
+        asked nothing and refuses at ``submit``)."""
 
     def info(self) -> dict:
         """Live figures for /info and /metrics: model_name, dtype, max_seq_len, max_input_tokens,
         max_batch_size, max_prefill_tokens, block_size, free_blocks, total_blocks, running, waiting,
-        compiled_graphs (a key may be missing; the service then reports null)."""
+        priorities ({priority: {"waiting", "running"}}), vocab_size (the tokenizer's), compiled_graphs (a key
+        may be missing; the service then reports null)."""
 
     def adapters(self) -> list[dict]:
         """The LoRA adapters requests may name (``adapter_id``, an OpenAI ``model``): each a dict with at least

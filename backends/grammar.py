@@ -4,6 +4,9 @@ model's tokenizer into a matcher, whose token mask restricts each step's choice.
 Bounds (docs/structured-output.md): the grammar text is at most ``MAX_GRAMMAR_BYTES``; compilation runs
 under llguidance's fuel limits (``LIMITS``), so a schema too large or too slow to compile is refused in
 well under a second instead of holding a worker; each mask step is bounded by the step fuel.
+``GrammarCompiler.check`` is the trial the service runs before a request takes a slot: compile, then the
+first ``CHECK_STEPS`` masks and tokens, where llguidance's lexer meets its limits (``a{1000000}`` compiles,
+then fails at its first token); a grammar over a limit is refused in our words, never with its lexer state.
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from dataclasses import dataclass
 
 import llguidance
 import numpy as np
-from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask_par
+from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask, fill_next_token_bitmask_par
 
 from backends.errors import ParameterRejected
 from backends.tool_grammar import tool_call_lark
@@ -24,8 +27,22 @@ from backends.types import Grammar
 
 MAX_GRAMMAR_BYTES = 65_536  # the serialized schema or the regex
 # llguidance's own resource limits (its defaults, spelled out): fuel bounds the compile and each mask step.
+# verbose_errors off: an error never carries the parser's state or the grammar back to the client.
 LIMITS = dict(initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000, step_max_items=50_000,
-              max_grammar_size=500_000, max_lexer_states=250_000)
+              max_grammar_size=500_000, max_lexer_states=250_000, verbose_errors=False)
+CHECK_STEPS = 2  # masks (and tokens) the trial run computes: the lexer's limits show by the first token
+# llguidance's messages for a grammar over one of its limits -> what we tell the client instead
+_OVER_LIMIT = (
+    (("too many expressions constructed", "too many states", "LexerTooComplex"),
+     "is too complex for the grammar engine: its lexer would build more states than its limit (use smaller "
+     "repetition counts or a simpler pattern)"),
+    (("recursion limit exceeded", "NestLimitExceeded", "StackOverflow"),
+     "nests too deeply for the grammar engine"),
+    (("fuel", "Too many items"),
+     "is too costly for the grammar engine to prepare within its work limits"),
+    (("too big", "too large", "ExceededSizeLimit"),
+     "is larger than the grammar engine's size limit"),
+)
 # Compact JSON: a small model left free whitespace can pad forever between tokens.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
 ANY_JSON_OBJECT = '{"type": "object"}'
@@ -87,13 +104,40 @@ class GrammarCompiler:
         matcher = llguidance.LLMatcher(self.tokenizer, text, log_level=0,
                                        limits=llguidance.LLParserLimits(**LIMITS))
         if matcher.is_error():
-            raise GrammarRejected(_first_lines(matcher.get_error()))
+            raise _rejection(grammar, matcher.get_error())
         return GrammarState(matcher, self._vocab_size)
 
     def _is_token(self, text: str) -> bool:
         """``text`` is one special token of this tokenizer (a Lark grammar names it as ``<text>``)."""
         ids = self.tokenizer.tokenize_str(text)
         return len(ids) == 1 and self.tokenizer.is_special_token(ids[0])
+
+    def check(self, grammar: Grammar) -> None:
+        """``GrammarRejected`` unless ``grammar`` compiles and its first ``CHECK_STEPS`` steps (mask, then an
+        allowed token consumed) stay within llguidance's limits. Runs on the calling thread, bounded by the
+        compile and step fuel (``LIMITS``): well under a second for the worst grammar we know of."""
+        state = self.compile(grammar)
+        for pattern in _schema_patterns(grammar):  # a string's pattern is lexed only once generation gets there
+            try:
+                self.check(Grammar("regex", pattern))
+            except GrammarRejected as exc:
+                raise GrammarRejected(f"the JSON Schema has a pattern {pattern[:40]!r}{'…' * (len(pattern) > 40)} "
+                                      f"that {str(exc).removeprefix('the regex ')}") from None
+        mask = allocate_token_bitmask(1, self._vocab_size)
+        for _ in range(CHECK_STEPS):
+            fill_next_token_bitmask(state.matcher, mask, 0)
+            if state.matcher.is_error():
+                break
+            state.bitmask = mask[0]
+            allowed = np.flatnonzero(state.allowed())
+            choices = [int(t) for t in allowed if int(t) not in self._eos] or [int(t) for t in allowed]
+            if not choices or state.matcher.is_stopped():
+                return
+            state.matcher.consume_token(choices[0])
+            if state.matcher.is_error():
+                break
+        if state.matcher.is_error():
+            raise _rejection(grammar, state.matcher.get_error())
 
 
 class GrammarState:
@@ -189,6 +233,32 @@ def _llguidance_grammar(grammar: Grammar) -> str:
         raise GrammarRejected(str(exc)) from None
 
 
+def _schema_patterns(grammar: Grammar) -> list[str]:
+    """Every ``pattern`` string of a JSON Schema grammar (none for a regex)."""
+    if grammar.kind != "json":
+        return []
+    found, stack = [], [json.loads(grammar.value)]  # it compiled: valid JSON
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if isinstance(node.get("pattern"), str):
+                found.append(node["pattern"])
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return sorted(set(found))
+
+
+def _rejection(grammar: Grammar, message: str) -> GrammarRejected:
+    """The client's error for llguidance's ``message``: a limit in our words, else the compiler's first lines
+    (a syntax error: "unclosed group")."""
+    what = "the regex" if grammar.kind == "regex" else "the JSON Schema"
+    for needles, words in _OVER_LIMIT:
+        if any(needle in message for needle in needles):
+            return GrammarRejected(f"{what} {words}")
+    return GrammarRejected(_first_lines(message))
+
+
 def _first_lines(message: str, limit: int = 600) -> str:
-    message = message.strip()
+    message = message.replace("<non-verbose/>", "").strip()
     return message if len(message) <= limit else message[:limit] + "…"

@@ -49,6 +49,7 @@ class RequestParams:
     min_tokens: int = 0  # no EOS before this many generated tokens
     top_logprobs: int = 0  # report this many most likely alternatives with each generated token
     thinking_budget: int | None = None  # at most this many tokens inside <think>…</think> (backends/thinking.py)
+    priority: int = 0  # scheduling order, vLLM's convention: lower is more urgent (docs/configuration.md)
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,9 @@ from service.ops_handlers import (HealthHandler, InfoHandler, LiveHandler, Metri
                                   ModelsHandler, OpenAPIHandler, TokenizerHandler)
 from service.pipeline import GenerationHandler
 from service.playground import playground_routes
+from service.root import root_routes
 from service.state import ServerState
+from service.tokenize import DetokenizeHandler, TokenizeHandler
 from service.validation import Schemas, default_schemas
 
 ALL_PLANES = frozenset({BUSINESS, MANAGEMENT, METRICS})
@@ -47,8 +49,11 @@ def business_routes(ctx: AppContext) -> list[Route]:
     )]
     return [
         *playground_routes(ctx),  # first: a browser's GET / is matched before POST /'s route
+        *root_routes(ctx),  # then any other GET / or HEAD /
         *((path, GenerationHandler, kwargs) for path, kwargs in generation),
         (r"/v1/tokenizer", TokenizerHandler, args),
+        (r"/tokenize", TokenizeHandler, args),
+        (r"/detokenize", DetokenizeHandler, args),
         (r"/v1/models", ModelsHandler, args),
         (r"/v1/models/(.+)", ModelHandler, args),
         (r"/openapi\.json", OpenAPIHandler, args),

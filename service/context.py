@@ -1,13 +1,14 @@
 """``AppContext``: the collaborators every handler gets through ``initialize`` (one per app)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from backends.base import Backend, accepted_media
 from backends.settings import LoraSettings
 from service.admission import Admission
 from service.config import ServerSettings
 from service.connections import ConnectionTracker
+from service.grammar_check import GrammarCheck
 from service.media.kinds import TEXT_PART, part_types
 from service.media.loader import MediaLoader
 from service.metrics import ServiceMetrics
@@ -38,6 +39,7 @@ class AppContext:
     connections: ConnectionTracker
     media: MediaLoader
     lora: LoraSettings = LoraSettings()  # the runtime adapter routes' switch and root
+    grammars: GrammarCheck = field(default_factory=GrammarCheck)  # requests' grammars, checked before a slot
 
     def accepted_part_types(self) -> list[str]:
         """The part types ``inputs`` may have, text first: the limits', else what the backend accepts."""

@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 import tornado.ioloop
+import tornado.routing
 import tornado.web
 
 from backends.errors import BackendError
@@ -66,6 +67,8 @@ class BaseHandler(tornado.web.RequestHandler):
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         status, body = self.render_error(self.as_service_error(status_code, kwargs.get("exc_info", (None,) * 3)[1]))
+        if status == 405:  # RFC 9110: a 405 lists the methods the path is served with
+            self.set_header("Allow", ", ".join(allowed_methods(self.application, self.request.path)))
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
         self.finish(sse.dumps(body))
@@ -90,6 +93,19 @@ class BaseHandler(tornado.web.RequestHandler):
         super().on_connection_close()
         self.client_gone = True
         self.ctx.connections.request_ended(self.request.connection.stream)
+
+
+def allowed_methods(app: tornado.web.Application, path: str) -> list[str]:
+    """The methods some route of ``app`` serves ``path`` with: the methods each matching route's handler
+    implements (several routes share ``/``: the playground's, the root document's, ``POST /``'s)."""
+    methods: set[str] = set()
+    for rule in app.wildcard_router.rules:
+        target = rule.target
+        if (isinstance(rule.matcher, tornado.routing.PathMatches) and rule.matcher.regex.match(path)
+                and isinstance(target, type) and issubclass(target, tornado.web.RequestHandler)):
+            methods |= {m for m in target.SUPPORTED_METHODS
+                        if getattr(target, m.lower()) is not getattr(tornado.web.RequestHandler, m.lower())}
+    return [m for m in tornado.web.RequestHandler.SUPPORTED_METHODS if m in methods]
 
 
 class GetHandler(BaseHandler):

@@ -53,6 +53,7 @@ def server_info(ctx: AppContext) -> dict[str, Any]:
             "cache_block_size": engine.get("block_size"),
             "running": engine.get("running"),
             "waiting": engine.get("waiting"),
+            "priorities": {str(p): n for p, n in (engine.get("priorities") or {}).items()},
             "compiled_graphs": engine.get("compiled_graphs"),
             "device": engine.get("device"),
             "kernels": engine.get("kernels"),

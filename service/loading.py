@@ -15,7 +15,7 @@ from backends.base import Backend, Listener, RequestHandle, accepted_media
 from backends.errors import EngineUnavailable
 from backends.limits import prompt_token_limit
 from backends.settings import EngineConfig
-from backends.types import MediaInput, RequestParams
+from backends.types import Grammar, MediaInput, RequestParams
 
 NOT_LOADED = "the model is still loading or warming up"
 LOAD_THREAD = "mindserve-load"
@@ -62,11 +62,23 @@ class LoadingBackend:
     def count_tokens(self, text: str) -> int:
         return self._loaded().count_tokens(text)
 
-    def tokenize(self, text: str) -> list[int]:
-        return self._loaded().tokenize(text)
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._loaded().tokenize(text, add_special_tokens)
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], **variables: Any) -> str:
-        return self._loaded().apply_chat_template(messages, **variables)
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self._loaded().detokenize(ids)
+
+    def token_strs(self, ids: Sequence[int]) -> list[str]:
+        return self._loaded().token_strs(ids)
+
+    def check_grammar(self, grammar: Grammar) -> None:
+        check = getattr(self._loaded(), "check_grammar", None)
+        if check is not None:
+            check(grammar)
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
+                            **variables: Any) -> str:
+        return self._loaded().apply_chat_template(messages, add_generation_prompt, **variables)
 
     @property
     def chat_template(self) -> str | None:

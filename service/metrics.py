@@ -57,6 +57,16 @@ class EngineCollector:
                 family = GaugeMetricFamily(name, doc, labels=LABELS)
                 family.add_metric([self._model_name], value)
                 yield family
+        yield from self._by_priority(info.get("priorities") or {})
+
+    def _by_priority(self, priorities: dict[int, dict[str, int]]) -> Iterable[Metric]:
+        """Requests per priority (a series per priority that has requests now)."""
+        for where, doc in (("waiting", "Requests queued or still prefilling, per priority (lower: more urgent)."),
+                           ("running", "Requests in the running batch, per priority.")):
+            family = GaugeMetricFamily(f"num_requests_{where}_by_priority", doc, labels=(*LABELS, "priority"))
+            for priority, counts in priorities.items():
+                family.add_metric([self._model_name, str(priority)], counts[where])
+            yield family
 
 
 class HttpCollector:

@@ -36,7 +36,8 @@ class RouteDoc:
     empty_ok: bool = False  # 200 with no body
     plain_text: bool = False  # 200 is text/plain
     media: tuple[str, ...] = ()  # other media types of the 200 (the playground's page and files)
-    playground: bool = False  # served only with ServerConfig.playgroundEnabled
+    playground: bool | None = None  # True: only with ServerConfig.playgroundEnabled; False: only without it
+    request_also: dict[str, Any] | None = None  # a rule of this route only, beside the request schema
 
 
 ROUTES: tuple[RouteDoc, ...] = (
@@ -45,24 +46,38 @@ ROUTES: tuple[RouteDoc, ...] = (
     RouteDoc("post", "/generate", "Generate (TGI): one JSON object", request="generate_request",
              response="response/$defs/result", errors=_GENERATION_ERRORS),
     RouteDoc("post", "/generate_stream", "Generate (TGI): server-sent events, one per token",
-             request="generate_request", stream=True, errors=_GENERATION_ERRORS),
+             request="generate_request", stream=True, errors=_GENERATION_ERRORS,
+             request_also={"if": {"required": ["parameters"], "properties": {"parameters": {
+                               "required": ["decoder_input_details"],
+                               "properties": {"decoder_input_details": {"const": True}}}}},
+                           "then": {"properties": {"parameters": {"properties": {"decoder_input_details": {
+                               "description": "a stream has no prompt details", "not": {}}}}}}}),
     RouteDoc("post", "/v1/completions", "OpenAI-compatible text completion (SSE with stream: true)",
-             request="openai_completion_request", stream=True, event="openai_completion_chunk",
+             request="openai_completion_request", response="openai_completion_response", stream=True,
+             event="openai_completion_chunk",
              errors=_OPENAI_ERRORS, error_schema="openai_error"),
     RouteDoc("post", "/v1/chat/completions", "OpenAI-compatible chat completion (SSE with stream: true)",
-             request="openai_chat_request", stream=True, event="openai_chat_chunk",
+             request="openai_chat_request", response="openai_chat_response", stream=True, event="openai_chat_chunk",
              errors=_OPENAI_ERRORS, error_schema="openai_error"),
     RouteDoc("post", "/v1/responses", "OpenAI Responses API, stateless (SSE with stream: true): translated into a "
              "chat completion", request="openai_responses_request", response="openai_responses_response",
              stream=True, event="openai_responses_event", errors=_OPENAI_ERRORS, error_schema="openai_error"),
     RouteDoc("post", "/v1/tokenizer", "Tokenize text as POST / would", request="tokenizer_request",
              response="tokenizer_response", errors=(400, 413, 415, 422)),
+    RouteDoc("post", "/tokenize", "Tokenize a prompt, or chat messages rendered with the model's template (vLLM's "
+             "shape)", request="tokenize_request", response="tokenize_response", errors=_OPENAI_ERRORS,
+             error_schema="openai_error"),
+    RouteDoc("post", "/detokenize", "Token ids back to text (vLLM's shape)", request="detokenize_request",
+             response="detokenize_response", errors=_OPENAI_ERRORS, error_schema="openai_error"),
     RouteDoc("get", "/v1/models", "The served model (OpenAI list shape)", response="model_list"),
     RouteDoc("get", "/v1/models/{model_id}", "One model (OpenAI shape)", response="model_list/$defs/model",
              errors=(404,)),
     RouteDoc("get", "/openapi.json", "This document"),
-    RouteDoc("get", "/", "The playground page, for a GET whose Accept ranks text/html above application/json (a "
-             "browser); any other GET / is a 405", media=("text/html",), errors=(405,), playground=True),
+    RouteDoc("get", "/", "The playground page (text/html) for a GET whose Accept ranks text/html above "
+             "application/json (a browser); any other GET / gets a JSON document pointing at this document",
+             response="root_response", media=("text/html",), playground=True),
+    RouteDoc("get", "/", "A JSON document pointing at this document (the playground is off)",
+             response="root_response", playground=False),
     RouteDoc("get", "/playground", "The playground page: a form for POST / built from this document",
              media=("text/html",), playground=True),
     RouteDoc("get", "/playground/{asset}", "A file of the playground page", media=("text/css", "text/javascript"),
@@ -89,13 +104,35 @@ _PLANE_NOTE = {
 }
 
 
-def build_openapi(schemas: Schemas, *, playground: bool = True) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class Served:
+    """What the running server serves, for the document to describe it rather than every server: the model
+    names a request's ``model`` may be (the base model, then the loaded adapters) and the part types a
+    prompt may have (``/info``'s ``accepted_part_types``)."""
+
+    models: tuple[str, ...]
+    part_types: tuple[str, ...] = ("text",)
+    vocab_size: int | None = None  # the tokenizer's: the ids /detokenize takes are below it
+
+
+# Where the served names and part types go in the components: (component, path to the schema to narrow)
+_MODEL_FIELDS = (("openai_completion_request", ("properties", "model")),
+                 ("tokenize_request", ("properties", "model")))
+_PART_TYPE_FIELDS = (("generate_request", ("$defs", "part", "properties", "type")),
+                     ("openai_chat_request", ("$defs", "content_part", "properties", "type")))
+
+
+def build_openapi(schemas: Schemas, *, playground: bool = True, served: Served | None = None) -> dict[str, Any]:
     """The whole document; routes whose request schema is not loaded are left out, and the playground's
-    unless ``playground``."""
+    unless ``playground``. With ``served``, ``model`` fields enumerate the served names and the part types
+    are those the loaded model accepts."""
     components = {name: component_schema(schemas.schema(name), schemas) for name in schemas.names}
+    if served is not None:
+        _describe_served(components, served)
     paths: dict[str, dict[str, Any]] = {}
     for route in ROUTES:
-        if (route.request is not None and route.request not in components) or (route.playground and not playground):
+        if (route.request is not None and route.request not in components) or (
+                route.playground is not None and route.playground != playground):
             continue
         operations = paths.setdefault(route.path, {})
         operations[route.method] = _operation(route, components)
@@ -117,6 +154,34 @@ def build_openapi(schemas: Schemas, *, playground: bool = True) -> dict[str, Any
             "responses": {_error_response_name(s): _error_response(s, "error") for s in statuses},
         },
     }
+
+
+def _describe_served(components: dict[str, Any], served: Served) -> None:
+    """Narrow the components to the running server: ``model`` to its names, part types to the model's."""
+    for name, path in _MODEL_FIELDS:
+        node = _node(components, name, path)
+        if node is not None:
+            nullable = "null" in (node.get("type") or [])
+            node["enum"] = [*served.models, *([None] if nullable else [])]
+            node["description"] = (node.get("description", "") + " This server serves: "
+                                   + ", ".join(served.models) + ".").strip()
+    for name, path in _PART_TYPE_FIELDS:
+        node = _node(components, name, path)
+        if node is not None and "enum" in node:
+            node["enum"] = [t for t in node["enum"] if t in served.part_types]
+    node = _node(components, "parameters", ("properties", "adapter_id"))
+    if node is not None:  # "None" (the base model), null, or a loaded adapter
+        node["enum"] = ["None", None, *served.models[1:]]
+    node = _node(components, "detokenize_request", ("properties", "tokens", "items"))
+    if node is not None and served.vocab_size:
+        node["maximum"] = served.vocab_size - 1
+
+
+def _node(components: dict[str, Any], name: str, path: tuple[str, ...]) -> dict[str, Any] | None:
+    node = components.get(name)
+    for key in path:
+        node = node.get(key) if isinstance(node, dict) else None
+    return node if isinstance(node, dict) else None
 
 
 def component_schema(schema: dict[str, Any], schemas: Schemas) -> dict[str, Any]:
@@ -160,7 +225,9 @@ def _operation(route: RouteDoc, components: dict[str, Any]) -> dict[str, Any]:
         op["parameters"] = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
                             for name in names]
     if route.request is not None:
-        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": _ref(route.request)}}}
+        schema = _ref(route.request) if route.request_also is None else {"allOf": [_ref(route.request),
+                                                                                    route.request_also]}
+        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": schema}}}
     for status in route.errors:
         op["responses"][str(status)] = (_error_response(status, route.error_schema)
                                         if route.error_schema != "error"
@@ -187,11 +254,7 @@ def _ok_response(route: RouteDoc, components: dict[str, Any]) -> dict[str, Any]:
         content["application/json"] = {"schema": _ref(route.response)}
     if route.stream:
         event = route.event if route.event in components else None
-        media: dict[str, Any] = {"schema": {"type": "string", "description": "Server-sent events: `data: <JSON>` "
-                                            "lines, each followed by a blank line."}}
-        if event is not None:
-            media["x-event-data-schema"] = _ref(event)
-        content["text/event-stream"] = media
+        content["text/event-stream"] = {"schema": _sse_event(event)}
     if route.plain_text:
         content["text/plain"] = {"schema": {"type": "string"}}
     for media in route.media:
@@ -199,6 +262,20 @@ def _ok_response(route: RouteDoc, components: dict[str, Any]) -> dict[str, Any]:
     if not content:
         content["application/json"] = {"schema": {"type": "object"}}
     return {"description": "OK", "content": content}
+
+
+def _sse_event(event: str | None) -> dict[str, Any]:
+    """One server-sent event, as OpenAPI 3.1 tools read a text/event-stream ``schema`` (OpenAPI 3.2 calls it
+    ``itemSchema``): its ``data`` is the JSON text of ``event`` (or ``[DONE]``, the OpenAI streams' end)."""
+    data: dict[str, Any] = {"type": "string", "contentMediaType": "application/json",
+                            "description": "The event's JSON (one line)."}
+    if event is not None:
+        data["contentSchema"] = _ref(event)
+    if event is not None and event.startswith("openai_"):
+        data = {"anyOf": [data, {"const": "[DONE]", "description": "The end of an OpenAI stream."}]}
+    return {"type": "object", "required": ["data"], "description": "One server-sent event: a `data: <JSON>` line, "
+            "then a blank line.", "properties": {"data": data, "event": {"type": "string"},
+                                                  "id": {"type": "string"}, "retry": {"type": "integer"}}}
 
 
 def _error_response(status: int, schema: str) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from service.errors import NotFound, ServiceUnavailable, from_backend_error
 from service.http import GetHandler, JsonBodyHandler
 from service.info import adapter_card, model_card, model_list, server_info
 from service.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from service.openapi import build_openapi
+from service.openapi import Served, build_openapi
 
 
 class _EmptyOkHandler(GetHandler):
@@ -80,4 +80,7 @@ class MetricsHandler(GetHandler):
 
 class OpenAPIHandler(GetHandler):
     def get(self) -> None:
-        self.write_json(build_openapi(self.ctx.schemas, playground=self.ctx.settings.playground_enabled))
+        served = Served((self.ctx.backend.model_name, *(a["name"] for a in self.ctx.backend.adapters())),
+                        tuple(self.ctx.accepted_part_types()), self.ctx.backend.info().get("vocab_size"))
+        self.write_json(build_openapi(self.ctx.schemas, playground=self.ctx.settings.playground_enabled,
+                                      served=served))

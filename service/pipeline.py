@@ -1,9 +1,10 @@
 """The one generation pipeline every dialect runs through (``service/dialects/``).
 
 ``GenerationHandler``: read the body (the reading bound of ``service/http.py``), parse it with the route's
-dialect, load its media parts if any (``service/media/loader.py``, holding no slot), *then* take a
-generation slot (``service/admission.py``: 429 when the line is full, 503 while draining), submit to the
-backend off the event loop, and relay its events as one JSON body or an SSE stream under the deadlines
+dialect, check its grammar if any (``service/grammar_check.py``), load its media parts if any
+(``service/media/loader.py``), both holding no slot, *then* take a generation slot
+(``service/admission.py``: 429 when the line is full, 503 while draining), submit to the backend off the
+event loop, and relay its events as one JSON body or an SSE stream under the deadlines
 (``tokenTimeout``, ``e2eTimeout``, a stalled reader); a client that leaves cancels the engine request (or
 its media load). Errors are rendered by the dialect.
 """
@@ -29,6 +30,7 @@ from service.admission import Deadlines
 from service.context import AppContext
 from service.dialects import Dialect, GenerationRequest, choice_params
 from service.errors import ServiceError, ServiceUnavailable, from_backend_error
+from service.grammar_check import CHECK_SECONDS
 from service.http import JsonBodyHandler
 from service.media.gate import Lease
 from service.metrics import BASE_ADAPTER, RequestObserver
@@ -68,6 +70,7 @@ class GenerationHandler(JsonBodyHandler):
 
     async def post(self) -> None:
         req = self.dialect.parse(self.json_body(), self.ctx)  # the whole body is in, and valid
+        await self._check_grammar(req)
         media = await self._load_media(req)
         if media is None or not await self._admit():
             return  # the client left while its media loaded or while it waited for a slot
@@ -82,7 +85,15 @@ class GenerationHandler(JsonBodyHandler):
         log.debug("%s %s done in %.3fs", self._handle.request_id, self.request.path,
                   time.monotonic() - self.deadlines.started)
 
-    # --- media, admission and submission -----------------------------------------------------------
+    # --- grammar, media, admission and submission ---------------------------------------------------
+
+    async def _check_grammar(self, req: GenerationRequest) -> None:
+        """A grammar over the grammar engine's limits is the dialect's 422 now, before any slot is taken."""
+        try:
+            await self.ctx.grammars.check(self.ctx.backend, req.params.grammar, min(CHECK_SECONDS,
+                                                                                   self.deadlines.e2e_left()))
+        except BackendError as exc:
+            raise self.dialect.submit_error(exc, req) from None
 
     async def _load_media(self, req: GenerationRequest) -> tuple[MediaInput, ...] | None:
         """The request's media, loaded before it takes a slot (a slow download holds none); None if the

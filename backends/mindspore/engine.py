@@ -18,7 +18,8 @@ from typing import Any
 
 from backends.base import Listener, RequestHandle
 from backends.chat_template import render_chat_template
-from backends.errors import EngineOverloaded, EngineUnavailable, GenerationFailed, InputRejected
+from backends.errors import (EngineOverloaded, EngineUnavailable, GenerationFailed, InputRejected,
+                             ParameterRejected)
 from backends.grammar import MaskBatch, MaskWorker
 from backends.mindspore.engine_parts import build_parts, engine_info, warm_up
 from backends.mindspore.intake import Intake
@@ -27,7 +28,7 @@ from backends.mindspore.sequence import SeqState
 from backends.sampling import vocab_log_softmax
 from backends.settings import EngineConfig
 from backends.stopping import StepOutcome
-from backends.types import FinishReason, GenerationResult, MediaInput, RequestParams, Token, TokenEvent
+from backends.types import FinishReason, GenerationResult, Grammar, MediaInput, RequestParams, Token, TokenEvent
 
 log = logging.getLogger("mindserve.engine")
 
@@ -89,19 +90,44 @@ class Engine:
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text))
 
-    def tokenize(self, text: str) -> list[int]:
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """The ids ``submit`` would start from (before ``truncate`` and the length policy)."""
-        return self.tokenizer.encode(text)
+        return self.tokenizer.encode(text, add_special_tokens)
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], **variables: Any) -> str:
-        """The prompt for a chat (the tokenizer config's template, with the generation prompt); ``variables``:
-        more template variables (``tools``, a request's chat_template_kwargs)."""
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """The text of ``ids``, special tokens included; ParameterRejected("tokens") for an id outside the
+        vocabulary."""
+        self._check_ids(ids)
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def token_strs(self, ids: Sequence[int]) -> list[str]:
+        """Each id's vocabulary string (``Ġthe``)."""
+        self._check_ids(ids)
+        return [self.tokenizer.token_str(i) for i in ids]
+
+    def _check_ids(self, ids: Sequence[int]) -> None:
+        outside = next((at for at, i in enumerate(ids) if not 0 <= i < self.tokenizer.vocab_size), None)
+        if outside is not None:
+            raise ParameterRejected("tokens", f"tokens[{outside}] is {ids[outside]}, outside the vocabulary of "
+                                              f"{self.tokenizer.vocab_size} tokens")
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
+                            **variables: Any) -> str:
+        """The prompt for a chat (the tokenizer config's template, with the generation prompt unless
+        ``add_generation_prompt`` is false); ``variables``: more template variables (``tools``, a request's
+        chat_template_kwargs)."""
         template = self.chat_template
         if template is None:
             raise InputRejected(f"model {self.model_name} has no chat template; "
                                 "send a plain prompt to /v1/completions instead")
         return render_chat_template(template, messages, bos_token=self.tokenizer.bos_token or "",
-                                    eos_token=self.tokenizer.eos_token or "", **variables)
+                                    eos_token=self.tokenizer.eos_token or "",
+                                    add_generation_prompt=add_generation_prompt, **variables)
+
+    def check_grammar(self, grammar: Grammar) -> None:
+        """GrammarRejected if ``grammar`` does not compile or meets the grammar engine's limits in its first
+        steps (any thread; ``backends/grammar.py``)."""
+        self.grammars.check(grammar)
 
     def prompt_ids(self, text: str, truncate: int | None) -> list[int]:
         return self.intake.prompt_ids(text, truncate)  # what submit starts a text prompt from

@@ -118,6 +118,8 @@ def engine_info(self) -> dict:  # self: the Engine
             "compiled_graphs": self.compiled_graphs, "free_blocks": self.allocator.free_blocks,
             "total_blocks": self.allocator.usable_blocks, "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting) + len(self.scheduler.prefilling),
+            "priorities": self.scheduler.by_priority(),
+            "vocab_size": self.tokenizer.vocab_size,
             "dtype": torch_dtype(self.spec.model_dir) or self.spec.compute_dtype,
             "max_prefill_tokens": self.config.max_prefill_tokens, "block_size": self.runner.shapes.block_size,
             "device": self.device, "kernels": self.runner.kernels, "kernel_variant": self.runner.kernel_variant,

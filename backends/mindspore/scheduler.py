@@ -38,6 +38,7 @@ class StepPlan:
 
 
 PREFILL_FIRST = 3  # prefill-only steps in a row while prompts wait (separate prefill and decode calls)
+PRIORITY_PATIENCE = 32  # times a sequence may be overtaken by later, more urgent arrivals before it goes first
 
 
 class Scheduler:
@@ -54,6 +55,11 @@ class Scheduler:
     its prefill after them (always leaving at least its last token to compute); its own full prompt blocks
     are registered once written.
 
+    Priority (``SeqState.priority``, vLLM's convention: lower is more urgent) orders both the line and the
+    prompt chunks: more urgent first, then by arrival. Starvation is bounded the way the LoRA window bounds
+    it: a sequence that later arrivals have overtaken ``priority_patience`` times (to a slot, or to a prompt
+    chunk) goes first from then on, whatever its priority.
+
     ``max_loras`` (> 0) caps the distinct LoRA adapters among the active sequences (every step then mixes at
     most that many): a waiting request whose adapter would exceed it is passed over by the ones behind it
     that fit, but only ``patience`` times; after that nothing else is admitted until it fits, so it cannot
@@ -62,10 +68,15 @@ class Scheduler:
 
     def __init__(self, allocator: BlockAllocator, max_batch: int, max_waiting: int, *,
                  prefill_rows: int = 1, prefill_tokens: int = 64, chunk: int = 64,
-                 prefill_first: int = PREFILL_FIRST, max_loras: int = 0, patience: int = 16) -> None:
+                 prefill_first: int = PREFILL_FIRST, max_loras: int = 0, patience: int = 16,
+                 priority_patience: int = PRIORITY_PATIENCE) -> None:
         self.allocator, self.max_batch, self.max_waiting = allocator, max_batch, max_waiting
         self.max_loras, self.patience = max_loras, patience
         self._passed: dict[SeqState, int] = {}  # waiting sequences held back by max_loras -> times overtaken
+        self.priority_patience = priority_patience
+        self._arrival: dict[SeqState, int] = {}  # each sequence's place in arrival order
+        self._overtaken: dict[SeqState, int] = {}  # times later arrivals went first (to a slot or a chunk)
+        self._arrivals = itertools.count()
         self.prefill_rows, self.prefill_tokens, self.chunk = prefill_rows, prefill_tokens, chunk
         self.prefill_first = prefill_first
         self._prefill_streak = 0  # steps in a row that prefilled without decoding
@@ -87,11 +98,24 @@ class Scheduler:
         if len(self.waiting) >= self.max_waiting:
             return False
         self.waiting.append(seq)
+        self._arrival[seq] = next(self._arrivals)
         return True
+
+    def _urgency(self, seq: SeqState) -> tuple[bool, int, int]:
+        """The sort key of the line and of the prompt chunks: overtaken ``priority_patience`` times first, then
+        lower ``priority``, then earlier arrival."""
+        return self._overtaken.get(seq, 0) < self.priority_patience, seq.priority, self._arrival.get(seq, 0)
+
+    def _went_first(self, seq: SeqState, passed: list[SeqState]) -> None:
+        """``seq`` went ahead of ``passed``: each that arrived before it counts one more overtaking."""
+        for held in passed:
+            if self._arrival.get(held, 0) < self._arrival.get(seq, 0):
+                self._overtaken[held] = self._overtaken.get(held, 0) + 1
 
     def _admit(self) -> None:
         active = {s.adapter for s in (*self.prefilling, *self.running) if s.adapter is not None}
-        i = 0
+        self.waiting = collections.deque(sorted(self.waiting, key=self._urgency))
+        i, admitted = 0, []
         while i < len(self.waiting) and self.active < self.max_batch:
             seq = self.waiting[i]
             if not adapter_fits(seq.adapter, active, self.max_loras):
@@ -109,6 +133,7 @@ class Scheduler:
             del self.waiting[i]
             for held in itertools.islice(self.waiting, i):  # the ones it overtook
                 self._passed[held] += 1
+            admitted.append(seq)
             self._passed.pop(seq, None)
             if seq.adapter is not None:
                 active.add(seq.adapter)
@@ -120,6 +145,8 @@ class Scheduler:
                 self.prompt_tokens += len(seq.prompt_ids)
                 self.hit_tokens += seq.prefilled
             self.prefilling.append(seq)
+        for seq in admitted:  # overtaking is getting a slot before an earlier arrival still waiting
+            self._went_first(seq, list(self.waiting))
 
     def _cached(self, seq: SeqState, hashes: list[bytes]) -> list[int]:
         """The cached blocks ``seq`` may share: the longest cached run of its full prompt blocks, short of its
@@ -138,12 +165,15 @@ class Scheduler:
             self._register(seq)
         self._admit()
         work, budget = [], self.prefill_tokens
+        self.prefilling = collections.deque(sorted(self.prefilling, key=self._urgency))
         for seq in itertools.islice(self.prefilling, self.prefill_rows):
             n = min(self.chunk, len(seq.prompt_ids) - seq.prefilled, budget)
             if n <= 0:
                 break
             work.append((seq, n))
             budget -= n
+        for seq, _ in work:
+            self._went_first(seq, list(itertools.islice(self.prefilling, len(work), None)))
         if work and self.running and self._prefill_streak < self.prefill_first:
             self._prefill_streak += 1
             return StepPlan(tuple(work), ())
@@ -162,8 +192,19 @@ class Scheduler:
                 pool.remove(seq)
         self._hashes.pop(seq, None)
         self._passed.pop(seq, None)
+        self._arrival.pop(seq, None)
+        self._overtaken.pop(seq, None)
         self.allocator.release(seq.blocks)
         seq.close()
+
+    def by_priority(self) -> dict[int, dict[str, int]]:
+        """Requests per priority: ``waiting`` (queued or still prefilling) and ``running`` (for /info, from
+        another thread: each pool is copied in one C call, under the GIL, before it is counted)."""
+        counts: dict[int, dict[str, int]] = {}
+        for pool, where in ((self.waiting, "waiting"), (self.prefilling, "waiting"), (self.running, "running")):
+            for seq in tuple(pool):
+                counts.setdefault(seq.priority, {"waiting": 0, "running": 0})[where] += 1
+        return dict(sorted(counts.items()))
 
     def all(self) -> list[SeqState]:
         return [*self.running, *self.prefilling, *self.waiting]

@@ -43,6 +43,7 @@ class SeqState:
     grammar: GrammarState | None = None  # constrained decoding: the mask before sampling, advanced after
     top_logprobs: int = 0  # alternatives reported with each token
     lora: Lease | None = None  # the LoRA adapter this request runs with (None: the base model)
+    priority: int = 0  # the scheduler's order (lower: more urgent; RequestParams.priority)
     vision: VisionPrompt | None = None  # a prompt with media: M-RoPE positions, delta, each item's span
     media: list[Patches] = field(default_factory=list)  # each span's patches, until the prompt is in
     media_rows: dict[int, np.ndarray] = field(default_factory=dict)  # span index -> the vision tower's rows
@@ -78,6 +79,7 @@ class SeqState:
                    stopper=Stopper(max_new_tokens, eos_ids, params.stop),
                    detokenizer=IncrementalDetokenizer(tokenizer, prompt_ids), tokenizer=tokenizer, seed=sampling.seed,
                    want_prefill=params.decoder_input_details, top_logprobs=params.top_logprobs, lora=lora,
+                   priority=params.priority,
                    vision=vision, media=list(media or []))
 
     @property

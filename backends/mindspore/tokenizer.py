@@ -77,9 +77,10 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return int(self._backend.get_vocab_size(with_added_tokens=True))
 
-    def encode(self, text: str) -> list[int]:
-        if self._add_bos is None and self._add_eos is None:
-            return list(self._backend.encode(text, add_special_tokens=True).ids)
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """The ids of ``text``; ``add_special_tokens`` False: none of the BOS/EOS the tokenizer would add."""
+        if not add_special_tokens or (self._add_bos is None and self._add_eos is None):
+            return list(self._backend.encode(text, add_special_tokens=add_special_tokens).ids)
         ids = list(self._backend.encode(text, add_special_tokens=False).ids)
         bos = self.bos_token_id
         if self._add_bos and bos is not None and ids[:1] != [bos]:
@@ -107,6 +108,13 @@ class Tokenizer:
     def token_id(self, text: str) -> int | None:
         """The id of the token whose text is ``text`` (an added token such as ``<think>``), None if none is."""
         return self._id_of(text)
+
+    def token_str(self, token_id: int) -> str:
+        """One token's vocabulary string (a byte-level piece such as ``Ġthe``), as HF's
+        ``convert_ids_to_tokens``; the decoded text where the tokenizer has no such table."""
+        id_to_token = getattr(self._backend, "id_to_token", None)
+        piece = id_to_token(token_id) if id_to_token is not None else None
+        return piece if piece is not None else self.token_text(token_id)
 
     def _id_of(self, token: Any) -> int | None:
         if isinstance(token, Mapping):  # HF serialises AddedToken as {"content": ...}

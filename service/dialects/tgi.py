@@ -32,7 +32,7 @@ NEUTRAL_CLIENT_KEYS: dict[str, tuple[Any, ...]] = {
 }
 _BOOL_FIELDS = ("watermark", "decoder_input_details")
 _FLOAT_FIELDS = ("temperature", "top_p", "typical_p", "repetition_penalty")
-_INT_FIELDS = ("top_k", "seed", "truncate", "max_new_tokens")
+_INT_FIELDS = ("top_k", "seed", "truncate", "max_new_tokens", "priority")
 
 TokenIdFormat = Literal["list", "int"]
 
@@ -80,8 +80,7 @@ def parse_generate_request(body: dict[str, Any], *, limits: RequestLimits = Requ
     inputs = _parse_inputs(body["inputs"], limits)
     params = _parse_params(raw, limits)
     stream = bool(body.get("stream"))
-    if stream and params.decoder_input_details:
-        raise ValidationError("parameters.decoder_input_details must not be true when stream is true, got true")
+    # decoder_input_details with stream true: the schema refuses it (generate_request.schema.json's allOf)
     return ParsedRequest(inputs=inputs, params=params, stream=stream, details=bool(raw.get("details")),
                          return_full_text=bool(raw.get("return_full_text")))
 

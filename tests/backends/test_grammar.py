@@ -123,3 +123,58 @@ def test_mask_cost_is_counted(compiler, worker):
     before = worker.stats.masks
     mask_of(worker, compiler.compile(Grammar("regex", "x+")))
     assert worker.stats.masks == before + 1 and worker.stats.seconds > 0
+
+
+def _nested(levels: int, wrap) -> str:
+    schema: dict = {"type": "string"}
+    for _ in range(levels):
+        schema = wrap(schema)
+    return json.dumps(schema)
+
+
+OVER_LIMITS = [
+    (Grammar("regex", "a{1000000}"), "the regex is too complex for the grammar engine"),
+    (Grammar("json", _nested(200, lambda s: {"type": "array", "items": s})), "the JSON Schema nests too deeply"),
+    (Grammar("json", _nested(150, lambda s: {"type": "object", "properties": {"a": s}, "required": ["a"]})),
+     "the JSON Schema nests too deeply"),
+]
+
+
+@pytest.mark.parametrize("grammar, words", OVER_LIMITS, ids=["a{1000000}", "arrays-200-deep", "objects-150-deep"])
+def test_check_refuses_a_grammar_over_the_engines_limits_in_our_words(compiler, grammar, words):
+    with pytest.raises(GrammarRejected) as info:
+        compiler.check(grammar)
+    message = str(info.value)
+    assert message.startswith(words), message
+    for internal in ("<state>", "Tokens:", "lexer_cost", "<grammar>", "non-verbose", "Parser:"):
+        assert internal not in message
+
+
+@pytest.mark.parametrize("grammar", [
+    Grammar("regex", r"((25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])"),
+    Grammar("regex", "a{1000}"),
+    Grammar("regex", "((a+)+(b+)+c)" * 300),
+    Grammar("json", _nested(20, lambda s: {"type": "object", "properties": {"a": s}, "required": ["a"]})),
+    Grammar("json", '{"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},'
+                    ' "required": ["name", "age"]}'),
+], ids=["ipv4", "a{1000}", "catastrophic-backtracking", "objects-20-deep", "person"])
+def test_check_passes_a_grammar_the_engine_can_run(compiler, worker, tok, eos, grammar):
+    compiler.check(grammar)
+    if "25[0-5]" in grammar.value:  # and it generates what it says
+        text = walk(compiler, worker, tok, eos, grammar, seed=1)
+        assert re.fullmatch(grammar.value, text), text
+
+
+def test_check_keeps_the_compilers_words_for_a_syntax_error(compiler):
+    with pytest.raises(GrammarRejected, match="unclosed group") as info:
+        compiler.check(Grammar("regex", "a(b"))
+    assert "non-verbose" not in str(info.value)
+
+
+def test_a_grammar_failing_in_generation_never_carries_the_lexer_state(compiler, worker, tok):
+    """What the 424 used to show: the engine's own matcher fails at the first token, without its state."""
+    state = compiler.compile(Grammar("regex", "a{1000000}"))
+    mask_of(worker, state)
+    with pytest.raises(RuntimeError) as info:
+        state.advance(tok.token_to_id("a"))
+    assert "<state>" not in str(info.value) and "Tokens:" not in str(info.value)

@@ -66,13 +66,39 @@ def _expected_component(name: str, schema: Any) -> Any:
     return schema
 
 
-def test_components_are_the_schema_files(document):
+# The nodes the served document narrows to the running server (the model names, the part types it accepts)
+NARROWED = {("openai_completion_request", "properties", "model"), ("tokenize_request", "properties", "model"),
+            ("generate_request", "$defs", "part", "properties", "type"),
+            ("openai_chat_request", "$defs", "content_part", "properties", "type"),
+            ("parameters", "properties", "adapter_id"), ("detokenize_request", "properties", "tokens", "items")}
+
+
+def _at(tree: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def test_components_are_the_schema_files_narrowed_to_the_server(document, default_engine):
     files = {p.name.removesuffix(".schema.json"): json.loads(p.read_text(encoding="utf-8"))
              for p in SCHEMA_DIR.glob("*.schema.json")}
     components = document["components"]["schemas"]
     assert set(components) == set(files)
-    for name, schema in files.items():
-        assert components[name] == _expected_component(name, schema), name
+    expected = {name: _expected_component(name, schema) for name, schema in files.items()}
+    name = default_engine.model_name
+    assert _at(components, ("openai_completion_request", "properties", "model"))["enum"] == [name]
+    assert _at(components, ("tokenize_request", "properties", "model"))["enum"] == [name, None]
+    assert _at(components, ("generate_request", "$defs", "part", "properties", "type"))["enum"] == ["text"]
+    assert _at(components, ("openai_chat_request", "$defs", "content_part", "properties", "type"))["enum"] == ["text"]
+    assert _at(components, ("parameters", "properties", "adapter_id"))["enum"] == ["None", None]  # no adapters
+    vocab = default_engine.tokenizer.vocab_size
+    assert _at(components, ("detokenize_request", "properties", "tokens", "items"))["maximum"] == vocab - 1
+    for path in NARROWED:  # the rest of each file is as it is
+        for tree in (components, expected):
+            for key in ("enum", "description", "maximum"):
+                _at(tree, path).pop(key, None)
+    for schema_name in files:
+        assert components[schema_name] == expected[schema_name], schema_name
 
 
 def _refs(node: Any):
@@ -101,8 +127,11 @@ def test_routes_name_their_request_and_error_schemas(document):
     paths = document["paths"]
     for path in ("/", "/generate", "/generate_stream"):
         op = paths[path]["post"]
-        assert op["requestBody"]["content"]["application/json"]["schema"] == {
-            "$ref": "#/components/schemas/generate_request"}
+        schema = op["requestBody"]["content"]["application/json"]["schema"]
+        if path == "/generate_stream":  # with its own rule: a stream has no prompt details
+            schema, rule = schema["allOf"]
+            assert "decoder_input_details" in json.dumps(rule)
+        assert schema == {"$ref": "#/components/schemas/generate_request"}
         assert {"400", "422", "424", "429", "500", "503"} <= set(op["responses"])
     assert paths["/generate"]["post"]["responses"]["200"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/response/$defs/result"}
@@ -134,6 +163,10 @@ def _response_validator(document: dict[str, Any], path: str, method: str, status
     ("post", "/v1/tokenizer", {"inputs": PROMPT}, "200"),
     ("get", "/v1/models", None, "200"),
     ("get", "/info", None, "200"),
+    ("get", "/", None, "200"),
+    ("post", "/tokenize", {"prompt": PROMPT, "return_token_strs": True}, "200"),
+    ("post", "/tokenize", {"messages": [{"role": "user", "content": PROMPT}]}, "200"),
+    ("post", "/detokenize", {"tokens": [1, 2, 3]}, "200"),
 ])
 def test_live_responses_match_the_documented_schemas(server_url, document, method, path, body, status):
     reply = requests.request(method, server_url + path, json=body, timeout=120)

@@ -78,10 +78,10 @@ def test_head_answers_like_get_without_a_body(server_url, default_engine, path):
         assert head.headers.get("Content-Length") == got.headers.get("Content-Length")
 
 
-@pytest.mark.parametrize("path", ["/", "/generate", "/v1/tokenizer", "/v1/completions"])
+@pytest.mark.parametrize("path", ["/generate", "/v1/tokenizer", "/v1/completions", "/tokenize"])
 def test_head_on_post_routes_is_405(server_url, path):
     reply = requests.head(server_url + path, timeout=10)
-    assert reply.status_code == 405 and reply.content == b""
+    assert reply.status_code == 405 and reply.content == b"" and reply.headers["Allow"] == "POST"
 
 
 # --- /info -----------------------------------------------------------------------------------------
@@ -165,6 +165,15 @@ def test_generate_stream_rejects_decoder_input_details(server_url):
 def test_post_only_routes_answer_405_to_get(server_url, path):
     reply = requests.get(server_url + path, timeout=10)
     assert reply.status_code == 405 and reply.json()["error_type"] == "Method Not Allowed"
+    assert reply.headers["Allow"] == "POST"
+
+
+@pytest.mark.parametrize("method, path", [("POST", "/info"), ("DELETE", "/health"), ("PUT", "/v1/models"),
+                                          ("POST", "/v1/models/x"), ("OPTIONS", "/openapi.json"),
+                                          ("POST", "/metrics")])
+def test_get_routes_answer_405_with_allow(server_url, method, path):
+    reply = requests.request(method, server_url + path, timeout=10)
+    assert reply.status_code == 405 and reply.headers["Allow"] == "GET, HEAD"
 
 
 # --- /v1/tokenizer ---------------------------------------------------------------------------------

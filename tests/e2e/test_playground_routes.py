@@ -1,5 +1,6 @@
-"""The playground's routes on a real socket: the page at ``/playground`` and for a browser's ``GET /``, every
-other request to ``/`` as before, its files, the config key that turns it off, and the management split."""
+"""The playground's routes on a real socket: the page at ``/playground`` and for a browser's ``GET /``, the
+root document for any other ``GET /`` (``service/root.py``), ``POST /`` as before, its files, the config key
+that turns it off, and the management split."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -10,6 +11,7 @@ import requests
 from service.config import BUSINESS, MANAGEMENT, METRICS, ServerSettings
 from service.playground import load_assets
 from tests.support.fake_backend import FakeBackend, Pace
+from service.validation import default_schemas
 from tests.support.http import error_json
 
 TIMEOUT = 30
@@ -47,10 +49,22 @@ def test_a_browser_get_of_the_root_gets_the_page(url):
 
 @pytest.mark.parametrize("headers", [{}, {"Accept": "*/*"}, {"Accept": "application/json"},
                                      {"Accept": "application/json, text/html;q=0.5"}])
-def test_any_other_get_of_the_root_keeps_its_405(url, headers):
-    message = error_json(requests.get(url + "/", headers=headers, timeout=TIMEOUT), 405, "Method Not Allowed")
-    assert "GET" in message
-    assert requests.head(url + "/", headers=headers, timeout=TIMEOUT).status_code == 405
+def test_any_other_get_of_the_root_gets_the_root_document(url, headers):
+    reply = requests.get(url + "/", headers=headers, timeout=TIMEOUT)
+    assert reply.status_code == 200 and reply.headers["Content-Type"] == "application/json"
+    body = reply.json()
+    default_schemas().validate("root_response", body)
+    assert body["openapi"] == "/openapi.json" and body["playground"] == "/playground" and body["model"] == "fake"
+    assert requests.get(url + body["openapi"], timeout=TIMEOUT).status_code == 200
+    head = requests.head(url + "/", headers=headers, timeout=TIMEOUT)
+    assert head.status_code == 200 and head.content == b""
+
+
+@pytest.mark.parametrize("method", ["PUT", "DELETE", "PATCH", "OPTIONS"])
+def test_other_methods_on_the_root_are_405_with_allow(url, method):
+    reply = requests.request(method, url + "/", timeout=TIMEOUT)
+    assert method in error_json(reply, 405, "Method Not Allowed")
+    assert reply.headers["Allow"] == "GET, HEAD, POST"
 
 
 def test_post_root_is_untouched_even_with_a_browser_accept(url):
@@ -81,9 +95,10 @@ def test_unknown_files_are_404(url, path):
 def test_the_config_key_turns_it_off(url_off):
     error_json(requests.get(url_off + "/playground", timeout=TIMEOUT), 404, "NotFoundError")
     error_json(requests.get(url_off + "/playground/playground.js", timeout=TIMEOUT), 404, "NotFoundError")
-    error_json(requests.get(url_off + "/", headers=BROWSER, timeout=TIMEOUT), 405, "Method Not Allowed")
+    root = requests.get(url_off + "/", headers=BROWSER, timeout=TIMEOUT)
+    assert root.status_code == 200 and root.json()["playground"] is None
     paths = requests.get(url_off + "/openapi.json", timeout=TIMEOUT).json()["paths"]
-    assert "/playground" not in paths and "get" not in paths["/"]
+    assert "/playground" not in paths and list(paths["/"]["get"]["responses"]["200"]["content"]) == ["application/json"]
 
 
 def test_openapi_documents_the_page(url):

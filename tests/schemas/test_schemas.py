@@ -26,7 +26,8 @@ EXPECTED_SCHEMAS = {"generate_request", "parameters", "response", "stream_event"
                     "openai_completion_response", "openai_chat_response", "openai_completion_chunk",
                     "openai_chat_chunk", "openai_responses_request", "openai_responses_response",
                     "openai_responses_event",
-                    "tokenizer_request", "tokenizer_response", "info", "model_list",
+                    "tokenizer_request", "tokenizer_response", "tokenize_request", "tokenize_response",
+                    "detokenize_request", "detokenize_response", "root_response", "info", "model_list",
                     "lora_load_request", "lora_unload_request"}
 
 

@@ -101,9 +101,12 @@ def test_stop_total_at_limit_is_accepted() -> None:
     assert len(_parse({"stop": ["x" * 1024] * 32}).params.stop) == 32
 
 
-def test_decoder_input_details_with_stream_is_rejected() -> None:
-    with pytest.raises(ValidationError, match=r"parameters\.decoder_input_details .* stream"):
-        _parse({"decoder_input_details": True}, stream=True)
+def test_decoder_input_details_with_stream_is_rejected_by_the_schema(schemas) -> None:
+    body = {"inputs": PROMPT, "parameters": {"decoder_input_details": True}, "stream": True}
+    with pytest.raises(ValidationError, match=r"parameters\.decoder_input_details is not allowed: a stream"):
+        schemas.validate("generate_request", body)
+    schemas.validate("generate_request", {**body, "stream": False})
+    schemas.validate("generate_request", {**body, "parameters": {"decoder_input_details": False}})
     assert _parse({"decoder_input_details": False}, stream=True).stream
 
 

@@ -85,10 +85,17 @@ class FakeBackend:
     def count_tokens(self, text: str) -> int:
         return max(1, len(text.split()))
 
-    def tokenize(self, text: str) -> list[int]:
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(range(self.count_tokens(text)))
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]]) -> str:
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return " ".join("w" for _ in ids)
+
+    def token_strs(self, ids: Sequence[int]) -> list[str]:
+        return ["w" for _ in ids]
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
+                            **variables: Any) -> str:
         return "".join(str(m.get("content")) for m in messages)
 
     def info(self) -> dict:

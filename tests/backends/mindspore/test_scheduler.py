@@ -1,6 +1,8 @@
 """The continuous-batching scheduler's plan, step by step (pure logic: no model)."""
 from __future__ import annotations
 
+import pytest
+
 from backends.mindspore.kv_cache import BlockAllocator
 from backends.mindspore.scheduler import Scheduler
 from backends.mindspore.sequence import SeqState
@@ -91,3 +93,91 @@ def test_admission_respects_max_batch_and_the_cache():
     sched.add(big)
     sched.plan()
     assert big in sched.waiting
+
+
+# --- priority: lower is more urgent; starvation bounded by overtakings --------------------------------
+
+def prioritized(prompt: int, priority: int, new: int = 8) -> SeqState:
+    s = seq(prompt, new)
+    s.priority = priority
+    return s
+
+
+@pytest.mark.parametrize("priorities, max_batch, admitted", [
+    ([0, 0, 0], 2, [0, 1]),  # all equal: first come, first served
+    ([5, 0, -1, 0], 2, [2, 1]),  # most urgent, then the earlier of two equals
+    ([3, 2, 1], 3, [2, 1, 0]),
+    ([0, -7, 0, -7], 4, [1, 3, 0, 2]),
+    ([2147483647, -2147483648], 1, [1]),
+])
+def test_admission_takes_the_most_urgent_then_the_earliest(priorities, max_batch, admitted):
+    sched = make(max_batch=max_batch, rows=1)
+    seqs = [prioritized(4, p) for p in priorities]
+    for s in seqs:
+        sched.add(s)
+    sched.plan()
+    assert list(sched.prefilling) == [seqs[i] for i in admitted]
+
+
+@pytest.mark.parametrize("priorities, rows, chunks", [
+    ([0, 0, 0], 2, [0, 1]),
+    ([1, 0, 2], 1, [1]),
+    ([1, 0, 2], 2, [1, 0]),
+    ([0, -1, -1], 3, [1, 2, 0]),
+])
+def test_prompt_chunks_go_to_the_most_urgent(priorities, rows, chunks):
+    sched = make(max_batch=8, rows=rows, tokens=64, chunk=16)
+    seqs = [prioritized(40, p) for p in priorities]
+    for s in seqs:
+        sched.add(s)
+    plan = sched.plan()
+    assert [s for s, _ in plan.prefill] == [seqs[i] for i in chunks]
+
+
+@pytest.mark.parametrize("patience", [1, 2, 5])
+def test_a_low_priority_request_waits_for_at_most_patience_later_arrivals(patience):
+    """One slot; a request at priority 10, then an urgent one arriving each time the slot frees: the urgent
+    ones overtake it exactly ``patience`` times, then it is admitted ahead of the next one."""
+    sched = Scheduler(BlockAllocator(200, 16), 1, 100, prefill_rows=1, prefill_tokens=64,
+                      priority_patience=patience)
+    low = prioritized(4, 10)
+    sched.add(low)
+    order = []
+    for _ in range(patience + 2):
+        sched.add(prioritized(4, -5))
+        sched.plan()
+        (admitted,) = sched.prefilling
+        order.append(admitted)
+        sched.finish(admitted)
+    assert order.index(low) == patience
+    assert all(s.priority == -5 for i, s in enumerate(order) if i != patience)
+
+
+@pytest.mark.parametrize("patience", [1, 3])
+def test_a_low_priority_prompt_gets_a_chunk_after_at_most_patience_overtakings(patience):
+    """One prompt row per step; a long prompt at priority 10 and a stream of urgent long prompts: it gets its
+    first chunk once later arrivals took the row ``patience`` times."""
+    sched = Scheduler(BlockAllocator(400, 16), 16, 100, prefill_rows=1, prefill_tokens=16, chunk=16,
+                      priority_patience=patience, prefill_first=0)
+    low = prioritized(64, 10)
+    sched.add(low)
+    chunks_before = 0
+    for _ in range(patience + 3):
+        sched.add(prioritized(64, 0))
+        plan = sched.plan()
+        ((chunked, _),) = plan.prefill
+        run_prefill(sched, plan)
+        if chunked is low:
+            break
+        chunks_before += 1
+    assert chunks_before == patience
+
+
+def test_by_priority_counts_waiting_and_running():
+    sched = make(max_batch=2, rows=2)
+    seqs = [prioritized(4, p) for p in (3, -1, 3, 0)]
+    for s in seqs:
+        sched.add(s)
+    run_prefill(sched, sched.plan())  # -1 and 0 admitted and prefilled: running
+    assert sched.by_priority() == {-1: {"waiting": 0, "running": 1}, 0: {"waiting": 0, "running": 1},
+                                   3: {"waiting": 2, "running": 0}}
