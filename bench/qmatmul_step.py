@@ -1,0 +1,98 @@
+"""A model step's quantized matmuls, kernel builds side by side: the default model's shapes (SmolLM2-135M: 30 layers of
+Q4_1 q/k/v/o/gate/up/down, the Q8_0 tied head), distinct random weights per layer (96 MB, so nothing stays in
+cache from one step to the next), in model order through ``mindserve_qmatmul_raw``; the builds alternate round by
+round, and each reports its fastest and median step.
+
+    python bench/qmatmul_step.py TREE:VARIANT [TREE:VARIANT ...] [--rows 16] [--threads 1] [--rounds 7]
+
+TREE is a source tree (e.g. /work/main and this one), VARIANT a kernel variant (``x86-64-v3``, ...); each build is
+made by its own tree in a child process. With one thread the time is the thread's CPU time (``time.thread_time``),
+which other processes on a shared box do not inflate; with more it is wall time.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from backends.mindspore.kernels import prepare_qweight  # noqa: E402
+from backends.mindspore.quant import QuantWeight  # noqa: E402
+
+LAYER = [(576, 576), (576, 192), (576, 192), (576, 576), (576, 1536), (576, 1536), (1536, 576)]  # (K, N) each
+HEAD = (576, 49152)
+FORMATS = {"q8_0": 0, "q4_0": 1, "q4_1": 2}  # qmatmul.cc's format codes
+
+
+def load_build(spec: str, cache: str) -> ctypes.CDLL:
+    tree, variant = spec.rsplit(":", 1)
+    code = ("from backends.mindspore.kernels.build import build_kernel; "
+            f"print(build_kernel({cache!r}, variant={variant!r}))")
+    out = subprocess.check_output([sys.executable, "-c", code], cwd=tree, text=True,
+                                  env={**os.environ, "PYTHONPATH": tree})
+    lib = ctypes.CDLL(out.strip().splitlines()[-1])
+    lib.mindserve_matmul_set_threads.argtypes = [ctypes.c_int]
+    lib.mindserve_qmatmul_raw.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 2 + [
+        ctypes.c_int64] * 3
+    lib.mindserve_qmatmul_raw.restype = ctypes.c_int
+    return lib
+
+
+def random_qweight(rng, fmt: str, n: int, k: int) -> np.ndarray:
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
+    blocks = quantize(w, GGMLQuantizationType[fmt.upper()])
+    return prepare_qweight(QuantWeight(fmt, n, k, np.ascontiguousarray(blocks.reshape(n, -1))))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("builds", nargs="+", metavar="TREE:VARIANT")
+    ap.add_argument("--rows", type=int, default=16, help="M, the activation rows (default 16)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--layers", type=int, default=30)
+    ap.add_argument("--cache", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "mindserve-qmatmul-step"))
+    args = ap.parse_args()
+    libs = {spec: load_build(spec, args.cache) for spec in args.builds}
+    for lib in libs.values():
+        lib.mindserve_matmul_set_threads(args.threads)
+    rng = np.random.default_rng(0)
+    mats = [("q4_1", k, n, random_qweight(rng, "q4_1", n, k)) for _ in range(args.layers) for k, n in LAYER]
+    mats.append(("q8_0", *HEAD, random_qweight(rng, "q8_0", HEAD[1], HEAD[0])))
+    x = {k: rng.standard_normal((args.rows, k)).astype(np.float32) for k in (576, 1536)}
+    y = np.empty((args.rows, HEAD[1]), np.float32)
+    clock = time.thread_time if args.threads == 1 else time.perf_counter
+    print(f"{sum(m[3].nbytes for m in mats) / 1e6:.1f} MB of weights, M={args.rows}, {args.threads} thread(s), "
+          f"{'CPU' if args.threads == 1 else 'wall'} time")
+    steps: dict[str, list[float]] = {spec: [] for spec in libs}
+    heads: dict[str, list[float]] = {spec: [] for spec in libs}
+    for _ in range(args.rounds):
+        for spec, lib in libs.items():
+            started = clock()
+            for fmt, k, n, w in mats:
+                head_started = clock()
+                lib.mindserve_qmatmul_raw(x[k].ctypes.data, w.ctypes.data, FORMATS[fmt], None, y.ctypes.data,
+                                          args.rows, k, n)
+            ended = clock()
+            steps[spec].append(ended - started)
+            heads[spec].append(ended - head_started)
+    for spec in libs:
+        print(f"{spec:40s} step min {min(steps[spec]) * 1e3:7.2f} ms, "
+              f"median {statistics.median(steps[spec]) * 1e3:7.2f}  (head min {min(heads[spec]) * 1e3:6.2f}, "
+              f"median {statistics.median(heads[spec]) * 1e3:6.2f})")
+
+
+if __name__ == "__main__":
+    main()
