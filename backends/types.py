@@ -47,6 +47,7 @@ class RequestParams:
     ignore_eos: bool = False  # never choose EOS: generate until the length cap
     min_tokens: int = 0  # no EOS before this many generated tokens
     top_logprobs: int = 0  # report this many most likely alternatives with each generated token
+    speculate: bool = True  # False: this request never drafts, even with speculative decoding on
 
 
 @dataclass(frozen=True, slots=True)

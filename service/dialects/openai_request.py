@@ -130,6 +130,7 @@ def _params(kind: Kind, body: dict[str, Any]) -> RequestParams:
         logit_bias=tuple((int(tid), float(bias)) for tid, bias in (body.get("logit_bias") or {}).items()),
         ignore_eos=bool(body.get("ignore_eos")),
         min_tokens=int(body.get("min_tokens") or 0),
+        speculate=body.get("speculate") is not False,
     )
 
 
