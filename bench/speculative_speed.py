@@ -16,7 +16,6 @@ import json
 import logging
 import statistics
 import sys
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path

@@ -12,12 +12,9 @@ from __future__ import annotations
 import collections
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from backends.settings import SpeculationSettings
-
-if TYPE_CHECKING:
-    from backends.mindspore.sequence import SeqState
 
 PAUSE_WINDOW = 4  # verify steps whose acceptance decides a pause
 PAUSE_BELOW = 0.25  # acceptance rate over the window below which drafting pauses
@@ -96,6 +93,15 @@ class Drafter:
             self.pause = FIRST_PAUSE
 
 
+class Drafting(Protocol):
+    """What the speculator reads of a sequence (``SeqState``)."""
+
+    prompt_ids: list[int]
+    generated: list[int]
+    max_new_tokens: int
+    drafter: Drafter | None
+
+
 @dataclass(slots=True)
 class SpeculationStats:
     drafted: int = 0  # draft tokens verified
@@ -125,10 +131,10 @@ class Speculator:
         grammar constrains it (its mask is computed one token ahead; such rows decode plainly)."""
         return Drafter.of(self.settings) if self.active and wanted and not grammar else None
 
-    def propose(self, seqs: Sequence[SeqState], budget: int) -> dict[SeqState, tuple[int, ...]]:
+    def propose(self, seqs: Sequence[Drafting], budget: int) -> dict[Drafting, tuple[int, ...]]:
         """This step's drafts of the decode rows ``seqs``, at most ``budget`` tokens in all; a sequence drafts
         at most one token fewer than it may still generate (the verify step gives one more)."""
-        out: dict[SeqState, tuple[int, ...]] = {}
+        out: dict[Drafting, tuple[int, ...]] = {}
         for seq in seqs:
             if budget <= 0:
                 break
@@ -141,7 +147,7 @@ class Speculator:
                 budget -= len(drafts)
         return out
 
-    def record(self, seq: SeqState, drafted: int, accepted: int, emitted: int) -> None:
+    def record(self, seq: Drafting, drafted: int, accepted: int, emitted: int) -> None:
         s = self.stats
         s.drafted, s.accepted, s.verify_steps = s.drafted + drafted, s.accepted + accepted, s.verify_steps + 1
         s.verified_tokens += emitted
