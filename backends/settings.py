@@ -39,7 +39,7 @@ class SpeculationSettings:
     ``plugin_type`` memory_decoding; docs/speculative.md). ``max_draft`` 0 turns it off."""
 
     max_draft: int = 0  # draft tokens a sequence may propose per step (decoding_length); 0: off
-    ngram_min: int = 1  # the shortest suffix looked up
+    ngram_min: int = 2  # the shortest suffix looked up (1-token matches in free text are mostly noise)
     ngram_max: int = 3  # the longest suffix looked up (tried first)
     adaptive: bool = True  # dynamic_algo: k follows the sequence's acceptance, low acceptance pauses drafting
 

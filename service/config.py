@@ -198,7 +198,7 @@ def _engine(data: dict, base: Path) -> EngineConfig:
 
 
 # plugin_params keys of memory_decoding: (default, lowest, highest); dynamic_algo is a boolean
-_PLUGIN_INTS = {"decoding_length": (8, 1, 64), "ngram_min": (1, 1, 8), "ngram_max": (3, 1, 8)}
+_PLUGIN_INTS = {"decoding_length": (8, 1, 64), "ngram_min": (2, 1, 8), "ngram_max": (3, 1, 8)}
 
 
 def _speculation(deploy: ServerSection, model: ServerSection) -> SpeculationSettings:

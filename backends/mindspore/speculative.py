@@ -53,8 +53,8 @@ class Drafter:
     """One sequence's drafting: its index, its draft length ``k`` and, when adaptive, its pauses. Adaptive: k
     doubles after a fully accepted draft and drops to one more than the accepted count otherwise; when fewer
     than PAUSE_BELOW of the drafts of the last PAUSE_WINDOW verify steps are accepted, drafting pauses for a
-    number of generated tokens that doubles with each pause in a row (so a sequence with nothing to copy soon
-    costs nothing but the lookup)."""
+    number of generated tokens that doubles with each pause until a draft is accepted whole (so a sequence
+    with nothing to copy soon costs nothing but the lookup)."""
 
     settings: SpeculationSettings
     index: NgramIndex
@@ -89,7 +89,7 @@ class Drafter:
             self.resume_at = generated + self.pause
             self.pause = min(2 * self.pause, LONGEST_PAUSE)
             self.recent.clear()
-        elif accepted:
+        elif accepted == drafted:
             self.pause = FIRST_PAUSE
 
 

@@ -33,8 +33,8 @@ def load(tmp_path: Path, plugin: dict | str | None = None, gamma: int | None = N
     ({"plugin_type": "memory_decoding"}, None, SpeculationSettings(max_draft=8)),
     ({"plugin_type": "memory_decoding", "decoding_length": 16, "dynamic_algo": False}, 16,
      SpeculationSettings(max_draft=16, adaptive=False)),
-    ({"plugin_type": "memory_decoding", "decoding_length": 4, "ngram_min": 2, "ngram_max": 5}, None,
-     SpeculationSettings(max_draft=4, ngram_min=2, ngram_max=5)),
+    ({"plugin_type": "memory_decoding", "decoding_length": 4, "ngram_min": 1, "ngram_max": 5}, None,
+     SpeculationSettings(max_draft=4, ngram_min=1, ngram_max=5)),
 ])
 def test_keys_to_settings(tmp_path, plugin, gamma, want):
     assert load(tmp_path, plugin, gamma) == want

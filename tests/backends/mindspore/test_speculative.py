@@ -66,7 +66,7 @@ def test_adaptive_k_doubles_on_full_acceptance_and_drops_after_a_miss():
 
 
 def test_low_acceptance_pauses_drafting_for_a_doubling_number_of_tokens():
-    d = Drafter.of(SpeculationSettings(max_draft=4))
+    d = Drafter.of(SpeculationSettings(max_draft=4, ngram_min=1))
     prompt = [1, 2, 1, 2, 1, 2]
     for i in range(PAUSE_WINDOW):
         assert d.propose(prompt, [1] * (i + 1), 4)  # a match: it drafts
@@ -77,6 +77,10 @@ def test_low_acceptance_pauses_drafting_for_a_doubling_number_of_tokens():
     for _ in range(PAUSE_WINDOW):
         d.record(2, 0, d.resume_at)
     assert d.pause == 4 * FIRST_PAUSE  # the next pause will be longer still
+    d.record(2, 1, d.resume_at)
+    assert d.pause == 4 * FIRST_PAUSE  # a half-accepted draft does not reset it
+    d.record(2, 2, d.resume_at)
+    assert d.pause == FIRST_PAUSE  # a whole one does
 
 
 def test_a_fixed_drafter_never_pauses():
