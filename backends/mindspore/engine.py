@@ -176,7 +176,8 @@ class Engine:
             plan = plan.without(self.vision.encode_reached(plan.prefill, self._fail))
         masks = self.masks.start([seq.grammar for seq in plan.sampling_rows() if seq.grammar is not None])
         seqs = plan.sequences()
-        drafts = self.speculator.propose(plan.decode, self.runner.draft_budget(len(plan.decode), len(plan.prefill)))
+        drafts = self.speculator.propose(plan.decode, self.runner.draft_budget(len(plan.decode), len(plan.prefill)),
+                                         lambda n: self.runner.fit_drafts(plan.tokens, n))
         for out in self.runner.run(plan.batch(drafts)):
             self._advance(seqs[out.row], out, masks)
         return not plan.empty

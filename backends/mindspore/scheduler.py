@@ -21,6 +21,11 @@ class StepPlan:
     def empty(self) -> bool:
         return not self.prefill and not self.decode
 
+    @property
+    def tokens(self) -> int:
+        """Tokens this step computes before any drafts: one per decode row, and each prompt chunk's."""
+        return len(self.decode) + sum(n for _, n in self.prefill)
+
     def sampling_rows(self) -> list[SeqState]:
         """The rows that sample this step: every decode row, and each prompt whose last chunk is in it."""
         return [*self.decode, *(seq for seq, n in self.prefill if seq.prefilled + n == len(seq.prompt_ids))]

@@ -10,7 +10,7 @@ the output (ids, logprobs, seeded samples) is exactly the plain run's. docs/spec
 from __future__ import annotations
 
 import collections
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -131,10 +131,12 @@ class Speculator:
         grammar constrains it (its mask is computed one token ahead; such rows decode plainly)."""
         return Drafter.of(self.settings) if self.active and wanted and not grammar else None
 
-    def propose(self, seqs: Sequence[Drafting], budget: int) -> dict[Drafting, tuple[int, ...]]:
-        """This step's drafts of the decode rows ``seqs``, at most ``budget`` tokens in all; a sequence drafts
-        at most one token fewer than it may still generate (the verify step gives one more)."""
-        out: dict[Drafting, tuple[int, ...]] = {}
+    def propose(self, seqs: Sequence[Drafting], budget: int,
+                fit: Callable[[int], int] = lambda wanted: wanted) -> dict[Drafting, tuple[int, ...]]:
+        """This step's drafts of the decode rows ``seqs``, at most ``budget`` tokens in all, then cut to
+        ``fit(wanted)`` (the runner's ``fit_drafts``) by shortening the longest; a sequence drafts at most one
+        token fewer than it may still generate (the verify step gives one more)."""
+        out: dict[Drafting, list[int]] = {}
         for seq in seqs:
             if budget <= 0:
                 break
@@ -143,9 +145,12 @@ class Speculator:
             room = seq.max_new_tokens - len(seq.generated) - 1
             drafts = seq.drafter.propose(seq.prompt_ids, seq.generated, min(budget, room))
             if drafts:
-                out[seq] = tuple(drafts)
+                out[seq] = drafts
                 budget -= len(drafts)
-        return out
+        wanted = sum(len(d) for d in out.values())
+        for _ in range(wanted - fit(wanted) if out else 0):
+            max(out.values(), key=len).pop()
+        return {seq: tuple(d) for seq, d in out.items() if d}
 
     def record(self, seq: Drafting, drafted: int, accepted: int, emitted: int) -> None:
         s = self.stats

@@ -110,6 +110,10 @@ class ModelRunner(ABC):
         carry (speculative.py). This default, the stock-op split step's, is 0: it does not speculate."""
         return 0
 
+    def fit_drafts(self, tokens: int, drafts: int) -> int:
+        """Of ``drafts`` draft tokens wanted on a step of ``tokens`` tokens, how many are worth sending."""
+        return drafts
+
     # --- shared ---
 
     def prefill(self, chunks: list[PrefillChunk]) -> tuple[np.ndarray, list[np.ndarray]]:

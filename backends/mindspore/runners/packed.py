@@ -54,10 +54,11 @@ class PackedRunner(ModelRunner):
     def run(self, batch: StepBatch) -> list[RowOutput]:
         """Decode tokens (chunks of one token, or 1 + k with drafts) and prompt chunks in one packed forward;
         a decode row's drafts get the logits of every position (``RowOutput.verify``)."""
-        if batch.empty:
-            return []
-        outs = self.isolated(self.prefill, [r.chunk() for r in batch.decode] + list(batch.prefill),
-                             batch.decode_outputs() + batch.prefill_outputs())
+        if not batch.prefill:
+            outs = self.decode_rows(batch) if batch.decode else []
+        else:
+            outs = self.isolated(self.prefill, [r.chunk() for r in batch.decode] + list(batch.prefill),
+                                 batch.decode_outputs() + batch.prefill_outputs())
         for out in outs[:len(batch.decode)]:
             out.hidden = None
             if out.drafts and out.error is None:
@@ -68,6 +69,15 @@ class PackedRunner(ModelRunner):
         """Draft tokens a step may add: each takes a logit row, and the step's logit rows stay within the largest
         batch (so the token count stays within the chunk plus a batch: every packed graph is warmed up)."""
         return max(0, self.shapes.batch_buckets[-1] - decode_rows - prefill_rows)
+
+    def fit_drafts(self, tokens: int, drafts: int) -> int:
+        """Of ``drafts`` draft tokens wanted on a step of ``tokens`` tokens, how many to send: the step runs the
+        smallest compiled size that holds it, so drafts fill its padding for free, and beyond that they stop at
+        the largest compiled size they reach (a draft that would pull in the next size alone costs the most)."""
+        sizes = self.shapes.prefill_sizes
+        own = next((s for s in sizes if s >= tokens), tokens)
+        reached = max((s for s in sizes if s <= tokens + drafts), default=tokens)
+        return min(drafts, max(own, reached) - tokens)
 
     def packed_rows(self, size: int) -> int:
         """Sequences (logit rows) a packed graph of ``size`` tokens serves."""
@@ -113,7 +123,8 @@ class PackedRunner(ModelRunner):
                                                    for f, c in zip(firsts, chunks)]
         return rows_out, [hidden[o: o + len(c.ids)] for o, c in zip(offsets, chunks)]
 
-    def _decode(self, rows: list[DecodeRow]) -> np.ndarray:
+    def _decode(self, rows: list[DecodeRow]) -> np.ndarray | list[np.ndarray]:
+        """Decode rows alone: logits [n, V] (a list with [1 + k, V] entries when a row carries drafts)."""
         return self._prefill([r.chunk() for r in rows])[0]
 
     def warmup_plan(self) -> list[tuple]:

@@ -130,3 +130,29 @@ def test_counts():
     info = spec.info()
     assert (info["drafted_tokens"], info["accepted_tokens"], info["verify_steps"]) == (6, 3, 2)
     assert info["acceptance_rate"] == pytest.approx(0.5) and info["tokens_per_verify_step"] == pytest.approx(2.5)
+
+
+def test_drafts_are_cut_to_what_fits_by_shortening_the_longest():
+    spec = Speculator(SpeculationSettings(max_draft=4, adaptive=False), True)
+    a, b = seq([1, 2, 3, 4, 5, 6, 1], [2]), seq([7, 8, 9, 1, 2, 7], [8])
+    out = spec.propose([a, b], 16, fit=lambda wanted: wanted - 3)  # a wants 3 4 5 6, b 9 1 2 7
+    assert out == {a: (3, 4), b: (9, 1, 2)}
+    assert spec.propose([a], 16, fit=lambda wanted: 0) == {}
+
+
+@pytest.mark.parametrize("tokens, drafts, want", [
+    (1, 8, 7),  # 1 + 7 = 8 tokens: the size-8 graph, not the size-16 one for 9
+    (1, 1, 1),
+    (1, 2, 1),  # 3 tokens would run the size-4 graph; 2 fill the size-2 one
+    (3, 1, 1),  # 3 decode rows run the size-4 graph anyway: one draft rides in its padding
+    (3, 6, 5),  # up to 8
+    (65, 20, 15),  # a 64-token chunk + 1 decode row runs the 80 graph: 15 drafts fill it, no more exists
+    (8, 0, 0),
+])
+def test_packed_step_sends_drafts_up_to_a_compiled_size(tokens, drafts, want):
+    from types import SimpleNamespace
+
+    from backends.mindspore.runners.packed import PackedRunner
+
+    runner = SimpleNamespace(shapes=SimpleNamespace(prefill_sizes=(1, 2, 4, 8, 16, 32, 64, 80)))
+    assert PackedRunner.fit_drafts(runner, tokens, drafts) == want
