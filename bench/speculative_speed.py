@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backends.mindspore.default_model import ensure_default_model  # noqa: E402
 from backends.mindspore.engine import Engine  # noqa: E402
+from backends.mindspore.step import PrefillChunk  # noqa: E402
 from backends.settings import EngineConfig, SpeculationSettings  # noqa: E402
 from backends.types import RequestParams  # noqa: E402
 
@@ -46,12 +47,29 @@ def timed(engine: Engine, prompts: list[str], params: RequestParams) -> tuple[fl
     return time.perf_counter() - started, sum(r.generated_tokens for r in results), results
 
 
+def step_costs(engine: Engine, rounds: int = 15) -> dict[int, float]:
+    """Median seconds of one packed step of one row of 1, 2, 4, 8 and 16 tokens (a decode row and a verify
+    row of 1..15 drafts), interleaved, on the scratch block only (as the warm-up writes)."""
+    window = engine.runner.shapes.max_window
+    blocks = [0] * (window // engine.runner.shapes.block_size)
+    sizes = [n for n in (1, 2, 4, 8, 16) if n in engine.runner.shapes.prefill_sizes]
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(rounds):
+        for n in sizes:
+            chunk = PrefillChunk([0] * n, window - n, blocks, logit_tokens=n)
+            started = time.perf_counter()
+            engine.runner.prefill([chunk])
+            times[n].append(time.perf_counter() - started)
+    return {n: statistics.median(t) for n, t in times.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=160)
     ap.add_argument("--draft", type=int, default=8, help="decoding_length")
     ap.add_argument("--clients", type=int, default=0, help="also N story requests at once (0: skip)")
+    ap.add_argument("--only", nargs="*", help="run only these workloads")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -66,8 +84,13 @@ def main() -> None:
     if args.clients:
         workloads[f"story_x{args.clients}"] = ([STORY] * args.clients, greedy)
     timed(engine, [STORY], replace(greedy, max_new_tokens=8))  # first-request costs out of the way
-    report: dict[str, dict] = {}
+    costs = step_costs(engine)
+    print("one-row step: " + ", ".join(f"{n} tokens {1e3 * t:.1f} ms (x{t / costs[1]:.2f})" for n, t in costs.items()),
+          flush=True)
+    report: dict[str, dict] = {"step_ms": {n: 1e3 * t for n, t in costs.items()}}
     for name, (prompts, params) in workloads.items():
+        if args.only and name not in args.only:
+            continue
         rows = []
         for r in range(args.rounds):
             order = (True, False) if r % 2 == 0 else (False, True)

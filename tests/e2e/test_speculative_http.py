@@ -24,7 +24,7 @@ def engine(default_model_dir):
 
     config = EngineConfig(max_seq_len=256, max_input_tokens=200, max_batch_size=8, max_iter_times=64, block_size=64,
                           prefill_chunk=32, window_buckets=(256,), batch_buckets=(1, 4, 8),
-                          speculation=SpeculationSettings(max_draft=6))
+                          cache_gb=0.25, speculation=SpeculationSettings(max_draft=6))
     with Engine(default_model_dir, config, model_name="spec") as eng:
         yield eng
 

@@ -17,7 +17,7 @@ from backends.types import GenerationResult, RequestParams, TokenEvent
 from tests.support.golden import EOS_PROMPT, NUMPY_GOLDEN, PROMPT
 
 CONFIG = EngineConfig(max_seq_len=512, max_input_tokens=400, max_batch_size=8, max_iter_times=128, block_size=64,
-                      prefill_chunk=64, max_prefill_batch=4, batch_buckets=(1, 4, 8),
+                      prefill_chunk=64, max_prefill_batch=4, batch_buckets=(1, 4, 8), cache_gb=0.5,
                       speculation=SpeculationSettings(max_draft=6, ngram_min=1, ngram_max=3))
 PASSAGE = ("The lighthouse keeper climbed the spiral stairs every evening at dusk, carrying a tin of oil, "
            "a clean rag and a small brass key that opened the lamp room.")
