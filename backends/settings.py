@@ -33,6 +33,21 @@ class LoraSettings:
         return self.max_loaded or len(self.modules) + (4 if self.runtime_updates else 0)
 
 
+@dataclass(frozen=True, slots=True)
+class SpeculationSettings:
+    """Prompt-lookup (n-gram) speculative decoding (the reference server's ``plugin_params`` with
+    ``plugin_type`` memory_decoding; docs/speculative.md). ``max_draft`` 0 turns it off."""
+
+    max_draft: int = 0  # draft tokens a sequence may propose per step (decoding_length); 0: off
+    ngram_min: int = 2  # the shortest suffix looked up (1-token matches in free text are mostly noise)
+    ngram_max: int = 3  # the longest suffix looked up (tried first)
+    adaptive: bool = True  # dynamic_algo: k follows the sequence's acceptance, low acceptance pauses drafting
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_draft > 0
+
+
 PREFILL_CHUNK = 64  # most prompt tokens per prefill chunk
 
 
@@ -76,3 +91,4 @@ class EngineConfig:
     # whose first compiled graphs are the engine's (the server config's graphCache): the cache numbers graphs by order
     graph_cache: bool = False
     lora: LoraSettings = field(default_factory=LoraSettings)
+    speculation: SpeculationSettings = field(default_factory=SpeculationSettings)

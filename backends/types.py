@@ -50,6 +50,7 @@ class RequestParams:
     top_logprobs: int = 0  # report this many most likely alternatives with each generated token
     thinking_budget: int | None = None  # at most this many tokens inside <think>…</think> (backends/thinking.py)
     priority: int = 0  # scheduling order, vLLM's convention: lower is more urgent (docs/configuration.md)
+    speculate: bool = True  # False: this request never drafts, even with speculative decoding on
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from backends.loader import ShapeError, check_buckets
-from backends.settings import EngineConfig, LoraModuleConfig, LoraSettings, prefill_chunk
+from backends.settings import EngineConfig, LoraModuleConfig, LoraSettings, SpeculationSettings, prefill_chunk
 from service.errors import ValidationError
 from service.validation import default_schemas
 
@@ -196,8 +196,49 @@ def _engine(data: dict, base: Path) -> EngineConfig:
         batch_buckets=buckets["batchBuckets"], window_buckets=buckets["windowBuckets"],
         cache_gb=float(model["npuMemSize"]), prefix_caching=sched["enablePrefixCaching"],
         lora=_lora(deploy, base), kernels=deploy["kernels"], kernel_isa=deploy["kernelIsa"],
-        graph_cache=deploy["graphCache"],
+        graph_cache=deploy["graphCache"], speculation=_speculation(deploy, model),
     )
+
+
+# plugin_params keys of memory_decoding: (default, lowest, highest); dynamic_algo is a boolean
+_PLUGIN_INTS = {"decoding_length": (8, 1, 64), "ngram_min": (2, 1, 8), "ngram_max": (3, 1, 8)}
+
+
+def _speculation(deploy: ServerSection, model: ServerSection) -> SpeculationSettings:
+    """ModelConfig plugin_params (the reference server's JSON string) and speculationGamma -> the speculative
+    decoding settings; without plugin_params, speculationGamma > 0 alone is memory_decoding with that
+    decoding_length (0: off). ValueError naming the key and the value."""
+    key, raw, gamma = f"{_DEPLOY}.ModelConfig[0].plugin_params", model["plugin_params"], deploy["speculationGamma"]
+    if not raw:
+        return SpeculationSettings(max_draft=gamma)
+    try:
+        params = json.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"{key} {raw!r} is not a JSON object: {exc}") from None
+    if not isinstance(params, dict) or params.get("plugin_type") != "memory_decoding":
+        kind = params.get("plugin_type") if isinstance(params, dict) else params
+        raise ValueError(f"{key} plugin_type {kind!r} is not supported: mindserve runs \"memory_decoding\" "
+                         "(prompt-lookup speculative decoding)")
+    unknown = sorted(set(params) - {"plugin_type", "dynamic_algo", *_PLUGIN_INTS})
+    if unknown:
+        raise ValueError(f"{key} has the unknown key {unknown[0]!r} (memory_decoding takes decoding_length, "
+                         f"dynamic_algo, ngram_min, ngram_max)")
+    ints = {}
+    for name, (default, low, high) in _PLUGIN_INTS.items():
+        value = params.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValueError(f"{key} {name} {value!r} must be an integer in [{low}, {high}]")
+        ints[name] = value
+    adaptive = params.get("dynamic_algo", True)
+    if not isinstance(adaptive, bool):
+        raise ValueError(f"{key} dynamic_algo {adaptive!r} must be true or false")
+    if ints["ngram_min"] > ints["ngram_max"]:
+        raise ValueError(f"{key} ngram_min {ints['ngram_min']} must be <= ngram_max {ints['ngram_max']}")
+    if gamma and gamma < ints["decoding_length"]:
+        raise ValueError(f"{_DEPLOY}.speculationGamma {gamma} must be >= plugin_params decoding_length "
+                         f"{ints['decoding_length']}")
+    return SpeculationSettings(max_draft=ints["decoding_length"], ngram_min=ints["ngram_min"],
+                               ngram_max=ints["ngram_max"], adaptive=adaptive)
 
 
 _SCHEDULE = "BackendConfig.ScheduleConfig"

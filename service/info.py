@@ -67,6 +67,7 @@ def server_info(ctx: AppContext) -> dict[str, Any]:
                 "cached_blocks": engine.get("prefix_cache_blocks"),
             },
             "lora": {**(engine.get("lora") or {"slots": 0}), "adapters": engine.get("adapters") or []},
+            "speculation": engine.get("speculation") or {"enabled": None},
             "http": http_gauges(ctx),
         },
     }

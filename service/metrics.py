@@ -33,7 +33,8 @@ TOKEN_BUCKETS = (10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 5000
 
 
 class EngineCollector:
-    """Gauges read from ``backend.info()`` at scrape time: running, waiting, KV-cache usage, the prefix cache."""
+    """Gauges read from ``backend.info()`` at scrape time: running, waiting, KV-cache usage, the prefix cache,
+    speculative decoding (its counts as counters)."""
 
     def __init__(self, info: Callable[[], dict[str, Any]], model_name: str) -> None:
         self._info = info
@@ -52,10 +53,25 @@ class EngineCollector:
             ("prefix_cache_blocks", "KV-cache blocks findable by their hash (in use or idle).",
              info.get("prefix_cache_blocks")),
         ]
+        spec = info.get("speculation") or {}
+        gauges.append(("spec_decode_acceptance_rate", "Speculative decoding: accepted / drafted tokens since "
+                       "start-up.", spec.get("acceptance_rate")))
+        gauges.append(("spec_decode_tokens_per_verify_step", "Speculative decoding: tokens a decode row with "
+                       "drafts gave, on average (accepted drafts + 1).", spec.get("tokens_per_verify_step")))
         for name, doc, value in gauges:
             if value is not None:
                 family = GaugeMetricFamily(name, doc, labels=LABELS)
                 family.add_metric([self._model_name], value)
+                yield family
+        for name, doc, key in (("spec_decode_num_draft_tokens", "Speculative decoding: draft tokens verified.",
+                                "drafted_tokens"),
+                               ("spec_decode_num_accepted_tokens", "Speculative decoding: draft tokens accepted.",
+                                "accepted_tokens"),
+                               ("spec_decode_num_verify_steps", "Speculative decoding: decode rows that carried "
+                                "drafts.", "verify_steps")):
+            if spec.get(key) is not None:
+                family = CounterMetricFamily(name, doc, labels=LABELS)
+                family.add_metric([self._model_name], spec[key])
                 yield family
         yield from self._by_priority(info.get("priorities") or {})
 

@@ -46,7 +46,7 @@ class Engine:
         self.eos_ids, self.vocab_size = parts.eos_ids, parts.vocab_size
         self.max_seq_len, self.prompt_limit = parts.max_seq_len, parts.prompt_limit
         self.lora, self.runner = parts.lora, parts.runner
-        self.allocator, self.scheduler = parts.allocator, parts.scheduler
+        self.allocator, self.scheduler, self.speculator = parts.allocator, parts.scheduler, parts.speculator
         self.masks = MaskWorker()  # grammar masks, computed while the forward pass runs
         self.intake = Intake(self)
         self._inbox: queue.SimpleQueue[SeqState] = queue.SimpleQueue()
@@ -193,7 +193,7 @@ class Engine:
         self._fail_active(EngineUnavailable("the engine shut down"))
 
     def step(self) -> bool:
-        """One iteration: admit, drop the cancelled, plan, run, then each row in turn. False if idle."""
+        """One iteration: admit, drop the cancelled, plan, draft, run, then each row in turn. False if idle."""
         while not self._tasks.empty():
             _run_task(*self._tasks.get())
         self._admit()
@@ -203,7 +203,9 @@ class Engine:
             plan = plan.without(self.vision.encode_reached(plan.prefill, self._fail))
         masks = self.masks.start([seq.grammar for seq in plan.sampling_rows() if seq.grammar is not None])
         seqs = plan.sequences()
-        for out in self.runner.run(plan.batch()):
+        drafts = self.speculator.propose(plan.decode, self.runner.draft_budget(len(plan.decode), len(plan.prefill)),
+                                         lambda n: self.runner.fit_drafts(plan.tokens, n))
+        for out in self.runner.run(plan.batch(drafts)):
             self._advance(seqs[out.row], out, masks)
         return not plan.empty
 
@@ -220,8 +222,9 @@ class Engine:
                 self._finish(seq, seq.stopper.cancel().finish)
 
     def _advance(self, seq: SeqState, out: RowOutput, masks: MaskBatch) -> None:
-        """One row of a step: record a prompt chunk; a row with a next token samples, stops, emits.
-        A failure fails this request only (its client gets a Generation Error); the others go on."""
+        """One row of a step: record a prompt chunk; a row with a next token samples, stops, emits, then
+        verifies its drafts. A failure fails this request only (its client gets a Generation Error); the others
+        go on."""
         try:
             if out.error is not None:
                 raise out.error
@@ -229,9 +232,27 @@ class Engine:
                 return  # more of the prompt to go
             if seq.grammar is not None:
                 masks.wait()
-            self._emit(seq, *seq.advance(out.logits))
+            token, outcome = seq.advance(out.logits)
+            self._emit(seq, token, outcome)
+            if out.drafts:
+                self._verify(seq, out, token, outcome)
         except Exception as exc:
             self._fail(seq, exc)
+
+    def _verify(self, seq: SeqState, out: RowOutput, token: Token, outcome: StepOutcome) -> None:
+        """Speculative decoding: while the token just chosen equals the next draft, that draft's position was
+        computed with the right token, so its logits give the next token; each is chosen, stopped and emitted
+        as a plain step would. The rest are dropped: their cache slots lie past the sequence's length (never
+        read, rewritten by the next steps; its blocks were reserved at admission, never registered)."""
+        accepted, emitted = 0, 1
+        for draft, logits in zip(out.drafts, out.verify):
+            if outcome.finish is not None or token.id != draft:
+                break
+            accepted += 1
+            token, outcome = seq.advance(logits)
+            emitted += 1
+            self._emit(seq, token, outcome)
+        self.speculator.record(seq, len(out.drafts), accepted, emitted)
 
     def _prefilled(self, seq: SeqState, out: RowOutput) -> bool:
         """Record a prompt chunk in ``seq`` (and its prompt logprobs); True once the whole prompt is in."""

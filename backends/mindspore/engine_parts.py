@@ -2,7 +2,7 @@
 (read once), the adapters (their slots count in the memory budget), the device, the kernel path (the strategy,
 chosen once: it changes what the budget counts), the cache within its budget, the tokenizer, the shapes, the
 weights, the runner, the vision tower,
-the block allocator and the scheduler. ``engine_info`` is what ``/info`` reports of a running engine."""
+the block allocator, the scheduler and the speculator. ``engine_info`` is what ``/info`` reports of a running engine."""
 from __future__ import annotations
 
 import logging
@@ -25,6 +25,7 @@ from backends.mindspore.qwen2_vl.weights import load_vl_weights
 from backends.mindspore.runners import ModelRunner, build_runner, choose_kernels
 from backends.mindspore.scheduler import Scheduler
 from backends.mindspore.shapes import plan_shapes
+from backends.mindspore.speculative import Speculator
 from backends.mindspore.spec import ModelSpec
 from backends.mindspore.tokenizer import Tokenizer
 from backends.mindspore.weights import check_weight_dtype, load_weights
@@ -51,6 +52,7 @@ class EngineParts:
     vision: VisionEncoder | None
     allocator: BlockAllocator
     scheduler: Scheduler
+    speculator: Speculator
 
     @property
     def media_kinds(self) -> frozenset[str]:
@@ -93,7 +95,8 @@ def build_parts(model_dir: Path | str, config: EngineConfig, model_name: str | N
                        grammars=GrammarCompiler(tokenizer.to_json(), vocab_size, eos_ids), eos_ids=eos_ids,
                        vocab_size=vocab_size, max_seq_len=longest_sequence(config, spec.max_position_embeddings),
                        prompt_limit=prompt_token_limit(config, spec.max_position_embeddings), lora=lora,
-                       runner=runner, vision=vision, allocator=allocator, scheduler=scheduler)
+                       runner=runner, vision=vision, allocator=allocator, scheduler=scheduler,
+                       speculator=Speculator(config.speculation, runner.draft_budget(1, 0) > 0))
 
 
 def _load_weights(spec, vl: VLSpec | None) -> dict[str, np.ndarray]:
@@ -128,4 +131,4 @@ def engine_info(self) -> dict:  # self: the Engine
             "prefix_caching": self.allocator.prefix_caching, "prefix_cache_blocks": self.allocator.cached_blocks,
             "prefix_cache_hit_rate": self.scheduler.hit_tokens / max(self.scheduler.prompt_tokens, 1),
             "prefix_cache_hit_tokens": self.scheduler.hit_tokens, "adapters": self.adapters(),
-            "lora": self.lora.info()}
+            "lora": self.lora.info(), "speculation": self.speculator.info()}

@@ -28,6 +28,7 @@ class Intake:
         self.vision, self.media_kinds = engine.vision, engine.media_kinds
         self.adapters: EngineAdapters = engine.lora
         self.vocab_size, self.eos_ids, self.grammars = engine.vocab_size, engine.eos_ids, engine.grammars
+        self.speculator = engine.speculator
 
     def refuse_kinds(self, media: Sequence[MediaInput]) -> None:
         """InputRejected for a media part this model does not take (before anything is read)."""
@@ -45,9 +46,11 @@ class Intake:
                                            len(ids))
         lease = self.adapters.lease(params.adapter_id)
         try:
-            return SeqState.from_request(handle, ids, params, max_new_tokens=max_new, defaults=self.spec.defaults,
-                                         vocab_size=self.vocab_size, eos_ids=self.eos_ids, tokenizer=self.tokenizer,
-                                         grammars=self.grammars, lora=lease, vision=vision, media=items)
+            seq = SeqState.from_request(handle, ids, params, max_new_tokens=max_new, defaults=self.spec.defaults,
+                                        vocab_size=self.vocab_size, eos_ids=self.eos_ids, tokenizer=self.tokenizer,
+                                        grammars=self.grammars, lora=lease, vision=vision, media=items)
+            seq.drafter = self.speculator.drafter(params.speculate, seq.grammar is not None)
+            return seq
         except BaseException:
             if lease is not None:
                 lease.release()

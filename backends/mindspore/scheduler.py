@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from backends.mindspore.kv_cache import BlockAllocator, block_hashes
@@ -20,6 +21,11 @@ class StepPlan:
     def empty(self) -> bool:
         return not self.prefill and not self.decode
 
+    @property
+    def tokens(self) -> int:
+        """Tokens this step computes before any drafts: one per decode row, and each prompt chunk's."""
+        return len(self.decode) + sum(n for _, n in self.prefill)
+
     def sampling_rows(self) -> list[SeqState]:
         """The rows that sample this step: every decode row, and each prompt whose last chunk is in it."""
         return [*self.decode, *(seq for seq, n in self.prefill if seq.prefilled + n == len(seq.prompt_ids))]
@@ -28,9 +34,12 @@ class StepPlan:
         """The sequence of each row of ``batch()``: the decode rows, then the prompt chunks."""
         return [*self.decode, *(seq for seq, _ in self.prefill)]
 
-    def batch(self) -> StepBatch:
-        """The runner's plain rows (built after any media the prompt chunks reach is encoded)."""
-        return StepBatch(tuple(s.decode_row() for s in self.decode), tuple(s.prompt_chunk(n) for s, n in self.prefill))
+    def batch(self, drafts: Mapping[SeqState, tuple[int, ...]] | None = None) -> StepBatch:
+        """The runner's plain rows (built after any media the prompt chunks reach is encoded), each decode row
+        with its speculative ``drafts`` (speculative.py)."""
+        drafts = drafts or {}
+        return StepBatch(tuple(s.decode_row(drafts.get(s, ())) for s in self.decode),
+                         tuple(s.prompt_chunk(n) for s, n in self.prefill))
 
     def without(self, dropped: list[SeqState]) -> StepPlan:
         """This plan less the prompt chunks of ``dropped`` (requests failed before the forward pass)."""

@@ -25,6 +25,7 @@ from backends.types import ModelDefaults, RequestParams, Token
 if TYPE_CHECKING:
     from backends.mindspore.qwen2_vl.preprocess import Patches
     from backends.mindspore.qwen2_vl.request import VisionPrompt
+    from backends.mindspore.speculative import Drafter
 
 
 @dataclass(eq=False, slots=True)
@@ -47,6 +48,7 @@ class SeqState:
     vision: VisionPrompt | None = None  # a prompt with media: M-RoPE positions, delta, each item's span
     media: list[Patches] = field(default_factory=list)  # each span's patches, until the prompt is in
     media_rows: dict[int, np.ndarray] = field(default_factory=dict)  # span index -> the vision tower's rows
+    drafter: Drafter | None = None  # speculative decoding's drafts (None: this sequence decodes plainly)
     blocks: list[int] = field(default_factory=list)
     prefilled: int = 0  # prompt tokens already in the cache
     generated: list[int] = field(default_factory=list)
@@ -92,9 +94,9 @@ class SeqState:
         """The adapter slot its rows name; -1 = the base model."""
         return self.lora.slot if self.lora is not None else -1
 
-    def decode_row(self) -> DecodeRow:
-        """This step's decode row: the last token, at its position."""
-        return DecodeRow(self.generated[-1], self.length - 1, self.blocks, self.lora_slot, self.delta)
+    def decode_row(self, drafts: tuple[int, ...] = ()) -> DecodeRow:
+        """This step's decode row: the last token, at its position, and the ``drafts`` to verify after it."""
+        return DecodeRow(self.generated[-1], self.length - 1, self.blocks, self.lora_slot, self.delta, drafts)
 
     def prompt_chunk(self, n: int) -> PrefillChunk:
         """The next ``n`` prompt tokens from ``prefilled`` on (a prompt that shares cached prefix blocks starts

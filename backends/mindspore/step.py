@@ -17,6 +17,7 @@ class PrefillChunk:
     media: tuple[np.ndarray, np.ndarray] | None = None  # vision rows [t, D] and their mask [t]; None: text
     mpos: np.ndarray | None = None  # M-RoPE positions [3, t]; None: cache index + delta on all three
     delta: int = 0
+    logit_tokens: int = 1  # the last tokens whose logits are wanted (a decode row's verified drafts: 1 + k)
 
 
 @dataclass(slots=True)
@@ -26,6 +27,12 @@ class DecodeRow:
     blocks: list[int]
     lora: int = -1  # adapter slot (-1: the base model)
     delta: int = 0  # M-RoPE: the token's position is its cache index + delta
+    drafts: tuple[int, ...] = ()  # speculative tokens after ``token``, verified in the same forward pass
+
+    def chunk(self) -> PrefillChunk:
+        """The row as a chunk of 1 + len(drafts) tokens from its position, with the logits of every one."""
+        return PrefillChunk([self.token, *self.drafts], self.position, self.blocks, self.lora, delta=self.delta,
+                            logit_tokens=1 + len(self.drafts))
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +48,7 @@ class StepBatch:
 
     def decode_outputs(self) -> list[RowOutput]:
         """An empty output for each decode row, numbered as the step's rows are."""
-        return [RowOutput(i) for i in range(len(self.decode))]
+        return [RowOutput(i, drafts=r.drafts) for i, r in enumerate(self.decode)]
 
     def prefill_outputs(self) -> list[RowOutput]:
         """An empty output for each prompt chunk, numbered after the decode rows."""
@@ -50,10 +57,13 @@ class StepBatch:
 
 @dataclass(slots=True)
 class RowOutput:
-    """What one row of a step gave: the logits of its last token, or the error that failed it."""
+    """What one row of a step gave: the logits of its last token, or the error that failed it; a decode row
+    with drafts also the logits after each draft token (``verify``)."""
 
     row: int  # the row's index in the step (StepBatch)
     prompt: PrefillChunk | None = None  # the prompt chunk this row ran; None: a decode row
     logits: np.ndarray | None = None  # [V]
+    drafts: tuple[int, ...] = ()  # a decode row's draft tokens
+    verify: np.ndarray | None = None  # [len(drafts), V]: row i the logits after draft token i
     hidden: np.ndarray | None = None  # [t, D] final-normed hidden rows of the prompt chunk
     error: Exception | None = None

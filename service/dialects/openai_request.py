@@ -140,6 +140,7 @@ def _params(kind: Kind, body: dict[str, Any]) -> RequestParams:
         ignore_eos=bool(body.get("ignore_eos")),
         min_tokens=int(body.get("min_tokens") or 0),
         priority=int(body.get("priority") or 0),
+        speculate=body.get("speculate") is not False,
     )
 
 

@@ -30,7 +30,7 @@ NEUTRAL_CLIENT_KEYS: dict[str, tuple[Any, ...]] = {
     "top_n_tokens": (None, 0),
     "frequency_penalty": (None, 0),
 }
-_BOOL_FIELDS = ("watermark", "decoder_input_details")
+_BOOL_FIELDS = ("watermark", "decoder_input_details", "speculate")
 _FLOAT_FIELDS = ("temperature", "top_p", "typical_p", "repetition_penalty")
 _INT_FIELDS = ("top_k", "seed", "truncate", "max_new_tokens", "priority")
 

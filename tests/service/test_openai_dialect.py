@@ -43,6 +43,8 @@ def test_sampling_controls():
     assert params.logit_bias == ((15, -100.0), (7, 100.0))
     assert params.ignore_eos and params.min_tokens == 3
     assert completion().params.logit_bias == () and not completion().params.ignore_eos
+    assert not chat(speculate=False).params.speculate and not completion(speculate=False).params.speculate
+    assert chat().params.speculate and completion(speculate=None).params.speculate
 
 
 @pytest.mark.parametrize("fields, param", [
@@ -53,6 +55,7 @@ def test_sampling_controls():
     ({"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias"),
     ({"min_tokens": -1}, "min_tokens"),
     ({"ignore_eos": "yes"}, "ignore_eos"),
+    ({"speculate": "no"}, "speculate"),
     ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "a b"}}}, "response_format.json_schema.name"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": []}}},

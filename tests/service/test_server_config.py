@@ -99,6 +99,7 @@ APPLIED = {
     ("ModelDeployConfig", "kernels"): lambda c: c.engine.kernels,
     ("ModelDeployConfig", "kernelIsa"): lambda c: c.engine.kernel_isa,
     ("ModelDeployConfig", "graphCache"): lambda c: c.engine.graph_cache,
+    ("ModelDeployConfig", "speculationGamma"): lambda c: c.engine.speculation.max_draft,
     ("ModelDeployConfig", "allowRuntimeLoraUpdating"): lambda c: c.engine.lora.runtime_updates,
 }
 # Reference keys whose schema default documents the reference server; mindserve does not use them.
@@ -133,7 +134,7 @@ OTHER = {
     "maxBatchSize": (3, {"maxPrefillBatchSize": 1}), "maxPrefillBatchSize": (2, {}), "maxPrefillTokens": (64, {}),
     "maxIterTimes": (100, {}), "npuMemSize": (0.5, {}), "enablePrefixCaching": (False, {}),
     "maxLoras": (2, {}), "maxLoraRank": (32, {}), "maxLoadedLoras": (3, {}), "kernelIsa": ("x86-64-v3", {}),
-    "kernels": ("stock", {}), "graphCache": (False, {}),
+    "kernels": ("stock", {}), "graphCache": (False, {}), "speculationGamma": (4, {}),
     "allowRuntimeLoraUpdating": (True, {"ModelDeployConfig.loraRoot": "/tmp"}),
 }
 

@@ -59,6 +59,8 @@ def _parse(parameters: dict[str, Any] | None = None, **body: Any) -> ParsedReque
     ({"watermark": True, "return_full_text": True, "decoder_input_details": True},
      RequestParams(watermark=True, decoder_input_details=True)),
     ({"best_of": 1, "top_n_tokens": 0, "frequency_penalty": 0.0, "grammar": None}, RequestParams()),
+    ({"speculate": False}, RequestParams(speculate=False)),
+    ({"speculate": None}, RequestParams()),
 ])
 def test_parameters_become_request_params(parameters: dict[str, Any] | None, expected: RequestParams) -> None:
     assert _parse(parameters).params == expected

@@ -105,6 +105,15 @@ class ModelRunner(ABC):
     def graph_inputs(self, ids, pos, slots, table, last_rows, token_rows=None) -> tuple:
         """The network's inputs (numpy) for padded ids/pos/slots, a block table and the logit rows."""
 
+    def draft_budget(self, decode_rows: int, prefill_rows: int) -> int:
+        """Speculative draft tokens a step of ``decode_rows`` decode rows and ``prefill_rows`` prompt chunks may
+        carry (speculative.py). This default, the stock-op split step's, is 0: it does not speculate."""
+        return 0
+
+    def fit_drafts(self, tokens: int, drafts: int) -> int:
+        """Of ``drafts`` draft tokens wanted on a step of ``tokens`` tokens, how many are worth sending."""
+        return drafts
+
     # --- shared ---
 
     def prefill(self, chunks: list[PrefillChunk]) -> tuple[np.ndarray, list[np.ndarray]]:

@@ -52,50 +52,80 @@ class PackedRunner(ModelRunner):
         return self.shapes.prefill_chunk
 
     def run(self, batch: StepBatch) -> list[RowOutput]:
-        """Decode tokens (1-token chunks) and prompt chunks in one packed forward."""
+        """Decode tokens (chunks of one token, or 1 + k with drafts) and prompt chunks in one packed forward;
+        a decode row's drafts get the logits of every position (``RowOutput.verify``)."""
         if not batch.prefill:
-            return self.decode_rows(batch) if batch.decode else []
-        rows = [PrefillChunk([r.token], r.position, r.blocks, r.lora, delta=r.delta) for r in batch.decode]
-        return self.isolated(self.prefill, rows + list(batch.prefill), batch.decode_outputs() + batch.prefill_outputs())
+            outs = self.decode_rows(batch) if batch.decode else []
+        else:
+            outs = self.isolated(self.prefill, [r.chunk() for r in batch.decode] + list(batch.prefill),
+                                 batch.decode_outputs() + batch.prefill_outputs())
+        for out in outs[:len(batch.decode)]:
+            out.hidden = None
+            if out.drafts and out.error is None:
+                out.logits, out.verify = out.logits[0], out.logits[1:]
+        return outs
+
+    def draft_budget(self, decode_rows: int, prefill_rows: int) -> int:
+        """Draft tokens a step may add: each takes a logit row, and the step's logit rows stay within the largest
+        batch (so the token count stays within the chunk plus a batch: every packed graph is warmed up)."""
+        return max(0, self.shapes.batch_buckets[-1] - decode_rows - prefill_rows)
+
+    def fit_drafts(self, tokens: int, drafts: int) -> int:
+        """Of ``drafts`` draft tokens wanted on a step of ``tokens`` tokens, how many to send: the step runs the
+        smallest compiled size that holds it, so drafts fill its padding for free, and beyond that they stop at
+        the largest compiled size they reach (a draft that would pull in the next size alone costs the most)."""
+        sizes = self.shapes.prefill_sizes
+        own = next((s for s in sizes if s >= tokens), tokens)
+        reached = max((s for s in sizes if s <= tokens + drafts), default=tokens)
+        return min(drafts, max(own, reached) - tokens)
 
     def packed_rows(self, size: int) -> int:
         """Sequences (logit rows) a packed graph of ``size`` tokens serves."""
         return min(size, self.shapes.batch_buckets[-1])
 
-    def _prefill(self, chunks: list[PrefillChunk]) -> tuple[np.ndarray, list[np.ndarray]]:
-        """The chunks packed into one row (their total must fit the largest packed size)."""
+    def _prefill(self, chunks: list[PrefillChunk]) -> tuple[np.ndarray | list[np.ndarray], list[np.ndarray]]:
+        """The chunks packed into one row (their total must fit the largest packed size): their logits [n, V]
+        (a list when a chunk wants more than its last token's: its entry [logit_tokens, V]) and hidden rows."""
         n, total = len(chunks), sum(len(c.ids) for c in chunks)
+        wanted = sum(c.logit_tokens for c in chunks)
         assert 0 < total <= self.shapes.prefill_sizes[-1], "more tokens than the largest packed graph"
         size = next(s for s in self.shapes.prefill_sizes if s >= total)
         rows = self.packed_rows(size)
-        assert n <= rows, "more sequences than the packed graph's logit rows"
+        assert wanted <= rows, "more logit rows than the packed graph's"
         ids = np.zeros((1, size), np.int32)
         pos = np.zeros((1, size), np.int32)
         slots = np.zeros(size, np.int32)  # padding tokens write the scratch slot 0 and read table row 0
         token_rows = np.zeros(size, np.int32)
         lora_rows = np.full(size, -1, np.int32)  # each token's adapter slot; padding: none
         last_rows = np.zeros(rows, np.int32)
-        offsets = []
-        at = 0
-        for i, c in enumerate(chunks):
+        tables: list[list[int]] = [[]] * rows  # table row of chunk i: its first logit row
+        offsets, firsts = [], []
+        at = first = 0
+        for c in chunks:
             t = len(c.ids)
-            assert t > 0, "empty prefill chunk"
+            assert 0 < c.logit_tokens <= t, "empty prefill chunk, or more logit rows than tokens"
             ids[0, at:at + t] = c.ids
             pos[0, at:at + t] = np.arange(c.start, c.start + t)
             slots[at:at + t] = token_slots(c.blocks, pos[0, at:at + t], self.shapes.block_size)
-            token_rows[at:at + t] = i
+            token_rows[at:at + t] = first
             lora_rows[at:at + t] = c.lora
-            last_rows[i] = at + t - 1
+            last_rows[first:first + c.logit_tokens] = np.arange(at + t - c.logit_tokens, at + t)
+            tables[first] = c.blocks
             offsets.append(at)
+            firsts.append(first)
             at += t
+            first += c.logit_tokens
         window = self.shapes.max_window
-        table = block_table([c.blocks for c in chunks] + [[]] * (rows - n), window // self.shapes.block_size)
+        table = block_table(tables, window // self.shapes.block_size)
         logits, hidden = self._call(("packed", size, rows, window), ids, pos, slots, table, last_rows, token_rows,
                                     lora_rows, chunks, [(0, o) for o in offsets])
-        return logits[:n], [hidden[o: o + len(c.ids)] for o, c in zip(offsets, chunks)]
+        rows_out = logits[:n] if wanted == n else [logits[f] if c.logit_tokens == 1 else logits[f:f + c.logit_tokens]
+                                                   for f, c in zip(firsts, chunks)]
+        return rows_out, [hidden[o: o + len(c.ids)] for o, c in zip(offsets, chunks)]
 
-    def _decode(self, rows: list[DecodeRow]) -> np.ndarray:
-        return self._prefill([PrefillChunk([r.token], r.position, r.blocks, r.lora, delta=r.delta) for r in rows])[0]
+    def _decode(self, rows: list[DecodeRow]) -> np.ndarray | list[np.ndarray]:
+        """Decode rows alone: logits [n, V] (a list with [1 + k, V] entries when a row carries drafts)."""
+        return self._prefill([r.chunk() for r in rows])[0]
 
     def warmup_plan(self) -> list[tuple]:
         s = self.shapes

@@ -1,0 +1,122 @@
+"""Prompt-lookup speculative decoding on the default model, through the engine: one engine with speculation on,
+each workload run alternately with it (``speculate`` true) and without it (the per-request opt-out, the same
+graphs), so the shared box's drift falls on both; reported as tokens/s and the on/off ratio per round, and
+their median. Greedy outputs are checked equal on and off.
+
+    python bench/speculative_speed.py [--rounds 3] [--tokens 160] [--draft 8] [--clients 16] [--json out.json]
+
+Workloads: ``quote`` (a chat asking to repeat a passage word for word: the answer copies the prompt),
+``story`` (free story continuation, greedy: nothing to copy but what the model repeats itself), ``sampled``
+(the story sampled at temperature 0.9, seeded), and, with --clients N, ``story`` with N requests at once.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from backends.mindspore.default_model import ensure_default_model  # noqa: E402
+from backends.mindspore.engine import Engine  # noqa: E402
+from backends.mindspore.step import PrefillChunk  # noqa: E402
+from backends.settings import EngineConfig, SpeculationSettings  # noqa: E402
+from backends.types import RequestParams  # noqa: E402
+
+PASSAGE = ("The committee met on Tuesday to review the harbour repairs. The north wall, damaged in the March storms, "
+           "has been rebuilt with granite blocks from the old quarry, and the fishing boats returned to their "
+           "moorings last week. Work on the south pier will begin in June, once the tides are lower, and the "
+           "council expects it to be finished before the autumn festival. Residents are asked to keep clear of "
+           "the slipway while the cranes are working, and to report any loose stones to the harbour office.")
+QUOTE = (f"<|im_start|>user\nRepeat the following passage exactly, word for word.\n\n{PASSAGE}<|im_end|>\n"
+         "<|im_start|>assistant\n")
+STORY = ("<|im_start|>user\nWrite a short story about a fox who finds a lantern in the snow.<|im_end|>\n"
+         "<|im_start|>assistant\n")
+
+
+def timed(engine: Engine, prompts: list[str], params: RequestParams) -> tuple[float, int, list]:
+    """(seconds, generated tokens, results) of ``prompts`` submitted at once."""
+    started = time.perf_counter()
+    handles = [engine.submit(p, replace(params, seed=(params.seed or 0) + i or None)) for i, p in enumerate(prompts)]
+    results = [h.result(timeout=1800) for h in handles]
+    return time.perf_counter() - started, sum(r.generated_tokens for r in results), results
+
+
+def step_costs(engine: Engine, rounds: int = 15) -> dict[int, float]:
+    """Median seconds of one packed step of one row of 1, 2, 4, 8 and 16 tokens (a decode row and a verify
+    row of 1..15 drafts), interleaved, on the scratch block only (as the warm-up writes)."""
+    window = engine.runner.shapes.max_window
+    blocks = [0] * (window // engine.runner.shapes.block_size)
+    sizes = [n for n in (1, 2, 4, 8, 16) if n in engine.runner.shapes.prefill_sizes]
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(rounds):
+        for n in sizes:
+            chunk = PrefillChunk([0] * n, window - n, blocks, logit_tokens=n)
+            started = time.perf_counter()
+            engine.runner.prefill([chunk])
+            times[n].append(time.perf_counter() - started)
+    return {n: statistics.median(t) for n, t in times.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=160)
+    ap.add_argument("--draft", type=int, default=8, help="decoding_length")
+    ap.add_argument("--clients", type=int, default=0, help="also N story requests at once (0: skip)")
+    ap.add_argument("--only", nargs="*", help="run only these workloads")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    batch = max(16, args.clients)
+    config = EngineConfig(max_seq_len=1024, max_input_tokens=512, max_batch_size=batch, max_iter_times=args.tokens,
+                          block_size=64, prefill_chunk=64, graph_cache=True,
+                          speculation=SpeculationSettings(max_draft=args.draft))
+    engine = Engine(ensure_default_model(Path(__file__).resolve().parents[1] / ".cache" / "models"), config).start()
+    greedy = RequestParams(max_new_tokens=args.tokens, do_sample=False, ignore_eos=True)
+    workloads = {"quote": ([QUOTE], greedy), "story": ([STORY], greedy),
+                 "sampled": ([STORY], replace(greedy, do_sample=True, temperature=0.9, seed=7))}
+    if args.clients:
+        workloads[f"story_x{args.clients}"] = ([STORY] * args.clients, greedy)
+    timed(engine, [STORY], replace(greedy, max_new_tokens=8))  # first-request costs out of the way
+    costs = step_costs(engine)
+    print("one-row step: " + ", ".join(f"{n} tokens {1e3 * t:.1f} ms (x{t / costs[1]:.2f})" for n, t in costs.items()),
+          flush=True)
+    report: dict[str, dict] = {"step_ms": {n: 1e3 * t for n, t in costs.items()}}
+    for name, (prompts, params) in workloads.items():
+        if args.only and name not in args.only:
+            continue
+        rows = []
+        for r in range(args.rounds):
+            order = (True, False) if r % 2 == 0 else (False, True)
+            rates, outs = {}, {}
+            for on in order:
+                before = engine.speculator.stats.describe()
+                secs, tokens, results = timed(engine, prompts, replace(params, speculate=on))
+                after = engine.speculator.stats.describe()
+                rates[on], outs[on] = tokens / secs, [[t.id for t in res.tokens] for res in results]
+                if on:
+                    drafted = after["drafted_tokens"] - before["drafted_tokens"]
+                    accepted = after["accepted_tokens"] - before["accepted_tokens"]
+                    steps = after["verify_steps"] - before["verify_steps"]
+            assert outs[True] == outs[False], f"{name}: speculation changed the output"
+            rows.append({"on_tok_s": rates[True], "off_tok_s": rates[False], "ratio": rates[True] / rates[False],
+                         "drafted": drafted, "accepted": accepted, "verify_rows": steps})
+            print(f"{name:12s} round {r}: on {rates[True]:7.1f} tok/s  off {rates[False]:7.1f} tok/s  "
+                  f"x{rates[True] / rates[False]:.2f}  (accepted {accepted}/{drafted} drafts in {steps} verify rows)",
+                  flush=True)
+        ratio = statistics.median(row["ratio"] for row in rows)
+        report[name] = {"rounds": rows, "median_ratio": ratio}
+        print(f"{name:12s} median on/off x{ratio:.2f}", flush=True)
+    engine.close()
+    if args.json:
+        args.json.write_text(json.dumps({"draft": args.draft, "tokens": args.tokens, "workloads": report}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
