@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from backends.limits import longest_sequence
+from backends.mindspore.kv_dtype import row_bytes
 from backends.mindspore.shapes import Shapes, plan_shapes
 from backends.settings import EngineConfig
 
@@ -19,7 +20,6 @@ if TYPE_CHECKING:
     from backends.mindspore.spec import ModelSpec
 
 GIB = 1 << 30
-CACHE_DTYPE_BYTES = 4  # the cache is float32 on CPU (off CPU it may be half that: the budget errs safe)
 LOAD_COPIES = 2  # the weights are in memory twice while the network is built (NumPy arrays, then Parameters)
 RUNTIME_RESERVE = 2 * GIB  # the MindSpore runtime and the compiled graphs (about 1 GB for configs/server.yaml)
 MARGIN = 0.2  # of the available memory, left to everything else on the machine (npuMemSize -1)
@@ -36,18 +36,20 @@ class Footprint:
     K/V bytes of one token, and the vision tower's largest call (0 for a text model)."""
 
     weights_bytes: int
-    bytes_per_token: int  # K and V, every layer
+    bytes_per_token: int  # K and V, every layer, in the cache's format
     activation_bytes: int = 0
     graphs: StockGraphs | None = None  # the stock-op path's per-graph activations (None: the AOT path's are small)
+    kv_dtype: str = "float32"  # the cache's format (kv_dtype.py), for the log line
 
     @classmethod
-    def of(cls, spec: ModelSpec, extra_bytes: int = 0, stock: bool = False) -> Footprint:
+    def of(cls, spec: ModelSpec, extra_bytes: int = 0, stock: bool = False, kv_dtype: str = "float32") -> Footprint:
         """``extra_bytes``: what the network holds besides the checkpoint (the LoRA adapter slots); ``stock``: the
         network runs on stock MindSpore ops, which hold quantized weights as float32 copies and keep every
-        compiled graph's activations."""
+        compiled graph's activations; ``kv_dtype``: the cache's format (``kv_dtype.cache_dtype``; off CPU the
+        stock path's cache may be in a smaller compute dtype: the budget errs safe)."""
         return cls(weights_bytes(spec.checkpoint, dequantized=stock) + extra_bytes,
-                   2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * CACHE_DTYPE_BYTES,
-                   _vision_activations(spec), StockGraphs.of(spec) if stock else None)
+                   2 * spec.num_layers * spec.num_kv_heads * row_bytes(kv_dtype, spec.head_dim),
+                   _vision_activations(spec), StockGraphs.of(spec) if stock else None, kv_dtype)
 
 
 # What one stock-op graph keeps (MindSpore CPU, GRAPH mode: a compiled graph holds its intermediates between calls,
@@ -104,6 +106,7 @@ class CachePlan:
     asked_batch_size: int
     cache_bytes: int
     budget: str  # how the budget was set, for the log line
+    kv_dtype: str = "float32"  # the cache's format (kvCacheDtype)
     max_prefill_batch: int | None = None  # set when the stock-op graphs' activations capped maxPrefillBatchSize
     asked_prefill_batch: int | None = None
 
@@ -135,7 +138,8 @@ class CachePlan:
         if self.prefill_capped:
             chosen += (f"; maxPrefillBatchSize capped from {self.asked_prefill_batch} to {self.max_prefill_batch} "
                        "(the stock-op graphs' activations)")
-        return (f"KV cache: {self.num_blocks} blocks, {_gib(self.cache_bytes)}; {chosen}; budget {self.budget}")
+        return (f"KV cache: {self.num_blocks} blocks, {_gib(self.cache_bytes)} ({self.kv_dtype}); {chosen}; "
+                f"budget {self.budget}")
 
 
 def plan_cache(config: EngineConfig, model: Footprint, available: Available,
@@ -149,7 +153,8 @@ def plan_cache(config: EngineConfig, model: Footprint, available: Available,
     if config.num_blocks:
         block_bytes = config.block_size * model.bytes_per_token
         asked = config.max_batch_size
-        return CachePlan(config.num_blocks, asked, asked, config.num_blocks * block_bytes, "num_blocks (set)")
+        return CachePlan(config.num_blocks, asked, asked, config.num_blocks * block_bytes, "num_blocks (set)",
+                         kv_dtype=model.kv_dtype)
     if model.graphs is None:
         return _plan(config, model, available, max_positions, 0)
     prefill = config.max_prefill_batch
@@ -201,7 +206,8 @@ def _plan(config: EngineConfig, model: Footprint, available: Available, max_posi
             + (", maxPrefillBatchSize or the windowBuckets" if graph_bytes else "")
             + ", or raise npuMemSize" + ("" if config.cache_gb > 0 else " (set it in GB) or free memory"))
     batch = min(asked, sequences)
-    plan = CachePlan(batch * per_sequence + 1, batch, asked, (batch * per_sequence + 1) * block_bytes, budget_text)
+    plan = CachePlan(batch * per_sequence + 1, batch, asked, (batch * per_sequence + 1) * block_bytes, budget_text,
+                     kv_dtype=model.kv_dtype)
     if config.cache_gb > 0 and plan.cache_bytes + fixed > available.bytes:
         raise MemoryBudgetError(
             f"npuMemSize {config.cache_gb:g} GB: the cache of {plan.num_blocks} blocks ({_gib(plan.cache_bytes)}, "
