@@ -64,7 +64,7 @@ def choose_kernels(spec: ModelSpec, kernels: str = "stock", device: str = "CPU",
 
 def build_runner(spec: ModelSpec, weights: dict[str, np.ndarray], shapes: Shapes, num_blocks: int,
                  kernels: str = "stock", device: str = "CPU", lora: tuple[int, int] | None = None,
-                 vl=None, kernel_isa: str = "auto", aot=False, kv_dtype: str = "auto") -> ModelRunner:
+                 vl=None, kernel_isa: str = "auto", aot=False, kv_dtype: str = "float32") -> ModelRunner:
     """The runner for ``kernels`` (auto|aot|stock) on ``device``: on CPU the AOT kernels where asked and they
     build (float32, the KV cache in ``kv_dtype``: ``kv_dtype.cache_dtype``); elsewhere the stock ops in the yaml's
     compute_dtype (float32 for a vision-language model, ``vl`` its VLSpec). ``aot``: the operators
