@@ -5,9 +5,12 @@ against float32's, and the logit error with float32's own greedy continuation fe
 prompt's last logits, then one decode step per float32 token), max abs and mean abs over every logit.
 
 Speed, per format: one decode step of 16 rows whose contexts are 100..475 tokens (25 apart), the formats taking
-turns round by round (the box is shared), median over rounds of each round's median step.
+turns round by round (the box is shared), median over rounds of each round's median step: its wall time and the
+CPU time this process spent on it (both kernel threads; less sensitive to other processes on a shared box). And
+the paged attention kernel alone on the same rows (SmolLM2-135M's 9 heads, 3 kv heads, head_dim 64; one layer's
+cache of those 16 sequences, called 30 times for the 30 layers; one kernel thread, CPU time).
 
-    python bench/kv_cache_dtype.py [--rounds 7] [--steps 20] [--json out.json]
+    python bench/kv_cache_dtype.py [--rounds 7] [--steps 20] [--json out.json] [--kernel-only]
 """
 from __future__ import annotations
 
@@ -96,6 +99,7 @@ def speed(eng: dict, rounds: int, steps: int) -> dict:
 
     seqs = {f: [e.allocator.allocate(c + 1) for c in CONTEXTS] for f, e in eng.items()}
     times = {f: [] for f in FORMATS}
+    cpu = {f: [] for f in FORMATS}
     try:
         for f, e in eng.items():  # the caches' blocks written once, and every graph warm
             e.runner.decode([DecodeRow(7, c, b) for c, b in zip(CONTEXTS, seqs[f])])
@@ -103,17 +107,55 @@ def speed(eng: dict, rounds: int, steps: int) -> dict:
             order = FORMATS if r % 2 == 0 else FORMATS[::-1]
             for f in order:
                 rows = [DecodeRow(7 + i, c, b) for i, (c, b) in enumerate(zip(CONTEXTS, seqs[f]))]
-                step = []
+                step, step_cpu = [], []
                 for _ in range(steps):
-                    t = time.perf_counter()
+                    t, c = time.perf_counter(), time.process_time()
                     eng[f].runner.decode(rows)
                     step.append(time.perf_counter() - t)
+                    step_cpu.append(time.process_time() - c)
                 times[f].append(statistics.median(step) * 1e3)
+                cpu[f].append(statistics.median(step_cpu) * 1e3)
     finally:
         for f, e in eng.items():
             for b in seqs[f]:
                 e.allocator.release(b)
-    return {f: {"step_ms_median": statistics.median(t), "step_ms_rounds": t} for f, t in times.items()}
+    return {f: {"step_ms_median": statistics.median(times[f]), "step_ms_rounds": times[f],
+                "step_cpu_ms_median": statistics.median(cpu[f]), "step_cpu_ms_rounds": cpu[f]} for f in FORMATS}
+
+
+def kernel_speed(rounds: int, steps: int) -> dict:
+    """The attention kernel alone (ctypes), one thread: CPU ms for 30 layers' calls of 16 decode rows."""
+    from backends.mindspore.kernels import kernel_library
+    from tests.support import kv_ref
+
+    lib = kernel_library()
+    lib.mindserve_matmul_set_threads(1)
+    h, kv, d, bs = 9, 3, 64, 64
+    nb = -(-max(CONTEXTS) // bs) - 0 + 1
+    blocks = ROWS * nb + 1
+    rng = np.random.default_rng(0)
+    table = (1 + np.arange(ROWS * nb, dtype=np.int32)).reshape(ROWS, nb)
+    pos, rows = np.array(CONTEXTS, np.int32), np.arange(ROWS, dtype=np.int32)
+    q = rng.standard_normal((ROWS, h, d)).astype(np.float32)
+    out = np.zeros((ROWS, h * d), np.float32)
+    caches = {f: [kv_ref.encode(rng.standard_normal((kv * blocks * bs, d)).astype(np.float32), f) for _ in "kv"]
+              for f in FORMATS}
+    cpu = {f: [] for f in FORMATS}
+    for r in range(rounds):
+        for f in (FORMATS if r % 2 == 0 else FORMATS[::-1]):
+            k, v = caches[f]
+            step = []
+            for _ in range(steps):
+                c = time.process_time()
+                for _layer in range(30):
+                    assert lib.mindserve_attention_kv_raw(q.ctypes.data, k.ctypes.data, v.ctypes.data,
+                                                          table.ctypes.data, pos.ctypes.data, rows.ctypes.data,
+                                                          out.ctypes.data, ROWS, ROWS, h, d, kv, blocks * bs, nb, bs,
+                                                          kv_ref.CODES[f]) == 0
+                step.append(time.process_time() - c)
+            cpu[f].append(statistics.median(step) * 1e3)
+    lib.mindserve_matmul_set_threads(2)
+    return {f: {"attention_cpu_ms_median": statistics.median(t), "attention_cpu_ms_rounds": t} for f, t in cpu.items()}
 
 
 def main() -> None:
@@ -121,26 +163,35 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--kernel-only", action="store_true", help="only the attention kernel's timing")
     args = ap.parse_args()
     from backends.mindspore.default_model import ensure_default_model
 
     cache = Path(os.environ.get("MINDSERVE_CACHE", Path.home() / ".cache" / "mindserve"))
-    eng = engines(ensure_default_model(cache, progress=False))
-    try:
-        result = {"cpu": cpu_model(), "rows": ROWS, "contexts": [CONTEXTS[0], CONTEXTS[-1]],
-                  "accuracy": accuracy(eng), "speed": speed(eng, args.rounds, args.steps),
-                  "kernel_variant": eng["float32"].runner.kernel_variant}
-    finally:
-        for e in eng.values():
-            e.__exit__(None, None, None)
+    result = {"cpu": cpu_model(), "rows": ROWS, "contexts": [CONTEXTS[0], CONTEXTS[-1]]}
+    if not args.kernel_only:
+        eng = engines(ensure_default_model(cache, progress=False))
+        try:
+            result.update(accuracy=accuracy(eng), speed=speed(eng, args.rounds, args.steps),
+                          kernel_variant=eng["float32"].runner.kernel_variant)
+        finally:
+            for e in eng.values():
+                e.__exit__(None, None, None)
+    result["kernel"] = kernel_speed(args.rounds, args.steps)
     print(f"CPU: {result['cpu']}; {ROWS} rows, contexts {CONTEXTS[0]}..{CONTEXTS[-1]}")
-    print("| format | step ms (median) | vs float32 | logit max abs | logit mean abs | golden ids = float32 | prompts = |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    f32 = result["speed"]["float32"]["step_ms_median"]
+    print("| format | step ms (median) | step CPU ms | attention CPU ms | vs float32 | logit max abs | "
+          "logit mean abs | golden ids = float32 | prompts = |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    a32 = result["kernel"]["float32"]["attention_cpu_ms_median"]
     for f in FORMATS:
-        a, s = result["accuracy"][f], result["speed"][f]["step_ms_median"]
-        print(f"| {f} | {s:.2f} | {s / f32:.3f} | {a['max_abs']:.4g} | {a['mean_abs']:.3g} | {a['golden_ids_match']} | "
-              f"{a['prompts_matching']}/{a['prompts']} |")
+        k = result["kernel"][f]["attention_cpu_ms_median"]
+        if args.kernel_only:
+            print(f"| {f} | | | {k:.2f} | {k / a32:.3f} | | | | |")
+            continue
+        a, s = result["accuracy"][f], result["speed"][f]
+        print(f"| {f} | {s['step_ms_median']:.2f} | {s['step_cpu_ms_median']:.2f} | {k:.2f} | {k / a32:.3f} | "
+              f"{a['max_abs']:.4g} | {a['mean_abs']:.3g} | {a['golden_ids_match']} | {a['prompts_matching']}/"
+              f"{a['prompts']} |")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
 

@@ -49,10 +49,22 @@ namespace v = mindserve::vec;
 namespace kv = mindserve::kv;
 using kv::Format;
 
-// Lanes [d, d + n) of a cache row of format F as float32 (d a multiple of 16; n >= 16: all 16; lanes past n
-// are +0.0: q8_0's past the row's D are its zero padding).
+// q8_0: the scale of the block holding value d of a row, in every lane (other formats: unused).
 template <Format F>
-inline v::F32x16 load_row(const uint8_t *row, int64_t d, int64_t n) {
+inline v::F32x16 row_scale(const uint8_t *row, int64_t d) {
+  if constexpr (F == Format::kQ8_0) {
+    uint16_t h;
+    std::memcpy(&h, row + d / kv::kQ8Block * kv::kQ8BlockBytes, 2);
+    return v::set1(kv::f16_to_f32(h));
+  } else {
+    return v::zero();
+  }
+}
+
+// Lanes [d, d + n) of a cache row of format F as float32 (d a multiple of 16; n >= 16: all 16; lanes past n
+// are +0.0: q8_0's past the row's D are its zero padding); q8_0 multiplies by `scale`, row_scale(row, d).
+template <Format F>
+inline v::F32x16 load_row(const uint8_t *row, int64_t d, int64_t n, v::F32x16 scale) {
   if constexpr (F == Format::kF32) {
     return v::load_n(reinterpret_cast<const float *>(row) + d, n);
   } else if constexpr (F == Format::kF16) {
@@ -60,19 +72,19 @@ inline v::F32x16 load_row(const uint8_t *row, int64_t d, int64_t n) {
   } else if constexpr (F == Format::kBF16) {
     return n >= 16 ? v::load_bf16(row + 2 * d) : v::load_bf16_part(row + 2 * d, static_cast<int>(n));
   } else {
-    const uint8_t *block = row + d / kv::kQ8Block * kv::kQ8BlockBytes;
-    uint16_t h;
-    std::memcpy(&h, block, 2);
-    const auto *q = reinterpret_cast<const int8_t *>(block + 2 + d % kv::kQ8Block);
-    return v::mul(v::load_i8(q), v::set1(kv::f16_to_f32(h)));
+    const uint8_t *q = row + d / kv::kQ8Block * kv::kQ8BlockBytes + 2 + d % kv::kQ8Block;
+    return v::mul(v::load_i8(reinterpret_cast<const int8_t *>(q)), scale);
   }
 }
 
 // dot(a, row) over D values: 16-lane FMAs in order, then one fixed reduction.
 template <Format F>
 inline float dot(const float *a, const uint8_t *row, int64_t D) {
-  v::F32x16 acc = v::zero();
-  for (int64_t d = 0; d < D; d += 16) acc = v::fmadd(v::load_n(a + d, D - d), load_row<F>(row, d, D - d), acc);
+  v::F32x16 acc = v::zero(), scale = v::zero();
+  for (int64_t d = 0; d < D; d += 16) {
+    if (d % kv::kQ8Block == 0) scale = row_scale<F>(row, d);  // once per q8_0 block
+    acc = v::fmadd(v::load_n(a + d, D - d), load_row<F>(row, d, D - d, scale), acc);
+  }
   return v::reduce_add(acc);
 }
 
@@ -134,8 +146,11 @@ void attend(const Job &j, int64_t index, float *scores) {
     for (int64_t i = 0; i < count; ++i) {
       const v::F32x16 p = v::set1(scores[k0 + i]);
       const uint8_t *vr = rows + i * rb;
-      for (int64_t c = 0; c < nv - 1; ++c) acc[c] = v::fmadd(p, load_row<F>(vr, 16 * c, 16), acc[c]);
-      acc[nv - 1] = v::fmadd(p, load_row<F>(vr, 16 * (nv - 1), last), acc[nv - 1]);
+      v::F32x16 vscale = v::zero();
+      for (int64_t c = 0; c < nv; ++c) {
+        if (16 * c % kv::kQ8Block == 0) vscale = row_scale<F>(vr, 16 * c);
+        acc[c] = v::fmadd(p, load_row<F>(vr, 16 * c, c == nv - 1 ? last : 16, vscale), acc[c]);
+      }
     }
   }
   const v::F32x16 vinv = v::set1(inv);

@@ -82,12 +82,12 @@ inline uint16_t f32_to_f16(float f) {
   return static_cast<uint16_t>(sign | q);
 }
 
-// binary16 -> binary32, exact.
+// binary16 -> binary32, exact: the bits moved into place read as a float 2^-112 times the value (a subnormal
+// float for a subnormal half), then one exact multiplication (builds keep subnormals: no fast-math).
 inline float f16_to_f32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
-  if (exp == 0x1F) return float_of(sign | 0x7F800000u | (man << 13));
-  if (exp != 0) return float_of(sign | ((exp + 112) << 23) | (man << 13));
-  return float_of(bits_of(static_cast<float>(man) * 0x1p-24f) | sign);  // exact: man < 2^10
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16, rest = h & 0x7FFFu;
+  if (rest >= 0x7C00u) return float_of(sign | 0x7F800000u | ((rest & 0x3FF) << 13));  // inf, NaN
+  return float_of(bits_of(float_of(rest << 13) * 0x1p112f) | sign);
 }
 
 // binary32 -> bfloat16, round to nearest even; NaN stays a (quiet) NaN.
