@@ -99,9 +99,9 @@ def test_no_graph_compiles_after_warmup_over_a_mixed_workload(engine):
     assert len(plan) == 7 + 1
 
 
-# --- every KV cache format (kvCacheDtype): the engine above runs the default one ---------------------------
+# --- every KV cache format (kvCacheDtype): the engine above runs float32 (the Python API's default) -----------
 
-@pytest.fixture(scope="module", params=["float32", "float16", "bfloat16", "q8_0"])
+@pytest.fixture(scope="module", params=["float16", "bfloat16", "q8_0"])
 def kv_engine(default_model_dir, request):
     with Engine(default_model_dir, replace(CONFIG, kv_cache_dtype=request.param)) as eng:
         eng.eos_ids = frozenset()

@@ -53,3 +53,13 @@ def test_the_same_budget_holds_more_blocks_in_a_smaller_format(kv_dtype, sequenc
     assert (plan.max_batch_size, plan.num_blocks) == (sequences, sequences * 20 + 1)
     assert plan.cache_bytes <= GIB
     assert f"({kv_dtype})" in plan.describe()
+
+
+def test_the_preflight_refuses_a_format_the_stock_path_does_not_store(tiny_model_dir):
+    """validate-config and serve ask the same rule before anything is loaded; the server names the key."""
+    from backends.mindspore.preflight import KV_CACHE, PreflightError, check_model
+
+    with pytest.raises(PreflightError) as exc:
+        check_model(tiny_model_dir, EngineConfig(kernels="stock", kv_cache_dtype="q8_0"))
+    assert exc.value.about == KV_CACHE
+    assert exc.value.detail.startswith(" 'q8_0': the stock-op kernel path keeps the KV cache in its compute dtype")
