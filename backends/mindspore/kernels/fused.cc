@@ -11,8 +11,9 @@
 //       tables repeat their D/2 frequencies over both halves) to q and k; H and KV come from the
 //       output shapes.
 //   MindserveQKVAttention(qkv [N, (H + 2 KV) D], bias [(H + 2 KV) D] or [1], cos [N, D], sin [N, D],
-//                         k_cache [KV S, W], v_cache [KV S, W] (a format of kv_format.h), write [N KV] i32, table [R, NB] i32,
-//                         pos [N] (or [1, N]) i32, rows [N] i32, meta [3] i32 = (KV, bs, has_bias)) -> out [N, H D]
+//                         k_cache [KV S, W], v_cache [KV S, W] (one format of kv_format.h), write [N KV] i32,
+//                         table [R, NB] i32, pos [N] (or [1, N]) i32, rows [N] i32, meta [3] i32 = (KV, bs, has_bias))
+//                         -> out [N, H D]
 //       a layer's whole attention after the qkv projection, in one op: (+ bias,) the split and RoPE of
 //       MindserveQKVRope, the new K/V rows written into the cache Parameters in place (row write[r KV + h]
 //       gets head h of token r, encoded as kv_format.h says), then the paged
