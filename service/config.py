@@ -194,7 +194,8 @@ def _engine(data: dict, base: Path) -> EngineConfig:
         block_size=sched["cacheBlockSize"], prefill_chunk=prefill_chunk(sched["maxPrefillTokens"]),
         max_prefill_batch=sched["maxPrefillBatchSize"], max_prefill_tokens=sched["maxPrefillTokens"],
         batch_buckets=buckets["batchBuckets"], window_buckets=buckets["windowBuckets"],
-        cache_gb=float(model["npuMemSize"]), prefix_caching=sched["enablePrefixCaching"],
+        cache_gb=float(model["npuMemSize"]), kv_cache_dtype=model["kvCacheDtype"],
+        prefix_caching=sched["enablePrefixCaching"],
         lora=_lora(deploy, base), kernels=deploy["kernels"], kernel_isa=deploy["kernelIsa"],
         graph_cache=deploy["graphCache"], speculation=_speculation(deploy, model),
     )

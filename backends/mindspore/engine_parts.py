@@ -18,6 +18,7 @@ from backends.mindspore.config import load_model, torch_dtype
 from backends.mindspore.device import set_device
 from backends.mindspore.graph_cache import enable_graph_cache, graph_key
 from backends.mindspore.kv_cache import BlockAllocator
+from backends.mindspore.kv_dtype import cache_dtype
 from backends.mindspore.memory import Footprint, available_memory, plan_cache
 from backends.mindspore.qwen2_vl.config import VLSpec, processor_chat_template
 from backends.mindspore.qwen2_vl.encoder import VisionEncoder
@@ -67,9 +68,10 @@ def build_parts(model_dir: Path | str, config: EngineConfig, model_name: str | N
     # The execution strategy, chosen once and before the budget: the AOT kernels (the packed step), or None
     # for stock ops (the split step), which hold float32 weights and every compiled graph's activations.
     aot = choose_kernels(spec, config.kernels, device, config.kernel_isa)
+    kv_dtype = cache_dtype(config.kv_cache_dtype, stock=aot is None)  # kvCacheDtype on that path
     # The cache within its memory budget (npuMemSize), the batch capped at what it holds.
-    cache = plan_cache(config, Footprint.of(spec, lora.bytes, stock=aot is None), available_memory(),
-                       spec.max_position_embeddings)
+    cache = plan_cache(config, Footprint.of(spec, lora.bytes, stock=aot is None, kv_dtype=kv_dtype),
+                       available_memory(), spec.max_position_embeddings)
     log.info("%s", cache.describe())
     config, num_blocks = cache.apply(config), cache.num_blocks
     tokenizer = Tokenizer.from_model_dir(spec.model_dir, spec.tokenizer)
@@ -79,7 +81,8 @@ def build_parts(model_dir: Path | str, config: EngineConfig, model_name: str | N
     shapes = plan_shapes(config, spec.max_position_embeddings)
     weights = _load_weights(spec, vl)
     check_weight_dtype(weights, spec.yaml_path, spec.weight_dtype)
-    runner = build_runner(spec, weights, shapes, num_blocks, config.kernels, device, lora.shape, vl, aot=aot)
+    runner = build_runner(spec, weights, shapes, num_blocks, config.kernels, device, lora.shape, vl, aot=aot,
+                          kv_dtype=kv_dtype)
     vision = VisionEncoder(vl, weights) if vl is not None else None
     del weights
     lora.attach(runner.write_lora)

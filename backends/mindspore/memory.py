@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from backends.limits import longest_sequence
+from backends.mindspore.kv_dtype import row_bytes
 from backends.mindspore.shapes import Shapes, plan_shapes
 from backends.settings import EngineConfig
 
@@ -19,7 +20,6 @@ if TYPE_CHECKING:
     from backends.mindspore.spec import ModelSpec
 
 GIB = 1 << 30
-CACHE_DTYPE_BYTES = 4  # the cache is float32 on CPU (off CPU it may be half that: the budget errs safe)
 LOAD_COPIES = 2  # the weights are in memory twice while the network is built (NumPy arrays, then Parameters)
 RUNTIME_RESERVE = 2 * GIB  # the MindSpore runtime and the compiled graphs (about 1 GB for configs/server.yaml)
 MARGIN = 0.2  # of the available memory, left to everything else on the machine (npuMemSize -1)
@@ -36,26 +36,29 @@ class Footprint:
     K/V bytes of one token, and the vision tower's largest call (0 for a text model)."""
 
     weights_bytes: int
-    bytes_per_token: int  # K and V, every layer
+    bytes_per_token: int  # K and V, every layer, in the cache's format
     activation_bytes: int = 0
     graphs: StockGraphs | None = None  # the stock-op path's per-graph activations (None: the AOT path's are small)
     load_bytes: int = 0  # the peak while the network is built; 0: LOAD_COPIES x weights_bytes
+    kv_dtype: str = "float32"  # the cache's format (kv_dtype.py), for the log line
 
     @classmethod
-    def of(cls, spec: ModelSpec, extra_bytes: int = 0, stock: bool = False) -> Footprint:
+    def of(cls, spec: ModelSpec, extra_bytes: int = 0, stock: bool = False, kv_dtype: str = "float32") -> Footprint:
         """``extra_bytes``: what the network holds besides the checkpoint (the LoRA adapter slots); ``stock``: the
         network runs on stock MindSpore ops, which hold quantized weights as float32 copies (the tied output
         matrix a copy of its own) and keep every compiled graph's activations. While that network is built the
         checkpoint as read is held beside it: the GGUF blocks of a quantized one, the float32 arrays of another
-        (measured at SmolLM2-1.7B's shape, Q4_1: 8.8 GiB peak, not twice the 6.7 GiB of float32 weights)."""
-        kv = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * CACHE_DTYPE_BYTES
+        (measured at SmolLM2-1.7B's shape, Q4_1: 8.8 GiB peak, not twice the 6.7 GiB of float32 weights).
+        ``kv_dtype``: the cache's format (``kv_dtype.cache_dtype``; off CPU the stock path's cache may be in a
+        smaller compute dtype: the budget errs safe)."""
+        kv = 2 * spec.num_layers * spec.num_kv_heads * row_bytes(kv_dtype, spec.head_dim)
         if not stock:
-            return cls(weights_bytes(spec.checkpoint) + extra_bytes, kv, _vision_activations(spec))
+            return cls(weights_bytes(spec.checkpoint) + extra_bytes, kv, _vision_activations(spec), kv_dtype=kv_dtype)
         held = weights_bytes(spec.checkpoint, dequantized=True) + extra_bytes
         if spec.tie_word_embeddings:
             held += embedding_bytes(spec.checkpoint)
         return cls(held, kv, _vision_activations(spec), StockGraphs.of(spec),
-                   load_bytes=held + weights_bytes(spec.checkpoint, as_read=True))
+                   load_bytes=held + weights_bytes(spec.checkpoint, as_read=True), kv_dtype=kv_dtype)
 
     @property
     def load_peak(self) -> int:
@@ -116,6 +119,7 @@ class CachePlan:
     asked_batch_size: int
     cache_bytes: int
     budget: str  # how the budget was set, for the log line
+    kv_dtype: str = "float32"  # the cache's format (kvCacheDtype)
     max_prefill_batch: int | None = None  # set when the stock-op graphs' activations capped maxPrefillBatchSize
     asked_prefill_batch: int | None = None
 
@@ -147,7 +151,8 @@ class CachePlan:
         if self.prefill_capped:
             chosen += (f"; maxPrefillBatchSize capped from {self.asked_prefill_batch} to {self.max_prefill_batch} "
                        "(the stock-op graphs' activations)")
-        return (f"KV cache: {self.num_blocks} blocks, {_gib(self.cache_bytes)}; {chosen}; budget {self.budget}")
+        return (f"KV cache: {self.num_blocks} blocks, {_gib(self.cache_bytes)} ({self.kv_dtype}); {chosen}; "
+                f"budget {self.budget}")
 
 
 def plan_cache(config: EngineConfig, model: Footprint, available: Available,
@@ -161,7 +166,8 @@ def plan_cache(config: EngineConfig, model: Footprint, available: Available,
     if config.num_blocks:
         block_bytes = config.block_size * model.bytes_per_token
         asked = config.max_batch_size
-        return CachePlan(config.num_blocks, asked, asked, config.num_blocks * block_bytes, "num_blocks (set)")
+        return CachePlan(config.num_blocks, asked, asked, config.num_blocks * block_bytes, "num_blocks (set)",
+                         kv_dtype=model.kv_dtype)
     if model.graphs is None:
         return _plan(config, model, available, max_positions, 0)
     prefill = config.max_prefill_batch
@@ -216,7 +222,8 @@ def _plan(config: EngineConfig, model: Footprint, available: Available, max_posi
             + (", maxPrefillBatchSize or the windowBuckets" if graph_bytes else "")
             + ", or raise npuMemSize" + ("" if config.cache_gb > 0 else " (set it in GB) or free memory"))
     batch = min(asked, sequences)
-    plan = CachePlan(batch * per_sequence + 1, batch, asked, (batch * per_sequence + 1) * block_bytes, budget_text)
+    plan = CachePlan(batch * per_sequence + 1, batch, asked, (batch * per_sequence + 1) * block_bytes, budget_text,
+                     kv_dtype=model.kv_dtype)
     if config.cache_gb > 0 and plan.cache_bytes + fixed > available.bytes:
         raise MemoryBudgetError(
             f"npuMemSize {config.cache_gb:g} GB: the cache of {plan.num_blocks} blocks ({_gib(plan.cache_bytes)}, "

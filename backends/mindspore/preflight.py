@@ -12,17 +12,20 @@ from backends.mindspore.adapters import ConfiguredAdapterError, EngineAdapters
 from backends.mindspore.config import load_model
 from backends.mindspore.default_model import DEFAULT_DIRS
 from backends.mindspore.kernel_path import stock_expected
+from backends.mindspore.kv_dtype import KEY as KV_KEY, cache_dtype
 from backends.mindspore.memory import CachePlan, Footprint, MemoryBudgetError, available_memory, plan_cache
 from backends.mindspore.shapes import ShapeError, plan_shapes
 from backends.mindspore.yaml_tree import ConfigError
 from backends.settings import EngineConfig
 
 MODEL, MEMORY, SCHEDULE, ADAPTERS = "model", "memory", "schedule", "adapters"  # what a PreflightError is about
+KV_CACHE = "kv_cache"  # kvCacheDtype
 
 
 class PreflightError(ValueError):
     """A check failed. ``about`` says which setting is at fault (``MODEL``, ``MEMORY``, ``SCHEDULE``,
-    ``ADAPTERS``); ``detail`` is the text that follows that setting's key (from ``: ``, ``.`` or ``[i]``)."""
+    ``ADAPTERS``, ``KV_CACHE``); ``detail`` is the text that follows that setting's key (from ``: ``, ``.`` or
+    ``[i]``)."""
 
     def __init__(self, about: str, detail: str) -> None:
         super().__init__(detail)
@@ -94,10 +97,13 @@ def _check_memory(engine: EngineConfig, spec, adapters: EngineAdapters) -> Cache
     """The engine's own cache rule (``memory.plan_cache``) on the memory free now, the weights' size read
     from the safetensors headers, plus the adapter slots the engine would allocate."""
     try:
-        model = Footprint.of(spec, adapters.bytes, stock=stock_expected(spec, engine.kernels))
+        stock = stock_expected(spec, engine.kernels)
+        model = Footprint.of(spec, adapters.bytes, stock=stock, kv_dtype=cache_dtype(engine.kv_cache_dtype, stock))
         return plan_cache(engine, model, available_memory(), spec.max_position_embeddings)
     except MemoryBudgetError as exc:
         raise PreflightError(MEMORY, f": {exc}") from None
+    except ValueError as exc:  # kvCacheDtype on a kernel path that does not store it (the message names the key)
+        raise PreflightError(KV_CACHE, str(exc).removeprefix(KV_KEY)) from None
 
 
 def _check_windows(engine: EngineConfig, max_position_embeddings: int | None) -> None:

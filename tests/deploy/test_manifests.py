@@ -197,10 +197,12 @@ def test_the_memory_limit_passes_the_servers_own_start_up_budget(cfg, default_mo
     """Under the pod's limit, the server's cache rule (backends/mindspore/memory.py, asked by preflight and the
     engine) must keep every sequence of maxBatchSize, not cap the batch nor stop start-up."""
     from backends.mindspore.config import load_model
+    from backends.mindspore.kv_dtype import cache_dtype
     from backends.mindspore.memory import Available, Footprint, plan_cache
 
     spec = load_model(default_model_dir)
     limit = quantity_bytes(container()["resources"]["limits"]["memory"])
     available = Available(limit - USAGE_AT_THE_BUDGET_CHECK, "the pod's memory limit")
-    plan = plan_cache(cfg.engine, Footprint.of(spec), available, spec.max_position_embeddings)
+    model = Footprint.of(spec, kv_dtype=cache_dtype(cfg.engine.kv_cache_dtype, stock=False))
+    plan = plan_cache(cfg.engine, model, available, spec.max_position_embeddings)
     assert not plan.capped and plan.max_batch_size == cfg.engine.max_batch_size, plan.describe()

@@ -25,13 +25,13 @@ CAPPED_GB = 13.5 * BLOCK_BYTES / 2**30  # 13 blocks: the scratch block and 3 seq
 TOO_SMALL_GB = 4.5 * BLOCK_BYTES / 2**30  # 4 blocks: the scratch block and 3 of the 4 one sequence needs
 
 
-def minimal_config(tmp_path: Path, model_dir: Path, npu_mem_size: float) -> Path:
+def minimal_config(tmp_path: Path, model_dir: Path, npu_mem_size: float, kv_cache_dtype: str = "float32") -> Path:
+    """The block arithmetic above is float32's: the cache's format is set (kvCacheDtype)."""
     path = tmp_path / "minimal.yaml"
+    model = {"modelName": "tiny", "modelWeightPath": str(model_dir), "npuMemSize": npu_mem_size,
+             "kvCacheDtype": kv_cache_dtype}
     path.write_text(yaml.safe_dump({
-        "ServerConfig": {"port": 0},
-        "BackendConfig": {"ModelDeployConfig": {"ModelConfig": [
-            {"modelName": "tiny", "modelWeightPath": str(model_dir), "npuMemSize": npu_mem_size}]}},
-    }))
+        "ServerConfig": {"port": 0}, "BackendConfig": {"ModelDeployConfig": {"ModelConfig": [model]}}}))
     return path
 
 
@@ -57,6 +57,14 @@ def test_validate_config_and_serve_cap_the_batch_at_what_the_budget_holds(tmp_pa
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def test_a_float16_cache_holds_twice_the_blocks_in_the_same_budget(tmp_path, tiny_model_dir):
+    """kvCacheDtype float16: 27 blocks' room where float32 has 13; 6 sequences of 4 blocks and the scratch one."""
+    checked = run_cli("validate-config", str(minimal_config(tmp_path, tiny_model_dir, CAPPED_GB, "float16")))
+    assert checked.returncode == 0, checked.stderr
+    assert "KV cache: 25 blocks" in checked.stdout and "(float16)" in checked.stdout, checked.stdout
+    assert "maxBatchSize capped from 200 to 6" in checked.stdout
 
 
 def test_a_budget_that_holds_no_sequence_stops_validate_and_serve_naming_the_keys(tmp_path, tiny_model_dir):

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from backends.mindspore.kernels.build import SOURCES, default_cache_dir, read_sources
-from tests.support.kernel_entries import Case
+from tests.support.kernel_entries import Case, dtype_name
 
 DRIVER_SOURCE = Path(__file__).with_name("kernel_driver.cc")
 _REQ_MAGIC, _RES_MAGIC = b"MSKDREQ1", b"MSKDRES1"
@@ -121,7 +121,7 @@ def _encode(requests: Sequence[Request]) -> bytes:
         out += [struct.pack("<I", _CALL), _text(r.entry), struct.pack("<I", len(r.arrays))]
         for a in r.arrays:
             data = np.ascontiguousarray(a).tobytes()
-            out += [_text(a.dtype.name), struct.pack(f"<I{a.ndim}q", a.ndim, *a.shape),
+            out += [_text(dtype_name(a).decode()), struct.pack(f"<I{a.ndim}q", a.ndim, *a.shape),
                     struct.pack("<Q", len(data)), data]
     return b"".join(out)
 

@@ -7,8 +7,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# uint16 stands for MindSpore's bfloat16 (NumPy has none; only the KV caches use it: tests/support/kv_ref.py)
 _DTYPES = {np.dtype(np.float32): b"float32", np.dtype(np.int32): b"int32", np.dtype(np.uint8): b"uint8",
-           np.dtype(np.float64): b"float64"}
+           np.dtype(np.float64): b"float64", np.dtype(np.float16): b"float16", np.dtype(np.uint16): b"bfloat16"}
+
+
+def dtype_name(a: np.ndarray) -> bytes:
+    """The dtype MindSpore names for ``a``'s dtype."""
+    return _DTYPES[a.dtype]
 
 
 def call_entry(lib, entry: str, arrays: list[np.ndarray]) -> int:
@@ -20,7 +26,7 @@ def call_entry(lib, entry: str, arrays: list[np.ndarray]) -> int:
     shape_arrays = [(ctypes.c_int64 * max(1, a.ndim))(*a.shape) for a in arrays]
     shapes = (ctypes.POINTER(ctypes.c_int64) * n)(*[ctypes.cast(s, ctypes.POINTER(ctypes.c_int64))
                                                      for s in shape_arrays])
-    dtypes = (ctypes.c_char_p * n)(*[_DTYPES[a.dtype] for a in arrays])
+    dtypes = (ctypes.c_char_p * n)(*[dtype_name(a) for a in arrays])
     fn = getattr(lib, entry)
     fn.restype = ctypes.c_int
     return fn(n, params, ndims, shapes, dtypes, None, None)
@@ -142,6 +148,18 @@ def cases(seed: int = 0) -> list[Case]:
         out.append(Case(f"paged-attention-{tag}", "MindservePagedAttention",
                         (q, a["k"], a["v"], a["table"], a["pos"], a["rows"], np.array([kv, bs], np.int32),
                          _out(6, h * d))))
+    # the KV cache formats (kvCacheDtype): a q8_0 row of one full and one partial block
+    from tests.support import kv_ref
+
+    for fmt in ("float16", "bfloat16", "q8_0"):
+        a = _attention_inputs(rng, 6, 4, 2, 40, 3, 6, True)
+        k, v = kv_ref.encode(a["k"], fmt), kv_ref.encode(a["v"], fmt)
+        out.append(Case(f"qkv-attention-{fmt}", "MindserveQKVAttention",
+                        (a["qkv"], a["bias"], a["cos"], a["sin"], k, v, a["write"], a["table"], a["pos"], a["rows"],
+                         a["meta"], _out(6, 4 * 40))))
+        out.append(Case(f"paged-attention-{fmt}", "MindservePagedAttention",
+                        (_f32(rng, 6, 4, 40), k, v, a["table"], a["pos"], a["rows"], np.array([2, 3], np.int32),
+                         _out(6, 4 * 40))))
     # a whole decoder layer (q4_1 qkv and down, fp32 o, q8_0 gate/up), and the embedding and head entries
     h, kv, d, ffn = 3, 1, 16, 40
     a = _attention_inputs(rng, 5, h, kv, d, 4, 5, True)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from backends.mindspore.quant import BLOCK_BYTES, QuantWeight
+from tests.support import kv_ref
 
 F32 = np.float32
 LANES = 16
@@ -288,6 +289,7 @@ class Paged:
     rows: np.ndarray
     kv: int
     bs: int
+    fmt: str = "float32"  # the caches' storage format (kv_ref.py); k and v are stored in it
 
 
 def qkv_rope(qkv, cos, sin, heads: int, kv: int, bias=None):
@@ -301,15 +303,17 @@ def qkv_rope(qkv, cos, sin, heads: int, kv: int, bias=None):
 
 
 def qkv_attention(qkv, bias, cos, sin, cache: Paged, heads: int):
-    """MindserveQKVAttention: (+ bias,) rope, the K/V rows into (copies of) the caches in token order (the last
-    duplicate wins), then attention. Returns (out [N, H D], k cache, v cache)."""
+    """MindserveQKVAttention: (+ bias,) rope, the K/V rows encoded in the caches' format into (copies of) them in
+    token order (the last duplicate wins), then attention over the values they hold. Returns (out [N, H D], k
+    cache, v cache)."""
     q, k_new, v_new = qkv_rope(qkv, cos, sin, heads, cache.kv, bias)
+    d = q.shape[-1]
     kc, vc = cache.k.copy(), cache.v.copy()
-    dst = cache.write.reshape(-1)
-    for i, row in enumerate(dst):
-        kc[row] = k_new.reshape(-1, kc.shape[1])[i]
-        vc[row] = v_new.reshape(-1, vc.shape[1])[i]
-    out = attention(q, kc, vc, cache.table, cache.pos, cache.rows, cache.kv, cache.bs)
+    k_rows, v_rows = (kv_ref.encode(x.reshape(-1, d), cache.fmt) for x in (k_new, v_new))
+    for i, row in enumerate(cache.write.reshape(-1)):
+        kc[row], vc[row] = k_rows[i], v_rows[i]
+    out = attention(q, kv_ref.decode(kc, cache.fmt, d), kv_ref.decode(vc, cache.fmt, d), cache.table, cache.pos,
+                    cache.rows, cache.kv, cache.bs)
     return out, kc, vc
 
 

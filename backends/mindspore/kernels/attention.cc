@@ -8,8 +8,10 @@
 //   s_j = dot(q[i, h], K[kvh * S + slot(b, j)]) / sqrt(D)          for j in [0, n)
 //   out[i, h * D : (h + 1) * D] = sum_j softmax(s)_j * V[kvh * S + slot(b, j)]
 //
-// K and V are the layer's cache Parameters, [KV * S, D] with row kvh * S + slot (S = num_blocks
-// * bs slots), exactly as the graph's ScatterUpdate has just written them. The causal mask is the
+// K and V are the layer's cache Parameters, [KV * S, width] with row kvh * S + slot (S = num_blocks
+// * bs slots), exactly as QKVAttention has just written them, in one format of kv_format.h (the cache's
+// dtype: float32, float16, bfloat16, or uint8 q8_0 blocks), read as float32 values: exact conversions, and
+// float(q) * float(d) for q8_0, so the arithmetic below is the float32 one over the values the cache holds. The causal mask is the
 // key count n, so the work follows each row's real length, not a padded window, and no mask,
 // gathered window or score tensor is ever materialised.
 //
@@ -22,17 +24,20 @@
 // Exported entry points:
 //   int MindservePagedAttention(int nparam, void **params, int *ndims, int64_t **shapes,
 //                               const char **dtypes, void *stream, void *extra)  -- the AOT kernel
-//       inputs q [N, H, D] f32, k [KV*S, D] f32, v [KV*S, D] f32, table [R, NB] i32, pos [N] i32,
+//       inputs q [N, H, D] f32, k [KV*S, width], v [KV*S, width] (one format of kv_format.h, the same for
+//       both), table [R, NB] i32, pos [N] i32,
 //       rows [N] i32, meta [2] i32 = (KV, bs); output [N, H*D] f32.
 //       Returns non-zero (MindSpore raises) on a shape/dtype mismatch, a row index or a block id
 //       out of range.
-//   int mindserve_attention_raw(...)  -- the same on plain pointers, for the tests
+//   int mindserve_attention_raw(...)  -- the same on plain pointers (float32 caches), for the tests
+//   int mindserve_attention_kv_raw(..., fmt)  -- ... caches in format fmt (kv::Format), for fused.cc and the tests
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
 #include "entry.h"
+#include "kv_format.h"
 #include "pool.h"
 #include "vec.h"
 
@@ -41,29 +46,62 @@ namespace {
 constexpr int64_t kMaxHeadDim = 512;
 
 namespace v = mindserve::vec;
+namespace kv = mindserve::kv;
+using kv::Format;
 
-// dot(a, b) over D floats: 16-lane FMAs in order, then one fixed reduction.
-inline float dot(const float *a, const float *b, int64_t D) {
-  v::F32x16 acc = v::zero();
-  int64_t d = 0;
-  for (; d + 16 <= D; d += 16) acc = v::fmadd(v::load(a + d), v::load(b + d), acc);
-  if (d < D) {
-    const int n = static_cast<int>(D - d);
-    acc = v::fmadd(v::load_part(a + d, n), v::load_part(b + d, n), acc);
+// q8_0: the scale of the block holding value d of a row, in every lane (other formats: unused).
+template <Format F>
+inline v::F32x16 row_scale(const uint8_t *row, int64_t d) {
+  if constexpr (F == Format::kQ8_0) {
+    uint16_t h;
+    std::memcpy(&h, row + d / kv::kQ8Block * kv::kQ8BlockBytes, 2);
+    return v::set1(kv::f16_to_f32(h));
+  } else {
+    return v::zero();
+  }
+}
+
+// Lanes [d, d + n) of a cache row of format F as float32 (d a multiple of 16; n >= 16: all 16; lanes past n
+// are +0.0: q8_0's past the row's D are its zero padding); q8_0 multiplies by `scale`, row_scale(row, d).
+template <Format F>
+inline v::F32x16 load_row(const uint8_t *row, int64_t d, int64_t n, v::F32x16 scale) {
+  if constexpr (F == Format::kF32) {
+    return v::load_n(reinterpret_cast<const float *>(row) + d, n);
+  } else if constexpr (F == Format::kF16) {
+    return n >= 16 ? v::load_f16(row + 2 * d) : v::load_f16_part(row + 2 * d, static_cast<int>(n));
+  } else if constexpr (F == Format::kBF16) {
+    return n >= 16 ? v::load_bf16(row + 2 * d) : v::load_bf16_part(row + 2 * d, static_cast<int>(n));
+  } else {
+    const uint8_t *q = row + d / kv::kQ8Block * kv::kQ8BlockBytes + 2 + d % kv::kQ8Block;
+    return v::mul(v::load_i8(reinterpret_cast<const int8_t *>(q)), scale);
+  }
+}
+
+// dot(a, row) over D values: 16-lane FMAs in order, then one fixed reduction.
+template <Format F>
+inline float dot(const float *a, const uint8_t *row, int64_t D) {
+  v::F32x16 acc = v::zero(), scale = v::zero();
+  for (int64_t d = 0; d < D; d += 16) {
+    if (d % kv::kQ8Block == 0) scale = row_scale<F>(row, d);  // once per q8_0 block
+    acc = v::fmadd(v::load_n(a + d, D - d), load_row<F>(row, d, D - d, scale), acc);
   }
   return v::reduce_add(acc);
 }
 
 struct Job {
-  const float *q, *k, *v;
+  const float *q;
+  const uint8_t *k, *v;
   const int32_t *table, *pos, *rows;
   float *out;
   int64_t N, R, H, D, KV, S, NB, bs;
-  int64_t queries;  // N * H
+  Format fmt;
+  int64_t row_bytes;  // of one cache row (kv::row_bytes)
+  int64_t queries;    // N * H
   int64_t nchunks;
 };
 
 // One query: (token, head) = (index / H, index % H). scores is scratch of at least NB * bs floats.
+template <Format F>
 void attend(const Job &j, int64_t index, float *scores) {
   const int64_t h = index % j.H, token = index / j.H;
   const int64_t kvh = h / (j.H / j.KV);
@@ -71,15 +109,16 @@ void attend(const Job &j, int64_t index, float *scores) {
   float *out = j.out + index * j.D;
   const int64_t n = std::clamp<int64_t>(int64_t{j.pos[token]} + 1, 1, j.NB * j.bs);
   const int32_t *blocks = j.table + int64_t{j.rows[token]} * j.NB;
-  const float *kbase = j.k + kvh * j.S * j.D;
-  const float *vbase = j.v + kvh * j.S * j.D;
+  const int64_t rb = j.row_bytes;
+  const uint8_t *kbase = j.k + kvh * j.S * rb;
+  const uint8_t *vbase = j.v + kvh * j.S * rb;
   const float scale = 1.0f / std::sqrt(static_cast<float>(j.D));
 
   // scores, block by block (rows of one block are contiguous)
   for (int64_t k0 = 0; k0 < n; k0 += j.bs) {
-    const float *rows = kbase + int64_t{blocks[k0 / j.bs]} * j.bs * j.D;
+    const uint8_t *rows = kbase + int64_t{blocks[k0 / j.bs]} * j.bs * rb;
     const int64_t count = std::min(j.bs, n - k0);
-    for (int64_t i = 0; i < count; ++i) scores[k0 + i] = dot(q, rows + i * j.D, j.D) * scale;
+    for (int64_t i = 0; i < count; ++i) scores[k0 + i] = dot<F>(q, rows + i * rb, j.D) * scale;
   }
   // softmax: max, exp, sum (vector lanes in fixed order, then one reduction)
   v::F32x16 vmax = v::set1(-INFINITY);
@@ -102,13 +141,16 @@ void attend(const Job &j, int64_t index, float *scores) {
   for (int64_t c = 0; c < nv; ++c) acc[c] = v::zero();
   const int last = static_cast<int>(j.D - 16 * (nv - 1));
   for (int64_t k0 = 0; k0 < n; k0 += j.bs) {
-    const float *rows = vbase + int64_t{blocks[k0 / j.bs]} * j.bs * j.D;
+    const uint8_t *rows = vbase + int64_t{blocks[k0 / j.bs]} * j.bs * rb;
     const int64_t count = std::min(j.bs, n - k0);
     for (int64_t i = 0; i < count; ++i) {
       const v::F32x16 p = v::set1(scores[k0 + i]);
-      const float *vr = rows + i * j.D;
-      for (int64_t c = 0; c < nv - 1; ++c) acc[c] = v::fmadd(p, v::load(vr + 16 * c), acc[c]);
-      acc[nv - 1] = v::fmadd(p, v::load_n(vr + 16 * (nv - 1), last), acc[nv - 1]);
+      const uint8_t *vr = rows + i * rb;
+      v::F32x16 vscale = v::zero();
+      for (int64_t c = 0; c < nv; ++c) {
+        if (16 * c % kv::kQ8Block == 0) vscale = row_scale<F>(vr, 16 * c);
+        acc[c] = v::fmadd(p, load_row<F>(vr, 16 * c, c == nv - 1 ? last : 16, vscale), acc[c]);
+      }
     }
   }
   const v::F32x16 vinv = v::set1(inv);
@@ -116,12 +158,13 @@ void attend(const Job &j, int64_t index, float *scores) {
   v::store_n(out + 16 * (nv - 1), v::mul(acc[nv - 1], vinv), last);
 }
 
+template <Format F>
 void run_chunk(const void *ctx, int64_t c) {
   const Job &j = *static_cast<const Job *>(ctx);
   thread_local std::vector<float> scores;
   if (static_cast<int64_t>(scores.size()) < j.NB * j.bs + 16) scores.resize(j.NB * j.bs + 16);
   const int64_t q0 = j.queries * c / j.nchunks, q1 = j.queries * (c + 1) / j.nchunks;
-  for (int64_t i = q0; i < q1; ++i) attend(j, i, scores.data());
+  for (int64_t i = q0; i < q1; ++i) attend<F>(j, i, scores.data());
 }
 
 // 0 on success; the error codes of the AOT entry otherwise.
@@ -135,12 +178,21 @@ int paged_attention(Job j) {
     if (j.table[i] < 0 || j.table[i] >= num_blocks) return 8;  // never read outside the cache
   for (int64_t i = 0; i < j.N; ++i)
     if (j.rows[i] < 0 || j.rows[i] >= j.R) return 9;
+  j.row_bytes = kv::row_bytes(j.fmt, j.D);
   j.queries = j.N * j.H;
   // A few chunks per thread, so a thread that keeps its core takes over from one that lost it;
   // chunks hold at least a few queries (a chunk is a pool round trip).
   const int threads = mindserve::pool().threads();
   j.nchunks = std::max<int64_t>(1, std::min<int64_t>(j.queries / 4, threads * 4));
-  mindserve::pool().run(mindserve::Task{&run_chunk, &j, j.nchunks});
+  void (*chunk)(const void *, int64_t) = nullptr;
+  switch (j.fmt) {
+    case Format::kF32: chunk = &run_chunk<Format::kF32>; break;
+    case Format::kF16: chunk = &run_chunk<Format::kF16>; break;
+    case Format::kBF16: chunk = &run_chunk<Format::kBF16>; break;
+    case Format::kQ8_0: chunk = &run_chunk<Format::kQ8_0>; break;
+    default: return 10;
+  }
+  mindserve::pool().run(mindserve::Task{chunk, &j, j.nchunks});
   return 0;
 }
 
@@ -151,10 +203,19 @@ using mindserve::is_i32;
 
 extern "C" {
 
+int mindserve_attention_kv_raw(const float *q, const void *k, const void *v, const int32_t *table, const int32_t *pos,
+                               const int32_t *rows, float *out, int64_t N, int64_t R, int64_t H, int64_t D, int64_t KV,
+                               int64_t S, int64_t NB, int64_t bs, int fmt) {
+  if (fmt < 0 || fmt > static_cast<int>(Format::kQ8_0)) return 10;
+  return paged_attention(Job{q, static_cast<const uint8_t *>(k), static_cast<const uint8_t *>(v), table, pos, rows,
+                             out, N, R, H, D, KV, S, NB, bs, static_cast<Format>(fmt), 0, 0, 1});
+}
+
 int mindserve_attention_raw(const float *q, const float *k, const float *v, const int32_t *table,
                             const int32_t *pos, const int32_t *rows, float *out, int64_t N, int64_t R, int64_t H,
                             int64_t D, int64_t KV, int64_t S, int64_t NB, int64_t bs) {
-  return paged_attention(Job{q, k, v, table, pos, rows, out, N, R, H, D, KV, S, NB, bs, 0, 1});
+  return mindserve_attention_kv_raw(q, k, v, table, pos, rows, out, N, R, H, D, KV, S, NB, bs,
+                                    static_cast<int>(Format::kF32));
 }
 
 int MindservePagedAttention(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
@@ -162,24 +223,25 @@ int MindservePagedAttention(int nparam, void **params, int *ndims, int64_t **sha
   (void)stream;
   (void)extra;
   if (nparam != 8) return 1;
-  if (!is_f32(dtypes[0]) || !is_f32(dtypes[1]) || !is_f32(dtypes[2]) || !is_i32(dtypes[3]) ||
-      !is_i32(dtypes[4]) || !is_i32(dtypes[5]) || !is_i32(dtypes[6]) || !is_f32(dtypes[7]))
+  if (!is_f32(dtypes[0]) || !is_i32(dtypes[3]) || !is_i32(dtypes[4]) || !is_i32(dtypes[5]) || !is_i32(dtypes[6]) ||
+      !is_f32(dtypes[7]))
     return 2;
   if (ndims[0] != 3 || ndims[1] != 2 || ndims[2] != 2 || ndims[3] != 2 || ndims[4] != 1 || ndims[5] != 1 ||
       ndims[6] != 1 || shapes[6][0] != 2)
     return 3;
   const int64_t N = shapes[0][0], H = shapes[0][1], D = shapes[0][2];
-  if (shapes[4][0] != N || shapes[5][0] != N || shapes[1][1] != D || shapes[2][1] != D ||
-      shapes[1][0] != shapes[2][0])
-    return 4;
+  Format fk, fv;
+  if (!kv::format_of(dtypes[1], shapes[1][1], D, &fk) || !kv::format_of(dtypes[2], shapes[2][1], D, &fv) || fk != fv)
+    return 2;
+  if (shapes[4][0] != N || shapes[5][0] != N || shapes[1][0] != shapes[2][0]) return 4;
   const int32_t *meta = static_cast<const int32_t *>(params[6]);
   const int64_t KV = meta[0], bs = meta[1];
   if (KV <= 0 || shapes[1][0] % KV != 0) return 5;
   const int64_t S = shapes[1][0] / KV;
-  return paged_attention(Job{static_cast<const float *>(params[0]), static_cast<const float *>(params[1]),
-                             static_cast<const float *>(params[2]), static_cast<const int32_t *>(params[3]),
-                             static_cast<const int32_t *>(params[4]), static_cast<const int32_t *>(params[5]),
-                             static_cast<float *>(params[7]), N, shapes[3][0], H, D, KV, S, shapes[3][1], bs, 0, 1});
+  return mindserve_attention_kv_raw(static_cast<const float *>(params[0]), params[1], params[2],
+                                    static_cast<const int32_t *>(params[3]), static_cast<const int32_t *>(params[4]),
+                                    static_cast<const int32_t *>(params[5]), static_cast<float *>(params[7]), N,
+                                    shapes[3][0], H, D, KV, S, shapes[3][1], bs, static_cast<int>(fk));
 }
 
 }  // extern "C"

@@ -35,3 +35,7 @@ extern "C" int MindserveMatMulAdd(int nparam, void **params, int *ndims, int64_t
 extern "C" int mindserve_attention_raw(const float *q, const float *k, const float *v, const int32_t *table,
                                        const int32_t *pos, const int32_t *rows, float *out, int64_t N, int64_t R,
                                        int64_t H, int64_t D, int64_t KV, int64_t S, int64_t NB, int64_t bs);
+// The same over caches in format fmt (kv_format.h's kv::Format).
+extern "C" int mindserve_attention_kv_raw(const float *q, const void *k, const void *v, const int32_t *table,
+                                          const int32_t *pos, const int32_t *rows, float *out, int64_t N, int64_t R,
+                                          int64_t H, int64_t D, int64_t KV, int64_t S, int64_t NB, int64_t bs, int fmt);

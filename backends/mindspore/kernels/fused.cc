@@ -11,11 +11,12 @@
 //       tables repeat their D/2 frequencies over both halves) to q and k; H and KV come from the
 //       output shapes.
 //   MindserveQKVAttention(qkv [N, (H + 2 KV) D], bias [(H + 2 KV) D] or [1], cos [N, D], sin [N, D],
-//                         k_cache [KV S, D], v_cache [KV S, D], write [N KV] i32, table [R, NB] i32,
-//                         pos [N] (or [1, N]) i32, rows [N] i32, meta [3] i32 = (KV, bs, has_bias)) -> out [N, H D]
+//                         k_cache [KV S, W], v_cache [KV S, W] (one format of kv_format.h), write [N KV] i32,
+//                         table [R, NB] i32, pos [N] (or [1, N]) i32, rows [N] i32, meta [3] i32 = (KV, bs, has_bias))
+//                         -> out [N, H D]
 //       a layer's whole attention after the qkv projection, in one op: (+ bias,) the split and RoPE of
 //       MindserveQKVRope, the new K/V rows written into the cache Parameters in place (row write[r KV + h]
-//       gets head h of token r; the rows the graph's ScatterUpdates used to write), then the paged
+//       gets head h of token r, encoded as kv_format.h says), then the paged
 //       attention of attention.cc over the updated cache. H comes from the output shape. The writes
 //       happen on the calling thread before any key is read, so a token always sees itself and the
 //       earlier tokens of its own chunk; duplicate rows (padding tokens all write the scratch slot 0)
@@ -50,6 +51,7 @@
 #include <vector>
 
 #include "entry.h"
+#include "kv_format.h"
 #include "pool.h"
 #include "vec.h"
 
@@ -155,9 +157,11 @@ void copy_biased(const float *x, const float *b, float *out, int64_t n) {
 
 struct QKVWrite {
   const float *qkv, *bias, *cos, *sin;
-  float *k, *v, *q;  // the caches [KV S, D] and the roped queries [N, H, D]
+  uint8_t *k, *v;  // the caches [KV S, row bytes], in format fmt
+  float *q;        // the roped queries [N, H, D]
   const int32_t *write;
   int64_t N, H, KV, D, rows;  // rows = KV S, the cache's row count
+  mindserve::kv::Format fmt;
 };
 
 // The new K/V rows into the caches (in token order, on this thread), then every query head roped into q.
@@ -166,13 +170,17 @@ int write_and_rope(const QKVWrite &a) {
   const int64_t width = (a.H + 2 * a.KV) * a.D;
   for (int64_t i = 0; i < a.N * a.KV; ++i)
     if (a.write[i] < 0 || a.write[i] >= a.rows) return 8;  // never write outside the cache
+  const int64_t rb = mindserve::kv::row_bytes(a.fmt, a.D);
+  float kt[2 * 512], *vt = kt + 512;  // a row before its encoding (D <= 512: attention.cc's kMaxHeadDim)
+  if (a.D > 512) return 6;
   for (int64_t r = 0; r < a.N; ++r) {
     const float *row = a.qkv + r * width, *c = a.cos + r * a.D, *s = a.sin + r * a.D;
     for (int64_t h = 0; h < a.KV; ++h) {
-      const int64_t kc = (a.H + h) * a.D, vc = (a.H + a.KV + h) * a.D;
-      float *dst = a.k + int64_t{a.write[r * a.KV + h]} * a.D;
-      rope_head<kBias>(row + kc, c, s, dst, a.D, a.bias + (kBias ? kc : 0));
-      copy_biased<kBias>(row + vc, a.bias + (kBias ? vc : 0), a.v + int64_t{a.write[r * a.KV + h]} * a.D, a.D);
+      const int64_t kc = (a.H + h) * a.D, vc = (a.H + a.KV + h) * a.D, at = int64_t{a.write[r * a.KV + h]} * rb;
+      rope_head<kBias>(row + kc, c, s, kt, a.D, a.bias + (kBias ? kc : 0));
+      copy_biased<kBias>(row + vc, a.bias + (kBias ? vc : 0), vt, a.D);
+      mindserve::kv::encode_row(a.fmt, kt, a.D, a.k + at);
+      mindserve::kv::encode_row(a.fmt, vt, a.D, a.v + at);
     }
   }
   for_rows(a.N, 16, [&](int64_t r) {
@@ -302,7 +310,7 @@ int MindserveQKVAttention(int nparam, void **params, int *ndims, int64_t **shape
   (void)stream;
   (void)extra;
   if (nparam != 12) return 1;
-  for (int i : {0, 1, 2, 3, 4, 5, 11})
+  for (int i : {0, 1, 2, 3, 11})
     if (!is_f32(dtypes[i])) return 2;
   for (int i : {6, 7, 8, 9, 10})
     if (!is_i32(dtypes[i])) return 2;
@@ -316,25 +324,29 @@ int MindserveQKVAttention(int nparam, void **params, int *ndims, int64_t **shape
   if (N <= 0) return 0;
   if (D <= 0 || D % 2 != 0 || KV <= 0 || shapes[11][1] % D != 0) return 4;
   const int64_t H = shapes[11][1] / D, width = (H + 2 * KV) * D, cache_rows = shapes[4][0];
+  mindserve::kv::Format fk, fv;
+  if (!mindserve::kv::format_of(dtypes[4], shapes[4][1], D, &fk) ||
+      !mindserve::kv::format_of(dtypes[5], shapes[5][1], D, &fv) || fk != fv)
+    return 2;
   if (shapes[0][1] != width || shapes[11][0] != N || shapes[1][0] != (has_bias ? width : 1) || shapes[2][0] != N ||
-      shapes[3][0] != N || shapes[3][1] != D || shapes[4][1] != D || shapes[5][0] != cache_rows ||
-      shapes[5][1] != D || shapes[6][0] != N * KV || count_of(ndims[8], shapes[8]) != N || shapes[9][0] != N || cache_rows % KV != 0)
+      shapes[3][0] != N || shapes[3][1] != D || shapes[5][0] != cache_rows ||
+      shapes[6][0] != N * KV || count_of(ndims[8], shapes[8]) != N || shapes[9][0] != N || cache_rows % KV != 0)
     return 4;
   thread_local std::vector<float> q;
   if (static_cast<int64_t>(q.size()) < N * H * D) q.resize(N * H * D);
-  float *k = static_cast<float *>(params[4]), *v = static_cast<float *>(params[5]);
+  auto *k = static_cast<uint8_t *>(params[4]), *v = static_cast<uint8_t *>(params[5]);
   const QKVWrite args{static_cast<const float *>(params[0]), static_cast<const float *>(params[1]),
                       static_cast<const float *>(params[2]), static_cast<const float *>(params[3]), k, v, q.data(),
-                      static_cast<const int32_t *>(params[6]), N, H, KV, D, cache_rows};
+                      static_cast<const int32_t *>(params[6]), N, H, KV, D, cache_rows, fk};
   {
     mindserve::ScopeTimer timer(mindserve::kQKVRope);
     const int rc = has_bias ? write_and_rope<true>(args) : write_and_rope<false>(args);
     if (rc != 0) return rc;
   }
-  return mindserve_attention_raw(q.data(), k, v, static_cast<const int32_t *>(params[7]),
-                                 static_cast<const int32_t *>(params[8]), static_cast<const int32_t *>(params[9]),
-                                 static_cast<float *>(params[11]), N, shapes[7][0], H, D, KV, cache_rows / KV,
-                                 shapes[7][1], bs);
+  return mindserve_attention_kv_raw(q.data(), k, v, static_cast<const int32_t *>(params[7]),
+                                    static_cast<const int32_t *>(params[8]), static_cast<const int32_t *>(params[9]),
+                                    static_cast<float *>(params[11]), N, shapes[7][0], H, D, KV, cache_rows / KV,
+                                    shapes[7][1], bs, static_cast<int>(fk));
 }
 
 int MindserveNormMatMul(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,

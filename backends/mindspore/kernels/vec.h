@@ -19,6 +19,7 @@
 // * the int8 dot products are exact integer sums of the four bytes of each lane: dot_nib (u of 0..15), dot_q8
 //   (u = q + 128, the sum of q * x or of u * x: the backend's kQ8Bias says which, the kernel subtracts
 //   kQ8Bias * sum x), and NibAcc, where up to 8 dot_nib sums gather before one widening to int32.
+// * load_f16, load_bf16 and load_i8 (16 halves, bfloat16s or int8 to float32) are exact, so every backend agrees.
 // Every backend defines, in namespace mindserve::vec: the two types and the functions used below; kernels
 // use nothing else (tile sizes come from the kMatMulRows / kQRows / kQRows2 constants of the backend, kQRows2 0:
 // no two-group quantized tiles; kQRolledRows: from this many rows a quantized tile keeps its loop over a block's

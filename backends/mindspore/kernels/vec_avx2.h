@@ -183,4 +183,22 @@ inline int32_t reduce_add_i32(I32x16 v) {
 
 inline void cpu_relax() { _mm_pause(); }
 
+// --- KV cache formats (kv_format.h): exact conversions to float32, for attention.cc ---------------
+// 16 int8 -> float32.
+inline F32x16 load_i8(const int8_t *p) {
+  return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(p)))),
+          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(p + 8))))};
+}
+// 16 bfloat16 (their bits are a float32's upper half) -> float32; _part: lanes [0, n), the rest +0.0.
+inline __m256 bf16_widen8(const uint8_t *p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline F32x16 load_bf16(const uint8_t *p) { return {bf16_widen8(p), bf16_widen8(p + 16)}; }
+inline F32x16 load_bf16_part(const uint8_t *p, int n) {
+  alignas(32) uint8_t buf[32] = {};
+  std::memcpy(buf, p, 2 * n);
+  return load_bf16(buf);
+}
+
 }  // namespace mindserve::vec

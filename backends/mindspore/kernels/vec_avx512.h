@@ -130,4 +130,14 @@ inline int32_t reduce_add_i32(I32x16 a) { return _mm512_reduce_add_epi32(a.v); }
 
 inline void cpu_relax() { _mm_pause(); }
 
+// --- KV cache formats (kv_format.h): exact conversions to float32, for attention.cc ---------------
+// 16 int8 -> float32.
+inline F32x16 load_i8(const int8_t *p) {
+  return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))))};
+}
+// 16 bfloat16 (their bits are a float32's upper half) -> float32; _part: lanes [0, n), the rest +0.0.
+inline F32x16 bf16_widen(__m256i h) { return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))}; }
+inline F32x16 load_bf16(const uint8_t *p) { return bf16_widen(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p))); }
+inline F32x16 load_bf16_part(const uint8_t *p, int n) { return bf16_widen(_mm256_maskz_loadu_epi16(first(n), p)); }
+
 }  // namespace mindserve::vec

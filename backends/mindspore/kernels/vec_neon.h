@@ -162,4 +162,29 @@ inline int32_t reduce_add_i32(I32x16 a) {
 
 inline void cpu_relax() { asm volatile("yield" ::: "memory"); }
 
+// --- KV cache formats (kv_format.h): exact conversions to float32, for attention.cc ---------------
+// 16 int8 -> float32.
+inline F32x16 load_i8(const int8_t *p) {
+  const int8x16_t b = vld1q_s8(p);
+  const int16x8_t lo = vmovl_s8(vget_low_s8(b)), hi = vmovl_high_s8(b);
+  F32x16 r;
+  r.v[0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo)));
+  r.v[1] = vcvtq_f32_s32(vmovl_high_s16(lo));
+  r.v[2] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi)));
+  r.v[3] = vcvtq_f32_s32(vmovl_high_s16(hi));
+  return r;
+}
+// 16 bfloat16 (their bits are a float32's upper half) -> float32; _part: lanes [0, n), the rest +0.0.
+inline F32x16 load_bf16(const uint8_t *p) {
+  F32x16 r;
+  for (int i = 0; i < 4; ++i)
+    r.v[i] = vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(reinterpret_cast<const uint16_t *>(p) + 4 * i), 16));
+  return r;
+}
+inline F32x16 load_bf16_part(const uint8_t *p, int n) {
+  uint8_t buf[32] = {};
+  std::memcpy(buf, p, 2 * n);
+  return load_bf16(buf);
+}
+
 }  // namespace mindserve::vec

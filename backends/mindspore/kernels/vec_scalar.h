@@ -156,4 +156,28 @@ inline void cpu_relax() {
 #endif
 }
 
+// --- KV cache formats (kv_format.h): exact conversions to float32, for attention.cc ---------------
+// 16 int8 -> float32.
+inline F32x16 load_i8(const int8_t *p) {
+  F32x16 r;
+  for (int i = 0; i < 16; ++i) r.v[i] = static_cast<float>(p[i]);
+  return r;
+}
+// 16 bfloat16 (their bits are a float32's upper half) -> float32; _part: lanes [0, n), the rest +0.0.
+inline F32x16 load_bf16(const uint8_t *p) {
+  F32x16 r;
+  for (int i = 0; i < 16; ++i) {
+    uint16_t h;
+    std::memcpy(&h, p + 2 * i, 2);
+    const uint32_t bits = static_cast<uint32_t>(h) << 16;
+    std::memcpy(&r.v[i], &bits, 4);
+  }
+  return r;
+}
+inline F32x16 load_bf16_part(const uint8_t *p, int n) {
+  uint8_t buf[32] = {};
+  std::memcpy(buf, p, 2 * n);
+  return load_bf16(buf);
+}
+
 }  // namespace mindserve::vec

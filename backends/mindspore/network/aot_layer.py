@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from mindspore import Tensor, nn
 
-from backends.mindspore.network.common import AotRMSNorm, aot_weight, lora_factors, param
+from backends.mindspore.network.common import AotRMSNorm, aot_weight, kv_cache_param, lora_factors, param
 from backends.mindspore.spec import ModelSpec
 
 
@@ -23,7 +23,7 @@ class AotDecoderLayer(nn.Cell):
     table [R, NB] the block table; token_rows [N] each token's table row. Same shape out."""
 
     def __init__(self, spec: ModelSpec, w: dict[str, np.ndarray], i: int, num_slots: int, block_size: int,
-                 aot) -> None:
+                 aot, kv_dtype: str = "float32") -> None:
         super().__init__()
         p = f"model.layers.{i}."
         self.aot = aot
@@ -39,11 +39,11 @@ class AotDecoderLayer(nn.Cell):
         self.w_down = aot_weight([w[p + "mlp.down_proj.weight"]], p + "w_down")
         self.attn_norm = AotRMSNorm(w[p + "input_layernorm.weight"], spec.rms_norm_eps, p + "attn_norm", aot)
         self.ffn_norm = AotRMSNorm(w[p + "post_attention_layernorm.weight"], spec.rms_norm_eps, p + "ffn_norm", aot)
-        # Row kv_head * num_slots + slot holds one head's K (or V) of one token; the attention kernel writes
-        # this step's rows itself, through the Parameter's own memory, before any key is read.
-        cache_shape = (spec.num_kv_heads * num_slots, spec.head_dim)
-        self.k_cache = param(np.zeros(cache_shape, np.float32), p + "k_cache")
-        self.v_cache = param(np.zeros(cache_shape, np.float32), p + "v_cache")
+        # Row kv_head * num_slots + slot holds one head's K (or V) of one token, in kv_dtype; the attention
+        # kernel writes this step's rows itself, through the Parameter's own memory, before any key is read.
+        rows = spec.num_kv_heads * num_slots
+        self.k_cache = kv_cache_param(kv_dtype, rows, spec.head_dim, p + "k_cache")
+        self.v_cache = kv_cache_param(kv_dtype, rows, spec.head_dim, p + "v_cache")
 
     def construct(self, x, cos, sin, pos, write_idx, table, token_rows, lora=None):
         return self.aot.decoder_layer(x, self.attn_norm.weight, self.attn_norm.eps_t, self.wqkv, self.bqkv, cos, sin,
@@ -55,8 +55,8 @@ class AotLoraDecoderLayer(AotDecoderLayer):
     """``AotDecoderLayer`` with adapter slots: ``lora`` [N] is each token's slot (-1: none, an exact zero)."""
 
     def __init__(self, spec: ModelSpec, w: dict[str, np.ndarray], i: int, num_slots: int, block_size: int, aot,
-                 slots: int, rank: int) -> None:
-        super().__init__(spec, w, i, num_slots, block_size, aot)
+                 slots: int, rank: int, kv_dtype: str = "float32") -> None:
+        super().__init__(spec, w, i, num_slots, block_size, aot, kv_dtype)
         from backends.lora import BaseDims
         from backends.mindspore.lora_slots import GROUPS, group_segments
 

@@ -5,6 +5,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
+from backends.mindspore.kv_dtype import row_bytes
 from backends.mindspore.quant import QuantWeight, concat_rows
 
 DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
@@ -34,6 +35,15 @@ def aot_weight(parts: list[np.ndarray | QuantWeight], name: str) -> Parameter:
     if all(isinstance(p, QuantWeight) for p in parts) and len({p.fmt for p in parts}) == 1:
         return Parameter(Tensor(prepare_qweight(concat_rows(parts)), ms.uint8), name=name, requires_grad=False)
     return param(prepare_weight(_stacked(parts)), name)
+
+
+def kv_cache_param(kv_dtype: str, rows: int, head_dim: int, name: str) -> Parameter:
+    """An empty KV cache of ``rows`` rows in ``kv_dtype`` (kv_dtype.py; the AOT attention kernel takes the format
+    from its dtype): float32 / float16 / bfloat16 [rows, head_dim], or q8_0 blocks as uint8 [rows, row bytes]."""
+    if kv_dtype == "q8_0":
+        return Parameter(Tensor(np.zeros((rows, row_bytes(kv_dtype, head_dim)), np.uint8), ms.uint8), name=name,
+                         requires_grad=False)
+    return param(np.zeros((rows, head_dim), np.float32), name, DTYPES[kv_dtype])
 
 
 def rope_tables(head_dim: int, max_pos: int, theta: float) -> tuple[np.ndarray, np.ndarray]:

@@ -42,10 +42,10 @@ class AotLlama(_Llama):
     token_rows [B*T] int32, each token's table row (so one row of T tokens can pack several prompts). Rows
     flat [B*T, ...] all the way through (ids/pos keep their [B, T] shape; the kernels read them as B*T
     elements); one op in (embedding and rotary rows), one per layer, one out (final norm, logit rows, LM
-    head). Float32."""
+    head). Float32, the KV cache in ``kv_dtype`` (kv_dtype.py)."""
 
     def __init__(self, spec: ModelSpec, w: dict[str, np.ndarray], num_blocks: int, block_size: int,
-                 max_positions: int, aot, lora: tuple[int, int] | None = None) -> None:
+                 max_positions: int, aot, lora: tuple[int, int] | None = None, kv_dtype: str = "float32") -> None:
         super().__init__(lora)
         self.aot = aot
         self.embed = param(w["model.embed_tokens.weight"], "embed")
@@ -55,8 +55,9 @@ class AotLlama(_Llama):
         self.cos, self.sin = param(cos, "rope_cos"), param(sin, "rope_sin")
         slots = num_blocks * block_size
         self.layers = nn.CellList([
-            AotDecoderLayer(spec, w, i, slots, block_size, aot) if lora is None
-            else AotLoraDecoderLayer(spec, w, i, slots, block_size, aot, *lora) for i in range(spec.num_layers)])
+            AotDecoderLayer(spec, w, i, slots, block_size, aot, kv_dtype) if lora is None
+            else AotLoraDecoderLayer(spec, w, i, slots, block_size, aot, *lora, kv_dtype=kv_dtype)
+            for i in range(spec.num_layers)])
         self.norm = AotRMSNorm(w["model.norm.weight"], spec.rms_norm_eps, "norm", aot)
 
     def lm_head(self) -> nn.Cell:

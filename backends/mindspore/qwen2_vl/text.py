@@ -79,13 +79,13 @@ class AotQwen2VLText(_Qwen2VLText):
     """Rows flat [B*T, ...]; index the block table [R, NB], aux each token's table row [B*T]."""
 
     def __init__(self, spec: VLSpec, w: dict[str, np.ndarray], num_blocks: int, block_size: int,
-                 max_positions: int, aot) -> None:
+                 max_positions: int, aot, kv_dtype: str = "float32") -> None:
         t = spec.text
         # one stream per rotary dimension (M-RoPE's sections): [3, 1, hd] for flat rows
         super().__init__(spec, w, max_positions, mrope_selector(spec.mrope_section, t.head_dim)[:, None, :])
         self.aot = aot
         self.head = aot_weight([_head(spec, w)], "lm_head")
-        self.layers = nn.CellList([AotDecoderLayer(t, w, i, num_blocks * block_size, block_size, aot)
+        self.layers = nn.CellList([AotDecoderLayer(t, w, i, num_blocks * block_size, block_size, aot, kv_dtype)
                                    for i in range(t.num_layers)])
         self.norm = AotRMSNorm(w["model.norm.weight"], t.rms_norm_eps, "norm", aot)
 

@@ -39,10 +39,12 @@ class ModelRunner(ABC):
     prefill_first: ClassVar[int]  # the scheduler's prefill-only steps in a row while prompts wait
 
     def __init__(self, spec: ModelSpec, weights: dict[str, np.ndarray], shapes: Shapes, num_blocks: int,
-                 aot=None, dtype: str = "float32", lora: tuple[int, int] | None = None, vl=None) -> None:
+                 aot=None, dtype: str = "float32", lora: tuple[int, int] | None = None, vl=None,
+                 kv_dtype: str = "float32") -> None:
         self.spec = spec
         self.shapes = shapes = self.compiled_shapes(shapes)
         self.dtype = dtype
+        self.kv_dtype = kv_dtype  # the KV cache's format (kv_dtype.py): the stock-op path's is its dtype
         self.num_slots = num_blocks * shapes.block_size
         if spec.num_kv_heads * self.num_slots >= 2**31:
             raise ValueError(f"a KV cache of {num_blocks} blocks x {shapes.block_size} tokens x {spec.num_kv_heads} "
@@ -61,10 +63,10 @@ class ModelRunner(ABC):
 
             self.kernel_variant, library = kernel_variant(), active_library()
         # Everything of this runner that shapes its graphs (graph_cache.graph_key): the strategy, the compiled
-        # shapes, the cache size, dtype, adapter slots, a vision model's spec and the kernel library (its file
-        # name hashes its build).
+        # shapes, the cache size, dtype, adapter slots, a vision model's spec, the kernel library (its file
+        # name hashes its build) and the cache's format.
         self.graph_parts = [type(self).__name__, repr(shapes), str(self.num_slots), dtype, repr(lora), repr(vl),
-                            library]
+                            library, kv_dtype]
 
     # --- what a strategy defines ---
 

@@ -38,8 +38,8 @@ class PackedRunner(ModelRunner):
         if vl is not None:
             from backends.mindspore.qwen2_vl.text import AotQwen2VLText
 
-            return AotQwen2VLText(vl, weights, num_blocks, s.block_size, s.max_window, aot)
-        return AotLlama(spec, weights, num_blocks, s.block_size, s.max_window, aot, lora)
+            return AotQwen2VLText(vl, weights, num_blocks, s.block_size, s.max_window, aot, self.kv_dtype)
+        return AotLlama(spec, weights, num_blocks, s.block_size, s.max_window, aot, lora, self.kv_dtype)
 
     def compiled_shapes(self, shapes: Shapes) -> Shapes:
         """One window (the largest); graphs per packed token count: the decode batch buckets, 16, 32, ...

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import pytest
 
@@ -96,3 +97,26 @@ def test_no_graph_compiles_after_warmup_over_a_mixed_workload(engine):
     # tokens, and the prompt-logits head
     assert engine.runner.shapes.prefill_sizes == (1, 4, 8, 16, 32, 64, 72)
     assert len(plan) == 7 + 1
+
+
+# --- every KV cache format (kvCacheDtype): the engine above runs float32 (the Python API's default) -----------
+
+@pytest.fixture(scope="module", params=["float16", "bfloat16", "q8_0"])
+def kv_engine(default_model_dir, request):
+    with Engine(default_model_dir, replace(CONFIG, kv_cache_dtype=request.param)) as eng:
+        eng.eos_ids = frozenset()
+        yield eng
+
+
+def test_each_kv_cache_dtype_keeps_a_row_bit_identical_alone_and_batched(kv_engine):
+    """The cache's format changes the numbers, never their dependence on the batch: a row reads only its own
+    keys, encoded the same way whoever else is in the step."""
+    assert kv_engine.runner.kv_dtype == kv_engine.config.kv_cache_dtype
+    for prompt, params in TARGETS.values():
+        alone = kv_engine.generate(prompt, params)
+        handles = [kv_engine.submit(p, q) for p, q in COMPANIONS[:3]]
+        target = kv_engine.submit(prompt, params)
+        handles += [kv_engine.submit(p, q) for p, q in COMPANIONS[3:5]]
+        assert trace(target.result(timeout=300)) == trace(alone)
+        for h in handles:
+            h.result(timeout=300)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -24,3 +25,21 @@ def test_chat_template_answer_is_coherent(default_engine):
     prompt = ("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
     result = default_engine.generate(prompt, RequestParams(max_new_tokens=20, do_sample=False))
     assert "Paris" in result.generated_text
+
+
+@pytest.mark.slow
+def test_the_default_kv_cache_dtype_keeps_float32s_greedy_ids(default_engine, default_model_dir):
+    """kvCacheDtype auto (a server config's default) is the fastest format whose greedy ids on the golden prompts
+    match float32's (docs/performance.md, "The KV cache dtype"); the Python API's engine keeps float32, and its
+    ids on the golden prompt are the golden's (from the NumPy reference)."""
+    from backends.mindspore.engine import Engine
+    from backends.mindspore.kv_dtype import DEFAULT
+
+    assert default_engine.runner.kv_dtype == "float32"
+    prompts = [GOLDEN["prompt"], "The capital of France is", "def fibonacci(n):"]
+    params = RequestParams(max_new_tokens=20, do_sample=False)
+    want = [[t.id for t in default_engine.generate(p, params).tokens] for p in prompts]
+    assert want[0] == GOLDEN["generated_ids"]
+    with Engine(default_model_dir, replace(default_engine.config, kv_cache_dtype="auto")) as auto:
+        assert auto.runner.kv_dtype == DEFAULT != "float32"
+        assert [[t.id for t in auto.generate(p, params).tokens] for p in prompts] == want

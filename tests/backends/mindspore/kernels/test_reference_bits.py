@@ -4,6 +4,7 @@ large dynamic range with exact and negative zeros and subnormals, all three quan
 variant of this machine's architecture, scalar included (a variant the CPU cannot run is skipped by name)."""
 from __future__ import annotations
 
+import dataclasses
 import shutil
 
 import numpy as np
@@ -15,6 +16,7 @@ from backends.mindspore.kernels import prepare_qweight, prepare_weight
 from backends.mindspore.quant import QuantWeight
 from tests.support.kernel_variants import HOST_VARIANTS, variant_lib
 from tests.support import kernel_ref as ref
+from tests.support import kv_ref
 from tests.support.kernel_entries import call_aot as aot_call
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
@@ -264,6 +266,26 @@ def test_paged_attention(lib, n, h, kv, d, bs, nb, blocks):
     assert_bits(y, want)
 
 
+# head dims 8, 24, 40 (q8_0: one partial block; one full and one partial), 64 (two full blocks)
+@pytest.mark.parametrize("fmt", ["float16", "bfloat16", "q8_0"])
+@pytest.mark.parametrize("n,h,kv,d,bs,nb,blocks", ATTENTION[:4])
+def test_paged_attention_kv_formats(lib, fmt, n, h, kv, d, bs, nb, blocks):
+    """Caches stored in each kvCacheDtype format: the float32 arithmetic over the values they hold."""
+    rng = np.random.default_rng(n * h + d + bs + kv_ref.CODES[fmt])
+    q, k, v, table, pos, rows = paged_case(rng, n, h, kv, d, bs, nb, blocks)
+    k, v = kv_ref.encode(k, fmt), kv_ref.encode(v, fmt)
+    want = ref.attention(q, kv_ref.decode(k, fmt, d), kv_ref.decode(v, fmt, d), table, pos, rows, kv, bs)
+    y = out(n, h * d)
+    assert lib.mindserve_attention_kv_raw(q.ctypes.data, k.ctypes.data, v.ctypes.data, table.ctypes.data,
+                                          pos.ctypes.data, rows.ctypes.data, y.ctypes.data, n, table.shape[0], h, d,
+                                          kv, blocks * bs, nb, bs, kv_ref.CODES[fmt]) == 0
+    assert_bits(y, want)
+    meta = np.array([kv, bs], np.int32)
+    y = out(n, h * d)
+    assert aot_call(lib, "MindservePagedAttention", [q, k, v, table, pos, rows, meta], [y]) == 0
+    assert_bits(y, want)
+
+
 def qkv_case(rng, n, h, kv, d, bs, nb, blocks, bias: bool):
     _, k, v, table, pos, rows = paged_case(rng, n, h, kv, d, bs, nb, blocks)
     qkv = wild(rng, (n, (h + 2 * kv) * d), spread=3)
@@ -275,11 +297,13 @@ def qkv_case(rng, n, h, kv, d, bs, nb, blocks, bias: bool):
     return qkv, bias_v, cos, sin, cache, np.array([kv, bs, int(bias)], np.int32)
 
 
+@pytest.mark.parametrize("fmt", kv_ref.FORMATS)
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("n,h,kv,d,bs,nb,blocks", ATTENTION[1:5])
-def test_qkv_attention(lib, n, h, kv, d, bs, nb, blocks, bias):
+def test_qkv_attention(lib, n, h, kv, d, bs, nb, blocks, bias, fmt):
     rng = np.random.default_rng(n + h + kv + d + bias)
     qkv, bias_v, cos, sin, cache, meta = qkv_case(rng, n, h, kv, d, bs, nb, blocks, bias)
+    cache = dataclasses.replace(cache, k=kv_ref.encode(cache.k, fmt), v=kv_ref.encode(cache.v, fmt), fmt=fmt)
     want, want_k, want_v = ref.qkv_attention(qkv, bias_v if bias else None, cos, sin, cache, h)
     k, v = cache.k.copy(), cache.v.copy()
     y = out(n, h * d)
@@ -287,8 +311,42 @@ def test_qkv_attention(lib, n, h, kv, d, bs, nb, blocks, bias):
     assert aot_call(lib, "MindserveQKVAttention", [qkv, bias_v, cos, sin, k, v, cache.write, cache.table, pos,
                                                    cache.rows, meta], [y]) == 0
     assert_bits(y, want)
-    assert_bits(k, want_k)
-    assert_bits(v, want_v)
+    assert_same(k, want_k)
+    assert_same(v, want_v)
+
+
+def assert_same(got: np.ndarray, want: np.ndarray) -> None:
+    """Stored caches, byte for byte."""
+    assert got.shape == want.shape and got.dtype == want.dtype
+    bad = np.flatnonzero(np.ascontiguousarray(got).view(np.uint8) != np.ascontiguousarray(want).view(np.uint8))
+    assert bad.size == 0, f"{bad.size} bytes of {got.nbytes} differ, first at {bad[:5]}"
+
+
+# Values at the edges of each format: float16's largest, its overflow midpoint (65520 rounds to inf), its
+# smallest normal and subnormals, ties to even in both 16-bit formats, a zero q8_0 block, a block of subnormals.
+EDGES = np.array([65504.0, 65519.0, 65520.0, -70000.0, 6.1035156e-05, 6.097555e-05, 5.9604645e-08, 2.9802322e-08,
+                  2.9802326e-08, 1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11, 1.0 + 2.0 ** -8, 1.0 + 3 * 2.0 ** -8,
+                  -0.0, 1e-40, 3.0e38], np.float32)
+
+
+@pytest.mark.parametrize("fmt", ["float16", "bfloat16", "q8_0"])
+def test_kv_encoding_at_the_edges(lib, fmt):
+    """The rows QKVAttention writes (V is stored as it comes: no rope), byte for byte against kv_ref's encoding."""
+    n, h, kv, d, bs = 3, 1, 1, 48, 4
+    qkv = np.zeros((n, (h + 2 * kv) * d), F32)
+    qkv[0, 2 * d:] = np.resize(EDGES, d)
+    qkv[1, 2 * d:] = np.resize(EDGES[::-1], d) * F32(1e-3)
+    qkv[2, 2 * d:2 * d + 32] = F32(1e-41)  # a block of subnormals; the rest zero (a zero block)
+    cos, sin = np.ones((n, d), F32), np.zeros((n, d), F32)
+    table = np.array([[0, 1]], np.int32)
+    pos, rows = np.arange(n, dtype=np.int32), np.zeros(n, np.int32)
+    k, v = kv_ref.zeros(2 * bs, d, fmt), kv_ref.zeros(2 * bs, d, fmt)
+    y = out(n, h * d)
+    meta = np.array([kv, bs, 0], np.int32)
+    with np.errstate(all="ignore"):
+        assert aot_call(lib, "MindserveQKVAttention", [qkv, np.zeros(1, F32), cos, sin, k, v,
+                                                       np.arange(n, dtype=np.int32), table, pos, rows, meta], [y]) == 0
+    assert_same(v[:n], kv_ref.encode(qkv[:, 2 * d:], fmt))
 
 
 # --- fused entries --------------------------------------------------------------------------------
@@ -326,8 +384,10 @@ def test_swiglu_matmul_add(lib, m, f, n, fmt, lora):
     assert_bits(y, ref.swiglu_matmul_add(gu, w, res, lo))
 
 
-@pytest.mark.parametrize("fmt,bias", [(None, False), (None, True), ("q4_1", True)])
-def test_decoder_layer(lib, fmt, bias):
+@pytest.mark.parametrize("fmt,bias,kv_fmt", [(None, False, "float32"), (None, True, "float32"),
+                                              ("q4_1", True, "float32"), ("q4_1", True, "q8_0"),
+                                              (None, False, "float16")])
+def test_decoder_layer(lib, fmt, bias, kv_fmt):
     h, kv, d, c, f, n = 4, 2, 24, 64, 96, 5
     rng = np.random.default_rng(11 + bias)
     qkv_w, qkv_p = weight(rng, c, (h + 2 * kv) * d, fmt)
@@ -335,6 +395,7 @@ def test_decoder_layer(lib, fmt, bias):
     wgu, wgu_p = weight(rng, c, 2 * f, fmt)
     wd, wd_p = weight(rng, f, c, fmt)
     _, bias_v, cos, sin, cache, meta = qkv_case(rng, n, h, kv, d, 3, 6, 8, bias)
+    cache = dataclasses.replace(cache, k=kv_ref.encode(cache.k, kv_fmt), v=kv_ref.encode(cache.v, kv_fmt), fmt=kv_fmt)
     x, na, nf = wild(rng, (n, c), spread=4), wild(rng, c, spread=2), wild(rng, c, spread=2)
     want, want_k, want_v = ref.decoder_layer(x, na, EPS[0], qkv_w, bias_v if bias else None, cos, sin, cache, h, wo,
                                              nf, wgu, wd)
@@ -343,8 +404,8 @@ def test_decoder_layer(lib, fmt, bias):
     assert aot_call(lib, "MindserveDecoderLayer", [x, na, EPS, qkv_p, bias_v, cos, sin, k, v, cache.write, cache.table,
                                                    cache.pos, cache.rows, meta, wo_p, nf, wgu_p, wd_p], [y]) == 0
     assert_bits(y, want)
-    assert_bits(k, want_k)
-    assert_bits(v, want_v)
+    assert_same(k, want_k)
+    assert_same(v, want_v)
 
 
 def test_embed_rope(lib):
