@@ -6,7 +6,6 @@ messages) and against an independent reading of the raw text (regular expression
 from __future__ import annotations
 
 import json
-import re
 
 import jsonschema
 import openai
@@ -14,7 +13,7 @@ import pytest
 import requests
 
 from service.validation import default_schemas
-from tests.support.tiny_chat_model import marker_ids
+from tests.support.tiny_chat_model import independent_parse, marker_ids
 
 pytestmark = pytest.mark.slow
 
@@ -44,17 +43,6 @@ def chat_raw(url: str, body: dict) -> tuple[str, dict]:
     reply = requests.post(url + "/v1/chat/completions", json={**body, "logprobs": True}, timeout=120).json()
     assert "choices" in reply, reply
     return "".join(t["token"] for t in reply["choices"][0]["logprobs"]["content"]), reply
-
-
-def independent_parse(raw: str) -> tuple[str | None, str, list[tuple[str, dict]]]:
-    """(reasoning, content, [(name, arguments)]) of a Qwen3-style output."""
-    reasoning = None
-    found = re.match(r"\s*<think>(.*?)</think>", raw, re.S)
-    if found:
-        reasoning, raw = found.group(1).strip(), raw[found.end():]
-    calls = [json.loads(body) for body in re.findall(r"<tool_call>(.*?)</tool_call>", raw, re.S)]
-    content = re.sub(r"<tool_call>.*?</tool_call>", "", raw, flags=re.S).strip()
-    return reasoning, content, [(c["name"], c["arguments"]) for c in calls]
 
 
 def summary(output: list[dict]) -> list[tuple]:

@@ -5,7 +5,6 @@ reading of the raw text (written here, with regular expressions and json)."""
 from __future__ import annotations
 
 import json
-import re
 
 import requests
 import jsonschema
@@ -14,7 +13,7 @@ import pytest
 
 from service.validation import default_schemas
 from tests.support.http import parse_sse
-from tests.support.tiny_chat_model import marker_ids
+from tests.support.tiny_chat_model import independent_parse, marker_ids
 
 pytestmark = pytest.mark.slow
 
@@ -45,17 +44,6 @@ def model_name(url: str) -> str:
 
 
 # --- an independent reading of the raw output -----------------------------------------------------------
-
-def independent_parse(raw: str) -> tuple[str | None, str, list[tuple[str, dict]]]:
-    """(reasoning, content, [(name, arguments)]) of a Qwen3-style output."""
-    reasoning = None
-    found = re.match(r"\s*<think>(.*?)</think>", raw, re.S)
-    if found:
-        reasoning, raw = found.group(1).strip(), raw[found.end():]
-    calls = [json.loads(body) for body in re.findall(r"<tool_call>(.*?)</tool_call>", raw, re.S)]
-    content = re.sub(r"<tool_call>.*?</tool_call>", "", raw, flags=re.S).strip()
-    return reasoning, content, [(c["name"], c["arguments"]) for c in calls]
-
 
 def raw_text(url: str, body: dict) -> str:
     """(the raw generated text, the reply): the text joined from the reply's per-token logprobs entries, which

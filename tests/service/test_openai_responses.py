@@ -4,7 +4,6 @@ against the schemas and against each other at every split of the text."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -15,7 +14,7 @@ from service.dialects.openai import InvalidRequest
 from service.dialects.openai_responses import RESPONSES, ResponsesStream
 from service.dialects.openai_responses_request import chat_request, parse_responses_request
 from service.validation import default_schemas
-from tests.support.tiny_chat_model import QWEN3_LIKE_TEMPLATE
+from tests.support.tiny_chat_model import QWEN3_LIKE_TEMPLATE, TemplateBackend
 from tests.support.tiny_model import CHAT_TEMPLATE
 
 SCHEMAS = default_schemas()
@@ -24,23 +23,13 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "requir
 TOOL = {"type": "function", "name": "get_weather", "parameters": WEATHER}
 
 
-class TemplateBackend:
-    model_name = MODEL
-
-    def __init__(self, template: str) -> None:
-        self.chat_template = template
-
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], **variables: Any) -> str:
-        return render_chat_template(self.chat_template, messages, **variables)
-
-
 class Context:
     def __init__(self, backend: TemplateBackend) -> None:
         self.backend = backend
 
 
-QWEN = TemplateBackend(QWEN3_LIKE_TEMPLATE)
-PLAIN = TemplateBackend(CHAT_TEMPLATE)
+QWEN = TemplateBackend(QWEN3_LIKE_TEMPLATE, MODEL)
+PLAIN = TemplateBackend(CHAT_TEMPLATE, MODEL)
 
 
 def parse(backend: TemplateBackend = QWEN, **fields: Any):

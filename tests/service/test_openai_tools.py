@@ -4,16 +4,14 @@ against each other (the stream's pieces joined equal the body)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
 
-from backends.chat_template import render_chat_template
 from backends.types import FinishReason, GenerationResult, Token, TokenEvent
 from service.dialects.openai import ChunkRenderer, InvalidRequest, OpenAIStream, parse_openai_request, render_completion
 from service.validation import default_schemas
-from tests.support.tiny_chat_model import QWEN3_LIKE_TEMPLATE
+from tests.support.tiny_chat_model import QWEN3_LIKE_TEMPLATE, TemplateBackend
 from tests.support.tiny_model import CHAT_TEMPLATE
 
 SCHEMAS = default_schemas()
@@ -24,20 +22,8 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
          {"type": "function", "function": {"name": "noop", "strict": True}}]
 
 
-class TemplateBackend:
-    """What parsing asks of a backend: its name and its chat template."""
-
-    model_name = MODEL
-
-    def __init__(self, template: str) -> None:
-        self.chat_template = template
-
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], **variables: Any) -> str:
-        return render_chat_template(self.chat_template, messages, **variables)
-
-
-QWEN = TemplateBackend(QWEN3_LIKE_TEMPLATE)
-PLAIN = TemplateBackend(CHAT_TEMPLATE)
+QWEN = TemplateBackend(QWEN3_LIKE_TEMPLATE, MODEL)
+PLAIN = TemplateBackend(CHAT_TEMPLATE, MODEL)
 
 
 def chat(backend: TemplateBackend = QWEN, **fields: Any):

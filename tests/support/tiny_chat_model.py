@@ -5,11 +5,15 @@ tokens, as in Qwen3's tokenizer (so they stay in the decoded text). Built from `
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from safetensors.numpy import save_file
 from tokenizers import AddedToken
 
+from backends.chat_template import render_chat_template
 from tests.support import tiny_model as tm
 
 MARKERS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
@@ -83,3 +87,26 @@ def marker_ids(model_dir: str | Path) -> dict[str, int]:
     """The token id of each marker in the model's tokenizer.json."""
     added = json.loads((Path(model_dir) / "tokenizer.json").read_text())["added_tokens"]
     return {t["content"]: t["id"] for t in added if t["content"] in MARKERS}
+
+
+def independent_parse(raw: str) -> tuple[str | None, str, list[tuple[str, dict]]]:
+    """(reasoning, content, [(name, arguments)]) of a Qwen3-style output: the tests' own reading, independent
+    of the server's parser."""
+    reasoning = None
+    found = re.match(r"\s*<think>(.*?)</think>", raw, re.S)
+    if found:
+        reasoning, raw = found.group(1).strip(), raw[found.end():]
+    calls = [json.loads(body) for body in re.findall(r"<tool_call>(.*?)</tool_call>", raw, re.S)]
+    content = re.sub(r"<tool_call>.*?</tool_call>", "", raw, flags=re.S).strip()
+    return reasoning, content, [(c["name"], c["arguments"]) for c in calls]
+
+
+class TemplateBackend:
+    """What request parsing asks of a backend: its name and its chat template (rendered for real)."""
+
+    def __init__(self, template: str, model_name: str = "m") -> None:
+        self.chat_template = template
+        self.model_name = model_name
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], **variables: Any) -> str:
+        return render_chat_template(self.chat_template, messages, **variables)
