@@ -74,7 +74,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         prompts = model_golden(make_tiny_qwen3(Path(tmp) / "qwen3", seed=DEFAULT_SEED))
-    golden = {"made_by": f"transformers {transformers.__version__}, torch {torch.__version__}, float32, eager attention",
+    made_by = f"transformers {transformers.__version__}, torch {torch.__version__}, float32, eager attention"
+    golden = {"made_by": made_by,
               "seed": DEFAULT_SEED, "new_tokens": NEW_TOKENS, "prompts": prompts}
     for name, p in prompts.items():
         print(f"{name}: {len(p['input_ids'])} prompt ids, greedy {p['greedy_ids']}")
