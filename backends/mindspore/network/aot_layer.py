@@ -4,9 +4,8 @@ paged attention kernel reading each token's keys through the block table.
 ``AotDecoderLayer`` is one op (``decoder_layer``). ``AotLoraDecoderLayer``, for a network with adapter
 slots, is the same five kernels as five ops with each row's adapter applied: norm + qkv matmul, attention
 (bias, Qwen3's q/k head norms, split + rotary, the in-place cache writes and paged attention in one kernel),
-o matmul + residual,
-norm + gate/up matmul, SwiGLU + down matmul + residual (the one op runs those five kernels in that order:
-the same bits).
+o matmul + residual, norm + gate/up matmul, SwiGLU + down matmul + residual (the one op runs those five kernels
+in that order: the same bits).
 """
 from __future__ import annotations
 
