@@ -191,3 +191,24 @@ def test_without_the_head_norms_the_logits_move(tiny_qwen3_dir):
     want = prompts()["capital"]
     _, steps, _ = run_greedy(make_runner(tiny_qwen3_dir, "aot", spec), want["input_ids"], 1)
     assert float(np.abs(steps[0] - np.asarray(want["step_logits"]["values"][0])).max()) > 1e-2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernels", ["ms", "aot"])
+def test_a_network_with_adapter_slots_keeps_the_head_norms(tiny_qwen3_dir, kernels):
+    """The adapter-slot layers (AotLoraDecoderLayer's five ops, the stock layer's deltas) with no adapter in use:
+    HF's logits and ids."""
+    from backends.mindspore.device import set_mode
+    from backends.mindspore.runners import build_runner
+    from backends.mindspore.shapes import Shapes
+    from backends.mindspore.weights import load_weights
+
+    spec = load_model(tiny_qwen3_dir)
+    set_mode(0, "CPU", 2)
+    shapes = Shapes(block_size=BLOCK, prefill_chunk=32, batch_buckets=(1,), window_buckets=(64,))
+    runner = build_runner(spec, load_weights(spec.checkpoint, spec.checkpoint_format), shapes, 8, kernels,
+                          lora=(2, 4))
+    want = prompts()["capital"]
+    ids, steps, _ = run_greedy(runner, want["input_ids"], golden()["new_tokens"])
+    assert ids == want["greedy_ids"]
+    assert max_diff(steps[want["step_logits"]["steps"]], want["step_logits"]["values"]) < LOGIT_TOL
