@@ -191,7 +191,8 @@ def _convert_into(gguf_path: Path, out: Path, name: str, progress: bool, dtype: 
     header = (f"# MindFormers-style predict config written by mindserve from {gguf_path.name}"
               f" (convert-gguf --dtype {dtype})\n")
     (out / f"predict_{name}.yaml").write_text(
-        header + yaml.safe_dump(_predict_yaml(config, layers_format(formats)), sort_keys=False))
+        header + yaml.safe_dump(_predict_yaml(config, layers_format(formats), _has_head_norms(reader)),
+                                sort_keys=False))
 
 
 def _hf_config(meta: dict[str, Any], reader: GGUFReader) -> dict[str, Any]:
@@ -222,7 +223,6 @@ def _hf_config(meta: dict[str, Any], reader: GGUFReader) -> dict[str, Any]:
         "bos_token_id": ids["bos"], "eos_token_id": eos[0] if len(eos) == 1 else eos,
         "pad_token_id": ids["pad"], "torch_dtype": "float32", "hidden_act": "silu",
         "attention_bias": "blk.0.attn_q.bias" in names, "mlp_bias": False,
-        "qk_norm": "blk.0.attn_q_norm.weight" in names,  # read by _predict_yaml; HF's Qwen3 config has none
     }
 
 
@@ -302,7 +302,12 @@ def hf_tensor_name(gguf_name: str) -> str:
     return f"model.layers.{m[1]}.{_LAYER_NAMES[m[2]]}.{m[3]}"
 
 
-def _predict_yaml(c: dict[str, Any], weight_dtype: str = "float32") -> dict[str, Any]:
+def _has_head_norms(reader: GGUFReader) -> bool:
+    """Whether the layers have q/k head norms (Qwen3's ``attn_q_norm``; HF's config has no key for them)."""
+    return any(t.name == "blk.0.attn_q_norm.weight" for t in reader.tensors)
+
+
+def _predict_yaml(c: dict[str, Any], weight_dtype: str = "float32", qk_norm: bool = False) -> dict[str, Any]:
     model_config = {
         "type": "LlamaConfig", "seq_length": c["max_position_embeddings"],
         "hidden_size": c["hidden_size"], "num_layers": c["num_hidden_layers"],
@@ -310,7 +315,7 @@ def _predict_yaml(c: dict[str, Any], weight_dtype: str = "float32") -> dict[str,
         "intermediate_size": c["intermediate_size"], "vocab_size": c["vocab_size"],
         "rms_norm_eps": c["rms_norm_eps"], "theta": c["rope_theta"],
         "head_dim": c["head_dim"], "max_position_embedding": c["max_position_embeddings"],
-        "qkv_has_bias": c["attention_bias"], "qk_layernorm": c["qk_norm"],
+        "qkv_has_bias": c["attention_bias"], "qk_layernorm": qk_norm,
         "tie_word_embeddings": c["tie_word_embeddings"], "bos_token_id": c["bos_token_id"],
         "eos_token_id": c["eos_token_id"], "pad_token_id": c["pad_token_id"],
         "compute_dtype": "float32", "param_init_type": "float32", "use_past": True,
