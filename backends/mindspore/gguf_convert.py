@@ -314,13 +314,17 @@ def _predict_yaml(c: dict[str, Any], weight_dtype: str = "float32", qk_norm: boo
         "num_heads": c["num_attention_heads"], "n_kv_heads": c["num_key_value_heads"],
         "intermediate_size": c["intermediate_size"], "vocab_size": c["vocab_size"],
         "rms_norm_eps": c["rms_norm_eps"], "theta": c["rope_theta"],
-        "head_dim": c["head_dim"], "max_position_embedding": c["max_position_embeddings"],
-        "qkv_has_bias": c["attention_bias"], "qk_layernorm": qk_norm,
+        "max_position_embedding": c["max_position_embeddings"], "qkv_has_bias": c["attention_bias"],
         "tie_word_embeddings": c["tie_word_embeddings"], "bos_token_id": c["bos_token_id"],
         "eos_token_id": c["eos_token_id"], "pad_token_id": c["pad_token_id"],
         "compute_dtype": "float32", "param_init_type": "float32", "use_past": True,
         **({} if weight_dtype == "float32" else {"weight_dtype": weight_dtype}),  # absent means float32
     }
+    # Written only where they differ from the defaults, so a llama conversion's yaml stays what it was.
+    if c["head_dim"] != c["hidden_size"] // c["num_attention_heads"]:
+        model_config["head_dim"] = c["head_dim"]
+    if qk_norm:
+        model_config["qk_layernorm"] = True
     return {
         "run_mode": "predict", "load_checkpoint": "model.safetensors",
         "load_ckpt_format": "safetensors", "context": {"mode": 0, "device_target": "CPU"},

@@ -195,6 +195,13 @@ LLAMA2_7B = {
     "defaults.repetition_penalty": 1.0,
     "tokenizer.type": "LlamaTokenizer", "tokenizer.vocab_file": "tokenizer.model",
 }
+QWEN3_0_6B = {
+    "arch": "Qwen3ForCausalLM", "hidden_size": 1024, "num_layers": 28, "num_heads": 16, "num_kv_heads": 8,
+    "head_dim": 128, "intermediate_size": 3072, "vocab_size": 151936, "qkv_has_bias": False, "qk_norm": True,
+    "tie_word_embeddings": True, "rope_theta": 1e6, "rms_norm_eps": 1e-6, "eos_token_ids": (151645, 151643),
+    "max_position_embeddings": 40960, "defaults.top_k": 20, "defaults.top_p": 0.95, "defaults.temperature": 0.6,
+    "tokenizer.tokenizer_file": "tokenizer.json",
+}
 SMOLLM2 = {
     "hidden_size": 576, "num_layers": 30, "num_heads": 9, "num_kv_heads": 3, "head_dim": 64,
     "intermediate_size": 1536, "vocab_size": 49152, "tie_word_embeddings": True, "eos_token_ids": (2,),
@@ -213,6 +220,7 @@ def _field(spec, dotted: str):
 @pytest.mark.parametrize("name, want", [
     ("predict_qwen2_5_7b_instruct.yaml", QWEN_7B),
     ("predict_llama2_7b.yaml", LLAMA2_7B),
+    ("predict_qwen3_0_6b.yaml", QWEN3_0_6B),
     ("predict_smollm2_135m_instruct.yaml", SMOLLM2),
 ])
 def test_shipped_yaml_loads(name, want):
@@ -222,7 +230,8 @@ def test_shipped_yaml_loads(name, want):
     assert got == want
 
 
-@pytest.mark.parametrize("name", ["predict_qwen2_5_7b_instruct.yaml", "predict_llama2_7b.yaml"])
+@pytest.mark.parametrize("name", ["predict_qwen2_5_7b_instruct.yaml", "predict_llama2_7b.yaml",
+                                  "predict_qwen3_0_6b.yaml"])
 def test_real_world_yamls_inherit_common_keys(name):
     raw = yaml.safe_load((MODELS / name).read_text(encoding="utf-8"))
     assert raw["base_config"] == "base/llama_common.yaml"
