@@ -46,8 +46,8 @@ class AotDecoderLayer(nn.Cell):
         self.v_cache = param(np.zeros(cache_shape, np.float32), p + "v_cache")
         # The attention kernel's optional trailing inputs: Qwen3's q/k head norms [2, D] and their eps, or none.
         norms = head_norm_weights(spec, w, p)
-        self.head_norm = () if norms is None else (param(norms, p + "qk_norm"), param(np.array([spec.rms_norm_eps]),
-                                                                                      p + "qk_norm_eps"))
+        self.head_norm = () if norms is None else (
+            param(norms, p + "qk_norm"), param(np.array([spec.rms_norm_eps]), p + "qk_norm_eps"))
 
     def construct(self, x, cos, sin, pos, write_idx, table, token_rows, lora=None):
         return self.aot.decoder_layer(x, self.attn_norm.weight, self.attn_norm.eps_t, self.wqkv, self.bqkv, cos, sin,

@@ -88,9 +88,11 @@ class StockDecoderLayer(nn.Cell):
         self.bmm_t = ops.BatchMatMul(transpose_b=True)
         self.scale = 1.0 / float(np.sqrt(spec.head_dim))
         norms = head_norm_weights(spec, w, p)  # Qwen3: RMSNorm over each q / k head before RoPE
-        self.q_norm, self.k_norm = (NoNorm(), NoNorm()) if norms is None else (
-            RMSNorm(norms[0], spec.rms_norm_eps, p + "q_norm", dtype), RMSNorm(norms[1], spec.rms_norm_eps,
-                                                                                p + "k_norm", dtype))
+        if norms is None:
+            self.q_norm, self.k_norm = NoNorm(), NoNorm()
+        else:
+            self.q_norm = RMSNorm(norms[0], spec.rms_norm_eps, p + "q_norm", dtype)
+            self.k_norm = RMSNorm(norms[1], spec.rms_norm_eps, p + "k_norm", dtype)
         for group in ("qkv", "o", "gate_up", "down"):
             setattr(self, f"{group}_delta", NoDelta() if lora is None else SlotDelta(spec, p, group, *lora, dtype))
 
