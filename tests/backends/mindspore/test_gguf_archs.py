@@ -104,3 +104,19 @@ def test_the_converted_qwen3_generates_as_its_safetensors_source(sources, conver
             for d in (sources["qwen3"], converted["qwen3"])]
     assert runs[0][0] == runs[1][0] == want["greedy_ids"]
     np.testing.assert_array_equal(runs[0][1], runs[1][1])
+
+
+def test_a_q8_0_conversion_keeps_the_head_norms_and_biases_float(sources, tmp_path):
+    """--dtype q8_0: every matrix becomes Q8_0 blocks; the q/k head norms (qwen3) and biases (qwen2) stay float32."""
+    from safetensors import safe_open
+
+    for arch in ("qwen3", "qwen2"):
+        out = convert_gguf(write_gguf(sources[arch], tmp_path / f"{arch}.gguf", arch), tmp_path / arch,
+                           progress=False, dtype="q8_0")
+        with safe_open(str(out / "model.safetensors"), "np") as f:
+            formats = json.loads(f.metadata()["mindserve.quantization"])
+        vectors = [n for n in load_file(str(sources[arch] / "model.safetensors")) if n.endswith(("norm.weight",
+                                                                                                "bias"))]
+        assert vectors and not set(vectors) & set(formats)
+        assert formats["model.layers.0.self_attn.q_proj.weight"] == "q8_0"
+        assert load_model(out).weight_dtype == "q8_0"
