@@ -11,13 +11,14 @@ import pytest
 
 from backends.mindspore.default_model import ensure_default_gguf, ensure_default_model
 from tests.support.paths import REPO
+from tests.support.make_tiny_qwen3 import make_tiny_qwen3
 from tests.support.tiny_model import make_tiny_model
 
 # Fixtures that load a model into MindSpore, compile graphs or C++, or start a server process: a test using one
 # (directly or through another fixture) is slow. Modules that compile without them say so themselves
 # (``pytestmark = pytest.mark.slow``).
 SLOW_FIXTURES = frozenset({"default_engine", "default_model_dir", "default_gguf_path", "tiny_model_dir",
-                           "tiny_qwen2_dir", "ms_graph", "lora_engine", "lora_adapter_dirs",
+                           "tiny_qwen2_dir", "tiny_qwen3_dir", "ms_graph", "lora_engine", "lora_adapter_dirs",
                            "kernel_cache"})  # the kernel library's C++ build
 
 
@@ -37,6 +38,13 @@ def tiny_model_dir(tmp_path_factory):
 def tiny_qwen2_dir(tmp_path_factory):
     """Tiny Qwen2 (q/k/v biases, separate lm_head, seed 1)."""
     return make_tiny_model(tmp_path_factory.mktemp("tiny_qwen2"), seed=1, arch="qwen2")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory):
+    """Tiny Qwen3 (q/k head norms, head_dim 32 != hidden / heads, tied head; tests/support/make_tiny_qwen3.py),
+    the checkpoint of tests/golden/qwen3_tiny.json."""
+    return make_tiny_qwen3(tmp_path_factory.mktemp("tiny_qwen3"))
 
 
 def _default_model_cache() -> Path:

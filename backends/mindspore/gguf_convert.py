@@ -1,4 +1,5 @@
-"""GGUF → model directory: config.json, tokenizer files, model.safetensors, predict yaml.
+"""GGUF → model directory: config.json, tokenizer files, model.safetensors, predict yaml, for the architectures
+of ``gguf_archs.py`` (llama, qwen2, qwen3; any other is refused by name before any work).
 
 ``dtype`` chooses how the matrices are stored (``DTYPES``): ``fp32`` dequantises everything with the `gguf`
 package; ``as-shipped`` keeps GGUF's Q8_0, Q4_0 and Q4_1 blocks as they are (uint8 tensors of GGUF rows,
@@ -6,7 +7,8 @@ package; ``as-shipped`` keeps GGUF's Q8_0, Q4_0 and Q4_1 blocks as they are (uin
 matrix as Q8_0 (Q8_0 blocks kept, the others dequantised and requantised from the source). The safetensors
 metadata key ``mindserve.quantization`` maps each quantized tensor to its format, and the predict yaml's
 ``model.model_config.weight_dtype`` says what the layers' matrices are (``float32``, a format, or ``mixed``).
-Norm weights are always float32. llama.cpp's Q/K row permutation is undone (whole rows, so blocks too).
+Norm weights are always float32. llama.cpp's Q/K row permutation (``llama`` only) is undone (whole rows, so
+blocks too).
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from safetensors.numpy import save_file
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from tqdm import tqdm
 
+from backends.mindspore.gguf_archs import GGUF_ARCHS, gguf_arch, head_dim
 from backends.mindspore.quant import QUANT_KEY, layers_format
 
 log = logging.getLogger("mindserve.model")
@@ -46,7 +49,8 @@ _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
 _LAYER_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
                 "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
                 "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-                "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+                "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+                "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
 
 # Pre-tokenizer split patterns for llama.cpp's `tokenizer.ggml.pre` values.
 _LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -187,32 +191,38 @@ def _convert_into(gguf_path: Path, out: Path, name: str, progress: bool, dtype: 
     header = (f"# MindFormers-style predict config written by mindserve from {gguf_path.name}"
               f" (convert-gguf --dtype {dtype})\n")
     (out / f"predict_{name}.yaml").write_text(
-        header + yaml.safe_dump(_predict_yaml(config, layers_format(formats)), sort_keys=False))
+        header + yaml.safe_dump(_predict_yaml(config, layers_format(formats), _has_head_norms(reader)),
+                                sort_keys=False))
 
 
 def _hf_config(meta: dict[str, Any], reader: GGUFReader) -> dict[str, Any]:
-    arch = meta.get("general.architecture")
-    if arch != "llama":
-        raise ValueError(f"unsupported GGUF general.architecture {arch!r}: only 'llama' is supported")
+    arch = gguf_arch(meta)
+
+    def key(name: str, default: Any = ...) -> Any:
+        value = meta.get(f"{arch.name}.{name}")
+        if value is None and default is ...:
+            raise ValueError(f"GGUF metadata {arch.name}.{name} is missing")
+        return default if value is None else value
+
     names = {t.name: t for t in reader.tensors}
-    hidden, heads = int(meta["llama.embedding_length"]), int(meta["llama.attention.head_count"])
+    hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
     ids = _special_ids(meta)
     eos = [i for i in dict.fromkeys([ids["eos"], ids["eot"]]) if i is not None]
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "hidden_size": hidden, "intermediate_size": int(meta["llama.feed_forward_length"]),
-        "num_hidden_layers": int(meta["llama.block_count"]),
+        "architectures": [arch.hf_arch], "model_type": arch.model_type,
+        "hidden_size": hidden, "intermediate_size": int(key("feed_forward_length")),
+        "num_hidden_layers": int(key("block_count")),
         "num_attention_heads": heads,
-        "num_key_value_heads": int(meta.get("llama.attention.head_count_kv", heads)),
-        "head_dim": int(meta.get("llama.rope.dimension_count", hidden // heads)),
+        "num_key_value_heads": int(key("attention.head_count_kv", heads)),
+        "head_dim": head_dim(meta, arch, hidden, heads),
         "vocab_size": int(names["token_embd.weight"].shape[1]),
-        "max_position_embeddings": int(meta["llama.context_length"]),
-        "rope_theta": _f32_repr(meta.get("llama.rope.freq_base", 10000.0)),
-        "rms_norm_eps": _f32_repr(meta["llama.attention.layer_norm_rms_epsilon"]),
+        "max_position_embeddings": int(key("context_length")),
+        "rope_theta": _f32_repr(key("rope.freq_base", 10000.0)),
+        "rms_norm_eps": _f32_repr(key("attention.layer_norm_rms_epsilon")),
         "tie_word_embeddings": "output.weight" not in names,
         "bos_token_id": ids["bos"], "eos_token_id": eos[0] if len(eos) == 1 else eos,
         "pad_token_id": ids["pad"], "torch_dtype": "float32", "hidden_act": "silu",
-        "attention_bias": False, "mlp_bias": False,
+        "attention_bias": "blk.0.attn_q.bias" in names, "mlp_bias": False,
     }
 
 
@@ -244,7 +254,8 @@ def _tokenizer_config(meta: dict[str, Any], config: dict[str, Any]) -> dict[str,
 def _write_weights(reader: GGUFReader, config: dict[str, Any], path: Path, progress: bool,
                    dtype: str = "fp32") -> dict[str, str]:
     """Write model.safetensors; returns {HF name: storage format} (``float32`` or a block format)."""
-    heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
+    permuted = GGUF_ARCHS[config["model_type"]].permuted_qk
+    heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]} if permuted else {}
     weights: dict[str, np.ndarray] = {}
     formats: dict[str, str] = {}
     for t in tqdm(reader.tensors, desc="convert", unit="tensor", file=sys.stderr, disable=not progress):
@@ -282,7 +293,7 @@ def _storage_format(kind: GGMLQuantizationType, shape: tuple[int, ...], dtype: s
 
 
 def hf_tensor_name(gguf_name: str) -> str:
-    """Map a llama GGUF tensor name to its HF transformers parameter name."""
+    """Map a GGUF tensor name (llama, qwen2, qwen3) to its HF transformers parameter name."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", gguf_name)
@@ -291,23 +302,33 @@ def hf_tensor_name(gguf_name: str) -> str:
     return f"model.layers.{m[1]}.{_LAYER_NAMES[m[2]]}.{m[3]}"
 
 
-def _predict_yaml(c: dict[str, Any], weight_dtype: str = "float32") -> dict[str, Any]:
+def _has_head_norms(reader: GGUFReader) -> bool:
+    """Whether the layers have q/k head norms (Qwen3's ``attn_q_norm``; HF's config has no key for them)."""
+    return any(t.name == "blk.0.attn_q_norm.weight" for t in reader.tensors)
+
+
+def _predict_yaml(c: dict[str, Any], weight_dtype: str = "float32", qk_norm: bool = False) -> dict[str, Any]:
     model_config = {
         "type": "LlamaConfig", "seq_length": c["max_position_embeddings"],
         "hidden_size": c["hidden_size"], "num_layers": c["num_hidden_layers"],
         "num_heads": c["num_attention_heads"], "n_kv_heads": c["num_key_value_heads"],
         "intermediate_size": c["intermediate_size"], "vocab_size": c["vocab_size"],
         "rms_norm_eps": c["rms_norm_eps"], "theta": c["rope_theta"],
-        "max_position_embedding": c["max_position_embeddings"], "qkv_has_bias": False,
+        "max_position_embedding": c["max_position_embeddings"], "qkv_has_bias": c["attention_bias"],
         "tie_word_embeddings": c["tie_word_embeddings"], "bos_token_id": c["bos_token_id"],
         "eos_token_id": c["eos_token_id"], "pad_token_id": c["pad_token_id"],
         "compute_dtype": "float32", "param_init_type": "float32", "use_past": True,
         **({} if weight_dtype == "float32" else {"weight_dtype": weight_dtype}),  # absent means float32
     }
+    # Written only where they differ from the defaults, so a llama conversion's yaml stays what it was.
+    if c["head_dim"] != c["hidden_size"] // c["num_attention_heads"]:
+        model_config["head_dim"] = c["head_dim"]
+    if qk_norm:
+        model_config["qk_layernorm"] = True
     return {
         "run_mode": "predict", "load_checkpoint": "model.safetensors",
         "load_ckpt_format": "safetensors", "context": {"mode": 0, "device_target": "CPU"},
-        "model": {"arch": {"type": "LlamaForCausalLM"}, "model_config": model_config},
+        "model": {"arch": {"type": c["architectures"][0]}, "model_config": model_config},
         "processor": {"return_tensors": "ms", "tokenizer": {
             "type": "PreTrainedTokenizerFast", "tokenizer_file": "tokenizer.json"}},
     }

@@ -1,4 +1,4 @@
-"""The Llama family's predict yaml (Llama, Qwen2, Mistral: MindFormers' LlamaConfig keys) -> ``ModelSpec``."""
+"""The Llama family's predict yaml (Llama, Qwen2, Qwen3, Mistral: MindFormers' LlamaConfig keys) -> ``ModelSpec``."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -59,6 +59,7 @@ def llama_spec(yaml_path: Path, tree: dict, model: YamlSection, arch: str) -> Mo
         defaults=read_defaults(mc),
         config_vocab_size=cfg_vocab if isinstance(cfg_vocab, int) and cfg_vocab > 0 else None,
         weight_dtype=weight_dtype,
+        qk_norm=mc.get("qk_layernorm", bool, arch == "Qwen3ForCausalLM", "qk_norm", "use_qk_norm"),
     )
 
 

@@ -16,6 +16,7 @@ ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "llama",
     "MistralForCausalLM": "llama",
+    "Qwen3ForCausalLM": "llama",
     "ParallelLlamaForCausalLM": "llama",
     "Qwen2VLForConditionalGeneration": "qwen2_vl",
     "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
@@ -61,6 +62,7 @@ class ModelSpec:
     config_vocab_size: int | None  # config.json vocab_size / padded_vocab_size (for top_k clamp)
     weight_dtype: str = "float32"  # model_config.weight_dtype: how the layers' matrices are stored (WEIGHT_DTYPES)
     vision: VLSpec | None = None  # a vision-language model's tower, processor and M-RoPE (its ``text`` is this spec)
+    qk_norm: bool = False  # Qwen3: each q and k head RMS-normalised (q_norm / k_norm over head_dim) before RoPE
 
 
 @dataclass(frozen=True, slots=True)

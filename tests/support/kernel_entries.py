@@ -184,4 +184,14 @@ def cases(seed: int = 0) -> list[Case]:
                      _out(5, 33))))
     out.append(Case("swiglu-matmul-add", "MindserveSwiGLUMatMulAdd",
                     (_f32(rng, 5, 2 * 32, scale=3.0), _qweight("q8_0", width, 32, rng), xl, _out(5, width))))
+    # Qwen3's q/k head norms: QKVAttention's and the layer's two optional trailing inputs
+    a = _attention_inputs(rng, 6, 4, 2, 40, 3, 6, False)
+    norms = (_f32(rng, 2, 40, scale=2.0), eps)
+    out.append(Case("qkv-attention-qk-norm", "MindserveQKVAttention",
+                    (a["qkv"], a["bias"], a["cos"], a["sin"], a["k"], a["v"], a["write"], a["table"], a["pos"],
+                     a["rows"], a["meta"], *norms, _out(6, 4 * 40))))
+    a = _attention_inputs(rng, 5, h, kv, d, 4, 5, False)
+    out.append(Case("decoder-layer-qk-norm", "MindserveDecoderLayer",
+                    (*layer[:4], a["bias"], a["cos"], a["sin"], a["k"], a["v"], a["write"], a["table"], a["pos"],
+                     a["rows"], a["meta"], *layer[14:18], _f32(rng, 2, d, scale=2.0), eps, _out(5, cdim))))
     return out

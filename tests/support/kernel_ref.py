@@ -292,21 +292,25 @@ class Paged:
     fmt: str = "float32"  # the caches' storage format (kv_ref.py); k and v are stored in it
 
 
-def qkv_rope(qkv, cos, sin, heads: int, kv: int, bias=None):
-    """The split and RoPE of MindserveQKVRope / QKVAttention: q [N, H, D], k [N, KV, D] roped, v [N, KV, D]."""
+def qkv_rope(qkv, cos, sin, heads: int, kv: int, bias=None, qk_norm=None, eps=None):
+    """The split and RoPE of MindserveQKVRope / QKVAttention: q [N, H, D], k [N, KV, D] roped, v [N, KV, D];
+    with ``qk_norm`` [2, D] each q (row 0) and k (row 1) head RMS-normalised (rmsnorm_row over D) before RoPE."""
     d = cos.shape[-1]
     n = qkv.shape[0]
     x = np.asarray(qkv, F32) if bias is None else (qkv + bias.reshape(-1)).astype(F32)
     x = x.reshape(n, heads + 2 * kv, d)
+    q, k = x[:, :heads], x[:, heads:heads + kv]
+    if qk_norm is not None:
+        q, k = rmsnorm(q, qk_norm[0], eps), rmsnorm(k, qk_norm[1], eps)
     c, s = cos[:, None, :], sin[:, None, :]
-    return rope_head(x[:, :heads], c, s), rope_head(x[:, heads:heads + kv], c, s), x[:, heads + kv:]
+    return rope_head(q, c, s), rope_head(k, c, s), x[:, heads + kv:]
 
 
-def qkv_attention(qkv, bias, cos, sin, cache: Paged, heads: int):
-    """MindserveQKVAttention: (+ bias,) rope, the K/V rows encoded in the caches' format into (copies of) them in
-    token order (the last duplicate wins), then attention over the values they hold. Returns (out [N, H D], k
-    cache, v cache)."""
-    q, k_new, v_new = qkv_rope(qkv, cos, sin, heads, cache.kv, bias)
+def qkv_attention(qkv, bias, cos, sin, cache: Paged, heads: int, qk_norm=None, eps=None):
+    """MindserveQKVAttention: (+ bias,) (the q/k head norms,) rope, the K/V rows encoded in the caches' format into
+    (copies of) them in token order (the last duplicate wins), then attention over the values they hold. Returns
+    (out [N, H D], k cache, v cache)."""
+    q, k_new, v_new = qkv_rope(qkv, cos, sin, heads, cache.kv, bias, qk_norm, eps)
     d = q.shape[-1]
     kc, vc = cache.k.copy(), cache.v.copy()
     k_rows, v_rows = (kv_ref.encode(x.reshape(-1, d), cache.fmt) for x in (k_new, v_new))
@@ -328,10 +332,10 @@ def swiglu_matmul_add(gu, w, res, lora: Lora | None = None) -> np.ndarray:
 
 
 def decoder_layer(x, attn_norm, eps, wqkv, bias, cos, sin, cache: Paged, heads: int, wo, ffn_norm, w_gate_up,
-                  w_down):
+                  w_down, qk_norm=None, qk_eps=None):
     """MindserveDecoderLayer's five stages in order. Returns (y [N, C], k cache, v cache)."""
     qkv = norm_matmul(x, attn_norm, eps, wqkv)
-    a, kc, vc = qkv_attention(qkv, bias, cos, sin, cache, heads)
+    a, kc, vc = qkv_attention(qkv, bias, cos, sin, cache, heads, qk_norm, qk_eps)
     h = product(a, wo, x)
     y = swiglu_matmul_add(norm_matmul(h, ffn_norm, eps, w_gate_up), w_down, h)
     return y, kc, vc

@@ -49,6 +49,7 @@ class RefConfig:
     tie_word_embeddings: bool
     qkv_bias: bool = False  # Qwen2, or Llama attention_bias (which also puts a bias on o_proj)
     sliding_window: int | None = None  # longer inputs are refused, not silently mis-masked
+    qk_norm: bool = False  # Qwen3: q_norm / k_norm, an RMSNorm over each head before RoPE
 
     @classmethod
     def from_hf(cls, cfg: dict) -> RefConfig:
@@ -74,6 +75,7 @@ class RefConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=cfg.get("model_type") == "qwen2" or bool(cfg.get("attention_bias", False)),
             sliding_window=window,
+            qk_norm=cfg.get("model_type") == "qwen3",
         )
 
 
@@ -218,8 +220,11 @@ class RefModel:
         def heads(name: str, n: int) -> np.ndarray:  # [T, n*hd] → [n, T, hd]
             return self._linear(h, p + name).reshape(seq, n, cfg.head_dim).transpose(1, 0, 2)
 
-        q = apply_rope(heads("self_attn.q_proj", cfg.num_heads), cos, sin)
-        k = apply_rope(heads("self_attn.k_proj", cfg.num_kv_heads), cos, sin)
+        q, k = heads("self_attn.q_proj", cfg.num_heads), heads("self_attn.k_proj", cfg.num_kv_heads)
+        if cfg.qk_norm:
+            q = rms_norm(q, self.w[p + "self_attn.q_norm.weight"], cfg.rms_norm_eps)
+            k = rms_norm(k, self.w[p + "self_attn.k_norm.weight"], cfg.rms_norm_eps)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         v = heads("self_attn.v_proj", cfg.num_kv_heads)
         out = causal_attention(q, k, v).transpose(1, 0, 2).reshape(seq, cfg.num_heads * cfg.head_dim)
         return self._linear(out, p + "self_attn.o_proj")
@@ -249,6 +254,8 @@ class RefModel:
                 p + "mlp.up_proj.weight": (cfg.intermediate_size, cfg.hidden_size),
                 p + "mlp.down_proj.weight": (cfg.hidden_size, cfg.intermediate_size),
             }
+            if cfg.qk_norm:
+                want |= {p + f"self_attn.{n}_norm.weight": (cfg.head_dim,) for n in "qk"}
             biased = ("q_proj", "k_proj", "v_proj") if cfg.qkv_bias else ()
             if "model.layers.0.self_attn.o_proj.bias" in self.w:  # Llama attention_bias
                 biased += ("o_proj",)

@@ -12,9 +12,11 @@
 //       output shapes.
 //   MindserveQKVAttention(qkv [N, (H + 2 KV) D], bias [(H + 2 KV) D] or [1], cos [N, D], sin [N, D],
 //                         k_cache [KV S, W], v_cache [KV S, W] (one format of kv_format.h), write [N KV] i32,
-//                         table [R, NB] i32, pos [N] (or [1, N]) i32, rows [N] i32, meta [3] i32 = (KV, bs, has_bias))
-//                         -> out [N, H D]
-//       a layer's whole attention after the qkv projection, in one op: (+ bias,) the split and RoPE of
+//                         table [R, NB] i32, pos [N] (or [1, N]) i32, rows [N] i32, meta [3] i32 = (KV, bs, has_bias),
+//                         (qk_norm [2, D], eps [1])) -> out [N, H D]
+//       a layer's whole attention after the qkv projection, in one op: (+ bias,) with the two optional inputs
+//       each q and k head RMS-normalised (row 0 of qk_norm the q weights, row 1 the k weights: Qwen3's
+//       q_norm / k_norm, rmsnorm_row over D), the split and RoPE of
 //       MindserveQKVRope, the new K/V rows written into the cache Parameters in place (row write[r KV + h]
 //       gets head h of token r, encoded as kv_format.h says), then the paged
 //       attention of attention.cc over the updated cache. H comes from the output shape. The writes
@@ -33,9 +35,10 @@
 //       hidden = rmsnorm(x); logits = MindserveMatMul(hidden[last], W): the final norm, the gather of the
 //       logit rows and the LM head in one op.
 //   MindserveDecoderLayer(x [N, C], attn_norm [C], eps [1], wqkv, bias, cos, sin, k_cache, v_cache, write, table,
-//                         pos, rows, meta, wo, ffn_norm [C], w_gate_up, w_down) -> y [N, C]
+//                         pos, rows, meta, wo, ffn_norm [C], w_gate_up, w_down, (qk_norm, qk_eps)) -> y [N, C]
 //       a whole decoder layer (no adapters) as one op, by calling the entries above in order:
-//         qkv = NormMatMul(x, attn_norm, eps, wqkv); a = QKVAttention(qkv, bias, cos, sin, k_cache, ...);
+//         qkv = NormMatMul(x, attn_norm, eps, wqkv); a = QKVAttention(qkv, bias, cos, sin, k_cache, ..., (qk_norm,
+//         qk_eps));
 //         h = MatMulAdd(a, wo, x); gu = NormMatMul(h, ffn_norm, eps, w_gate_up); y = SwiGLUMatMulAdd(gu, w_down, h)
 //       with the intermediates in scratch buffers of the calling thread: the same bits as those five ops.
 //       A failing stage s (1..5) returns 100 s + its own error code.
@@ -155,6 +158,24 @@ void copy_biased(const float *x, const float *b, float *out, int64_t n) {
   for (int64_t i = 0; i < n; i += 16) v::store_n(out + i, load_biased<kBias>(n - i, x + i, b + i), n - i);
 }
 
+constexpr int64_t kMaxHeadDim = 512;  // attention.cc's bound (kernel_path.py MAX_AOT_HEAD_DIM)
+
+// One head roped into out: with kNorm, x (+ b) is first RMS-normalised with the weights w (a per-head norm
+// before the rotation, Qwen3's q_norm / k_norm: rmsnorm_row over the D elements of the head).
+template <bool kBias, bool kNorm>
+void norm_rope_head(const float *x, const float *b, const float *w, float eps, const float *cos, const float *sin,
+                    float *out, int64_t D) {
+  if constexpr (kNorm) {
+    float head[kMaxHeadDim];
+    copy_biased<kBias>(x, b, head, D);
+    rmsnorm_row(head, w, eps, head, D);  // in place: each element is read before it is written
+    rope_head(head, cos, sin, out, D);
+  } else {
+    (void)w, (void)eps;
+    rope_head<kBias>(x, cos, sin, out, D, b);
+  }
+}
+
 struct QKVWrite {
   const float *qkv, *bias, *cos, *sin;
   uint8_t *k, *v;  // the caches [KV S, row bytes], in format fmt
@@ -162,12 +183,15 @@ struct QKVWrite {
   const int32_t *write;
   int64_t N, H, KV, D, rows;  // rows = KV S, the cache's row count
   mindserve::kv::Format fmt;
+  const float *qk_norm;  // [2, D]: the q and k head-norm weights (read only with kNorm)
+  float eps;
 };
 
 // The new K/V rows into the caches (in token order, on this thread), then every query head roped into q.
-template <bool kBias>
+template <bool kBias, bool kNorm>
 int write_and_rope(const QKVWrite &a) {
   const int64_t width = (a.H + 2 * a.KV) * a.D;
+  const float *qn = a.qk_norm, *kn = a.qk_norm + (kNorm ? a.D : 0);
   for (int64_t i = 0; i < a.N * a.KV; ++i)
     if (a.write[i] < 0 || a.write[i] >= a.rows) return 8;  // never write outside the cache
   const int64_t rb = mindserve::kv::row_bytes(a.fmt, a.D);
@@ -177,7 +201,7 @@ int write_and_rope(const QKVWrite &a) {
     const float *row = a.qkv + r * width, *c = a.cos + r * a.D, *s = a.sin + r * a.D;
     for (int64_t h = 0; h < a.KV; ++h) {
       const int64_t kc = (a.H + h) * a.D, vc = (a.H + a.KV + h) * a.D, at = int64_t{a.write[r * a.KV + h]} * rb;
-      rope_head<kBias>(row + kc, c, s, kt, a.D, a.bias + (kBias ? kc : 0));
+      norm_rope_head<kBias, kNorm>(row + kc, a.bias + (kBias ? kc : 0), kn, a.eps, c, s, kt, a.D);
       copy_biased<kBias>(row + vc, a.bias + (kBias ? vc : 0), vt, a.D);
       mindserve::kv::encode_row(a.fmt, kt, a.D, a.k + at);
       mindserve::kv::encode_row(a.fmt, vt, a.D, a.v + at);
@@ -186,9 +210,15 @@ int write_and_rope(const QKVWrite &a) {
   for_rows(a.N, 16, [&](int64_t r) {
     const float *row = a.qkv + r * width, *c = a.cos + r * a.D, *s = a.sin + r * a.D;
     for (int64_t h = 0; h < a.H; ++h)
-      rope_head<kBias>(row + h * a.D, c, s, a.q + (r * a.H + h) * a.D, a.D, a.bias + (kBias ? h * a.D : 0));
+      norm_rope_head<kBias, kNorm>(row + h * a.D, a.bias + (kBias ? h * a.D : 0), qn, a.eps, c, s,
+                                   a.q + (r * a.H + h) * a.D, a.D);
   });
   return 0;
+}
+
+int write_and_rope(const QKVWrite &a, bool has_bias, bool has_norm) {
+  if (has_norm) return has_bias ? write_and_rope<true, true>(a) : write_and_rope<false, true>(a);
+  return has_bias ? write_and_rope<true, false>(a) : write_and_rope<false, false>(a);
 }
 
 
@@ -309,26 +339,30 @@ int MindserveQKVAttention(int nparam, void **params, int *ndims, int64_t **shape
                           void *extra) {
   (void)stream;
   (void)extra;
-  if (nparam != 12) return 1;
-  for (int i : {0, 1, 2, 3, 11})
+  if (nparam != 12 && nparam != 14) return 1;
+  const bool has_norm = nparam == 14;  // (qk_norm [2, D], eps [1]) before the output
+  const int out = nparam - 1;
+  for (int i : {0, 1, 2, 3})  // the caches (4, 5) are in any format of kv_format.h, checked below
     if (!is_f32(dtypes[i])) return 2;
   for (int i : {6, 7, 8, 9, 10})
     if (!is_i32(dtypes[i])) return 2;
+  if (!is_f32(dtypes[out]) || (has_norm && (!is_f32(dtypes[11]) || !is_f32(dtypes[12])))) return 2;
   if (ndims[0] != 2 || ndims[1] != 1 || ndims[2] != 2 || ndims[3] != 2 || ndims[4] != 2 || ndims[5] != 2 ||
-      ndims[6] != 1 || ndims[7] != 2 || ndims[8] < 1 || ndims[9] != 1 || ndims[10] != 1 || ndims[11] != 2 ||
-      shapes[10][0] != 3)
+      ndims[6] != 1 || ndims[7] != 2 || ndims[8] < 1 || ndims[9] != 1 || ndims[10] != 1 || ndims[out] != 2 ||
+      shapes[10][0] != 3 || (has_norm && (ndims[11] != 2 || ndims[12] != 1 || shapes[12][0] != 1)))
     return 3;
   const int32_t *meta = static_cast<const int32_t *>(params[10]);
   const int64_t N = shapes[0][0], D = shapes[2][1], KV = meta[0], bs = meta[1];
   const bool has_bias = meta[2] != 0;
   if (N <= 0) return 0;
-  if (D <= 0 || D % 2 != 0 || KV <= 0 || shapes[11][1] % D != 0) return 4;
-  const int64_t H = shapes[11][1] / D, width = (H + 2 * KV) * D, cache_rows = shapes[4][0];
+  if (D <= 0 || D % 2 != 0 || KV <= 0 || shapes[out][1] % D != 0) return 4;
+  if (has_norm && (D > kMaxHeadDim || shapes[11][0] != 2 || shapes[11][1] != D)) return 4;
+  const int64_t H = shapes[out][1] / D, width = (H + 2 * KV) * D, cache_rows = shapes[4][0];
   mindserve::kv::Format fk, fv;
   if (!mindserve::kv::format_of(dtypes[4], shapes[4][1], D, &fk) ||
       !mindserve::kv::format_of(dtypes[5], shapes[5][1], D, &fv) || fk != fv)
     return 2;
-  if (shapes[0][1] != width || shapes[11][0] != N || shapes[1][0] != (has_bias ? width : 1) || shapes[2][0] != N ||
+  if (shapes[0][1] != width || shapes[out][0] != N || shapes[1][0] != (has_bias ? width : 1) || shapes[2][0] != N ||
       shapes[3][0] != N || shapes[3][1] != D || shapes[5][0] != cache_rows ||
       shapes[6][0] != N * KV || count_of(ndims[8], shapes[8]) != N || shapes[9][0] != N || cache_rows % KV != 0)
     return 4;
@@ -337,15 +371,17 @@ int MindserveQKVAttention(int nparam, void **params, int *ndims, int64_t **shape
   auto *k = static_cast<uint8_t *>(params[4]), *v = static_cast<uint8_t *>(params[5]);
   const QKVWrite args{static_cast<const float *>(params[0]), static_cast<const float *>(params[1]),
                       static_cast<const float *>(params[2]), static_cast<const float *>(params[3]), k, v, q.data(),
-                      static_cast<const int32_t *>(params[6]), N, H, KV, D, cache_rows, fk};
+                      static_cast<const int32_t *>(params[6]), N, H, KV, D, cache_rows, fk,
+                      has_norm ? static_cast<const float *>(params[11]) : nullptr,
+                      has_norm ? *static_cast<const float *>(params[12]) : 0.0f};
   {
     mindserve::ScopeTimer timer(mindserve::kQKVRope);
-    const int rc = has_bias ? write_and_rope<true>(args) : write_and_rope<false>(args);
+    const int rc = write_and_rope(args, has_bias, has_norm);
     if (rc != 0) return rc;
   }
   return mindserve_attention_kv_raw(q.data(), k, v, static_cast<const int32_t *>(params[7]),
                                     static_cast<const int32_t *>(params[8]), static_cast<const int32_t *>(params[9]),
-                                    static_cast<float *>(params[11]), N, shapes[7][0], H, D, KV, cache_rows / KV,
+                                    static_cast<float *>(params[out]), N, shapes[7][0], H, D, KV, cache_rows / KV,
                                     shapes[7][1], bs, static_cast<int>(fk));
 }
 
@@ -389,8 +425,10 @@ int MindserveDecoderLayer(int nparam, void **params, int *ndims, int64_t **shape
                           void *extra) {
   (void)stream;
   (void)extra;
-  enum { X, NA, EPS, WQKV, BIAS, COS, SIN, KC, VC, WR, TAB, POS, ROWS, META, WO, NF, WGU, WD, OUT, COUNT };
-  if (nparam != COUNT) return 1;
+  enum { X, NA, EPS, WQKV, BIAS, COS, SIN, KC, VC, WR, TAB, POS, ROWS, META, WO, NF, WGU, WD, QKN, QEPS };
+  if (nparam != WD + 2 && nparam != QEPS + 2) return 1;
+  const bool has_norm = nparam == QEPS + 2;  // (qk_norm, qk_eps): QKVAttention's optional head norms
+  const int OUT = nparam - 1;
   if (!is_f32(dtypes[X]) || !is_f32(dtypes[OUT]) || !is_i32(dtypes[META])) return 2;
   if (ndims[X] != 2 || ndims[OUT] != 2 || ndims[COS] != 2 || ndims[META] != 1 || shapes[META][0] != 3) return 3;
   const int64_t N = shapes[X][0], C = shapes[X][1], D = shapes[COS][1];
@@ -412,8 +450,12 @@ int MindserveDecoderLayer(int nparam, void **params, int *ndims, int64_t **shape
   auto in = [&](int i) { return Arg{params[i], ndims[i], shapes[i], dtypes[i]}; };
   int rc = call(&MindserveNormMatMul, {in(X), in(NA), in(EPS), in(WQKV), Arg{b.qkv.data(), 2, s_qkv, f32}});
   if (rc != 0) return 100 + rc;
-  rc = call(&MindserveQKVAttention, {Arg{b.qkv.data(), 2, s_qkv, f32}, in(BIAS), in(COS), in(SIN), in(KC), in(VC),
-                                     in(WR), in(TAB), in(POS), in(ROWS), in(META), Arg{b.attn.data(), 2, s_attn, f32}});
+  const Arg attn_out{b.attn.data(), 2, s_attn, f32};
+  rc = has_norm ? call(&MindserveQKVAttention, {Arg{b.qkv.data(), 2, s_qkv, f32}, in(BIAS), in(COS), in(SIN), in(KC),
+                                                in(VC), in(WR), in(TAB), in(POS), in(ROWS), in(META), in(QKN), in(QEPS),
+                                                attn_out})
+                : call(&MindserveQKVAttention, {Arg{b.qkv.data(), 2, s_qkv, f32}, in(BIAS), in(COS), in(SIN), in(KC),
+                                                in(VC), in(WR), in(TAB), in(POS), in(ROWS), in(META), attn_out});
   if (rc != 0) return 200 + rc;
   rc = call(&MindserveMatMulAdd, {Arg{b.attn.data(), 2, s_attn, f32}, in(WO), in(X), Arg{b.h.data(), 2, s_h, f32}});
   if (rc != 0) return 300 + rc;

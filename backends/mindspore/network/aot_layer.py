@@ -3,16 +3,17 @@ paged attention kernel reading each token's keys through the block table.
 
 ``AotDecoderLayer`` is one op (``decoder_layer``). ``AotLoraDecoderLayer``, for a network with adapter
 slots, is the same five kernels as five ops with each row's adapter applied: norm + qkv matmul, attention
-(bias, split + rotary, the in-place cache writes and paged attention in one kernel), o matmul + residual,
-norm + gate/up matmul, SwiGLU + down matmul + residual (the one op runs those five kernels in that order:
-the same bits).
+(bias, Qwen3's q/k head norms, split + rotary, the in-place cache writes and paged attention in one kernel),
+o matmul + residual, norm + gate/up matmul, SwiGLU + down matmul + residual (the one op runs those five kernels
+in that order: the same bits).
 """
 from __future__ import annotations
 
 import numpy as np
 from mindspore import Tensor, nn
 
-from backends.mindspore.network.common import AotRMSNorm, aot_weight, kv_cache_param, lora_factors, param
+from backends.mindspore.network.common import (AotRMSNorm, aot_weight, head_norm_weights, kv_cache_param, lora_factors,
+                                              param)
 from backends.mindspore.spec import ModelSpec
 
 
@@ -44,11 +45,15 @@ class AotDecoderLayer(nn.Cell):
         rows = spec.num_kv_heads * num_slots
         self.k_cache = kv_cache_param(kv_dtype, rows, spec.head_dim, p + "k_cache")
         self.v_cache = kv_cache_param(kv_dtype, rows, spec.head_dim, p + "v_cache")
+        # The attention kernel's optional trailing inputs: Qwen3's q/k head norms [2, D] and their eps, or none.
+        norms = head_norm_weights(spec, w, p)
+        self.head_norm = () if norms is None else (
+            param(norms, p + "qk_norm"), param(np.array([spec.rms_norm_eps]), p + "qk_norm_eps"))
 
     def construct(self, x, cos, sin, pos, write_idx, table, token_rows, lora=None):
         return self.aot.decoder_layer(x, self.attn_norm.weight, self.attn_norm.eps_t, self.wqkv, self.bqkv, cos, sin,
                                       self.k_cache, self.v_cache, write_idx, table, pos, token_rows, self.attn_meta,
-                                      self.wo, self.ffn_norm.weight, self.w_gate_up, self.w_down)
+                                      self.wo, self.ffn_norm.weight, self.w_gate_up, self.w_down, *self.head_norm)
 
 
 class AotLoraDecoderLayer(AotDecoderLayer):
@@ -79,7 +84,7 @@ class AotLoraDecoderLayer(AotDecoderLayer):
         # writes the caches, so no ordering between ops is involved; the next step's graph runs after
         # this one has returned its outputs.
         attn = self.aot.qkv_attention(qkv, self.bqkv, cos, sin, self.k_cache, self.v_cache, write_idx, table, pos,
-                                      token_rows, self.attn_meta)
+                                      token_rows, self.attn_meta, *self.head_norm)
         x = self.aot.matmul_add_lora(attn, self.wo, x, self.lora_o_a, self.lora_o_b, lora, self.lora_o_segs)
         gate_up = self.aot.norm_matmul_lora(x, self.ffn_norm.weight, self.ffn_norm.eps_t, self.w_gate_up,
                                             self.lora_gate_up_a, self.lora_gate_up_b, lora, self.lora_gate_up_segs)

@@ -46,6 +46,24 @@ def kv_cache_param(kv_dtype: str, rows: int, head_dim: int, name: str) -> Parame
     return param(np.zeros((rows, head_dim), np.float32), name, DTYPES[kv_dtype])
 
 
+def head_norm_weights(spec, w: dict, p: str) -> np.ndarray | None:
+    """Layer ``p``'s q and k head-norm weights [2, head_dim] (Qwen3's ``self_attn.q_norm`` / ``k_norm``), or None
+    for a model without them."""
+    if not spec.qk_norm:
+        return None
+    from backends.mindspore.weights import WeightsError
+
+    names = [p + f"self_attn.{n}_norm.weight" for n in "qk"]
+    missing = [n for n in names if n not in w]
+    if missing:
+        raise WeightsError(f"{spec.checkpoint}: {spec.arch} has q/k head norms, but the checkpoint lacks {missing}")
+    rows = [np.asarray(w[n], np.float32).reshape(-1) for n in names]
+    if any(r.shape != (spec.head_dim,) for r in rows):
+        raise WeightsError(f"{spec.checkpoint}: {names[0]} / {names[1]} must have head_dim {spec.head_dim} values, "
+                           f"got {[r.size for r in rows]}")
+    return np.stack(rows)
+
+
 def rope_tables(head_dim: int, max_pos: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
     """cos/sin [max_pos, head_dim] in HF ``rotate_half`` layout (frequencies repeated over both halves)."""
     inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))

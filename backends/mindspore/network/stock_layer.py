@@ -7,7 +7,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from backends.mindspore.network.common import RMSNorm, lora_factors, param, stock_weight
+from backends.mindspore.network.common import RMSNorm, head_norm_weights, lora_factors, param, stock_weight
 from backends.mindspore.spec import ModelSpec
 
 
@@ -16,6 +16,13 @@ class NoDelta(nn.Cell):
 
     def construct(self, x, y, rows=None):
         return y
+
+
+class NoNorm(nn.Cell):
+    """A model without q/k head norms: the heads as they are."""
+
+    def construct(self, x):
+        return x
 
 
 class SlotDelta(nn.Cell):
@@ -80,6 +87,12 @@ class StockDecoderLayer(nn.Cell):
         self.bmm = ops.BatchMatMul()
         self.bmm_t = ops.BatchMatMul(transpose_b=True)
         self.scale = 1.0 / float(np.sqrt(spec.head_dim))
+        norms = head_norm_weights(spec, w, p)  # Qwen3: RMSNorm over each q / k head before RoPE
+        if norms is None:
+            self.q_norm, self.k_norm = NoNorm(), NoNorm()
+        else:
+            self.q_norm = RMSNorm(norms[0], spec.rms_norm_eps, p + "q_norm", dtype)
+            self.k_norm = RMSNorm(norms[1], spec.rms_norm_eps, p + "k_norm", dtype)
         for group in ("qkv", "o", "gate_up", "down"):
             setattr(self, f"{group}_delta", NoDelta() if lora is None else SlotDelta(spec, p, group, *lora, dtype))
 
@@ -106,8 +119,8 @@ class StockDecoderLayer(nn.Cell):
         q = ops.reshape(qkv[:, : h * d], (b, t, h, d))
         k = ops.reshape(qkv[:, h * d: (h + kvh) * d], (b, t, kvh, d))
         v = ops.reshape(qkv[:, (h + kvh) * d:], (b * t * kvh, d))
-        q = self._rope(q, cos, sin)
-        k = ops.reshape(self._rope(k, cos, sin), (b * t * kvh, d))
+        q = self._rope(self.q_norm(q), cos, sin)
+        k = ops.reshape(self._rope(self.k_norm(k), cos, sin), (b * t * kvh, d))
         keys = ops.gather(self.scatter(self.k_cache, write_idx, k), read_rows, 0)  # [kv, B, W, D]
         values = ops.gather(self.scatter(self.v_cache, write_idx, v), read_rows, 0)
         # GQA without repeating K/V: group query heads under their kv head. q: [kv, B, G*T, D]

@@ -195,6 +195,13 @@ LLAMA2_7B = {
     "defaults.repetition_penalty": 1.0,
     "tokenizer.type": "LlamaTokenizer", "tokenizer.vocab_file": "tokenizer.model",
 }
+QWEN3_0_6B = {
+    "arch": "Qwen3ForCausalLM", "hidden_size": 1024, "num_layers": 28, "num_heads": 16, "num_kv_heads": 8,
+    "head_dim": 128, "intermediate_size": 3072, "vocab_size": 151936, "qkv_has_bias": False, "qk_norm": True,
+    "tie_word_embeddings": True, "rope_theta": 1e6, "rms_norm_eps": 1e-6, "eos_token_ids": (151645, 151643),
+    "max_position_embeddings": 40960, "defaults.top_k": 20, "defaults.top_p": 0.95, "defaults.temperature": 0.6,
+    "tokenizer.tokenizer_file": "tokenizer.json",
+}
 SMOLLM2 = {
     "hidden_size": 576, "num_layers": 30, "num_heads": 9, "num_kv_heads": 3, "head_dim": 64,
     "intermediate_size": 1536, "vocab_size": 49152, "tie_word_embeddings": True, "eos_token_ids": (2,),
@@ -213,6 +220,7 @@ def _field(spec, dotted: str):
 @pytest.mark.parametrize("name, want", [
     ("predict_qwen2_5_7b_instruct.yaml", QWEN_7B),
     ("predict_llama2_7b.yaml", LLAMA2_7B),
+    ("predict_qwen3_0_6b.yaml", QWEN3_0_6B),
     ("predict_smollm2_135m_instruct.yaml", SMOLLM2),
 ])
 def test_shipped_yaml_loads(name, want):
@@ -222,7 +230,8 @@ def test_shipped_yaml_loads(name, want):
     assert got == want
 
 
-@pytest.mark.parametrize("name", ["predict_qwen2_5_7b_instruct.yaml", "predict_llama2_7b.yaml"])
+@pytest.mark.parametrize("name", ["predict_qwen2_5_7b_instruct.yaml", "predict_llama2_7b.yaml",
+                                  "predict_qwen3_0_6b.yaml"])
 def test_real_world_yamls_inherit_common_keys(name):
     raw = yaml.safe_load((MODELS / name).read_text(encoding="utf-8"))
     assert raw["base_config"] == "base/llama_common.yaml"
@@ -255,7 +264,7 @@ FIELDS = {
                         "bos_token_id": None, "qkv_has_bias": False, "tie_word_embeddings": False,
                         "compute_dtype": "float32", "mode": 0, "device_target": "CPU",
                         "checkpoint_format": "safetensors", "defaults.top_k": None, "tokenizer": {},
-                        "config_vocab_size": None}),
+                        "config_vocab_size": None, "qk_norm": False}),
     "hf-style-names": (mc(num_layers=..., n_kv_heads=..., num_hidden_layers=3, num_key_value_heads=1,
                           rope_theta=500000.0),
                        {"num_layers": 3, "num_kv_heads": 1, "rope_theta": 500000.0}),
@@ -267,6 +276,10 @@ FIELDS = {
     "explicit-head-dim": (mc(head_dim=32, hidden_size=90), {"head_dim": 32, "hidden_size": 90}),
     "qwen2-arch-bias-default": (lambda d: d["model"]["arch"].update(type="Qwen2ForCausalLM"),
                                 {"arch": "Qwen2ForCausalLM", "qkv_has_bias": True}),
+    "qwen3-arch-head-norm-default": (lambda d: d["model"]["arch"].update(type="Qwen3ForCausalLM"),
+                                     {"arch": "Qwen3ForCausalLM", "qkv_has_bias": False, "qk_norm": True}),
+    "qk-layernorm-key": (mc(qk_layernorm=True), {"arch": "LlamaForCausalLM", "qk_norm": True}),
+    "qk-norm-alias": (mc(use_qk_norm=True), {"qk_norm": True}),
     "seq-length-is-position-default": (mc(seq_length=512), {"seq_length": 512, "max_position_embeddings": 512}),
     "ffn-from-multiple-of": (mc(intermediate_size=..., hidden_size=4096, num_heads=32, n_kv_heads=32,
                                 multiple_of=256), {"intermediate_size": 11008}),

@@ -487,7 +487,8 @@ def _qkv_attention(lib, c, h, d):
     k, v = c["k"].copy(), c["v"].copy()
     out = np.full((len(c["qkv"]), h * d), np.nan, np.float32)
     rc = _aot_call(lib, "MindserveQKVAttention", [c["qkv"], c["bias"], c["cos"], c["sin"], k, v, c["write"],
-                                                  c["table"], c["pos"], c["rows"], c["meta"]], [out])
+                                                  c["table"], c["pos"], c["rows"], c["meta"], *c.get("norms", ())],
+                   [out])
     # _aot_call passes k and v themselves (contiguous already): the kernel's in-place writes land in them
     return rc, out, k, v
 
@@ -548,6 +549,13 @@ def test_qkv_attention_refuses_bad_inputs_and_writes_nothing_outside_the_cache(l
     assert _qkv_attention(lib, dict(c, meta=np.array([2, 8, 1], np.int32)), 4, 16)[0] == 4  # bias claimed, [1] given
     assert _qkv_attention(lib, dict(c, qkv=c["qkv"][:, :-16]), 4, 16)[0] == 4  # width is not (H + 2 KV) D
     assert _qkv_attention(lib, dict(c, pos=c["pos"].astype(np.float32)), 4, 16)[0] == 2
+    eps = np.array([1e-6], np.float32)
+    ones = np.ones((2, 16), np.float32)
+    assert _qkv_attention(lib, dict(c, norms=(ones, eps)), 4, 16)[0] == 0  # the q/k head norms: [2, D] and eps
+    assert _qkv_attention(lib, dict(c, norms=(ones,)), 4, 16)[0] == 1  # one of the two
+    assert _qkv_attention(lib, dict(c, norms=(ones[:, :8], eps)), 4, 16)[0] == 4  # not D wide
+    assert _qkv_attention(lib, dict(c, norms=(ones[:1], eps)), 4, 16)[0] == 4  # no k row
+    assert _qkv_attention(lib, dict(c, norms=(ones, eps.astype(np.float64))), 4, 16)[0] == 2
 
 
 @pytest.mark.parametrize("m,k,n", [(1, 576, 576), (16, 1536, 576), (5, 37, 53), (20, 64, 100)])

@@ -297,19 +297,26 @@ def qkv_case(rng, n, h, kv, d, bs, nb, blocks, bias: bool):
     return qkv, bias_v, cos, sin, cache, np.array([kv, bs, int(bias)], np.int32)
 
 
+def head_norms(rng, d: int, on: bool) -> list[np.ndarray]:
+    """QKVAttention's optional trailing inputs: the q and k head-norm weights [2, D] and their eps, or none."""
+    return [wild(rng, (2, d), spread=2), EPS] if on else []
+
+
 @pytest.mark.parametrize("fmt", kv_ref.FORMATS)
-@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("bias,norm", [(False, False), (True, False), (False, True), (True, True)])
 @pytest.mark.parametrize("n,h,kv,d,bs,nb,blocks", ATTENTION[1:5])
-def test_qkv_attention(lib, n, h, kv, d, bs, nb, blocks, bias, fmt):
-    rng = np.random.default_rng(n + h + kv + d + bias)
+def test_qkv_attention(lib, n, h, kv, d, bs, nb, blocks, bias, norm, fmt):
+    rng = np.random.default_rng(n + h + kv + d + bias + 2 * norm)
     qkv, bias_v, cos, sin, cache, meta = qkv_case(rng, n, h, kv, d, bs, nb, blocks, bias)
     cache = dataclasses.replace(cache, k=kv_ref.encode(cache.k, fmt), v=kv_ref.encode(cache.v, fmt), fmt=fmt)
-    want, want_k, want_v = ref.qkv_attention(qkv, bias_v if bias else None, cos, sin, cache, h)
+    norms = head_norms(rng, d, norm)
+    want, want_k, want_v = ref.qkv_attention(qkv, bias_v if bias else None, cos, sin, cache, h,
+                                             *(norms[0], EPS[0]) if norm else ())
     k, v = cache.k.copy(), cache.v.copy()
     y = out(n, h * d)
     pos = cache.pos.reshape(1, n)  # the [1, N] form the graph passes
     assert aot_call(lib, "MindserveQKVAttention", [qkv, bias_v, cos, sin, k, v, cache.write, cache.table, pos,
-                                                   cache.rows, meta], [y]) == 0
+                                                   cache.rows, meta, *norms], [y]) == 0
     assert_bits(y, want)
     assert_same(k, want_k)
     assert_same(v, want_v)
@@ -384,12 +391,13 @@ def test_swiglu_matmul_add(lib, m, f, n, fmt, lora):
     assert_bits(y, ref.swiglu_matmul_add(gu, w, res, lo))
 
 
-@pytest.mark.parametrize("fmt,bias,kv_fmt", [(None, False, "float32"), (None, True, "float32"),
-                                              ("q4_1", True, "float32"), ("q4_1", True, "q8_0"),
-                                              (None, False, "float16")])
-def test_decoder_layer(lib, fmt, bias, kv_fmt):
+@pytest.mark.parametrize("fmt,bias,kv_fmt,norm", [
+    (None, False, "float32", False), (None, True, "float32", False), ("q4_1", True, "float32", False),
+    ("q4_1", True, "q8_0", False), (None, False, "float16", False), (None, False, "float32", True),
+    ("q8_0", False, "float32", True), (None, False, "float16", True)])
+def test_decoder_layer(lib, fmt, bias, kv_fmt, norm):
     h, kv, d, c, f, n = 4, 2, 24, 64, 96, 5
-    rng = np.random.default_rng(11 + bias)
+    rng = np.random.default_rng(11 + bias + 2 * norm)
     qkv_w, qkv_p = weight(rng, c, (h + 2 * kv) * d, fmt)
     wo, wo_p = weight(rng, h * d, c, None if fmt is None else "q8_0")
     wgu, wgu_p = weight(rng, c, 2 * f, fmt)
@@ -397,12 +405,14 @@ def test_decoder_layer(lib, fmt, bias, kv_fmt):
     _, bias_v, cos, sin, cache, meta = qkv_case(rng, n, h, kv, d, 3, 6, 8, bias)
     cache = dataclasses.replace(cache, k=kv_ref.encode(cache.k, kv_fmt), v=kv_ref.encode(cache.v, kv_fmt), fmt=kv_fmt)
     x, na, nf = wild(rng, (n, c), spread=4), wild(rng, c, spread=2), wild(rng, c, spread=2)
+    norms = head_norms(rng, d, norm)
     want, want_k, want_v = ref.decoder_layer(x, na, EPS[0], qkv_w, bias_v if bias else None, cos, sin, cache, h, wo,
-                                             nf, wgu, wd)
+                                             nf, wgu, wd, *(norms[0], EPS[0]) if norm else ())
     k, v = cache.k.copy(), cache.v.copy()
     y = out(n, c)
     assert aot_call(lib, "MindserveDecoderLayer", [x, na, EPS, qkv_p, bias_v, cos, sin, k, v, cache.write, cache.table,
-                                                   cache.pos, cache.rows, meta, wo_p, nf, wgu_p, wd_p], [y]) == 0
+                                                   cache.pos, cache.rows, meta, wo_p, nf, wgu_p, wd_p, *norms],
+                    [y]) == 0
     assert_bits(y, want)
     assert_same(k, want_k)
     assert_same(v, want_v)

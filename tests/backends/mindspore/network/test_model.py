@@ -20,8 +20,8 @@ pytestmark = pytest.mark.slow  # every test here compiles the network (its fixtu
 TOL = 1e-4
 
 
-@pytest.fixture(scope="module", params=[("tiny_model_dir", "ms"), ("tiny_qwen2_dir", "ms"),
-                                        ("tiny_model_dir", "aot"), ("tiny_qwen2_dir", "aot")],
+@pytest.fixture(scope="module", params=[(d, k) for k in ("ms", "aot")
+                                        for d in ("tiny_model_dir", "tiny_qwen2_dir", "tiny_qwen3_dir")],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def model(request):
     model_dir = request.getfixturevalue(request.param[0])

@@ -81,10 +81,13 @@ def _dequantized_dir(model_dir) -> tuple[RefConfig, dict[str, np.ndarray]]:
     return RefConfig.from_hf(json.loads((model_dir / "config.json").read_text())), weights
 
 
-@pytest.fixture(scope="module", params=FORMATS)
-def tiny_quant(request, tiny_model_dir, tmp_path_factory):
-    fmt = request.param
-    path = quantized_copy(tiny_model_dir, tmp_path_factory.mktemp(f"tiny_{fmt}"), fmt)
+@pytest.fixture(scope="module", params=[(f, "tiny_model_dir") for f in FORMATS] + [("q4_1", "tiny_qwen3_dir")],
+                ids=lambda p: p[0] if p[1] == "tiny_model_dir" else f"{p[0]}-qwen3")
+def tiny_quant(request, tmp_path_factory):
+    """Each format on the tiny Llama, and Q4_1 on the tiny Qwen3 (its q/k head norms after quantized
+    projections)."""
+    fmt, model = request.param
+    path = quantized_copy(request.getfixturevalue(model), tmp_path_factory.mktemp(f"tiny_{fmt}"), fmt)
     config, weights = _dequantized_dir(path)
     return fmt, path, make_runner(path, kernels="aot"), ActQuantRef(config, weights), RefModel(config, weights)
 

@@ -1,0 +1,82 @@
+"""A tiny HF-layout model directory (tests/support/tiny_model.py, make_tiny_qwen3.py) written as a float32 GGUF of
+the ``llama``, ``qwen2`` or ``qwen3`` architecture, the way llama.cpp's convert_hf_to_gguf.py lays it out, written
+out independently of the converter under test: ``<arch>.*`` metadata, ``blk.N.*`` tensor names, the Q/K rows
+permuted for ``llama`` only (interleaved RoPE; qwen2/qwen3 use NEOX RoPE, HF's own rows), the byte-level BPE
+vocabulary as ``tokenizer.ggml.*`` with the ``smollm`` pre-tokenizer (digits split, then byte-level: what
+``tiny_model.train_tokenizer`` builds)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+from safetensors.numpy import load_file
+
+from tests.support.gguf_rows import hf_to_gguf_rows
+
+_LAYER = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+          "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+          "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+          "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+           "lm_head.weight": "output.weight"}
+
+
+def gguf_name(hf: str) -> str:
+    if hf in _GLOBAL:
+        return _GLOBAL[hf]
+    _, _, layer, rest = hf.split(".", 3)
+    module, kind = rest.rsplit(".", 1)
+    return f"blk.{layer}.{_LAYER[module]}.{kind}"
+
+
+def write_gguf(model_dir: Path, path: Path, arch: str) -> Path:
+    """Write ``model_dir`` (config.json, model.safetensors, tokenizer.json) as a float32 GGUF of ``arch``."""
+    cfg = json.loads((model_dir / "config.json").read_text())
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(model_dir.name)
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    if arch == "llama":
+        w.add_rope_dimension_count(hd)
+    w.add_rope_freq_base(cfg["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    _add_tokenizer(w, model_dir, cfg)
+    for name, tensor in sorted(load_file(str(model_dir / "model.safetensors")).items()):
+        kind = name.split(".")[-2]
+        if arch == "llama" and kind in ("q_proj", "k_proj") and name.endswith(".weight"):
+            tensor = hf_to_gguf_rows(tensor, heads if kind == "q_proj" else kv)
+        w.add_tensor(gguf_name(name), np.ascontiguousarray(tensor, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _add_tokenizer(w: gguf.GGUFWriter, model_dir: Path, cfg: dict) -> None:
+    tok = json.loads((model_dir / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    tokens = sorted(vocab, key=vocab.get)
+    assert [vocab[t] for t in tokens] == list(range(len(tokens)))
+    special = {t["content"] for t in tok.get("added_tokens", []) if t.get("special")}
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types([gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in tokens])
+    w.add_token_merges(merges)
+    w.add_bos_token_id(cfg["bos_token_id"])
+    w.add_eos_token_id(cfg["eos_token_id"])
+    w.add_pad_token_id(cfg["pad_token_id"])
+    w.add_add_bos_token(False)
