@@ -59,6 +59,7 @@ def server_info(ctx: AppContext) -> dict[str, Any]:
             "kernels": engine.get("kernels"),
             "kernel_variant": engine.get("kernel_variant"),
             "weight_dtype": engine.get("weight_dtype"),
+            "kv_cache_dtype": engine.get("kv_cache_dtype"),
             "accepted_part_types": ctx.accepted_part_types() if ctx.state.ready else None,
             "prefix_cache": {
                 "enabled": engine.get("prefix_caching"),

@@ -130,7 +130,7 @@ def engine_info(self) -> dict:  # self: the Engine
             "max_prefill_tokens": self.config.max_prefill_tokens, "block_size": self.runner.shapes.block_size,
             "device": self.device, "kernels": self.runner.kernels, "kernel_variant": self.runner.kernel_variant,
             "compute_dtype": self.runner.dtype,
-            "weight_dtype": self.spec.weight_dtype,
+            "weight_dtype": self.spec.weight_dtype, "kv_cache_dtype": self.runner.kv_dtype,
             "prefix_caching": self.allocator.prefix_caching, "prefix_cache_blocks": self.allocator.cached_blocks,
             "prefix_cache_hit_rate": self.scheduler.hit_tokens / max(self.scheduler.prompt_tokens, 1),
             "prefix_cache_hit_tokens": self.scheduler.hit_tokens, "adapters": self.adapters(),

@@ -50,6 +50,7 @@ def test_validate_config_and_serve_cap_the_batch_at_what_the_budget_holds(tmp_pa
         info = requests.get(url + "/info", timeout=10).json()
         assert info["max_concurrent_requests"] == 3
         assert info["mindserve"]["cache_blocks_total"] == 12  # usable blocks: all but the scratch block
+        assert info["mindserve"]["kv_cache_dtype"] == "float32"
         lines = [line for line in log if "KV cache:" in line]
         assert len(lines) == 1 and "maxBatchSize capped from 200 to 3 (what fits)" in lines[0], lines
         answer = requests.post(url + "/", json={"inputs": "hello", "parameters": {"max_new_tokens": 4}}, timeout=60)

@@ -42,4 +42,5 @@ def test_the_default_kv_cache_dtype_keeps_float32s_greedy_ids(default_engine, de
     assert want[0] == GOLDEN["generated_ids"]
     with Engine(default_model_dir, replace(default_engine.config, kv_cache_dtype="auto")) as auto:
         assert auto.runner.kv_dtype == DEFAULT != "float32"
+        assert auto.info()["kv_cache_dtype"] == DEFAULT and default_engine.info()["kv_cache_dtype"] == "float32"
         assert [[t.id for t in auto.generate(p, params).tokens] for p in prompts] == want

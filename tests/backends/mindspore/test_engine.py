@@ -183,6 +183,7 @@ def test_info_reports_the_device_and_the_kernel_path_in_use(tiny_engine, tiny_en
     assert {k: tiny_engine.info()[k] for k in ("device", "kernels", "compute_dtype")} == \
         {"device": "CPU", "kernels": tiny_engine.runner.kernels, "compute_dtype": "float32"}
     assert tiny_engine_ms.info()["kernels"] == "stock"
+    assert tiny_engine_ms.info()["kv_cache_dtype"] == "float32"  # the stock-op path's cache is its compute dtype
 
 
 def ascend_copy(model_dir: Path, to: Path) -> Path:
