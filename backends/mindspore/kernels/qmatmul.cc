@@ -51,7 +51,6 @@
 #include "vec.h"
 #include "lora.h"
 
-
 namespace {
 
 enum Fmt { kQ8_0 = 0, kQ4_0 = 1, kQ4_1 = 2, kFormats = 3 };
@@ -271,14 +270,15 @@ struct Job {
   int64_t groups, nchunks;
 };
 
-// Rows [0, M) cut into nearly equal blocks of at most `most` rows: block b of n has (M - m) / (n - b) rows.
+// Rows [0, M) cut into nearly equal blocks of at most `most` rows: block b of n has (M - m) / (n - b) rows;
+// fn(m, rows, b, n).
 template <typename Fn>
 inline void row_blocks(int64_t M, int most, Fn &&fn) {
   const int64_t nblocks = (M + most - 1) / most;
   int64_t m = 0;
   for (int64_t b = 0; b < nblocks; ++b) {
     const int64_t rows = (M - m) / (nblocks - b);
-    fn(m, rows);
+    fn(m, rows, b, nblocks);
     m += rows;
   }
 }
@@ -299,13 +299,10 @@ void run_chunk(const void *ctx, int64_t c) {
     const int step = pair ? 2 : 1;
     const uint8_t *wg = j.w + g * group_bytes;
     const float *res = j.res == nullptr ? nullptr : j.res + n0;
-    const int most = pair ? kMaxMR2 : kMaxMR;
-    const int64_t passes = (j.M + most - 1) / most;
-    const int64_t ahead = passes > 1 ? std::min<int64_t>(step, g1 - g - step) * group_bytes : 0;
-    int64_t pass = 0;
-    row_blocks(j.M, most, [&](int64_t m, int64_t rows) {
+    const int64_t next = std::min<int64_t>(step, g1 - g - step) * group_bytes;  // the next step's weight bytes
+    row_blocks(j.M, pair ? kMaxMR2 : kMaxMR, [&](int64_t m, int64_t rows, int64_t pass, int64_t passes) {
+      const int64_t ahead = passes > 1 ? next : 0;
       const Ahead a{wg + step * group_bytes + ahead * pass / passes, ahead * (pass + 1) / passes - ahead * pass / passes};
-      ++pass;
       const TileFn fn = pair ? kTiles.fn[j.fmt][2][rows - 1] : kTiles.fn[j.fmt][w == kGroup][rows - 1];
       fn(*j.qx, m, wg, group_bytes, w, res == nullptr ? nullptr : res + m * j.N, j.y + m * j.N + n0, j.N, a);
     });
