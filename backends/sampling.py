@@ -250,6 +250,8 @@ class NextTokenChooser:
                         ) -> tuple[int, float, tuple[tuple[int, float], ...]]:
         """``choose``, plus the ``top`` most likely (id, logprob) under the same distribution, best first
         (ties by id; fewer if fewer tokens are possible)."""
+        if allowed is None and not self.processors and not self.params.do_sample and top <= 0:
+            return _plain_greedy(np.asarray(logits)[: self.vocab_size])
         scores = np.asarray(logits)[: self.vocab_size].astype(np.float64)  # always a fresh copy
         if allowed is not None:
             scores[~allowed[: scores.size]] = -np.inf
@@ -259,6 +261,17 @@ class NextTokenChooser:
         token = _sample(scores, self.rng) if self.params.do_sample else int(np.argmax(scores))
         norm = log_sum_exp(scores)
         return token, float(scores[token] - norm), _top(scores, norm, top)
+
+
+def _plain_greedy(logits: np.ndarray) -> tuple[int, float, tuple]:
+    """``choose_with_top`` of a greedy chooser with nothing to apply (no processor, no mask, no top list),
+    without its float64 copy of the row: the same bits, since argmax and max agree on a row and its exact
+    float64 widening, and the widening is done inside the one subtraction ``log_sum_exp`` makes anyway."""
+    token = int(np.argmax(logits))
+    best = float(logits[token])  # the row's max, as log_sum_exp's ``top``
+    shifted = np.subtract(logits, best, dtype=np.float64)
+    norm = best + math.log(np.exp(shifted, out=shifted).sum())
+    return token, best - norm, ()
 
 
 def _top(scores: np.ndarray, norm: float, k: int) -> tuple[tuple[int, float], ...]:

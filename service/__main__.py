@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -96,6 +97,11 @@ async def serve(cfg: ServerConfig) -> None:
         await _close(servers)
         raise _startup_failed(loading.exception())
     if loading.done():
+        # Everything loaded so far (MindSpore's graphs and cells, the tokenizer, the weights' wrappers) lives as
+        # long as the process: out of the cyclic collector's sight, whose full passes over it took ~4% of the
+        # CPU of a 16-client decode (perf, gc_collect_main).
+        gc.collect()
+        gc.freeze()
         state.mark_ready()
         log.info("ready: model %s loaded and warmed up in %.1fs; listening on %s", cfg.model.name,
                  time.monotonic() - started, business_url)

@@ -38,12 +38,12 @@ def print_table(scenario: Scenario, rows: list[dict], prompt_desc: str, max_new:
     print()
     print(f"== {scenario.name}: {scenario.concurrency} concurrent client(s), {scenario.requests} requests, "
           f"{prompt_desc}, max_new_tokens {max_new}, greedy")
-    head = (f"{'server':<16} {'tok/s':>7} {'TTFT p50':>9} {'TTFT p95':>9} {'ITL p50':>8} {'ITL p95':>8} "
+    head = (f"{'server':<26} {'tok/s':>7} {'TTFT p50':>9} {'TTFT p95':>9} {'ITL p50':>8} {'ITL p95':>8} "
             f"{'ok/fail':>8} {'tok/req':>7} {'wall s':>7} {'max gen':>7} {'RSS MiB':>8} {'srv cpu':>7} {'others':>6}")
     print(head)
     print("-" * len(head))
     for r in rows:
-        print(f"{r['server']:<16} {fmt(r['tok_per_s'], '7.1f')} {fmt(r['ttft_p50_ms'], '7.0f')}ms "
+        print(f"{r['server']:<26} {fmt(r['tok_per_s'], '7.1f')} {fmt(r['ttft_p50_ms'], '7.0f')}ms "
               f"{fmt(r['ttft_p95_ms'], '7.0f')}ms {fmt(r['itl_p50_ms'], '6.1f')}ms {fmt(r['itl_p95_ms'], '6.1f')}ms "
               f"{r['completed']:>4}/{r['failed']:<3} {fmt(r['tokens_per_request'], '7.1f')} {fmt(r['wall_s'], '7.1f')} "
               f"{r['max_streams_generating']:>7} {fmt(r['peak_rss_mib'], '8.0f')} {fmt(r['server_cores'], '7.2f')} "
@@ -114,7 +114,7 @@ def print_ratios(run: Run, ms_names: list[str]) -> None:
             if name not in r:
                 continue
             parts = []
-            for label in ("llama-server", "llama.cpp Q4_1", "llama.cpp F32"):
+            for label in ("llama-server", "llama-server+ngram", "llama.cpp Q4_1", "llama.cpp F32"):
                 if label in r:
                     tput = fmt(ratio(r[name]['tok_per_s'], r[label]['tok_per_s']), '.2f')
                     ttft = fmt(ratio(r[name]['ttft_p50_ms'], r[label]['ttft_p50_ms']), '.2f')
@@ -160,6 +160,35 @@ def print_lora_bars(run: Run) -> None:
             x = ratio(a["tok_per_s"], b["tok_per_s"])
             print(f"  {what}: {a['tok_per_s']:.1f} ÷ {b['tok_per_s']:.1f} tok/s = {x:.2f}× (bar ≥ {bar}) → "
                   f"{'PASS' if x >= bar else 'FAIL'}")
+
+
+def print_speculation_bars(run: Run, ms_names: list[str]) -> None:
+    """Issue 25's bars, for each mindserve target that ran with and without +spec: the quote-heavy workload's
+    speed-up and its place against llama-server's n-gram mode, the no-overlap loads' cost, equal greedy texts."""
+    results, theirs = run.results, "llama-server+ngram"
+    pairs = [(name, name + "+spec") for name in ms_names if name + "+spec" in ms_names]
+    if not pairs:
+        return
+    print()
+    print(f"Bars (issue 25: prompt-lookup speculation on ÷ off, same server and weights; "
+          f"{bandwidth_note(run.bandwidth)})")
+    for off, on in pairs:
+        for sc, bar, what in (("c1-quote", 1.8, "quote-heavy single stream"), ("c1", 0.95, "no overlap, 1 client"),
+                              ("c16", 0.95, "no overlap, 16 clients")):
+            r = results.get(sc, {})
+            if on in r and off in r:
+                x = ratio(r[on]["tok_per_s"], r[off]["tok_per_s"])
+                same = sum(a == b for a, b in zip(r[on]["texts"], r[off]["texts"]) if a is not None and b is not None)
+                print(f"  {on}: {what} ({sc}) ≥ {bar}× off: {r[on]['tok_per_s']:.1f} ÷ {r[off]['tok_per_s']:.1f} "
+                      f"tok/s = {x:.2f}× → {'PASS' if x >= bar else 'FAIL'}; greedy texts equal on/off for {same} of "
+                      f"{len(r[on]['texts'])} prompts")
+        quote = results.get("c1-quote", {})
+        if on in quote and theirs in quote:
+            x = ratio(quote[on]["tok_per_s"], quote[theirs]["tok_per_s"])
+            plain = (f"; llama-server without it {quote['llama-server']['tok_per_s']:.1f}"
+                     if "llama-server" in quote else "")
+            print(f"  {on}: quote-heavy single stream ahead of {theirs}: {quote[on]['tok_per_s']:.1f} ÷ "
+                  f"{quote[theirs]['tok_per_s']:.1f} tok/s = {x:.2f}× → {'PASS' if x > 1.0 else 'FAIL'}{plain}")
 
 
 def print_issue4_bars(run: Run, ms_name: str) -> None:
@@ -228,6 +257,7 @@ def print_report(run: Run) -> None:
     print_ratios(run, ms_names)
     print_llama_server_bars(run, ms_names, ms_name)
     print_lora_bars(run)
+    print_speculation_bars(run, ms_names)
     print_issue4_bars(run, ms_name)
     print_servers(run)
 

@@ -83,6 +83,33 @@ CONCURRENCY_SWEEP = ("c1", "c8-32tok", "c16")  # scenarios alike but for their c
 LONG_PROMPT_TOKENS, LONG_NEW_TOKENS = 768, 256  # c16-1024: maxInputTokenLen + the rest of maxSeqLen 1024
 SYSTEM_PROMPT_TOKENS, QUESTION_TOKENS = 512, 16  # c8-prefix: a shared system prompt, a question each
 PREFIX = "prefix"  # c8-prefix's key in the prompt sets
+QUOTE, QUOTE_NEW_TOKENS = "quote", 160  # c1-quote's key in the prompt sets, and its new-token cap
+
+# Issue 25's quote-heavy workload: chat requests (the default model's ChatML) whose answer copies a passage of
+# the prompt — repeat it, fix its spelling, keep it as it is under a heading. Written for this benchmark.
+PASSAGES = [
+    "The committee met on Tuesday to review the harbour repairs. The north wall, damaged in the March storms, has "
+    "been rebuilt with granite blocks from the old quarry, and the fishing boats returned to their moorings last "
+    "week. Work on the south pier will begin in June, once the tides are lower.",
+    "To reset the router, unplug it from the wall and wait thirty seconds. Plug it back in and wait until the "
+    "green light stops blinking, which can take up to two minutes. If the light turns red, hold the small button "
+    "on the back for ten seconds and try again.",
+    "Our library opens at nine on weekdays and at ten on Saturdays. Books may be borrowed for three weeks and "
+    "renewed twice online. Children under twelve need a parent to sign their card, and the reading room on the "
+    "second floor is reserved for quiet study.",
+    "Preheat the oven to 180 degrees. Mix the flour, sugar and baking powder in a large bowl, then add two eggs, "
+    "a cup of milk and the melted butter. Pour the batter into a greased tin and bake for forty minutes, until a "
+    "knife comes out clean.",
+]
+QUOTE_ASKS = ["Repeat the following passage exactly, word for word.",
+              "Copy this text exactly as it is written.",
+              "Rewrite the passage below without changing any words."]
+
+
+def build_quote_prompts() -> list[str]:
+    """Every ask with every passage: a user turn and the opening of the assistant's."""
+    return [f"<|im_start|>user\n{ask}\n\n{passage}<|im_end|>\n<|im_start|>assistant\n"
+            for passage in PASSAGES for ask in QUOTE_ASKS]
 
 
 @dataclass(frozen=True)
@@ -94,6 +121,7 @@ class Scenario:
     max_new: int | None = None  # None: --max-new-tokens
     only: tuple[str, ...] | None = None  # run against the servers whose name starts with one of these only
     adapters: tuple[str | None, ...] = (None,)  # request i names adapters[i % len]: None = the base model
+    stop_at_eos: bool = False  # False: EOS is banned where the server can (every answer runs to max_new)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -198,6 +226,9 @@ def scenario_table(per_client: int, min_requests: int) -> dict[str, Scenario]:
         "c8-32tok": Scenario("c8-32tok", 8, max(min_requests, 8 * per_client), PROMPT_32_TOKENS),
         "c16": Scenario("c16", 16, max(min_requests, 16 * per_client), None),
         "c16-1024": Scenario("c16-1024", 16, 16, LONG_PROMPT_TOKENS, LONG_NEW_TOKENS, only=("mindserve",)),
+        # Speculative decoding (issue 25): answers that copy their prompt, each to its own end (EOS).
+        "c1-quote": Scenario("c1-quote", 1, max(min_requests, len(PASSAGES) * len(QUOTE_ASKS)), QUOTE,
+                             QUOTE_NEW_TOKENS, stop_at_eos=True),
         "c8-prefix": Scenario("c8-prefix", 8, max(min_requests, 8 * per_client), PREFIX,
                               only=("mindserve", "llama-server")),
         # LoRA (issue 11), on mindserve-lora only; its base-only load is c1/c16 on that same server.
@@ -234,13 +265,17 @@ def build_prompts(tok) -> PromptSets:
     system_prompt, prefix_prompts = build_prefix_prompts(tok)
     if len(prefix_prompts) < 8:
         raise SystemExit(f"only {len(prefix_prompts)} questions keep the system prompt's tokens")
-    prompts = {None: varied, PROMPT_32_TOKENS: fixed32, LONG_PROMPT_TOKENS: long_prompts, PREFIX: prefix_prompts}
+    quote = build_quote_prompts()
+    prompts = {None: varied, PROMPT_32_TOKENS: fixed32, LONG_PROMPT_TOKENS: long_prompts, PREFIX: prefix_prompts,
+               QUOTE: quote}
     desc = {None: f"{len(varied)} varied prompts of {min(varied_lens)}-{max(varied_lens)} tokens "
                   f"(mean {statistics.mean(varied_lens):.0f})",
             PROMPT_32_TOKENS: f"{len(fixed32)} prompts of exactly {PROMPT_32_TOKENS} tokens",
             LONG_PROMPT_TOKENS: f"{len(long_prompts)} prompts of exactly {LONG_PROMPT_TOKENS} tokens",
             PREFIX: f"{len(prefix_prompts)} prompts: one {SYSTEM_PROMPT_TOKENS}-token system prompt + a "
-                    f"{QUESTION_TOKENS}-token question each"}
+                    f"{QUESTION_TOKENS}-token question each",
+            QUOTE: f"{len(quote)} chat requests to copy one of {len(PASSAGES)} passages of 45-60 words, each "
+                   f"answer to its end (EOS)"}
     return PromptSets(prompts, desc, system_prompt)
 
 
@@ -249,6 +284,7 @@ async def run_scenario(server: Server, session: aiohttp.ClientSession, sc: Scena
     """``sc`` against ``server``: its clients share the request count; the figures of the scenario's table row."""
     next_index = 0
     results: list[RequestResult] = []
+    texts: dict[int, str] = {}  # the first answer to each prompt (on/off comparisons of one workload)
 
     async def client() -> None:
         nonlocal next_index
@@ -257,7 +293,12 @@ async def run_scenario(server: Server, session: aiohttp.ClientSession, sc: Scena
             next_index += 1
             adapter = sc.adapters[i % len(sc.adapters)]
             extra = {"adapter": adapter} if adapter is not None else {}
-            results.append(await server.request(session, prompts[i % len(prompts)], max_new, **extra))
+            if sc.stop_at_eos:
+                extra["stop_at_eos"] = True
+            res = await server.request(session, prompts[i % len(prompts)], max_new, **extra)
+            results.append(res)
+            if res.ok:
+                texts.setdefault(i % len(prompts), res.text)
 
     meter = CpuMeter(psutil.Process(server.proc.pid) if server.proc else None)
     server.rss.reset_window()
@@ -290,4 +331,5 @@ async def run_scenario(server: Server, session: aiohttp.ClientSession, sc: Scena
         "itl_p50_ms": pct(itl, 50) * 1e3, "itl_p95_ms": pct(itl, 95) * 1e3,
         "e2e_p50_s": pct(e2e, 50), "max_streams_generating": most,
         "peak_rss_mib": server.rss.window_peak / 2**20, **cpu,
+        "texts": [texts.get(i) for i in range(len(prompts))],
     }

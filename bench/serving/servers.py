@@ -19,6 +19,11 @@ from .meters import RssSampler
 
 THREADS = 2
 LLAMA_SERVER_SLOTS, LLAMA_SERVER_CTX = 16, 32768  # -np 16: a slot per client of c16, 2048 tokens each
+SPEC_DRAFT = 8  # draft tokens per verify step, both servers (mindserve's decoding_length, llama-server's m)
+# llama-server's prompt-lookup mode: the last N tokens looked up in the slot's tokens (prompt and output), the M
+# that followed drafted; N 3 (its default 12 rarely matches a short answer's first tokens).
+LLAMA_NGRAM = ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3",
+               "--spec-ngram-simple-size-m", str(SPEC_DRAFT))
 
 
 def free_port() -> int:
@@ -139,7 +144,9 @@ class Server:
         self._logf.close()
 
     # one request: streams, measuring TTFT and ITL
-    async def request(self, session: aiohttp.ClientSession, prompt: str, max_new: int) -> RequestResult:
+    async def request(self, session: aiohttp.ClientSession, prompt: str, max_new: int,
+                      stop_at_eos: bool = False) -> RequestResult:
+        """``stop_at_eos`` False: EOS is banned where the server lets a request ban it."""
         raise NotImplementedError
 
     async def stream(self, session: aiohttp.ClientSession, path: str, body: dict, read, final: str,
@@ -204,7 +211,7 @@ class MindServe(Server):
     name = "mindserve"
 
     def __init__(self, workdir: Path, model_dir: Path, config_src: Path, prefix_caching: bool = True,
-                 adapters: dict[str, Path] | None = None, name: str | None = None):
+                 adapters: dict[str, Path] | None = None, name: str | None = None, speculation: bool = False):
         if not prefix_caching:
             self.name = "mindserve-nocache"
         if adapters:
@@ -224,6 +231,10 @@ class MindServe(Server):
             cfg["ServerConfig"].pop(key, None)  # everything on one port
         deploy = cfg["BackendConfig"]["ModelDeployConfig"]
         deploy["ModelConfig"][0]["modelWeightPath"] = str(model_dir)
+        if speculation:  # prompt lookup (docs/speculative.md), the reference server's keys
+            deploy["speculationGamma"] = SPEC_DRAFT
+            deploy["ModelConfig"][0]["plugin_params"] = json.dumps(
+                {"plugin_type": "memory_decoding", "decoding_length": SPEC_DRAFT, "dynamic_algo": True})
         if adapters:
             deploy["LoraModules"] = [{"name": n, "path": str(p), "baseModelName": deploy["ModelConfig"][0]["modelName"]}
                                      for n, p in adapters.items()]
@@ -244,7 +255,8 @@ class MindServe(Server):
     async def ready(self, session) -> bool:
         return "listening on" in self.tail(40) and await self.answers_200(session, "/health")
 
-    async def request(self, session, prompt, max_new, adapter: str | None = None) -> RequestResult:
+    async def request(self, session, prompt, max_new, stop_at_eos=False, adapter: str | None = None) -> RequestResult:
+        # POST / has no way to ban EOS: a continuation prompt rarely meets it; stop_at_eos changes nothing here.
         body = {"inputs": prompt, "parameters": {"max_new_tokens": max_new, "do_sample": False}, "stream": True}
         if adapter is not None:
             body["parameters"]["adapter_id"] = adapter
@@ -284,7 +296,7 @@ class LlamaCppServer(Server):
     async def ready(self, session) -> bool:
         return await self.answers_200(session, "/v1/models")
 
-    async def request(self, session, prompt, max_new) -> RequestResult:
+    async def request(self, session, prompt, max_new, stop_at_eos=False) -> RequestResult:
         # repeat_penalty defaults to 1.1 in llama-cpp-python's server: 1.0 makes temperature 0 plain argmax.
         body = {"prompt": prompt, "max_tokens": max_new, "temperature": 0.0, "repeat_penalty": 1.0,
                 "top_k": 1, "stream": True}
@@ -316,16 +328,19 @@ class LlamaServer(Server):
     name = "llama-server"
 
     def __init__(self, workdir: Path, gguf: Path, bindir: Path, slots: int = LLAMA_SERVER_SLOTS,
-                 ctx: int = LLAMA_SERVER_CTX):
+                 ctx: int = LLAMA_SERVER_CTX, speculation: bool = False):
+        if speculation:
+            self.name = "llama-server+ngram"
         super().__init__(workdir)
         self.gguf, self.bindir, self.slots, self.ctx = gguf, bindir, slots, ctx
+        self.extra = LLAMA_NGRAM if speculation else ()
 
     def command(self) -> list[str]:
         # Continuous batching is llama-server's default (-cb); said anyway. -c is the whole KV cache, shared
         # by the -np slots (ctx / slots tokens each).
         return [str(self.bindir / "llama-server"), "-m", str(self.gguf), "-t", str(THREADS), "-tb", str(THREADS),
                 "-c", str(self.ctx), "-np", str(self.slots), "--cont-batching",
-                "--host", "127.0.0.1", "--port", str(self.port)]
+                "--host", "127.0.0.1", "--port", str(self.port), *self.extra]
 
     def env(self) -> dict:
         env = dict(os.environ)
@@ -335,11 +350,11 @@ class LlamaServer(Server):
     async def ready(self, session) -> bool:
         return await self.answers_200(session, "/health")
 
-    async def request(self, session, prompt, max_new) -> RequestResult:
+    async def request(self, session, prompt, max_new, stop_at_eos=False) -> RequestResult:
         # temperature 0 is greedy; ignore_eos bans EOS (every request generates max_new tokens, as the
         # continuation prompts make mindserve's do); return_tokens puts the chunk's token ids in each event.
         body = {"prompt": prompt, "n_predict": max_new, "temperature": 0.0, "top_k": 1, "repeat_penalty": 1.0,
-                "ignore_eos": True, "cache_prompt": True, "return_tokens": True, "stream": True}
+                "ignore_eos": not stop_at_eos, "cache_prompt": True, "return_tokens": True, "stream": True}
         # A fresh connection each time: llama-server's HTTP library closes a kept-alive connection after a few
         # requests, and reusing it fails with "Can not write request body".
         return await self.stream(session, "/completion", body, _read_llama_chunk, "stop event",

@@ -198,6 +198,25 @@ def test_greedy_is_argmax_with_log_softmax_logprob_and_ignores_warpers():
         assert logprob == pytest.approx(want, abs=1e-12)
 
 
+@pytest.mark.parametrize("vocab_size", [None, 1000])
+def test_plain_greedy_gives_the_general_paths_bits(vocab_size):
+    """A greedy chooser with nothing to apply skips the float64 copy; a mask allowing every token takes the
+    general path: the same id and the same logprob bits, on rows with ties, -inf, huge and tiny values."""
+    rng = np.random.default_rng(5)
+    rows = [rng.standard_normal(1024).astype(np.float32) * s for s in (0.01, 1.0, 30.0, 3e4)]
+    tied = rng.integers(-3, 3, 1024).astype(np.float32)  # the max repeated: the first index wins
+    holes = rows[1].copy()
+    holes[::3] = -np.inf
+    chooser = NextTokenChooser(params(do_sample=False), vocab_size=vocab_size)
+    everything = np.ones(1024, dtype=bool)
+    for row in [*rows, tied, holes]:
+        fast = chooser.choose_with_top(row, [0])
+        general = chooser.choose_with_top(row, [0], allowed=everything)
+        assert fast[0] == general[0]
+        assert np.float64(fast[1]).tobytes() == np.float64(general[1]).tobytes()
+    assert chooser.choose(tied, [0])[0] == int(np.argmax(tied[:vocab_size]))
+
+
 @pytest.mark.parametrize(
     "penalty, logits, history, token, final",
     [
