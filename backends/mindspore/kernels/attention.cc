@@ -206,6 +206,7 @@ extern "C" {
 int mindserve_attention_kv_raw(const float *q, const void *k, const void *v, const int32_t *table, const int32_t *pos,
                                const int32_t *rows, float *out, int64_t N, int64_t R, int64_t H, int64_t D, int64_t KV,
                                int64_t S, int64_t NB, int64_t bs, int fmt) {
+  mindserve::FpScope fp;
   if (fmt < 0 || fmt > static_cast<int>(Format::kQ8_0)) return 10;
   return paged_attention(Job{q, static_cast<const uint8_t *>(k), static_cast<const uint8_t *>(v), table, pos, rows,
                              out, N, R, H, D, KV, S, NB, bs, static_cast<Format>(fmt), 0, 0, 1});
@@ -214,12 +215,14 @@ int mindserve_attention_kv_raw(const float *q, const void *k, const void *v, con
 int mindserve_attention_raw(const float *q, const float *k, const float *v, const int32_t *table,
                             const int32_t *pos, const int32_t *rows, float *out, int64_t N, int64_t R, int64_t H,
                             int64_t D, int64_t KV, int64_t S, int64_t NB, int64_t bs) {
+  mindserve::FpScope fp;
   return mindserve_attention_kv_raw(q, k, v, table, pos, rows, out, N, R, H, D, KV, S, NB, bs,
                                     static_cast<int>(Format::kF32));
 }
 
 int MindservePagedAttention(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                             void *stream, void *extra) {
+  mindserve::FpScope fp;
   (void)stream;
   (void)extra;
   if (nparam != 8) return 1;

@@ -29,7 +29,7 @@ from pathlib import Path
 
 SOURCES = ("matmul.cc", "attention.cc", "fused.cc", "lora.cc", "qmatmul.cc")
 HEADERS = ("entry.h", "pool.h", "lora.h", "qmatmul.h", "vec.h", "vec_avx512.h", "vec_avx2.h", "vec_neon.h",
-           "vec_scalar.h", "kv_format.h")
+           "vec_scalar.h", "kv_format.h", "fpenv.h")
 # Every variant: no contraction of a * b + c into an fma (vec.h's contract), no fast-math.
 CXXFLAGS = ("-O3", "-std=c++20", "-fPIC", "-shared", "-pthread", "-Wall", "-Wno-maybe-uninitialized",
             "-ffp-contract=off", "-fno-fast-math")

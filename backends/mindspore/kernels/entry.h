@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "fpenv.h"  // every entry below opens an FpScope
+
 namespace mindserve {
 
 inline bool is_f32(const char *dtype) { return std::strcmp(dtype, "float32") == 0 || std::strcmp(dtype, "float") == 0; }

@@ -276,6 +276,7 @@ extern "C" {
 
 int MindserveRMSNorm(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
                      void *extra) {
+  mindserve::FpScope fp;
   mindserve::ScopeTimer timer(mindserve::kRMSNorm);
   (void)stream;
   (void)extra;
@@ -293,6 +294,7 @@ int MindserveRMSNorm(int nparam, void **params, int *ndims, int64_t **shapes, co
 
 int MindserveSwiGLU(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
                     void *extra) {
+  mindserve::FpScope fp;
   mindserve::ScopeTimer timer(mindserve::kSwiGLU);
   (void)stream;
   (void)extra;
@@ -309,6 +311,7 @@ int MindserveSwiGLU(int nparam, void **params, int *ndims, int64_t **shapes, con
 
 int MindserveQKVRope(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
                      void *extra) {
+  mindserve::FpScope fp;
   mindserve::ScopeTimer timer(mindserve::kQKVRope);
   (void)stream;
   (void)extra;
@@ -337,6 +340,7 @@ int MindserveQKVRope(int nparam, void **params, int *ndims, int64_t **shapes, co
 
 int MindserveQKVAttention(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
                           void *extra) {
+  mindserve::FpScope fp;
   (void)stream;
   (void)extra;
   if (nparam != 12 && nparam != 14) return 1;
@@ -387,6 +391,7 @@ int MindserveQKVAttention(int nparam, void **params, int *ndims, int64_t **shape
 
 int MindserveNormMatMul(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
                         void *extra) {
+  mindserve::FpScope fp;
   (void)stream;
   (void)extra;
   if (nparam < 5) return 1;
@@ -406,6 +411,7 @@ int MindserveNormMatMul(int nparam, void **params, int *ndims, int64_t **shapes,
 
 int MindserveSwiGLUMatMulAdd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                              void *stream, void *extra) {
+  mindserve::FpScope fp;
   (void)stream;
   (void)extra;
   if (nparam < 4) return 1;
@@ -423,6 +429,7 @@ int MindserveSwiGLUMatMulAdd(int nparam, void **params, int *ndims, int64_t **sh
 
 int MindserveDecoderLayer(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
                           void *extra) {
+  mindserve::FpScope fp;
   (void)stream;
   (void)extra;
   enum { X, NA, EPS, WQKV, BIAS, COS, SIN, KC, VC, WR, TAB, POS, ROWS, META, WO, NF, WGU, WD, QKN, QEPS };
@@ -467,6 +474,7 @@ int MindserveDecoderLayer(int nparam, void **params, int *ndims, int64_t **shape
 
 int MindserveEmbedRope(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
                        void *extra) {
+  mindserve::FpScope fp;
   (void)stream;
   (void)extra;
   if (nparam != 8) return 1;
@@ -488,6 +496,7 @@ int MindserveEmbedRope(int nparam, void **params, int *ndims, int64_t **shapes, 
 
 int MindserveNormHead(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
                       void *extra) {
+  mindserve::FpScope fp;
   (void)stream;
   (void)extra;
   if (nparam != 7) return 1;

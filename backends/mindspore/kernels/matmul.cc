@@ -214,6 +214,22 @@ int mindserve_matmul_set_threads(int n) {
   return pool().threads();
 }
 int mindserve_matmul_get_threads() { return pool().threads(); }
+// For the tests: set the calling thread's floating-point mode and return the one it had; and the mode that flushes
+// subnormals (MindSpore's pool threads: FTZ + DAZ on x86, FZ on ARM), 0 where there is none.
+uint64_t mindserve_swap_fp_mode(uint64_t mode) {
+  const uint64_t old = mindserve::get_fp_mode();
+  mindserve::set_fp_mode(static_cast<mindserve::FpMode>(mode));
+  return old;
+}
+uint64_t mindserve_flush_fp_mode() {
+#if defined(__x86_64__) || defined(__i386__)
+  return mindserve::kDefaultFp | 0x8040;
+#elif defined(__aarch64__)
+  return uint64_t{1} << 24;
+#else
+  return 0;
+#endif
+}
 // Benchmark knobs (negative = leave unchanged): software prefetch distance in floats (0 = off,
 // the default) and chunks per thread (0 = automatic). None of them changes any result bit.
 void mindserve_matmul_tune(int64_t stream_pf, int chunks_per_thread) {
@@ -226,11 +242,13 @@ int mindserve_matmul_set_spin_us(int us) {
 }
 
 void mindserve_matmul_raw(const float *x, const float *w_packed, float *y, int64_t M, int64_t K, int64_t N) {
+  mindserve::FpScope fp;
   matmul(x, w_packed, nullptr, y, M, K, N);
 }
 
 void mindserve_matmul_add_raw(const float *x, const float *w_packed, const float *res, float *y, int64_t M, int64_t K,
                               int64_t N) {
+  mindserve::FpScope fp;
   matmul(x, w_packed, res, y, M, K, N);
 }
 
@@ -238,6 +256,7 @@ void mindserve_matmul_add_raw(const float *x, const float *w_packed, const float
 void mindserve_matmul_lora_raw(const float *x, const float *w_packed, const float *res, float *y, int64_t M,
                                int64_t K, int64_t N, const float *a, const float *b, const int32_t *rows,
                                const int32_t *segs, int64_t S, int64_t G, int64_t R) {
+  mindserve::FpScope fp;
   matmul(x, w_packed, res, y, M, K, N);
   mindserve::lora_apply(mindserve::LoraArgs{a, b, rows, segs, S, G, R}, x, M, K, y, N);
 }
@@ -274,6 +293,7 @@ static int matmul_entry(int nparam, void **params, int *ndims, int64_t **shapes,
 
 int MindserveMatMul(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
                     void *extra) {
+  mindserve::FpScope fp;
   (void)stream;
   (void)extra;
   return matmul_entry(nparam, params, ndims, shapes, dtypes, false);
@@ -281,6 +301,7 @@ int MindserveMatMul(int nparam, void **params, int *ndims, int64_t **shapes, con
 
 int MindserveMatMulAdd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
                        void *extra) {
+  mindserve::FpScope fp;
   (void)stream;
   (void)extra;
   return matmul_entry(nparam, params, ndims, shapes, dtypes, true);

@@ -4,7 +4,8 @@
 // claims chunks until none are left, so a worker that the OS has descheduled (the box is shared)
 // only delays the chunk it already holds. Idle workers spin for a short while (kernels come in
 // bursts inside a graph) and then sleep on a futex, so they do not keep a core away from
-// MindSpore's own kernels. Which thread runs a chunk never changes what the chunk computes.
+// MindSpore's own kernels. Which thread runs a chunk never changes what the chunk computes (every thread
+// computes in fpenv.h's one floating-point mode).
 #pragma once
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "fpenv.h"
 #include "vec.h"
 
 namespace mindserve {
@@ -86,6 +88,7 @@ class Pool {
   }
 
   void loop(uint32_t seen) {
+    set_fp_mode(kDefaultFp);  // the mode every chunk runs in (fpenv.h), not the creating thread's
     for (;;) {
       uint32_t g = wake_.load(std::memory_order_acquire);
       if (g == seen) {

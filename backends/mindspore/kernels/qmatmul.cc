@@ -384,6 +384,7 @@ extern "C" {
 // 0 ok; 1 bad format; 2 K not a multiple of 32.
 int mindserve_qmatmul_raw(const float *x, const uint8_t *w_packed, int fmt, const float *res, float *y, int64_t M,
                           int64_t K, int64_t N) {
+  mindserve::FpScope fp;
   if (fmt < 0 || fmt >= kFormats) return 1;
   if (K % 32 != 0) return 2;
   qmatmul(x, w_packed, fmt, res, y, M, K, N);
@@ -392,6 +393,7 @@ int mindserve_qmatmul_raw(const float *x, const uint8_t *w_packed, int fmt, cons
 
 // The activation quantization alone: q [M, K] int8, d [M, K/32] float, s [M, K/32] int32.
 int mindserve_quantize_rows_raw(const float *x, int64_t M, int64_t K, int8_t *q, float *d, int32_t *s) {
+  mindserve::FpScope fp;
   if (K % 32 != 0) return 2;
   QX qx;
   quantize_rows(x, M, K, &qx);
