@@ -12,14 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from backends.mindspore.runners.base import ModelRunner
 from backends.mindspore.speculative import Drafter
 from backends.mindspore.step import PrefillChunk
 from backends.mindspore.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from backends.mindspore.runners.base import ModelRunner
 
 KEY = "BackendConfig.ModelDeployConfig.ModelConfig[0].plugin_params draft_model_path"
 

@@ -61,9 +61,10 @@ class DraftCache:
     sure: int = 0
 
     def pending(self, tokens: Sequence[int]) -> list[int]:
-        """Forget the drafts ``tokens`` (the sequence now) did not take; the tokens still to feed."""
+        """Forget the drafts ``tokens`` (the sequence now) did not take; the tokens still to feed: at least the
+        last one, whose logits give the first draft (fed again if a draft already put it there)."""
         common = self.sure
-        while common < min(len(self.fed), len(tokens)) and self.fed[common] == tokens[common]:
+        while common < min(len(self.fed), len(tokens) - 1) and self.fed[common] == tokens[common]:
             common += 1
         del self.fed[common:]
         self.sure = len(tokens)
