@@ -22,6 +22,7 @@ from backends.mindspore.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from backends.mindspore.runners.base import ModelRunner
+    from backends.mindspore.spec import ModelSpec
 
 KEY = "BackendConfig.ModelDeployConfig.ModelConfig[0].plugin_params draft_model_path"
 
@@ -54,8 +55,8 @@ def check_tokenizer(draft: Tokenizer, target: Tokenizer, path: Path) -> None:
 class DraftModel:
     """The draft network's runner (its own weights and cache) and the batched greedy proposal."""
 
-    def __init__(self, name: str, runner: ModelRunner, vocab_size: int) -> None:
-        self.name = name
+    def __init__(self, spec: ModelSpec, runner: ModelRunner, vocab_size: int) -> None:
+        self.spec, self.name = spec, spec.model_dir.name
         self.runner = runner
         self.vocab_size = vocab_size  # the target's: a proposal is always one of its ids
         shapes = runner.shapes
@@ -114,6 +115,13 @@ class DraftModel:
 
     def warmup(self, progress: bool = False) -> None:
         self.runner.warmup(progress)
+
+    def graph_parts(self) -> list[str]:
+        """What shapes the draft network's graphs, for the graph cache's key (``graph_cache.graph_key``): they
+        are compiled after the target's, into the same directory."""
+        from backends.mindspore.graph_cache import graph_key
+
+        return ["draft", graph_key(self.runner.graph_parts, self.spec.model_dir, self.spec.yaml_path)]
 
     def info(self) -> dict:
         return {"draft_model": self.name, "draft_forward_calls": self.calls,

@@ -124,7 +124,7 @@ def _draft_model(spec: ModelSpec, tokenizer: Tokenizer, shapes, num_blocks: int,
     check_weight_dtype(weights, spec.yaml_path, spec.weight_dtype)
     runner = build_runner(spec, weights, shapes, num_blocks, "aot", "CPU", None, None, aot=aot, kv_dtype=kv_dtype)
     log.info("draft model %s: %d layers, hidden %d", spec.model_dir.name, spec.num_layers, spec.hidden_size)
-    return DraftModel(spec.model_dir.name, runner, vocab_size)
+    return DraftModel(spec, runner, vocab_size)
 
 
 def _load_weights(spec, vl: VLSpec | None) -> dict[str, np.ndarray]:
@@ -135,11 +135,13 @@ def _load_weights(spec, vl: VLSpec | None) -> dict[str, np.ndarray]:
 def warm_up(engine, progress: bool) -> None:
     """Compile every graph the engine will call (loaded from the graph cache where ``graph_cache`` is on)."""
     spec = engine.spec
+    draft = engine.speculator.model
     if engine.config.graph_cache and spec.mode == 0:
-        enable_graph_cache(graph_key(engine.runner.graph_parts, spec.model_dir, spec.yaml_path))
+        parts = engine.runner.graph_parts + (draft.graph_parts() if draft is not None else [])
+        enable_graph_cache(graph_key(parts, spec.model_dir, spec.yaml_path))
     engine.runner.warmup(progress)
-    if engine.speculator.model is not None:
-        engine.speculator.model.warmup(progress)
+    if draft is not None:
+        draft.warmup(progress)
     if engine.vision is not None:
         engine.vision.warmup()
 
