@@ -1,7 +1,8 @@
 """Prompt-lookup (n-gram) speculative decoding (the reference server's memory_decoding): each sequence drafts the
 tokens that followed the most recent earlier occurrence of its longest matching suffix, in its prompt and its
 own output (``NgramIndex``), with a draft length that follows its acceptance (``Drafter``); ``Speculator`` hands
-out a step's drafts within the runner's budget and counts what was drafted and accepted.
+out a step's drafts within the runner's budget (from the n-gram index, or from a draft model: draft_model.py;
+a grammar row's cut where its grammar refuses) and counts what was drafted and accepted.
 
 Verification is the engine's: a decode row carries its drafts through the same packed forward, every position's
 logits come back, and each draft is accepted while it equals the token the sequence's own chooser picks from the
@@ -153,6 +154,7 @@ class Speculator:
         self.settings = settings
         self.active = settings.enabled and runner_speculates
         self.model = model  # plugin_type draft_model: it proposes instead of the n-gram index
+        self._drafts = self._ngram_drafts if model is None else self._model_drafts  # the strategy, chosen once
         self.stats = SpeculationStats()
 
     def drafter(self, wanted: bool) -> Drafter | None:
@@ -165,7 +167,7 @@ class Speculator:
         ``fit(wanted)`` (the runner's ``fit_drafts``) by shortening the longest; a sequence drafts at most one
         token fewer than it may still generate (the verify step gives one more), and a grammar row's draft stops
         before the first token its grammar refuses (``GrammarState.valid_prefix``: it could not be accepted)."""
-        out = self._model_drafts(seqs, budget) if self.model is not None else self._ngram_drafts(seqs, budget)
+        out = self._drafts(seqs, budget)
         for seq, drafts in out.items():
             if seq.grammar is not None:
                 del drafts[seq.grammar.valid_prefix(drafts):]
