@@ -52,6 +52,17 @@ def check_tokenizer(draft: Tokenizer, target: Tokenizer, path: Path) -> None:
                               "share the tokenizer")
 
 
+def check_draft_spec(spec: ModelSpec, window: int) -> None:
+    """DraftModelError naming the key unless ``spec`` is a text model whose positions reach the target's
+    attention window (the draft model runs on the target's shapes)."""
+    if spec.vision is not None:
+        raise DraftModelError(f"{KEY} {spec.model_dir}: a vision-language model cannot be a draft model")
+    if spec.max_position_embeddings and spec.max_position_embeddings < window:
+        raise DraftModelError(f"{KEY} {spec.model_dir}: the draft model's max_position_embeddings "
+                              f"{spec.max_position_embeddings} is below the served sequence length {window} "
+                              "(lower maxSeqLen, or draft with a model of longer positions)")
+
+
 class DraftModel:
     """The draft network's runner (its own weights and cache) and the batched greedy proposal."""
 

@@ -17,7 +17,7 @@ from backends.mindspore.adapters import EngineAdapters
 from backends.mindspore.config import load_model, torch_dtype
 from backends.mindspore.device import set_device
 from backends.mindspore.draft_model import KEY as DRAFT_KEY
-from backends.mindspore.draft_model import DraftModel, DraftModelError, check_tokenizer
+from backends.mindspore.draft_model import DraftModel, DraftModelError, check_draft_spec, check_tokenizer
 from backends.mindspore.graph_cache import enable_graph_cache, graph_key
 from backends.mindspore.kv_cache import BlockAllocator
 from backends.mindspore.kv_dtype import cache_dtype
@@ -116,6 +116,7 @@ def _draft_model(spec: ModelSpec, tokenizer: Tokenizer, shapes, num_blocks: int,
     """The draft model on the target's shapes and block count (DraftModelError naming the keys if its tokenizer
     is not the target's, or the AOT kernels do not fit it)."""
     check_tokenizer(Tokenizer.from_model_dir(spec.model_dir, spec.tokenizer), tokenizer, spec.model_dir)
+    check_draft_spec(spec, shapes.max_window)
     aot = choose_kernels(spec, "auto", "CPU", config.kernel_isa)
     if aot is None:
         raise DraftModelError(f"{DRAFT_KEY} {spec.model_dir}: the AOT kernels do not run this model (see the log); "

@@ -85,18 +85,19 @@ def check_model(path: Path, engine: EngineConfig) -> ModelCheck:
 
 
 def _check_draft_model(engine: EngineConfig, target):
-    """The draft model of plugin_type draft_model (None without one): its directory read as the engine reads it
-    and its tokenizer the target's (``draft_model.check_tokenizer``)."""
+    """The draft model of plugin_type draft_model (None without one): its directory read as the engine reads it,
+    its tokenizer the target's (``draft_model.check_tokenizer``), a text model reaching the target's window."""
     path = engine.speculation.draft_model
     if path is None:
         return None
-    from backends.mindspore.draft_model import KEY, DraftModelError, check_tokenizer
+    from backends.mindspore.draft_model import KEY, DraftModelError, check_draft_spec, check_tokenizer
     from backends.mindspore.tokenizer import Tokenizer
 
     try:
         spec = load_model(path)
         check_tokenizer(Tokenizer.from_model_dir(spec.model_dir, spec.tokenizer),
                         Tokenizer.from_model_dir(target.model_dir, target.tokenizer), spec.model_dir)
+        check_draft_spec(spec, plan_shapes(engine, target.max_position_embeddings).max_window)
     except DraftModelError as exc:
         raise PreflightError(SPECULATION, str(exc).removeprefix(KEY)) from None
     except (ConfigError, OSError, ValueError) as exc:

@@ -11,6 +11,7 @@ the output (ids, logprobs, seeded samples) is exactly the plain run's. docs/spec
 from __future__ import annotations
 
 import collections
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -20,6 +21,8 @@ from backends.settings import SpeculationSettings
 if TYPE_CHECKING:
     from backends.grammar import GrammarState
     from backends.mindspore.draft_model import DraftModel
+
+log = logging.getLogger("mindserve.engine")
 
 PAUSE_WINDOW = 4  # verify steps whose acceptance decides a pause
 PAUSE_BELOW = 0.25  # acceptance rate over the window below which drafting pauses
@@ -196,7 +199,15 @@ class Speculator:
             if seq.drafter is not None and (n := seq.drafter.wanted(len(seq.generated), min(budget, _room(seq)))):
                 wants[seq] = n
                 budget -= n
-        return self.model.propose(wants) if wants else {}
+        if not wants:
+            return {}
+        try:
+            return self.model.propose(wants)
+        except Exception:  # drafts only speed decoding up: a failed draft call costs this step's, not a request
+            log.exception("the draft model failed; this step decodes without drafts")
+            for seq in wants:
+                seq.drafter.cache = DraftCache()  # what its draft cache holds is unknown now: fed again
+            return {}
 
     def record(self, seq: Drafting, drafted: int, accepted: int, emitted: int) -> None:
         s = self.stats

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from backends.mindspore.draft_model import KEY, DraftModelError
+from backends.mindspore.draft_model import KEY, DraftModelError, check_draft_spec
 from backends.mindspore.engine import Engine
 from backends.mindspore.memory import Available, Footprint, plan_cache
 from backends.mindspore.speculative import DraftCache
@@ -143,3 +143,15 @@ def test_drafting_needs_no_draft_model_for_prompt_lookup(tiny_model_dir):
     with Engine(tiny_model_dir, replace(CONFIG, speculation=DRAFTING), warmup=False) as eng:
         assert eng.speculator.model is None and eng.info()["speculation"]["method"] == "memory_decoding"
         assert "draft_model" not in eng.info()["speculation"]
+
+
+def test_a_draft_model_must_reach_the_window_and_be_a_text_model(tmp_path):
+    from types import SimpleNamespace
+
+    short = SimpleNamespace(vision=None, max_position_embeddings=64, model_dir=tmp_path)
+    with pytest.raises(DraftModelError, match="max_position_embeddings 64 is below the served sequence length 128"):
+        check_draft_spec(short, 128)
+    check_draft_spec(short, 64)
+    with pytest.raises(DraftModelError, match="a vision-language model cannot be a draft model"):
+        check_draft_spec(SimpleNamespace(vision=object(), max_position_embeddings=4096, model_dir=tmp_path), 128)
+

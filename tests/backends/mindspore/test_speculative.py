@@ -173,3 +173,30 @@ def test_packed_step_sends_drafts_up_to_a_compiled_size(tokens, drafts, want):
 
     runner = SimpleNamespace(shapes=SimpleNamespace(prefill_sizes=(1, 2, 4, 8, 16, 32, 64, 80)))
     assert PackedRunner.fit_drafts(runner, tokens, drafts) == want
+
+
+def test_a_failing_draft_model_costs_the_steps_drafts_only():
+    class Failing:
+        def propose(self, wants):
+            raise RuntimeError("draft forward failed")
+
+    spec = Speculator(SpeculationSettings(max_draft=4, adaptive=False), True, Failing())
+    s = seq([1, 2, 3], [4])
+    s.drafter.cache.fed.extend([1, 2, 3])
+    assert spec.propose([s], 8) == {}
+    assert s.drafter.cache.fed == []  # fed again from the start next time
+
+
+def test_the_draft_model_is_asked_for_each_rows_length_within_the_budget():
+    class Recording:
+        def propose(self, wants):
+            self.wants = dict(wants)
+            return {q: [7] * n for q, n in wants.items()}
+
+    model = Recording()
+    spec = Speculator(SpeculationSettings(max_draft=4, adaptive=False), True, model)
+    a, b, near = seq([1], [2]), seq([1], [2]), seq([1], [2], max_new=3)
+    assert spec.propose([a, b, near], 6) == {a: (7, 7, 7, 7), b: (7, 7)}  # the budget is spent before near
+    assert model.wants == {a: 4, b: 2}
+    assert spec.propose([near], 6) == {near: (7,)}  # one token fewer than it may still generate
+
