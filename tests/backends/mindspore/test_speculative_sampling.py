@@ -3,10 +3,12 @@ sampling"), on the tiny model: Pearson's chi-square test of homogeneity between 
 sampled generations with speculation on and off (different seeds, so the two samples are independent), at
 each generated position, at a stated significance; the same test rejects a deliberately biased verifier
 (a draft the model ranks first is accepted outright: the classic greedy-verification-while-sampling bug), so it
-can fail. And a seed gives the same text, with speculation on or off and again with the same draft settings."""
+can fail. Both with prompt-lookup drafts and with a draft model's. And a seed gives the same text, with
+speculation on or off and again with the same draft settings."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -32,9 +34,13 @@ ALPHA = 1e-3
 POSITIONS = range(1, NEW)
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir):
-    with Engine(tiny_model_dir, CONFIG) as eng:
+@pytest.fixture(scope="module", params=["ngram", "draft_model"])
+def engine(request, tiny_model_dir):
+    """Prompt lookup, or the tiny model drafting for itself (its drafts: its greedy tokens)."""
+    config = CONFIG
+    if request.param == "draft_model":
+        config = replace(CONFIG, speculation=replace(CONFIG.speculation, draft_model=tiny_model_dir))
+    with Engine(tiny_model_dir, config) as eng:
         yield eng
 
 
