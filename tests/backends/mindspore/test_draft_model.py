@@ -155,3 +155,32 @@ def test_a_draft_model_must_reach_the_window_and_be_a_text_model(tmp_path):
     with pytest.raises(DraftModelError, match="a vision-language model cannot be a draft model"):
         check_draft_spec(SimpleNamespace(vision=object(), max_position_embeddings=4096, model_dir=tmp_path), 128)
 
+
+def test_lora_rows_with_a_draft_model_keep_their_adapters_output(tiny_model_dir, tmp_path):
+    """The draft model has no adapter: it drafts the base model's guess for an adapter row, and the verify row
+    runs with the adapter, so the output is the adapter's plain run (alone and beside a base row)."""
+    from backends.lora import BaseDims
+    from backends.mindspore.config import load_model
+    from backends.settings import LoraModuleConfig, LoraSettings
+    from tests.support.lora_adapters import make_adapter
+
+    adapter = make_adapter(tmp_path / "a", BaseDims.of(load_model(tiny_model_dir)), seed=21, strength=0.4)
+    config = replace(CONFIG, speculation=replace(DRAFTING, draft_model=tiny_model_dir),
+                     lora=LoraSettings(modules=(LoraModuleConfig("a", adapter),)))
+    with Engine(tiny_model_dir, config) as eng:
+        jobs = [(COUNT * 2, replace(GREEDY, adapter_id="a")), (COUNT, GREEDY), (COUNT, replace(SEEDED, adapter_id="a"))]
+        solo = [run(eng, p, q, False) for p, q in jobs]
+        assert trace(solo[0]) != trace(run(eng, COUNT * 2, GREEDY, False)), "the adapter changes the output"
+        results: list = [None] * len(jobs)
+
+        def go(i: int) -> None:
+            results[i] = run(eng, *jobs[i], True)
+
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(len(jobs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        assert [trace(r) for r in results] == [trace(r) for r in solo]
+        assert eng.speculator.stats.drafted > 0
+
