@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -20,7 +20,6 @@ from backends.settings import SpeculationSettings
 
 if TYPE_CHECKING:
     from backends.grammar import GrammarState
-    from backends.mindspore.draft_model import DraftModel
 
 log = logging.getLogger("mindserve.engine")
 
@@ -134,6 +133,14 @@ class Drafting(Protocol):
     grammar: GrammarState | None
 
 
+class DraftProposer(Protocol):
+    """A draft model (``draft_model.DraftModel``): greedy drafts of the asked length for each sequence."""
+
+    def propose(self, wants: Mapping[Drafting, int]) -> dict[Drafting, list[int]]: ...
+
+    def info(self) -> dict: ...
+
+
 @dataclass(slots=True)
 class SpeculationStats:
     drafted: int = 0  # draft tokens verified
@@ -153,7 +160,8 @@ class Speculator:
     ``draft_budget`` (``propose``), and the counts (``record``, ``info``). ``active`` is False when it is off
     or the runner does not speculate (the stock-op split step)."""
 
-    def __init__(self, settings: SpeculationSettings, runner_speculates: bool, model: DraftModel | None = None) -> None:
+    def __init__(self, settings: SpeculationSettings, runner_speculates: bool,
+                 model: DraftProposer | None = None) -> None:
         self.settings = settings
         self.active = settings.enabled and runner_speculates
         self.model = model  # plugin_type draft_model: it proposes instead of the n-gram index
