@@ -74,7 +74,12 @@ def build_parts(model_dir: Path | str, config: EngineConfig, model_name: str | N
     # The cache within its memory budget (npuMemSize), the batch capped at what it holds.
     # A draft model (speculation's plugin_type draft_model) runs on the AOT path only; its weights and a cache of
     # as many blocks as the target's count in the same budget.
-    draft_spec = load_model(config.speculation.draft_model) if config.speculation.draft_model and aot else None
+    draft_spec = None
+    if config.speculation.draft_model is not None and config.speculation.enabled:
+        if aot is None:
+            log.warning("the draft model is not loaded: the stock-op kernels do not speculate")
+        else:
+            draft_spec = load_model(config.speculation.draft_model)
     footprint = Footprint.of(spec, lora.bytes, stock=aot is None, kv_dtype=kv_dtype)
     if draft_spec is not None:
         footprint = footprint.plus(Footprint.of(draft_spec, kv_dtype=kv_dtype))
