@@ -154,6 +154,11 @@ class GrammarState:
         bits = np.unpackbits(self.bitmask.view(np.uint8), bitorder="little")
         return bits[: self.vocab_size].astype(bool)
 
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """How many of ``tokens`` the grammar would take in turn from its state, without advancing it (a draft
+        is cut there: the token after would be refused)."""
+        return self.matcher.validate_tokens(tokens) if tokens else 0
+
     def advance(self, token_id: int) -> None:
         """Consume the chosen token; a token the grammar refuses is an error (the mask prevents it)."""
         self.bitmask = None
@@ -196,6 +201,16 @@ class MaskWorker:
 
     def start(self, states: list[GrammarState]) -> MaskBatch:
         return MaskBatch(self._pool, self._executor, states, self.stats)
+
+    def now(self, state: GrammarState) -> None:
+        """``state``'s mask, computed on this thread (a verified draft position: the mask after the accepted
+        tokens; the step's batch is done by then)."""
+        started = time.perf_counter()
+        mask = allocate_token_bitmask(1, state.vocab_size)
+        fill_next_token_bitmask(state.matcher, mask, 0)
+        state.bitmask = mask[0]
+        self.stats.seconds += time.perf_counter() - started
+        self.stats.masks += 1
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)

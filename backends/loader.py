@@ -6,14 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from backends.base import Backend
-from backends.mindspore.preflight import (ADAPTERS, KV_CACHE, MEMORY, MODEL, SCHEDULE, ModelCheck, PreflightError,
-                                          is_default_model, is_model_dir)
+from backends.mindspore.preflight import (ADAPTERS, KV_CACHE, MEMORY, MODEL, SCHEDULE, SPECULATION, ModelCheck,
+                                          PreflightError, is_default_model, is_model_dir)
 from backends.mindspore.shapes import ShapeError, check_buckets
 from backends.settings import EngineConfig
 
-__all__ = ["ADAPTERS", "KV_CACHE", "MEMORY", "MODEL", "SCHEDULE", "ModelCheck", "PreflightError", "ShapeError",
-           "check_backend", "check_buckets", "convert_gguf", "default_model_dtype", "is_default_model", "is_model_dir",
-           "load_backend", "prepare_default_model"]
+__all__ = ["ADAPTERS", "KV_CACHE", "MEMORY", "MODEL", "SCHEDULE", "SPECULATION", "ModelCheck", "PreflightError",
+           "ShapeError", "check_backend", "check_buckets", "convert_gguf", "default_model_dtype", "is_default_model",
+           "is_model_dir", "load_backend", "prepare_default_model"]
 
 
 def _backend(backend_type: str) -> None:

@@ -42,10 +42,20 @@ class SpeculationSettings:
     ngram_min: int = 2  # the shortest suffix looked up (1-token matches in free text are mostly noise)
     ngram_max: int = 3  # the longest suffix looked up (tried first)
     adaptive: bool = True  # dynamic_algo: k follows the sequence's acceptance, low acceptance pauses drafting
+    # plugin_type draft_model: the directory of a smaller model of the same tokenizer that drafts instead of the
+    # n-gram lookup (draft_model_path; docs/speculative.md "A draft model"); None: prompt lookup
+    draft_model: Path | None = None
 
     @property
     def enabled(self) -> bool:
         return self.max_draft > 0
+
+    @property
+    def method(self) -> str:
+        """The reference server's plugin_type of these settings ("off" when disabled)."""
+        if not self.enabled:
+            return "off"
+        return "draft_model" if self.draft_model is not None else "memory_decoding"
 
 
 PREFILL_CHUNK = 64  # most prompt tokens per prefill chunk

@@ -4,6 +4,11 @@ graphs), so the shared box's drift falls on both; reported as tokens/s and the o
 their median. Greedy outputs are checked equal on and off.
 
     python bench/speculative_speed.py [--rounds 3] [--tokens 160] [--draft 8] [--clients 16] [--json out.json]
+                                      [--draft-model DIR]
+
+--draft-model: draft with that model (plugin_type draft_model) instead of prompt lookup; each round also
+reports the process's CPU seconds per token on and off (every thread of the process: less sensitive to the
+other jobs on the box than wall time).
 
 Workloads: ``quote`` (a chat asking to repeat a passage word for word: the answer copies the prompt),
 ``story`` (free story continuation, greedy: nothing to copy but what the model repeats itself), ``sampled``
@@ -71,12 +76,13 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=0, help="also N story requests at once (0: skip)")
     ap.add_argument("--only", nargs="*", help="run only these workloads")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--draft-model", type=Path, help="a same-tokenizer model directory drafting instead of n-grams")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     batch = max(16, args.clients)
     config = EngineConfig(max_seq_len=1024, max_input_tokens=512, max_batch_size=batch, max_iter_times=args.tokens,
                           block_size=64, prefill_chunk=64, graph_cache=True,
-                          speculation=SpeculationSettings(max_draft=args.draft))
+                          speculation=SpeculationSettings(max_draft=args.draft, draft_model=args.draft_model))
     engine = Engine(ensure_default_model(Path(__file__).resolve().parents[1] / ".cache" / "models"), config).start()
     greedy = RequestParams(max_new_tokens=args.tokens, do_sample=False, ignore_eos=True)
     workloads = {"quote": ([QUOTE], greedy), "story": ([STORY], greedy),
@@ -94,10 +100,12 @@ def main() -> None:
         rows = []
         for r in range(args.rounds):
             order = (True, False) if r % 2 == 0 else (False, True)
-            rates, outs = {}, {}
+            rates, outs, cpu = {}, {}, {}
             for on in order:
                 before = engine.speculator.stats.describe()
+                cpu_before = time.process_time()
                 secs, tokens, results = timed(engine, prompts, replace(params, speculate=on))
+                cpu[on] = (time.process_time() - cpu_before) / tokens
                 after = engine.speculator.stats.describe()
                 rates[on], outs[on] = tokens / secs, [[t.id for t in res.tokens] for res in results]
                 if on:
@@ -106,16 +114,18 @@ def main() -> None:
                     steps = after["verify_steps"] - before["verify_steps"]
             assert outs[True] == outs[False], f"{name}: speculation changed the output"
             rows.append({"on_tok_s": rates[True], "off_tok_s": rates[False], "ratio": rates[True] / rates[False],
+                         "cpu_ms_per_token_on": 1e3 * cpu[True], "cpu_ms_per_token_off": 1e3 * cpu[False],
                          "drafted": drafted, "accepted": accepted, "verify_rows": steps})
             print(f"{name:12s} round {r}: on {rates[True]:7.1f} tok/s  off {rates[False]:7.1f} tok/s  "
-                  f"x{rates[True] / rates[False]:.2f}  (accepted {accepted}/{drafted} drafts in {steps} verify rows)",
-                  flush=True)
+                  f"x{rates[True] / rates[False]:.2f}  CPU {1e3 * cpu[True]:.1f} / {1e3 * cpu[False]:.1f} ms/token  "
+                  f"(accepted {accepted}/{drafted} drafts in {steps} verify rows)", flush=True)
         ratio = statistics.median(row["ratio"] for row in rows)
         report[name] = {"rounds": rows, "median_ratio": ratio}
         print(f"{name:12s} median on/off x{ratio:.2f}", flush=True)
     engine.close()
     if args.json:
-        args.json.write_text(json.dumps({"draft": args.draft, "tokens": args.tokens, "workloads": report}, indent=1))
+        args.json.write_text(json.dumps({"draft": args.draft, "tokens": args.tokens, "workloads": report,
+                                         "draft_model": str(args.draft_model) if args.draft_model else None}, indent=1))
 
 
 if __name__ == "__main__":

@@ -197,18 +197,22 @@ def _engine(data: dict, base: Path) -> EngineConfig:
         cache_gb=float(model["npuMemSize"]), kv_cache_dtype=model["kvCacheDtype"],
         prefix_caching=sched["enablePrefixCaching"],
         lora=_lora(deploy, base), kernels=deploy["kernels"], kernel_isa=deploy["kernelIsa"],
-        graph_cache=deploy["graphCache"], speculation=_speculation(deploy, model),
+        graph_cache=deploy["graphCache"], speculation=_speculation(deploy, model, base),
     )
 
 
-# plugin_params keys of memory_decoding: (default, lowest, highest); dynamic_algo is a boolean
+# plugin_params keys of the speculative plugin types: (default, lowest, highest); dynamic_algo is a boolean,
+# draft_model_path a directory (draft_model's, required)
 _PLUGIN_INTS = {"decoding_length": (8, 1, 64), "ngram_min": (2, 1, 8), "ngram_max": (3, 1, 8)}
+_PLUGIN_KEYS = {"memory_decoding": ("decoding_length", "dynamic_algo", "ngram_min", "ngram_max"),
+                "draft_model": ("decoding_length", "dynamic_algo", "draft_model_path")}
 
 
-def _speculation(deploy: ServerSection, model: ServerSection) -> SpeculationSettings:
+def _speculation(deploy: ServerSection, model: ServerSection, base: Path) -> SpeculationSettings:
     """ModelConfig plugin_params (the reference server's JSON string) and speculationGamma -> the speculative
     decoding settings; without plugin_params, speculationGamma > 0 alone is memory_decoding with that
-    decoding_length (0: off). ValueError naming the key and the value."""
+    decoding_length (0: off). plugin_type draft_model (mindserve) drafts with the model at draft_model_path
+    (relative: to the config file). ValueError naming the key and the value."""
     key, raw, gamma = f"{_DEPLOY}.ModelConfig[0].plugin_params", model["plugin_params"], deploy["speculationGamma"]
     if not raw:
         return SpeculationSettings(max_draft=gamma)
@@ -216,14 +220,14 @@ def _speculation(deploy: ServerSection, model: ServerSection) -> SpeculationSett
         params = json.loads(raw)
     except ValueError as exc:
         raise ValueError(f"{key} {raw!r} is not a JSON object: {exc}") from None
-    if not isinstance(params, dict) or params.get("plugin_type") != "memory_decoding":
+    if not isinstance(params, dict) or params.get("plugin_type") not in _PLUGIN_KEYS:
         kind = params.get("plugin_type") if isinstance(params, dict) else params
         raise ValueError(f"{key} plugin_type {kind!r} is not supported: mindserve runs \"memory_decoding\" "
-                         "(prompt-lookup speculative decoding)")
-    unknown = sorted(set(params) - {"plugin_type", "dynamic_algo", *_PLUGIN_INTS})
+                         "(prompt-lookup speculative decoding) and \"draft_model\" (a draft model's proposals)")
+    kind = params["plugin_type"]
+    unknown = sorted(set(params) - {"plugin_type", *_PLUGIN_KEYS[kind]})
     if unknown:
-        raise ValueError(f"{key} has the unknown key {unknown[0]!r} (memory_decoding takes decoding_length, "
-                         f"dynamic_algo, ngram_min, ngram_max)")
+        raise ValueError(f"{key} has the unknown key {unknown[0]!r} ({kind} takes {', '.join(_PLUGIN_KEYS[kind])})")
     ints = {}
     for name, (default, low, high) in _PLUGIN_INTS.items():
         value = params.get(name, default)
@@ -238,8 +242,15 @@ def _speculation(deploy: ServerSection, model: ServerSection) -> SpeculationSett
     if gamma and gamma < ints["decoding_length"]:
         raise ValueError(f"{_DEPLOY}.speculationGamma {gamma} must be >= plugin_params decoding_length "
                          f"{ints['decoding_length']}")
+    draft = None
+    if kind == "draft_model":
+        path = params.get("draft_model_path")
+        if not isinstance(path, str) or not path:
+            raise ValueError(f"{key} draft_model_path {path!r} must name the draft model's directory "
+                             "(plugin_type draft_model needs it)")
+        draft = _resolve(base, path)
     return SpeculationSettings(max_draft=ints["decoding_length"], ngram_min=ints["ngram_min"],
-                               ngram_max=ints["ngram_max"], adaptive=adaptive)
+                               ngram_max=ints["ngram_max"], adaptive=adaptive, draft_model=draft)
 
 
 _SCHEDULE = "BackendConfig.ScheduleConfig"

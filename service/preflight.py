@@ -12,7 +12,8 @@ import errno
 import socket
 import ssl
 
-from backends.loader import ADAPTERS, KV_CACHE, MEMORY, MODEL, SCHEDULE, ModelCheck, PreflightError, check_backend
+from backends.loader import (ADAPTERS, KV_CACHE, MEMORY, MODEL, SCHEDULE, SPECULATION, ModelCheck, PreflightError,
+                             check_backend)
 from service.config import BUSINESS, MANAGEMENT, METRICS, ConfigFileError, ServerConfig, planes_by_listener
 from service.tls import server_ssl_context
 
@@ -20,7 +21,8 @@ MODEL_KEY = "BackendConfig.ModelDeployConfig.ModelConfig[0].modelWeightPath"
 MEMORY_KEY = "BackendConfig.ModelDeployConfig.ModelConfig[0].npuMemSize"
 BACKEND_KEYS = {MODEL: MODEL_KEY, MEMORY: MEMORY_KEY, SCHEDULE: "BackendConfig.ScheduleConfig",
                 ADAPTERS: "BackendConfig.ModelDeployConfig.LoraModules",
-                KV_CACHE: "BackendConfig.ModelDeployConfig.ModelConfig[0].kvCacheDtype"}
+                KV_CACHE: "BackendConfig.ModelDeployConfig.ModelConfig[0].kvCacheDtype",
+                SPECULATION: "BackendConfig.ModelDeployConfig.ModelConfig[0].plugin_params draft_model_path"}
 
 __all__ = ["MODEL_KEY", "ModelCheck", "bind_error", "busy_listeners", "check_model", "check_tls"]
 

@@ -201,10 +201,11 @@ class Engine:
         plan = self.scheduler.plan()
         if self.vision is not None:  # the media items this step's prompt chunks reach, encoded first
             plan = plan.without(self.vision.encode_reached(plan.prefill, self._fail))
-        masks = self.masks.start([seq.grammar for seq in plan.sampling_rows() if seq.grammar is not None])
-        seqs = plan.sequences()
         drafts = self.speculator.propose(plan.decode, self.runner.draft_budget(len(plan.decode), len(plan.prefill)),
                                          lambda n: self.runner.fit_drafts(plan.tokens, n))
+        # after the drafts: a grammar row's draft is checked against its matcher, which the mask thread then takes
+        masks = self.masks.start([seq.grammar for seq in plan.sampling_rows() if seq.grammar is not None])
+        seqs = plan.sequences()
         for out in self.runner.run(plan.batch(drafts)):
             self._advance(seqs[out.row], out, masks)
         return not plan.empty
@@ -243,12 +244,15 @@ class Engine:
         """Speculative decoding: while the token just chosen equals the next draft, that draft's position was
         computed with the right token, so its logits give the next token; each is chosen, stopped and emitted
         as a plain step would. The rest are dropped: their cache slots lie past the sequence's length (never
-        read, rewritten by the next steps; its blocks were reserved at admission, never registered)."""
+        read, rewritten by the next steps; its blocks were reserved at admission, never registered). A grammar
+        row's mask at each verified position is its grammar's after the accepted tokens, as plain decoding's."""
         accepted, emitted = 0, 1
         for draft, logits in zip(out.drafts, out.verify):
             if outcome.finish is not None or token.id != draft:
                 break
             accepted += 1
+            if seq.grammar is not None:
+                self.masks.now(seq.grammar)
             token, outcome = seq.advance(logits)
             emitted += 1
             self._emit(seq, token, outcome)

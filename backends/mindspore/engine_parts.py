@@ -16,6 +16,8 @@ from backends.limits import PromptLimit, longest_sequence, prompt_token_limit
 from backends.mindspore.adapters import EngineAdapters
 from backends.mindspore.config import load_model, torch_dtype
 from backends.mindspore.device import set_device
+from backends.mindspore.draft_model import KEY as DRAFT_KEY
+from backends.mindspore.draft_model import DraftModel, DraftModelError, check_draft_spec, check_tokenizer
 from backends.mindspore.graph_cache import enable_graph_cache, graph_key
 from backends.mindspore.kv_cache import BlockAllocator
 from backends.mindspore.kv_dtype import cache_dtype
@@ -70,8 +72,18 @@ def build_parts(model_dir: Path | str, config: EngineConfig, model_name: str | N
     aot = choose_kernels(spec, config.kernels, device, config.kernel_isa)
     kv_dtype = cache_dtype(config.kv_cache_dtype, stock=aot is None)  # kvCacheDtype on that path
     # The cache within its memory budget (npuMemSize), the batch capped at what it holds.
-    cache = plan_cache(config, Footprint.of(spec, lora.bytes, stock=aot is None, kv_dtype=kv_dtype),
-                       available_memory(), spec.max_position_embeddings)
+    # A draft model (speculation's plugin_type draft_model) runs on the AOT path only; its weights and a cache of
+    # as many blocks as the target's count in the same budget.
+    draft_spec = None
+    if config.speculation.draft_model is not None and config.speculation.enabled:
+        if aot is None:
+            log.warning("the draft model is not loaded: the stock-op kernels do not speculate")
+        else:
+            draft_spec = load_model(config.speculation.draft_model)
+    footprint = Footprint.of(spec, lora.bytes, stock=aot is None, kv_dtype=kv_dtype)
+    if draft_spec is not None:
+        footprint = footprint.plus(Footprint.of(draft_spec, kv_dtype=kv_dtype))
+    cache = plan_cache(config, footprint, available_memory(), spec.max_position_embeddings)
     log.info("%s", cache.describe())
     config, num_blocks = cache.apply(config), cache.num_blocks
     tokenizer = Tokenizer.from_model_dir(spec.model_dir, spec.tokenizer)
@@ -85,6 +97,8 @@ def build_parts(model_dir: Path | str, config: EngineConfig, model_name: str | N
                           kv_dtype=kv_dtype)
     vision = VisionEncoder(vl, weights) if vl is not None else None
     del weights
+    draft = _draft_model(draft_spec, tokenizer, shapes, num_blocks, config, kv_dtype, vocab_size=
+                         spec.config_vocab_size or spec.vocab_size) if draft_spec is not None else None
     lora.attach(runner.write_lora)
     allocator = BlockAllocator(num_blocks, runner.shapes.block_size, config.prefix_caching)
     scheduler = Scheduler(allocator, config.max_batch_size, config.max_waiting,
@@ -99,7 +113,24 @@ def build_parts(model_dir: Path | str, config: EngineConfig, model_name: str | N
                        vocab_size=vocab_size, max_seq_len=longest_sequence(config, spec.max_position_embeddings),
                        prompt_limit=prompt_token_limit(config, spec.max_position_embeddings), lora=lora,
                        runner=runner, vision=vision, allocator=allocator, scheduler=scheduler,
-                       speculator=Speculator(config.speculation, runner.draft_budget(1, 0) > 0))
+                       speculator=Speculator(config.speculation, runner.draft_budget(1, 0) > 0, draft))
+
+
+def _draft_model(spec: ModelSpec, tokenizer: Tokenizer, shapes, num_blocks: int, config: EngineConfig,
+                 kv_dtype: str, vocab_size: int) -> DraftModel:
+    """The draft model on the target's shapes and block count (DraftModelError naming the keys if its tokenizer
+    is not the target's, or the AOT kernels do not fit it)."""
+    check_tokenizer(Tokenizer.from_model_dir(spec.model_dir, spec.tokenizer), tokenizer, spec.model_dir)
+    check_draft_spec(spec, shapes.max_window)
+    aot = choose_kernels(spec, "auto", "CPU", config.kernel_isa)
+    if aot is None:
+        raise DraftModelError(f"{DRAFT_KEY} {spec.model_dir}: the AOT kernels do not run this model (see the log); "
+                              "a draft model needs them")
+    weights = load_weights(spec.checkpoint, spec.checkpoint_format)
+    check_weight_dtype(weights, spec.yaml_path, spec.weight_dtype)
+    runner = build_runner(spec, weights, shapes, num_blocks, "aot", "CPU", None, None, aot=aot, kv_dtype=kv_dtype)
+    log.info("draft model %s: %d layers, hidden %d", spec.model_dir.name, spec.num_layers, spec.hidden_size)
+    return DraftModel(spec, runner, vocab_size)
 
 
 def _load_weights(spec, vl: VLSpec | None) -> dict[str, np.ndarray]:
@@ -110,9 +141,13 @@ def _load_weights(spec, vl: VLSpec | None) -> dict[str, np.ndarray]:
 def warm_up(engine, progress: bool) -> None:
     """Compile every graph the engine will call (loaded from the graph cache where ``graph_cache`` is on)."""
     spec = engine.spec
+    draft = engine.speculator.model
     if engine.config.graph_cache and spec.mode == 0:
-        enable_graph_cache(graph_key(engine.runner.graph_parts, spec.model_dir, spec.yaml_path))
+        parts = engine.runner.graph_parts + (draft.graph_parts() if draft is not None else [])
+        enable_graph_cache(graph_key(parts, spec.model_dir, spec.yaml_path))
     engine.runner.warmup(progress)
+    if draft is not None:
+        draft.warmup(progress)
     if engine.vision is not None:
         engine.vision.warmup()
 

@@ -49,7 +49,7 @@ class Intake:
             seq = SeqState.from_request(handle, ids, params, max_new_tokens=max_new, defaults=self.spec.defaults,
                                         vocab_size=self.vocab_size, eos_ids=self.eos_ids, tokenizer=self.tokenizer,
                                         grammars=self.grammars, lora=lease, vision=vision, media=items)
-            seq.drafter = self.speculator.drafter(params.speculate, seq.grammar is not None)
+            seq.drafter = self.speculator.drafter(params.speculate)
             return seq
         except BaseException:
             if lease is not None:

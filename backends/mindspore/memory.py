@@ -60,6 +60,13 @@ class Footprint:
         return cls(held, kv, _vision_activations(spec), StockGraphs.of(spec),
                    load_bytes=held + weights_bytes(spec.checkpoint, as_read=True), kv_dtype=kv_dtype)
 
+    def plus(self, draft: Footprint) -> Footprint:
+        """This model's footprint with a draft model's (speculative decoding) beside it: both weights, and a
+        cache block holds both models' K/V (the draft cache has as many blocks)."""
+        return replace(self, weights_bytes=self.weights_bytes + draft.weights_bytes,
+                       bytes_per_token=self.bytes_per_token + draft.bytes_per_token,
+                       load_bytes=self.load_bytes and self.load_bytes + draft.load_peak)
+
     @property
     def load_peak(self) -> int:
         return self.load_bytes or LOAD_COPIES * self.weights_bytes

@@ -20,6 +20,7 @@ from backends.settings import EngineConfig
 
 MODEL, MEMORY, SCHEDULE, ADAPTERS = "model", "memory", "schedule", "adapters"  # what a PreflightError is about
 KV_CACHE = "kv_cache"  # kvCacheDtype
+SPECULATION = "speculation"  # plugin_params draft_model_path
 
 
 class PreflightError(ValueError):
@@ -78,7 +79,30 @@ def check_model(path: Path, engine: EngineConfig) -> ModelCheck:
         raise PreflightError(MODEL, f": cannot load the tokenizer: {exc}") from None
     _check_windows(engine, spec.max_position_embeddings)
     adapters = _check_adapters(engine, spec)
-    return ModelCheck(spec.model_dir, spec.arch, spec.max_position_embeddings, _check_memory(engine, spec, adapters))
+    draft = _check_draft_model(engine, spec)
+    return ModelCheck(spec.model_dir, spec.arch, spec.max_position_embeddings,
+                      _check_memory(engine, spec, adapters, draft))
+
+
+def _check_draft_model(engine: EngineConfig, target):
+    """The draft model of plugin_type draft_model (None without one): its directory read as the engine reads it,
+    its tokenizer the target's (``draft_model.check_tokenizer``), a text model reaching the target's window."""
+    path = engine.speculation.draft_model
+    if path is None:
+        return None
+    from backends.mindspore.draft_model import KEY, DraftModelError, check_draft_spec, check_tokenizer
+    from backends.mindspore.tokenizer import Tokenizer
+
+    try:
+        spec = load_model(path)
+        check_tokenizer(Tokenizer.from_model_dir(spec.model_dir, spec.tokenizer),
+                        Tokenizer.from_model_dir(target.model_dir, target.tokenizer), spec.model_dir)
+        check_draft_spec(spec, plan_shapes(engine, target.max_position_embeddings).max_window)
+    except DraftModelError as exc:
+        raise PreflightError(SPECULATION, str(exc).removeprefix(KEY)) from None
+    except (ConfigError, OSError, ValueError) as exc:
+        raise PreflightError(SPECULATION, f" {path}: {exc}") from None
+    return spec
 
 
 def _check_adapters(engine: EngineConfig, spec) -> EngineAdapters:
@@ -93,12 +117,16 @@ def _check_adapters(engine: EngineConfig, spec) -> EngineAdapters:
         raise PreflightError(ADAPTERS, f": {exc}") from None
 
 
-def _check_memory(engine: EngineConfig, spec, adapters: EngineAdapters) -> CachePlan:
+def _check_memory(engine: EngineConfig, spec, adapters: EngineAdapters, draft=None) -> CachePlan:
     """The engine's own cache rule (``memory.plan_cache``) on the memory free now, the weights' size read
-    from the safetensors headers, plus the adapter slots the engine would allocate."""
+    from the safetensors headers, plus the adapter slots the engine would allocate and a draft model's weights
+    and cache (on the AOT path, where it runs)."""
     try:
         stock = stock_expected(spec, engine.kernels)
-        model = Footprint.of(spec, adapters.bytes, stock=stock, kv_dtype=cache_dtype(engine.kv_cache_dtype, stock))
+        kv_dtype = cache_dtype(engine.kv_cache_dtype, stock)
+        model = Footprint.of(spec, adapters.bytes, stock=stock, kv_dtype=kv_dtype)
+        if draft is not None and not stock:
+            model = model.plus(Footprint.of(draft, kv_dtype=kv_dtype))
         return plan_cache(engine, model, available_memory(), spec.max_position_embeddings)
     except MemoryBudgetError as exc:
         raise PreflightError(MEMORY, f": {exc}") from None

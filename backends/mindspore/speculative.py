@@ -1,7 +1,8 @@
 """Prompt-lookup (n-gram) speculative decoding (the reference server's memory_decoding): each sequence drafts the
 tokens that followed the most recent earlier occurrence of its longest matching suffix, in its prompt and its
 own output (``NgramIndex``), with a draft length that follows its acceptance (``Drafter``); ``Speculator`` hands
-out a step's drafts within the runner's budget and counts what was drafted and accepted.
+out a step's drafts within the runner's budget (from the n-gram index, or from a draft model: draft_model.py;
+a grammar row's cut where its grammar refuses) and counts what was drafted and accepted.
 
 Verification is the engine's: a decode row carries its drafts through the same packed forward, every position's
 logits come back, and each draft is accepted while it equals the token the sequence's own chooser picks from the
@@ -10,11 +11,17 @@ the output (ids, logprobs, seeded samples) is exactly the plain run's. docs/spec
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from backends.settings import SpeculationSettings
+
+if TYPE_CHECKING:
+    from backends.grammar import GrammarState
+
+log = logging.getLogger("mindserve.engine")
 
 PAUSE_WINDOW = 4  # verify steps whose acceptance decides a pause
 PAUSE_BELOW = 0.25  # acceptance rate over the window below which drafting pauses
@@ -49,6 +56,25 @@ class NgramIndex:
 
 
 @dataclass(slots=True)
+class DraftCache:
+    """A sequence's place in a draft model's K/V cache (draft_model.py): ``fed`` the tokens at positions 0..
+    whose K/V it holds, of which the first ``sure`` are the sequence's own (the rest were drafts)."""
+
+    fed: list[int] = field(default_factory=list)
+    sure: int = 0
+
+    def pending(self, tokens: Sequence[int]) -> list[int]:
+        """Forget the drafts ``tokens`` (the sequence now) did not take; the tokens still to feed: at least the
+        last one, whose logits give the first draft (fed again if a draft already put it there)."""
+        common = self.sure
+        while common < min(len(self.fed), len(tokens) - 1) and self.fed[common] == tokens[common]:
+            common += 1
+        del self.fed[common:]
+        self.sure = len(tokens)
+        return list(tokens[common:])
+
+
+@dataclass(slots=True)
 class Drafter:
     """One sequence's drafting: its index, its draft length ``k`` and, when adaptive, its pauses. Adaptive: k
     doubles after a fully accepted draft and drops to one more than the accepted count otherwise; when fewer
@@ -62,6 +88,7 @@ class Drafter:
     resume_at: int = 0  # generated tokens before which it does not draft
     pause: int = FIRST_PAUSE
     recent: collections.deque = field(default_factory=lambda: collections.deque(maxlen=PAUSE_WINDOW))
+    cache: DraftCache = field(default_factory=DraftCache)  # with a draft model: what its cache holds
 
     @classmethod
     def of(cls, settings: SpeculationSettings) -> Drafter:
@@ -74,9 +101,12 @@ class Drafter:
         if have < n_prompt:
             self.index.extend(prompt[have:])
         self.index.extend(generated[max(0, len(self.index.tokens) - n_prompt):])
-        if limit <= 0 or len(generated) < self.resume_at:
-            return []
-        return self.index.propose(min(self.k, limit))
+        wanted = self.wanted(len(generated), limit)
+        return self.index.propose(wanted) if wanted else []
+
+    def wanted(self, generated: int, limit: int) -> int:
+        """Tokens to draft now, at ``generated`` tokens: min(k, ``limit``), none while paused."""
+        return 0 if limit <= 0 or generated < self.resume_at else min(self.k, limit)
 
     def record(self, drafted: int, accepted: int, generated: int) -> None:
         """A verify step's outcome: ``accepted`` of ``drafted`` drafts, the sequence at ``generated`` tokens."""
@@ -100,6 +130,15 @@ class Drafting(Protocol):
     generated: list[int]
     max_new_tokens: int
     drafter: Drafter | None
+    grammar: GrammarState | None
+
+
+class DraftProposer(Protocol):
+    """A draft model (``draft_model.DraftModel``): greedy drafts of the asked length for each sequence."""
+
+    def propose(self, wants: Mapping[Drafting, int]) -> dict[Drafting, list[int]]: ...
+
+    def info(self) -> dict: ...
 
 
 @dataclass(slots=True)
@@ -121,36 +160,62 @@ class Speculator:
     ``draft_budget`` (``propose``), and the counts (``record``, ``info``). ``active`` is False when it is off
     or the runner does not speculate (the stock-op split step)."""
 
-    def __init__(self, settings: SpeculationSettings, runner_speculates: bool) -> None:
+    def __init__(self, settings: SpeculationSettings, runner_speculates: bool,
+                 model: DraftProposer | None = None) -> None:
         self.settings = settings
         self.active = settings.enabled and runner_speculates
+        self.model = model  # plugin_type draft_model: it proposes instead of the n-gram index
+        self._drafts = self._ngram_drafts if model is None else self._model_drafts  # the strategy, chosen once
         self.stats = SpeculationStats()
 
-    def drafter(self, wanted: bool, grammar: bool) -> Drafter | None:
-        """A new sequence's drafter, or None: speculation off, the request opted out (``wanted`` False), or a
-        grammar constrains it (its mask is computed one token ahead; such rows decode plainly)."""
-        return Drafter.of(self.settings) if self.active and wanted and not grammar else None
+    def drafter(self, wanted: bool) -> Drafter | None:
+        """A new sequence's drafter, or None: speculation off, or the request opted out (``wanted`` False)."""
+        return Drafter.of(self.settings) if self.active and wanted else None
 
     def propose(self, seqs: Sequence[Drafting], budget: int,
                 fit: Callable[[int], int] = lambda wanted: wanted) -> dict[Drafting, tuple[int, ...]]:
         """This step's drafts of the decode rows ``seqs``, at most ``budget`` tokens in all, then cut to
         ``fit(wanted)`` (the runner's ``fit_drafts``) by shortening the longest; a sequence drafts at most one
-        token fewer than it may still generate (the verify step gives one more)."""
-        out: dict[Drafting, list[int]] = {}
-        for seq in seqs:
-            if budget <= 0:
-                break
-            if seq.drafter is None:
-                continue
-            room = seq.max_new_tokens - len(seq.generated) - 1
-            drafts = seq.drafter.propose(seq.prompt_ids, seq.generated, min(budget, room))
-            if drafts:
-                out[seq] = drafts
-                budget -= len(drafts)
+        token fewer than it may still generate (the verify step gives one more), and a grammar row's draft stops
+        before the first token its grammar refuses (``GrammarState.valid_prefix``: it could not be accepted)."""
+        out = self._drafts(seqs, budget)
+        for seq, drafts in out.items():
+            if seq.grammar is not None:
+                del drafts[seq.grammar.valid_prefix(drafts):]
+        out = {seq: d for seq, d in out.items() if d}
         wanted = sum(len(d) for d in out.values())
         for _ in range(wanted - fit(wanted) if out else 0):
             max(out.values(), key=len).pop()
         return {seq: tuple(d) for seq, d in out.items() if d}
+
+    def _ngram_drafts(self, seqs: Sequence[Drafting], budget: int) -> dict[Drafting, list[int]]:
+        out: dict[Drafting, list[int]] = {}
+        for seq in seqs:
+            if budget <= 0:
+                break
+            if seq.drafter is not None:
+                out[seq] = seq.drafter.propose(seq.prompt_ids, seq.generated, min(budget, _room(seq)))
+                budget -= len(out[seq])
+        return out
+
+    def _model_drafts(self, seqs: Sequence[Drafting], budget: int) -> dict[Drafting, list[int]]:
+        """The draft model's proposals, each row's length decided first (its k, its room, the budget)."""
+        wants: dict[Drafting, int] = {}
+        for seq in seqs:
+            if budget <= 0:
+                break
+            if seq.drafter is not None and (n := seq.drafter.wanted(len(seq.generated), min(budget, _room(seq)))):
+                wants[seq] = n
+                budget -= n
+        if not wants:
+            return {}
+        try:
+            return self.model.propose(wants)
+        except Exception:  # drafts only speed decoding up: a failed draft call costs this step's, not a request
+            log.exception("the draft model failed; this step decodes without drafts")
+            for seq in wants:
+                seq.drafter.cache = DraftCache()  # what its draft cache holds is unknown now: fed again
+            return {}
 
     def record(self, seq: Drafting, drafted: int, accepted: int, emitted: int) -> None:
         s = self.stats
@@ -161,6 +226,11 @@ class Speculator:
     def info(self) -> dict:
         """What /info reports: the settings and the counts."""
         st = self.settings
-        return {"enabled": self.active, "method": "memory_decoding" if st.enabled else "off",
-                "max_draft": st.max_draft, "ngram_min": st.ngram_min, "ngram_max": st.ngram_max,
-                "adaptive": st.adaptive, **self.stats.describe()}
+        model = self.model.info() if self.model is not None else {}
+        return {"enabled": self.active, "method": st.method, "max_draft": st.max_draft, "ngram_min": st.ngram_min,
+                "ngram_max": st.ngram_max, "adaptive": st.adaptive, **model, **self.stats.describe()}
+
+
+def _room(seq: Drafting) -> int:
+    """Draft tokens ``seq`` may carry: one fewer than it may still generate (the verify step gives one more)."""
+    return seq.max_new_tokens - len(seq.generated) - 1

@@ -53,9 +53,22 @@ def test_keys_to_settings(tmp_path, plugin, gamma, want):
     ({"plugin_type": "memory_decoding", "dynamic_algo": 1}, None, "dynamic_algo 1 must be true or false"),
     ({"plugin_type": "memory_decoding", "decoding_length": 16}, 8,
      "speculationGamma 8 must be >= plugin_params decoding_length 16"),
+    ({"plugin_type": "draft_model"}, None, "draft_model_path None must name the draft model's directory"),
+    ({"plugin_type": "draft_model", "draft_model_path": ""}, None, "draft_model_path '' must name"),
+    ({"plugin_type": "draft_model", "draft_model_path": "d", "ngram_min": 1}, None,
+     "unknown key 'ngram_min' (draft_model takes decoding_length, dynamic_algo, draft_model_path)"),
+    ({"plugin_type": "memory_decoding", "draft_model_path": "d"}, None, "unknown key 'draft_model_path'"),
 ])
 def test_bad_values_name_the_key(tmp_path, plugin, gamma, message):
     with pytest.raises(ConfigFileError) as caught:
         load(tmp_path, plugin, gamma)
     assert message in str(caught.value)
     assert "ModelConfig[0].plugin_params" in str(caught.value) or "speculationGamma" in str(caught.value)
+
+
+def test_draft_model_keys(tmp_path):
+    got = load(tmp_path, {"plugin_type": "draft_model", "draft_model_path": "drafts/small", "decoding_length": 4})
+    assert got == SpeculationSettings(max_draft=4, draft_model=tmp_path / "drafts/small")  # relative to the file
+    assert got.method == "draft_model" and SpeculationSettings(max_draft=4).method == "memory_decoding"
+    assert load(tmp_path, {"plugin_type": "draft_model", "draft_model_path": "/abs/m", "dynamic_algo": False}) == \
+        SpeculationSettings(max_draft=8, adaptive=False, draft_model=Path("/abs/m"))

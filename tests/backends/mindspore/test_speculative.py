@@ -96,6 +96,15 @@ class Seq:  # what Speculator reads of a SeqState
     generated: list[int]
     max_new_tokens: int
     drafter: Drafter | None
+    grammar: object = None
+
+
+class Grammar:  # a grammar that takes the tokens below ``limit`` only (GrammarState.valid_prefix)
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+
+    def valid_prefix(self, tokens) -> int:
+        return next((i for i, t in enumerate(tokens) if t >= self.limit), len(tokens))
 
 
 def seq(prompt, generated, max_new=100, drafter=True, settings=SpeculationSettings(max_draft=4, adaptive=False)):
@@ -114,12 +123,20 @@ def test_step_drafts_share_the_budget_and_stop_short_of_the_length_limit():
 
 def test_who_drafts():
     on, off = SpeculationSettings(max_draft=4), SpeculationSettings()
-    assert Speculator(on, True).drafter(True, False) is not None
-    assert Speculator(on, True).drafter(False, False) is None  # the request opted out
-    assert Speculator(on, True).drafter(True, True) is None  # a grammar row
-    assert Speculator(on, False).drafter(True, False) is None  # the runner does not speculate
-    assert Speculator(off, True).drafter(True, False) is None
+    assert Speculator(on, True).drafter(True) is not None
+    assert Speculator(on, True).drafter(False) is None  # the request opted out
+    assert Speculator(on, False).drafter(True) is None  # the runner does not speculate
+    assert Speculator(off, True).drafter(True) is None
     assert Speculator(on, False).info()["enabled"] is False
+
+
+def test_a_grammar_rows_draft_stops_before_the_first_token_it_refuses():
+    spec = Speculator(SpeculationSettings(max_draft=4, adaptive=False), True)
+    cut, whole = seq([1, 2, 3, 4, 5, 6, 1], [2]), seq([1, 2, 3, 4, 5, 6, 1], [2])
+    cut.grammar, whole.grammar = Grammar(5), Grammar(100)  # cut's grammar refuses 5: drafts 3 4, not 5 6
+    refused = seq([1, 2, 9, 1], [2])
+    refused.grammar = Grammar(5)  # refuses the first draft: no draft at all
+    assert spec.propose([cut, whole, refused], 16) == {cut: (3, 4), whole: (3, 4, 5, 6)}
 
 
 def test_counts():
@@ -156,3 +173,30 @@ def test_packed_step_sends_drafts_up_to_a_compiled_size(tokens, drafts, want):
 
     runner = SimpleNamespace(shapes=SimpleNamespace(prefill_sizes=(1, 2, 4, 8, 16, 32, 64, 80)))
     assert PackedRunner.fit_drafts(runner, tokens, drafts) == want
+
+
+def test_a_failing_draft_model_costs_the_steps_drafts_only():
+    class Failing:
+        def propose(self, wants):
+            raise RuntimeError("draft forward failed")
+
+    spec = Speculator(SpeculationSettings(max_draft=4, adaptive=False), True, Failing())
+    s = seq([1, 2, 3], [4])
+    s.drafter.cache.fed.extend([1, 2, 3])
+    assert spec.propose([s], 8) == {}
+    assert s.drafter.cache.fed == []  # fed again from the start next time
+
+
+def test_the_draft_model_is_asked_for_each_rows_length_within_the_budget():
+    class Recording:
+        def propose(self, wants):
+            self.wants = dict(wants)
+            return {q: [7] * n for q, n in wants.items()}
+
+    model = Recording()
+    spec = Speculator(SpeculationSettings(max_draft=4, adaptive=False), True, model)
+    a, b, near = seq([1], [2]), seq([1], [2]), seq([1], [2], max_new=3)
+    assert spec.propose([a, b, near], 6) == {a: (7, 7, 7, 7), b: (7, 7)}  # the budget is spent before near
+    assert model.wants == {a: 4, b: 2}
+    assert spec.propose([near], 6) == {near: (7,)}  # one token fewer than it may still generate
+

@@ -1,9 +1,10 @@
 """Speculative decoding on the real default model: with drafts verified in the packed step, every request's ids,
 logprobs, alternatives and the raw logits of every position are the bits of plain decoding (the same engine,
-``speculate=False``), alone, batched with others, sampled with a seed, cut by stop strings and max_new_tokens,
-on cached prefixes; and no graph compiles after warm-up."""
+``speculate=False``), alone, batched with others, sampled with a seed, constrained by a JSON Schema or a regex,
+cut by stop strings and max_new_tokens, on cached prefixes; and no graph compiles after warm-up."""
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import replace
 
@@ -13,7 +14,7 @@ import pytest
 from backends.mindspore.engine import Engine
 from backends.mindspore.sequence import SeqState
 from backends.settings import EngineConfig, SpeculationSettings
-from backends.types import GenerationResult, RequestParams, TokenEvent
+from backends.types import GenerationResult, Grammar, RequestParams, TokenEvent
 from tests.support.golden import EOS_PROMPT, NUMPY_GOLDEN, PROMPT
 
 CONFIG = EngineConfig(max_seq_len=512, max_input_tokens=400, max_batch_size=8, max_iter_times=128, block_size=64,
@@ -63,6 +64,12 @@ def accepted(engine) -> int:
     return engine.speculator.stats.accepted
 
 
+RECORD = '{"name":"Ada Lovelace","born":1815,"city":"London","known_for":"the first published computer program"}'
+SCHEMA = json.dumps({"type": "object", "required": ["name", "born", "city", "known_for"], "additionalProperties": False,
+                     "properties": {"name": {"type": "string"}, "born": {"type": "integer"}, "city": {"type": "string"},
+                                    "known_for": {"type": "string"}}})
+REFORMAT = (f"<|im_start|>user\nReturn this record as JSON, unchanged: {RECORD}<|im_end|>\n"
+            "<|im_start|>assistant\n")  # the grammar's compact JSON copies it
 GREEDY = RequestParams(max_new_tokens=60, do_sample=False, top_logprobs=3)
 CASES = {
     "golden": (PROMPT, RequestParams(max_new_tokens=20, do_sample=False, top_logprobs=2)),
@@ -71,6 +78,8 @@ CASES = {
     "count": (COUNT, GREEDY),
     "sampled": (COUNT, RequestParams(max_new_tokens=60, do_sample=True, temperature=0.8, top_p=0.95, seed=99,
                                      top_logprobs=2)),
+    "json": (REFORMAT, replace(GREEDY, grammar=Grammar("json", SCHEMA))),  # a grammar row drafts, masked each step
+    "regex": (REFORMAT, replace(GREEDY, grammar=Grammar("regex", r"Ada Lovelace was born in 18\d\d in [A-Z][a-z]+\."))),
 }
 
 
@@ -91,8 +100,10 @@ def test_speculation_gives_the_plain_runs_bits(engine, logits_log, name):
     assert [e.index for e in on_events] == list(range(on.generated_tokens))
     if name == "golden":
         assert [t.id for t in on.tokens] == NUMPY_GOLDEN["generated_ids"]
-    if name in ("quote", "count"):
+    if name in ("quote", "count", "json"):
         assert accepted(engine) - before >= 10, "drafts were accepted: the verify path ran"
+    if name == "json":
+        assert json.loads(on.generated_text)["city"] == "London"
 
 
 def test_stop_string_and_max_new_tokens_cut_inside_an_accepted_run(engine):
