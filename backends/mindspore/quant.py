@@ -101,7 +101,7 @@ def _k4_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def unpack(q: QuantWeight) -> Unpacked:
-    fmt, n, bs = q.fmt, q.rows, BLOCK_SIZE[q.fmt]
+    fmt, n = q.fmt, q.rows
     b = q.blocks.reshape(n, -1, BLOCK_BYTES[fmt])
     nb = b.shape[1]
     if fmt == "q8_0":

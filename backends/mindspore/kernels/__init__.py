@@ -3,7 +3,8 @@
 ``aot_ops(heads, kv_heads, head_dim)`` returns every operator the network uses (``AotOps``):
 
 * ``matmul`` -- ``fast_matmul()`` below (a float32 weight from ``prepare_weight``, or a GGUF-quantized one,
-  q8_0/q4_0/q4_1/q5_0/q5_1/q4_k/q5_k/q6_k, from ``prepare_qweight``: dequantized on the fly inside the dot product, qmatmul.cc);
+  q8_0/q4_0/q4_1/q5_0/q5_1/q4_k/q5_k/q6_k, from ``prepare_qweight``: dequantized on the fly inside the dot
+  product, qmatmul.cc);
   ``matmul_add(x, w, res)`` = ``res + x @ W`` (a residual connection without a separate Add; the residual is
   added once, after the product);
   ``matmul_lora`` / ``matmul_add_lora`` take four more inputs ``(a, b, rows, segs)`` and add each row's
@@ -232,6 +233,8 @@ def kernel_library(cache_dir: str | os.PathLike | None = None, variant: str | No
         lib.mindserve_qmatmul_raw.restype = ctypes.c_int
         lib.mindserve_quantize_rows_raw.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 3
         lib.mindserve_quantize_rows_raw.restype = ctypes.c_int
+        lib.mindserve_quantize_rows_k_raw.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 3
+        lib.mindserve_quantize_rows_k_raw.restype = ctypes.c_int
         lib.mindserve_qmatmul_isa.restype = ctypes.c_char_p
         lib.mindserve_attention_raw.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 8
         lib.mindserve_attention_raw.restype = ctypes.c_int

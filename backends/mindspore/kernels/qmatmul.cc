@@ -4,6 +4,12 @@
 //   Q8_0  w = d * q,        q int8,  d fp16                (GGUF block: d, 32 x q        = 34 bytes)
 //   Q4_0  w = d * (q - 8),  q 0..15, d fp16                (d, 16 bytes of nibbles       = 18 bytes)
 //   Q4_1  w = d * q + m,    q 0..15, d, m fp16             (d, m, 16 bytes of nibbles    = 20 bytes)
+//   Q5_0  w = d * (q - 16), q 0..31, d fp16               (d, 4 bytes of fifth bits, 16 of nibbles = 22 bytes)
+//   Q5_1  w = d * q + m,    q 0..31, d, m fp16             (d, m, fifth bits, nibbles = 24 bytes)
+// and the K-quants, super-blocks of 256 in sub-blocks (ggml-common.h):
+//   Q4_K  w = d * sc_j * q - dmin * mn_j, q 0..15, 6-bit sc_j, mn_j per sub-block of 32   (144 bytes)
+//   Q5_K  the same with q 0..31                                                         (176 bytes)
+//   Q6_K  w = d * sc_j * (q - 32), q 0..63, int8 sc_j per sub-block of 16                (210 bytes)
 // (GGUF nibble byte i of a block holds weight i in its low half and weight i + 16 in its high half.)
 //
 // Activations are quantized per row and per block of 32 (as llama.cpp does for these dot products):
@@ -13,6 +19,12 @@
 // Each output element then is, over the blocks b = 0 .. K/32 - 1 in order (all float32, exact integer sums):
 //   Q8_0, Q4_0: acc = fma(d_w * dx, (float)sum_k(q_k * qx_k) [- 8 sx for Q4_0], acc)
 //   Q4_1:       acc = fma(d_w * dx, (float)sum_k(q_k * qx_k), acc);  acc = fma(m_w, dx * (float)sx, acc)
+// The Q5 formats take the same activations as Q4_0 / Q4_1 (offset 16 for Q5_0, m for Q5_1). The K-quants take
+// llama.cpp's Q8_K activations: per 256 values iscale = 127 / amax, q = round-half-even(x * iscale), dx = 1 / iscale,
+// and the sums of each 16 q (bsums); then per super-block (ktile below has the integer sums):
+//   Q4_K, Q5_K: acc = fma(d_w * dx, (float)sum_j(sc_j * dot_j), acc);
+//               acc = fnmadd(dmin_w * dx, (float)sum_j(mn_j * (bsum_2j + bsum_2j+1)), acc)
+//   Q6_K:       acc = fma(d_w * dx, (float)sum_j(sc_j * (dot16_j - 32 bsum_j)), acc)
 // and y = acc (+ res, added once at the end), then each row's LoRA delta (lora.h) when the LoRA inputs are
 // given. This fixed sequence does not depend on M, on the other rows, on the thread count or on the tile
 // shape (work is split over rows and over groups of 16 output columns, one or two at a time, never over K), so a row is
@@ -29,13 +41,21 @@
 //   d        w fp16
 //   m        w fp16 (Q4_1 only)
 // so one 64-byte load gives one dword of each of 16 columns: the lanes of a VNNI dot product.
+// The Q5 formats and the K-quants (packed bytes per column per block: Q5_0 22, Q5_1 24, Q4_K 148, Q5_K 180,
+// Q6_K 210, the block being 32 weights or a super-block of 256) hold per block, for each sub-block of 32 in order:
+//   nibbles  4 dwords per column as Q4's (the low 4 bits of each weight's q)
+//   high     Q5: 1 dword, byte i bit t = bit 4 of weight 4t + i, bit 4 + t = that of weight 16 + 4t + i;
+//            Q6_K: 2 dwords, dword h byte i bits 2t, 2t + 1 = bits 4, 5 of weight 16h + 4t + i; Q4_K: none
+// then the K-quants' integer scales, 4 dwords per column (Q4_K, Q5_K: sc_0..7 then mn_0..7, one byte each;
+// Q6_K: the 16 int8 sc), then d fp16, then Q5_1's m / Q4_K's and Q5_K's dmin fp16.
 //
 // The instruction set is the build variant's (build.py): vec.h's dot_nib / dot_q8 are vpdpbusd with AVX-512
 // VNNI, vpmaddubsw + vpmaddwd with AVX-512BW or AVX2, sdot with NEON dotprod, widening multiplies on plain
 // NEON. mindserve_qmatmul_isa() says which.
 //
-// Exported: mindserve_qmatmul_raw(x, w_packed, fmt, res, y, M, K, N) (tests; fmt 0 Q8_0, 1 Q4_0, 2 Q4_1),
-// mindserve_quantize_rows_raw(x, M, K, q, d, s), mindserve_qmatmul_isa(); the AOT path is qmatmul_entry()
+// Exported: mindserve_qmatmul_raw(x, w_packed, fmt, res, y, M, K, N) (tests; fmt 0 Q8_0, 1 Q4_0, 2 Q4_1, 3 Q5_0,
+// 4 Q5_1, 5 Q4_K, 6 Q5_K, 7 Q6_K), mindserve_quantize_rows_raw(x, M, K, q, d, s),
+// mindserve_quantize_rows_k_raw(x, M, K, q, d, bsums), mindserve_qmatmul_isa(); the AOT path is qmatmul_entry()
 // (qmatmul.h), reached through MindserveMatMul / MindserveMatMulAdd with a uint8 weight.
 #include "qmatmul.h"
 
