@@ -4,6 +4,12 @@ cache from one step to the next), in model order through ``mindserve_qmatmul_raw
 round, and each reports its fastest and median step.
 
     python bench/qmatmul_step.py TREE:VARIANT [TREE:VARIANT ...] [--rows 16] [--threads 1] [--rounds 7]
+        [--format q4_1] [--shape HIDDEN,FFN --layers 2]
+
+``--format`` stores the layers' matrices in another GGUF format (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k;
+the K-quants written by quant.quantize). ``--shape HIDDEN,FFN`` times another model's layers instead, as the server
+runs them: the fused qkv [H, 3H] (no GQA), o [H, H], the fused gate/up [H, 2F] and down [F, H], without the head
+(e.g. ``--shape 2048,8192 --layers 2``: SmolLM2-1.7B, 2 layers of weights, still far more than the caches hold).
 
 TREE is a source tree (e.g. /work/main and this one), VARIANT a kernel variant (``x86-64-v3``, ...); each build is
 made by its own tree in a child process. With one thread the time is the thread's CPU time (``time.thread_time``),
@@ -26,11 +32,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from backends.mindspore.kernels import prepare_qweight  # noqa: E402
-from backends.mindspore.quant import QuantWeight  # noqa: E402
 
 LAYER = [(576, 576), (576, 192), (576, 192), (576, 576), (576, 1536), (576, 1536), (1536, 576)]  # (K, N) each
 HEAD = (576, 49152)
-FORMATS = {"q8_0": 0, "q4_0": 1, "q4_1": 2}  # qmatmul.cc's format codes
+FORMATS = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "q5_0": 3, "q5_1": 4, "q4_k": 5, "q5_k": 6, "q6_k": 7}  # qmatmul.cc's codes
 
 
 def load_build(spec: str, cache: str) -> ctypes.CDLL:
@@ -48,12 +53,10 @@ def load_build(spec: str, cache: str) -> ctypes.CDLL:
 
 
 def random_qweight(rng, fmt: str, n: int, k: int) -> np.ndarray:
-    from gguf import GGMLQuantizationType
-    from gguf.quants import quantize
+    from backends.mindspore.quant import quantize  # the gguf package's for the 32-blocks, its own for the K-quants
 
     w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
-    blocks = quantize(w, GGMLQuantizationType[fmt.upper()])
-    return prepare_qweight(QuantWeight(fmt, n, k, np.ascontiguousarray(blocks.reshape(n, -1))))
+    return prepare_qweight(quantize(w, fmt))
 
 
 def main() -> None:
@@ -63,16 +66,23 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--layers", type=int, default=30)
+    ap.add_argument("--format", default="q4_1", choices=sorted(FORMATS), help="the layers' format (default q4_1)")
+    ap.add_argument("--shape", help="HIDDEN,FFN: another model's fused layers, no head (default: SmolLM2-135M)")
     ap.add_argument("--cache", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "mindserve-qmatmul-step"))
     args = ap.parse_args()
     libs = {spec: load_build(spec, args.cache) for spec in args.builds}
     for lib in libs.values():
         lib.mindserve_matmul_set_threads(args.threads)
     rng = np.random.default_rng(0)
-    mats = [("q4_1", k, n, random_qweight(rng, "q4_1", n, k)) for _ in range(args.layers) for k, n in LAYER]
-    mats.append(("q8_0", *HEAD, random_qweight(rng, "q8_0", HEAD[1], HEAD[0])))
-    x = {k: rng.standard_normal((args.rows, k)).astype(np.float32) for k in (576, 1536)}
-    y = np.empty((args.rows, HEAD[1]), np.float32)
+    layer = LAYER
+    if args.shape:
+        hidden, ffn = (int(v) for v in args.shape.split(","))
+        layer = [(hidden, 3 * hidden), (hidden, hidden), (hidden, 2 * ffn), (ffn, hidden)]
+    mats = [(args.format, k, n, random_qweight(rng, args.format, n, k)) for _ in range(args.layers) for k, n in layer]
+    if not args.shape:
+        mats.append(("q8_0", *HEAD, random_qweight(rng, "q8_0", HEAD[1], HEAD[0])))
+    x = {k: rng.standard_normal((args.rows, k)).astype(np.float32) for _, k, _, _ in mats}
+    y = np.empty((args.rows, max(n for _, _, n, _ in mats)), np.float32)
     clock = time.thread_time if args.threads == 1 else time.perf_counter
     print(f"{sum(m[3].nbytes for m in mats) / 1e6:.1f} MB of weights, M={args.rows}, {args.threads} thread(s), "
           f"{'CPU' if args.threads == 1 else 'wall'} time")

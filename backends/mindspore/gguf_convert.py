@@ -2,10 +2,10 @@
 of ``gguf_archs.py`` (llama, qwen2, qwen3; any other is refused by name before any work).
 
 ``dtype`` chooses how the matrices are stored (``DTYPES``): ``fp32`` dequantises everything with the `gguf`
-package; ``as-shipped`` keeps GGUF's Q8_0, Q4_0 and Q4_1 blocks as they are (uint8 tensors of GGUF rows,
-``[rows, row bytes]``; other block formats become Q8_0, float tensors stay float32); ``q8_0`` stores every
-matrix as Q8_0 (Q8_0 blocks kept, the others dequantised and requantised from the source). The safetensors
-metadata key ``mindserve.quantization`` maps each quantized tensor to its format, and the predict yaml's
+package; ``as-shipped`` keeps GGUF's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K blocks as they are (uint8
+tensors of GGUF rows, ``[rows, row bytes]``; other block formats become Q8_0, float tensors stay float32);
+``q8_0`` stores every matrix as Q8_0 (Q8_0 blocks kept, the others dequantised and requantised from the source).
+The safetensors metadata key ``mindserve.quantization`` maps each quantized tensor to its format, and the predict yaml's
 ``model.model_config.weight_dtype`` says what the layers' matrices are (``float32``, a format, or ``mixed``).
 Norm weights are always float32. llama.cpp's Q/K row permutation (``llama`` only) is undone (whole rows, so
 blocks too).
@@ -37,9 +37,12 @@ from backends.mindspore.quant import QUANT_KEY, layers_format
 log = logging.getLogger("mindserve.model")
 
 MARKER = "conversion.json"
-FORMAT_VERSION = 1  # bump when the converter's output changes, so old conversions are redone
+# Bump when the converter's output changes, so old conversions are redone (2: as-shipped keeps Q5 and K-quant blocks).
+FORMAT_VERSION = 2
 DTYPES = ("fp32", "q8_0", "as-shipped")
-_KEPT = {GGMLQuantizationType.Q8_0: "q8_0", GGMLQuantizationType.Q4_0: "q4_0", GGMLQuantizationType.Q4_1: "q4_1"}
+_KEPT = {GGMLQuantizationType.Q8_0: "q8_0", GGMLQuantizationType.Q4_0: "q4_0", GGMLQuantizationType.Q4_1: "q4_1",
+         GGMLQuantizationType.Q5_0: "q5_0", GGMLQuantizationType.Q5_1: "q5_1", GGMLQuantizationType.Q4_K: "q4_k",
+         GGMLQuantizationType.Q5_K: "q5_k", GGMLQuantizationType.Q6_K: "q6_k"}
 _FLOAT = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
 _FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
           "model.safetensors")

@@ -9,7 +9,7 @@ from backends.mindspore.yaml_tree import (ConfigError, YamlSection, read_checkpo
 
 # model_config.weight_dtype: float32, a GGUF block format kept by convert-gguf (served by the quantized AOT
 # matmul, dequantized once at load for the stock ops), or mixed (the layers' matrices differ).
-WEIGHT_DTYPES = ("float32", "q8_0", "q4_0", "q4_1", "mixed")
+WEIGHT_DTYPES = ("float32", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "mixed")
 
 
 def llama_spec(yaml_path: Path, tree: dict, model: YamlSection, arch: str) -> ModelSpec:

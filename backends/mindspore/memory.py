@@ -307,13 +307,13 @@ def _safetensors_bytes(path: Path, dequantized: bool = False, as_read: bool = Fa
 
 
 def _tensor_bytes(name: str, tensor: dict, fmt: str | None, dequantized: bool = False, as_read: bool = False) -> int:
-    from backends.mindspore.quant import BLOCK, BLOCK_BYTES
+    from backends.mindspore.quant import cols_of
 
     count = math.prod(tensor["shape"])
     if fmt is None or tensor.get("dtype") != "U8":
         return count * 4
     rows, row_bytes = tensor["shape"]
-    floats = rows * (row_bytes // BLOCK_BYTES[fmt] * BLOCK) * 4
+    floats = rows * cols_of(fmt, row_bytes) * 4
     if dequantized:
         return floats
     return count + (floats if name == EMBEDDING and not as_read else 0)

@@ -97,13 +97,13 @@ def _quantized_names(path: Path) -> dict[str, str]:
 
 
 def _quant_weight(path: Path, name: str, fmt: str, blocks: np.ndarray) -> QuantWeight:
-    from backends.mindspore.quant import BLOCK, BLOCK_BYTES
+    from backends.mindspore.quant import BLOCK_BYTES, cols_of
 
     if blocks.dtype != np.uint8 or blocks.ndim != 2 or fmt not in BLOCK_BYTES or blocks.shape[1] % BLOCK_BYTES[fmt]:
         raise WeightsError(f"{path}: {name}: {fmt} blocks must be uint8 [rows, k * {BLOCK_BYTES.get(fmt, '?')}], "
                            f"got {blocks.dtype} {list(blocks.shape)}")
     try:
-        return QuantWeight(fmt, blocks.shape[0], blocks.shape[1] // BLOCK_BYTES[fmt] * BLOCK,
+        return QuantWeight(fmt, blocks.shape[0], cols_of(fmt, blocks.shape[1]),
                            np.ascontiguousarray(blocks))
     except QuantError as exc:
         raise WeightsError(f"{path}: {name}: {exc}") from None

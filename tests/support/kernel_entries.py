@@ -61,16 +61,12 @@ def _out(*shape) -> np.ndarray:
 
 
 def _qweight(fmt: str, n: int, k: int, rng) -> np.ndarray:
-    from gguf import GGMLQuantizationType as T
-    from gguf.quants import quantize
-
     from backends.mindspore.kernels import prepare_qweight
-    from backends.mindspore.quant import QuantWeight
+    from backends.mindspore.quant import quantize  # the gguf package's for the 32-blocks, its own for the K-quants
 
     w = _f32(rng, n, k, scale=0.05)
     w[:, :32] += 0.02  # an offset block (Q4_1's min)
-    blocks = quantize(w, {"q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1}[fmt])
-    return prepare_qweight(QuantWeight(fmt, n, k, np.ascontiguousarray(blocks.reshape(n, -1))))
+    return prepare_qweight(quantize(w, fmt))
 
 
 def _lora(rng, m: int, k: int, segs: list[int], rank: int = 3, slots: int = 2) -> list[np.ndarray]:
@@ -109,7 +105,7 @@ def _attention_inputs(rng, n: int, h: int, kv: int, d: int, bs: int, nb: int, bi
 
 
 def cases(seed: int = 0) -> list[Case]:
-    """Every AOT entry of the library on small odd shapes: fp32 and the three GGUF formats, with and without the
+    """Every AOT entry of the library on small odd shapes: fp32 and the eight GGUF formats, with and without the
     residual and LoRA inputs, attention with 1 and several kv heads, biased and plain QKV, a whole layer."""
     from backends.mindspore.kernels import prepare_weight
 
@@ -128,6 +124,15 @@ def cases(seed: int = 0) -> list[Case]:
         out.append(Case(f"matmul-{fmt}", "MindserveMatMul", (xq, wq, _out(9, nq))))
         out.append(Case(f"matmul-add-lora-{fmt}", "MindserveMatMulAdd",
                         (xq, wq, resq, *_lora(rng, 9, kq, [0, 5, 20, 37]), _out(9, nq))))
+    kk = 512  # the K-quants' super-blocks of 256; the Q5 formats on the 32-block shape too
+    xk, resk = _x(rng, 9, kk), _f32(rng, 9, nq)
+    for fmt in ("q5_0", "q5_1", "q4_k", "q5_k", "q6_k"):
+        wq = _qweight(fmt, nq, kk, rng)
+        out.append(Case(f"matmul-{fmt}", "MindserveMatMul", (xk, wq, _out(9, nq))))
+        out.append(Case(f"matmul-add-lora-{fmt}", "MindserveMatMulAdd",
+                        (xk, wq, resk, *_lora(rng, 9, kk, [0, 5, 20, 37]), _out(9, nq))))
+        if not fmt.endswith("_k"):
+            out.append(Case(f"matmul-{fmt}-k96", "MindserveMatMul", (xq, _qweight(fmt, nq, kq, rng), _out(9, nq))))
     wide = _qweight("q4_1", 80, 64, rng)  # group pairs (two full groups of 16 columns) and a tail group
     out.append(Case("matmul-q4_1-pairs", "MindserveMatMul", (_x(rng, 13, 64), wide, _out(13, 80))))
     c = 45

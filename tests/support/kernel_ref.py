@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from backends.mindspore.quant import BLOCK_BYTES, QuantWeight
+from backends.mindspore.quant import QuantWeight, unpack
 from tests.support import kv_ref
 
 F32 = np.float32
@@ -176,31 +176,74 @@ def quantize_rows(x: np.ndarray) -> QuantizedX:
     return QuantizedX(q, lanes, (amax / F32(127)).astype(F32), _wrap32(lanes.sum(-1)))
 
 
-def _qweight_blocks(w: QuantWeight):
-    """The packed kernel's view of GGUF blocks: unsigned quants u [N, nb, 32] (Q8_0: q + 128), d, m [N, nb]."""
-    b = w.blocks.reshape(w.rows, -1, BLOCK_BYTES[w.fmt])
-    half = lambda lo: b[..., lo:lo + 2].copy().view(np.float16)[..., 0].astype(F32)  # noqa: E731
-    if w.fmt == "q8_0":
-        return b[..., 2:].view(np.int8).astype(np.int64) + 128, half(0), None
-    qs = b[..., 4:] if w.fmt == "q4_1" else b[..., 2:]
-    nib = np.concatenate([qs & 15, qs >> 4], axis=-1).astype(np.int64)
-    return nib, half(0), half(2) if w.fmt == "q4_1" else None
+@dataclass(frozen=True)
+class QuantizedXK:
+    """qmatmul.cc quantize_rows_k (Q8_K): q [M, nb, 256] int8 values, d [M, nb], bsums [M, nb, 16]."""
+
+    q: np.ndarray
+    d: np.ndarray
+    bsums: np.ndarray
+
+
+def quantize_rows_k(x: np.ndarray) -> QuantizedXK:
+    """quantize_superblock: amax over 256, iscale = 127/amax (0 if amax is 0 or 127/amax is not finite),
+    q = round-half-even(x * iscale), d = 1/iscale (0 with iscale 0), bsums of each 16."""
+    xb = np.asarray(x, F32).reshape(x.shape[0], -1, 256)
+    amax = np.abs(xb).max(-1)
+    with np.errstate(all="ignore"):
+        inv = np.where(amax != 0, F32(127) / amax, F32(0)).astype(F32)
+        inv = np.where(np.isfinite(inv), inv, F32(0)).astype(F32)
+        lanes = np.rint((xb * inv[..., None]).astype(F32)).astype(np.int64)
+        d = np.where(inv != 0, _ONE / inv, F32(0)).astype(F32)
+    q = np.clip(lanes, -128, 127)
+    return QuantizedXK(q, d, q.reshape(q.shape[0], q.shape[1], 16, 16).sum(-1))
+
+
+def _qmatmul_k(x: np.ndarray, w: QuantWeight) -> np.ndarray:
+    """qmatmul.cc ktile for the K-quants: per super-block b in order (exact int sums)
+    q4_k/q5_k: isum = sum_j sc_j dot_j, imin = sum_j mn_j (bsum_2j + bsum_2j+1);
+               acc = fma(d_w dx, (float)isum, acc); acc = fma(-(dmin_w dx), (float)imin, acc)
+    q6_k:      isum = sum_j sc_j (dot16_j - 32 bsum_j); acc = fma(d_w dx, (float)isum, acc)."""
+    qx = quantize_rows_k(np.asarray(x, F32))
+    p = unpack(w)
+    nb = qx.d.shape[1]
+    acc = np.zeros((x.shape[0], w.rows), F32)
+    if w.fmt == "q6_k":
+        u = p.u.reshape(w.rows, nb, 16, 16)
+        dots = np.einsum("mbjk,nbjk->mnbj", qx.q.reshape(x.shape[0], nb, 16, 16), u)  # [M, N, nb, 16]
+        isum = (p.sc[None] * (dots - 32 * qx.bsums[:, None])).sum(-1)
+    else:
+        u = p.u.reshape(w.rows, nb, 8, 32)
+        dots = np.einsum("mbjk,nbjk->mnbj", qx.q.reshape(x.shape[0], nb, 8, 32), u)
+        isum = (p.sc[None] * dots).sum(-1)
+        pair = qx.bsums.reshape(x.shape[0], nb, 8, 2).sum(-1)  # [M, nb, 8]
+        imin = np.einsum("nbj,mbj->mnb", p.mn, pair).astype(F32)
+    isum = _wrap32(isum).astype(F32)
+    for b in range(nb):
+        acc = fma32((p.d[None, :, b] * qx.d[:, None, b]).astype(F32), isum[:, :, b], acc)
+        if w.fmt != "q6_k":
+            acc = fma32(-(p.m[None, :, b] * qx.d[:, None, b]).astype(F32), imin[:, :, b], acc)
+    return acc
 
 
 def qmatmul(x: np.ndarray, w: QuantWeight, res: np.ndarray | None = None) -> np.ndarray:
-    """qmatmul.cc: per block b in order, isum = exact int32 sum of u * qx (- 128 s for Q8_0, - 8 s for Q4_0);
-    acc = fma(d_w * dx, (float)isum, acc); Q4_1 also acc = fma(m_w, dx * (float)s, acc); then + res once."""
+    """qmatmul.cc: per block b in order, isum = exact int32 sum of u * qx (- 128 s for Q8_0, - 8 s for Q4_0,
+    - 16 s for Q5_0); acc = fma(d_w * dx, (float)isum, acc); Q4_1 / Q5_1 also acc = fma(m_w, dx * (float)s, acc);
+    the K-quants as _qmatmul_k; then + res once."""
+    if w.fmt.endswith("_k"):
+        acc = _qmatmul_k(x, w)
+        return acc if res is None else (acc + res).astype(F32)
     qx = quantize_rows(np.asarray(x, F32))
-    u, dw, mw = _qweight_blocks(w)
+    p = unpack(w)
+    u = p.u.reshape(w.rows, -1, 32)
     isum = np.einsum("mbk,nbk->mnb", qx.q, u)
-    offset = {"q8_0": 128, "q4_0": 8, "q4_1": 0}[w.fmt]
-    isum = _wrap32(isum - offset * qx.s[:, None, :]).astype(F32)  # cvtepi32_ps: nearest even
+    isum = _wrap32(isum - p.offset * qx.s[:, None, :]).astype(F32)  # cvtepi32_ps: nearest even
     sf = (qx.d * qx.s.astype(F32)).astype(F32)
     acc = np.zeros((x.shape[0], w.rows), F32)
     for b in range(qx.d.shape[1]):
-        acc = fma32((dw[None, :, b] * qx.d[:, None, b]).astype(F32), isum[:, :, b], acc)
-        if mw is not None:
-            acc = fma32(mw[None, :, b], sf[:, None, b], acc)
+        acc = fma32((p.d[None, :, b] * qx.d[:, None, b]).astype(F32), isum[:, :, b], acc)
+        if p.m is not None:
+            acc = fma32(p.m[None, :, b], sf[:, None, b], acc)
     return acc if res is None else (acc + res).astype(F32)
 
 

@@ -219,19 +219,20 @@ def _write_json(path: Path, obj: dict) -> None:
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def quantized_copy(src: str | Path, out_dir: str | Path, fmt: str) -> Path:
+def quantized_copy(src: str | Path, out_dir: str | Path, fmt: str, formats: dict[str, str] | None = None) -> Path:
     """A copy of the model directory `src` with every matrix (the projections, the embedding, the head) stored
-    as GGUF `fmt` blocks (q8_0, q4_0, q4_1), quantized by the `gguf` package, the way ``convert-gguf
-    --dtype`` writes them: uint8 [rows, row bytes], the safetensors metadata ``mindserve.quantization`` naming
-    each, and the predict yaml's ``weight_dtype``. Returns out_dir."""
+    as GGUF `fmt` blocks, the way ``convert-gguf --dtype`` writes them: uint8 [rows, row bytes], the safetensors
+    metadata ``mindserve.quantization`` naming each, and the predict yaml's ``weight_dtype``. The
+    32-block formats are quantized by the `gguf` package, the K-quants (which it cannot write) by
+    ``quant.quantize``. ``formats`` maps a name suffix (``self_attn.v_proj.weight``) to another format for the
+    matrices ending so (a mix like llama-quantize's Q4_K_M: the yaml then says ``mixed``). Returns out_dir."""
     import shutil
 
-    from gguf import GGMLQuantizationType
-    from gguf.quants import quantize
     from safetensors.numpy import load_file
 
-    kind = {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0,
-            "q4_1": GGMLQuantizationType.Q4_1}[fmt]
+    from backends.mindspore.quant import layers_format, quantize
+
+    formats = formats or {}
     src, out = Path(src), Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for f in src.iterdir():
@@ -240,12 +241,14 @@ def quantized_copy(src: str | Path, out_dir: str | Path, fmt: str) -> Path:
     tensors, names = {}, {}
     for name, w in load_file(str(src / "model.safetensors")).items():
         if w.ndim == 2:
-            tensors[name] = np.ascontiguousarray(quantize(w, kind).reshape(w.shape[0], -1))
-            names[name] = fmt
+            f = next((v for k, v in formats.items() if name.endswith(k)), fmt)
+            tensors[name] = np.ascontiguousarray(quantize(w, f).blocks)
+            names[name] = f
         else:
             tensors[name] = w
     save_file(tensors, str(out / "model.safetensors"),
               metadata={"format": "pt", "mindserve.quantization": json.dumps(names, sort_keys=True)})
+    dtype = layers_format(names)
     for y in out.glob("*.yaml"):
-        y.write_text(y.read_text().replace("  model_config:\n", f"  model_config:\n    weight_dtype: {fmt}\n", 1))
+        y.write_text(y.read_text().replace("  model_config:\n", f"  model_config:\n    weight_dtype: {dtype}\n", 1))
     return out

@@ -3,7 +3,8 @@
 ``aot_ops(heads, kv_heads, head_dim)`` returns every operator the network uses (``AotOps``):
 
 * ``matmul`` -- ``fast_matmul()`` below (a float32 weight from ``prepare_weight``, or a GGUF-quantized one,
-  q8_0/q4_0/q4_1, from ``prepare_qweight``: dequantized on the fly inside the dot product, qmatmul.cc);
+  q8_0/q4_0/q4_1/q5_0/q5_1/q4_k/q5_k/q6_k, from ``prepare_qweight``: dequantized on the fly inside the dot
+  product, qmatmul.cc);
   ``matmul_add(x, w, res)`` = ``res + x @ W`` (a residual connection without a separate Add; the residual is
   added once, after the product);
   ``matmul_lora`` / ``matmul_add_lora`` take four more inputs ``(a, b, rows, segs)`` and add each row's
@@ -95,15 +96,19 @@ def prepare_weight(w: np.ndarray) -> np.ndarray:
 
 
 QGROUP = 16  # output columns per group of a packed quantized weight (kGroup in qmatmul.cc)
-_QFORMATS = ("q8_0", "q4_0", "q4_1")  # the format codes of qmatmul.cc, in order
+_QFORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")  # qmatmul.cc's format codes, in order
+# Bytes per column per block (32 weights; K-quants: super-block of 256) of a packed weight (qmatmul.cc's header).
+PACKED_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24, "q4_k": 148, "q5_k": 180, "q6_k": 210}
 
 
 def prepare_qweight(q) -> np.ndarray:
     """Pack a ``QuantWeight`` (GGUF blocks of a ``[N, K]`` matrix, HF layout) for the quantized matmul: uint8
-    ``[1, K/32 * B, N]`` (B the format's block bytes), laid out as qmatmul.cc's header describes: groups of
-    16 output columns, each holding, block after block, the quants of its columns dword-major (one 64-byte
-    load = one dword of each of 16 columns; q8_0 quants stored + 128) and then their fp16 scales (and mins).
-    """
+    ``[1, K/B * P, N]`` (B the format's block size, P = ``PACKED_BYTES``), laid out as qmatmul.cc's header
+    describes: groups of 16 output columns, each holding, block after block, the quants of its columns
+    dword-major (one 64-byte load = one dword of each of 16 columns; q8_0 quants stored + 128) and then their
+    scales. The layout is the same on every CPU (only the kernels' instructions differ)."""
+    if q.fmt not in ("q8_0", "q4_0", "q4_1"):
+        return _prepare_q5k(q)
     from backends.mindspore.quant import BLOCK, BLOCK_BYTES
 
     n, k, bpb = q.rows, q.cols, BLOCK_BYTES[q.fmt]
@@ -125,6 +130,49 @@ def prepare_qweight(q) -> np.ndarray:
         out[pos:pos + group.size] = group
         pos += group.size
     return out.reshape(1, nb * bpb, n)
+
+
+def _prepare_q5k(q) -> np.ndarray:
+    """q5_0, q5_1 and the K-quants (qmatmul.cc's header): per block of the format, for each sub-block of 32
+    the low nibbles as q4's dwords and the high bits as 1 (5-bit) or 2 (q6_k) more dwords per column, then
+    the K-quants' integer sub-block scales (4 dwords per column), then the fp16 d and the second fp16."""
+    from backends.mindspore.quant import BLOCK_SIZE, unpack
+
+    n, k, fmt = q.rows, q.cols, q.fmt
+    p = unpack(q)
+    nb = k // BLOCK_SIZE[fmt]
+    sub = p.u.reshape(n, nb, -1, 2, 4, 4)  # [N, nb, SB, half (weights 0..15 | 16..31), t, i]: weight 16h + 4t + i
+    nib = (sub[:, :, :, 0] & 15) | ((sub[:, :, :, 1] & 15) << 4)  # [N, nb, SB, t, i]
+    planes = [nib]
+    if fmt == "q6_k":
+        hi = sub >> 4  # 0..3
+        planes.append(sum(hi[:, :, :, :, t] << (2 * t) for t in range(4)))  # dword h, byte i: bits 2t, 2t + 1
+        # hold weight 16h + 4t + i's high bits
+    elif fmt != "q4_k":
+        hi = (sub >> 4) & 1
+        planes.append((sum(hi[:, :, :, 0, t] << t for t in range(4)) |
+                       sum(hi[:, :, :, 1, t] << (4 + t) for t in range(4)))[:, :, :, None, :])  # one dword
+    quants = np.concatenate(planes, 3).astype(np.uint8)  # [N, nb, SB, D, 4]
+    per_block = [quants.reshape(n, nb, -1, 4)]  # dwords, in the order the kernel reads them
+    if fmt in ("q4_k", "q5_k"):
+        per_block.append(np.concatenate([p.sc, p.mn], -1).astype(np.uint8).reshape(n, nb, 4, 4))
+    elif fmt == "q6_k":
+        per_block.append(p.sc.astype(np.int8).view(np.uint8).reshape(n, nb, 4, 4))
+    halves = [p.d] + ([p.m] if p.m is not None else [])
+    half = np.stack(halves, -1).astype(np.float16).view(np.uint8).reshape(n, nb, len(halves), 2)
+    dwords = np.concatenate(per_block, 2)  # [N, nb, D, 4]
+    pb = PACKED_BYTES[fmt]
+    assert dwords.shape[2] * 4 + half.shape[2] * 2 == pb
+    out = np.empty(n * nb * pb, np.uint8)
+    pos = 0
+    for n0 in range(0, n, QGROUP):
+        w = min(QGROUP, n - n0)
+        qd = dwords[n0:n0 + w].transpose(1, 2, 0, 3).reshape(nb, -1)
+        sc = half[n0:n0 + w].transpose(1, 2, 0, 3).reshape(nb, -1)
+        group = np.concatenate([qd, sc], axis=1).ravel()
+        out[pos:pos + group.size] = group
+        pos += group.size
+    return out.reshape(1, nb * pb, n)
 
 
 def qmatmul_isa(cache_dir: str | os.PathLike | None = None) -> str:
@@ -185,6 +233,8 @@ def kernel_library(cache_dir: str | os.PathLike | None = None, variant: str | No
         lib.mindserve_qmatmul_raw.restype = ctypes.c_int
         lib.mindserve_quantize_rows_raw.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 3
         lib.mindserve_quantize_rows_raw.restype = ctypes.c_int
+        lib.mindserve_quantize_rows_k_raw.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 3
+        lib.mindserve_quantize_rows_k_raw.restype = ctypes.c_int
         lib.mindserve_qmatmul_isa.restype = ctypes.c_char_p
         lib.mindserve_attention_raw.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 8
         lib.mindserve_attention_raw.restype = ctypes.c_int

@@ -4,6 +4,12 @@
 //   Q8_0  w = d * q,        q int8,  d fp16                (GGUF block: d, 32 x q        = 34 bytes)
 //   Q4_0  w = d * (q - 8),  q 0..15, d fp16                (d, 16 bytes of nibbles       = 18 bytes)
 //   Q4_1  w = d * q + m,    q 0..15, d, m fp16             (d, m, 16 bytes of nibbles    = 20 bytes)
+//   Q5_0  w = d * (q - 16), q 0..31, d fp16               (d, 4 bytes of fifth bits, 16 of nibbles = 22 bytes)
+//   Q5_1  w = d * q + m,    q 0..31, d, m fp16             (d, m, fifth bits, nibbles = 24 bytes)
+// and the K-quants, super-blocks of 256 in sub-blocks (ggml-common.h):
+//   Q4_K  w = d * sc_j * q - dmin * mn_j, q 0..15, 6-bit sc_j, mn_j per sub-block of 32   (144 bytes)
+//   Q5_K  the same with q 0..31                                                         (176 bytes)
+//   Q6_K  w = d * sc_j * (q - 32), q 0..63, int8 sc_j per sub-block of 16                (210 bytes)
 // (GGUF nibble byte i of a block holds weight i in its low half and weight i + 16 in its high half.)
 //
 // Activations are quantized per row and per block of 32 (as llama.cpp does for these dot products):
@@ -13,6 +19,12 @@
 // Each output element then is, over the blocks b = 0 .. K/32 - 1 in order (all float32, exact integer sums):
 //   Q8_0, Q4_0: acc = fma(d_w * dx, (float)sum_k(q_k * qx_k) [- 8 sx for Q4_0], acc)
 //   Q4_1:       acc = fma(d_w * dx, (float)sum_k(q_k * qx_k), acc);  acc = fma(m_w, dx * (float)sx, acc)
+// The Q5 formats take the same activations as Q4_0 / Q4_1 (offset 16 for Q5_0, m for Q5_1). The K-quants take
+// llama.cpp's Q8_K activations: per 256 values iscale = 127 / amax, q = round-half-even(x * iscale), dx = 1 / iscale,
+// and the sums of each 16 q (bsums); then per super-block (ktile below has the integer sums):
+//   Q4_K, Q5_K: acc = fma(d_w * dx, (float)sum_j(sc_j * dot_j), acc);
+//               acc = fnmadd(dmin_w * dx, (float)sum_j(mn_j * (bsum_2j + bsum_2j+1)), acc)
+//   Q6_K:       acc = fma(d_w * dx, (float)sum_j(sc_j * (dot16_j - 32 bsum_j)), acc)
 // and y = acc (+ res, added once at the end), then each row's LoRA delta (lora.h) when the LoRA inputs are
 // given. This fixed sequence does not depend on M, on the other rows, on the thread count or on the tile
 // shape (work is split over rows and over groups of 16 output columns, one or two at a time, never over K), so a row is
@@ -29,13 +41,21 @@
 //   d        w fp16
 //   m        w fp16 (Q4_1 only)
 // so one 64-byte load gives one dword of each of 16 columns: the lanes of a VNNI dot product.
+// The Q5 formats and the K-quants (packed bytes per column per block: Q5_0 22, Q5_1 24, Q4_K 148, Q5_K 180,
+// Q6_K 210, the block being 32 weights or a super-block of 256) hold per block, for each sub-block of 32 in order:
+//   nibbles  4 dwords per column as Q4's (the low 4 bits of each weight's q)
+//   high     Q5: 1 dword, byte i bit t = bit 4 of weight 4t + i, bit 4 + t = that of weight 16 + 4t + i;
+//            Q6_K: 2 dwords, dword h byte i bits 2t, 2t + 1 = bits 4, 5 of weight 16h + 4t + i; Q4_K: none
+// then the K-quants' integer scales, 4 dwords per column (Q4_K, Q5_K: sc_0..7 then mn_0..7, one byte each;
+// Q6_K: the 16 int8 sc), then d fp16, then Q5_1's m / Q4_K's and Q5_K's dmin fp16.
 //
 // The instruction set is the build variant's (build.py): vec.h's dot_nib / dot_q8 are vpdpbusd with AVX-512
 // VNNI, vpmaddubsw + vpmaddwd with AVX-512BW or AVX2, sdot with NEON dotprod, widening multiplies on plain
 // NEON. mindserve_qmatmul_isa() says which.
 //
-// Exported: mindserve_qmatmul_raw(x, w_packed, fmt, res, y, M, K, N) (tests; fmt 0 Q8_0, 1 Q4_0, 2 Q4_1),
-// mindserve_quantize_rows_raw(x, M, K, q, d, s), mindserve_qmatmul_isa(); the AOT path is qmatmul_entry()
+// Exported: mindserve_qmatmul_raw(x, w_packed, fmt, res, y, M, K, N) (tests; fmt 0 Q8_0, 1 Q4_0, 2 Q4_1, 3 Q5_0,
+// 4 Q5_1, 5 Q4_K, 6 Q5_K, 7 Q6_K), mindserve_quantize_rows_raw(x, M, K, q, d, s),
+// mindserve_quantize_rows_k_raw(x, M, K, q, d, bsums), mindserve_qmatmul_isa(); the AOT path is qmatmul_entry()
 // (qmatmul.h), reached through MindserveMatMul / MindserveMatMulAdd with a uint8 weight.
 #include "qmatmul.h"
 
@@ -53,8 +73,10 @@
 
 namespace {
 
-enum Fmt { kQ8_0 = 0, kQ4_0 = 1, kQ4_1 = 2, kFormats = 3 };
-constexpr int kBlockBytes[kFormats] = {34, 18, 20};
+enum Fmt { kQ8_0 = 0, kQ4_0 = 1, kQ4_1 = 2, kQ5_0 = 3, kQ5_1 = 4, kQ4_K = 5, kQ5_K = 6, kQ6_K = 7, kFormats = 8 };
+constexpr int kBlockBytes[kFormats] = {34, 18, 20, 22, 24, 148, 180, 210};  // packed bytes per column per block
+constexpr bool is_k(int f) { return f >= kQ4_K; }
+constexpr int block_size(int f) { return is_k(f) ? 256 : 32; }
 constexpr int kGroup = 16;  // output columns per group (one vector of lanes)
 
 // ---------------------------------------------------------------------------------------------
@@ -87,7 +109,7 @@ inline void store_f(float *p, VF a, int w) {
 
 // ---------------------------------------------------------------------------------------------
 // Activation quantization (see the header comment): q [M, K] int8; d, sf [M, K/32] float (sf = d * sum q);
-// s [M, K/32] int32 (sum q).
+// s [M, K/32] int32 (sum q). For the K-quants (quantize_rows_k): d [M, K/256], s [M, K/16] (the bsums), nb = K/256.
 struct QX {
   std::vector<int8_t> q;
   std::vector<float> d, sf;
@@ -134,6 +156,52 @@ void quantize_rows(const float *x, int64_t M, int64_t K, QX *out) {
                                               const int64_t i = m * j.nb + b;
                                               quantize_block(j.x + m * j.K + 32 * b, j.o->q.data() + m * j.K + 32 * b,
                                                              &j.o->d[i], &j.o->s[i], &j.o->sf[i]);
+                                            }
+                                        },
+                                        &ctx, ctx.chunks});
+}
+
+// Q8_K (the K-quants' activations, ggml's quantize_row_q8_K): per 256 values, amax = max |x|, iscale = 127 / amax
+// (0 if amax is 0 or 127 / amax is not finite), q = round-half-even(x * iscale), d = 1 / iscale (0 with iscale 0),
+// bsums = the sums of each 16 q. (ggml takes iscale = -127 / the signed extreme: the same |iscale|, and the
+// negated q and d give the same products.)
+inline void quantize_superblock(const float *x, int8_t *q, float *d, int32_t *bs) {
+  VF m = v::abs(v::load(x));
+  for (int c = 1; c < 16; ++c) m = v::max(m, v::abs(v::load(x + 16 * c)));
+  const float amax = v::reduce_max(m);
+  float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+  if (!(id <= 3.40282347e38f)) id = 0.0f;
+  const VF vid = v::set1(id);
+  for (int c = 0; c < 16; ++c) {
+    const VI qc = v::cvt_round(v::mul(v::load(x + 16 * c), vid));
+    v::store_i8_sat(q + 16 * c, qc);
+    bs[c] = v::reduce_add_i32(qc);
+  }
+  *d = id != 0.0f ? 1.0f / id : 0.0f;
+}
+
+void quantize_rows_k(const float *x, int64_t M, int64_t K, QX *out) {
+  const int64_t nb = K / 256;
+  out->K = K;
+  out->nb = nb;
+  out->q.resize(static_cast<size_t>(M * K));
+  out->d.resize(static_cast<size_t>(M * nb));
+  out->s.resize(static_cast<size_t>(M * nb * 16));
+  out->sf.clear();
+  struct Ctx {
+    const float *x;
+    QX *o;
+    int64_t M, K, nb, chunks;
+  } ctx{x, out, M, K, nb, 1};
+  ctx.chunks = std::clamp<int64_t>(M * K / 8192, 1, 4 * mindserve::pool().threads());
+  mindserve::pool().run(mindserve::Task{[](const void *p, int64_t c) {
+                                          const Ctx &j = *static_cast<const Ctx *>(p);
+                                          for (int64_t m = j.M * c / j.chunks; m < j.M * (c + 1) / j.chunks; ++m)
+                                            for (int64_t b = 0; b < j.nb; ++b) {
+                                              const int64_t i = m * j.nb + b;
+                                              quantize_superblock(j.x + m * j.K + 256 * b,
+                                                                  j.o->q.data() + m * j.K + 256 * b, &j.o->d[i],
+                                                                  &j.o->s[16 * i]);
                                             }
                                         },
                                         &ctx, ctx.chunks});
@@ -238,17 +306,152 @@ void tile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t group_b
   }
 }
 
+// The 5- and 6-bit formats and the K-quants: one group of columns, MR rows. Per block b (32 weights for Q5_0 /
+// Q5_1, a super-block of 256 for the K-quants) and per sub-block j of 32 in order, the quants u (low nibble | high
+// bits << 4) dotted with the activations in int16 pairs (NibAcc), widened to int32 before they could overflow;
+// then, all exact in int32:
+//   Q5_0, Q5_1:  isum = dot                        (Q5_0: - 16 sx)
+//   Q4_K, Q5_K:  isum += sc_j * dot_j,    imin += mn_j * (bsum_2j + bsum_2j+1)
+//   Q6_K:        isum += sc_2j * (dot_lo - 32 bsum_2j) + sc_2j+1 * (dot_hi - 32 bsum_2j+1)   (halves of 16)
+// and per block: acc = fma(d_w * dx, (float)isum, acc); Q5_1: acc = fma(m_w, dx * sx, acc);
+// Q4_K, Q5_K: acc = fnmadd(dmin_w * dx, (float)imin, acc).
+template <int MR, int F, bool FULL>
+void ktile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t /*group_bytes*/, int w,
+           const float *__restrict res, float *__restrict y, int64_t ldy, Ahead ahead) {
+  constexpr int SB = is_k(F) ? 8 : 1;                             // sub-blocks of 32 per block
+  constexpr int HB = F == kQ4_K ? 0 : (F == kQ6_K ? 2 : 1);       // high-bit dwords per sub-block
+  constexpr int DS = 4 + HB;                                      // dwords per sub-block
+  constexpr int SC = is_k(F) ? 4 : 0;                             // integer scale dwords per block
+  constexpr int B = kBlockBytes[F];
+  constexpr int RUN = HB == 0 ? 4 : 2;  // quant dwords summed in int16 before widening (vec.h: NibAcc)
+  const int64_t K = qx.K, nb = qx.nb;
+  VF facc[MR];
+  _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) facc[r] = v::zero();
+  for (int64_t b = 0; b < nb; ++b) {
+    ahead.touch(b, nb);
+    const uint8_t *blk = g + b * w * B;
+    const uint8_t *scl = blk + SB * DS * 4 * w;  // the K-quants' scale dwords
+    VI isum[MR];
+    _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) isum[r] = v::izero();
+    const auto sub = [&](int j) __attribute__((always_inline)) {
+      const uint8_t *sb = blk + j * DS * 4 * w;
+      const int8_t *xq = qx.q.data() + m0 * K + b * SB * 32 + 32 * j;
+      VI h0 = v::izero(), h1 = v::izero();
+      if constexpr (HB >= 1) h0 = load_q<FULL>(sb + 16 * w, w);
+      if constexpr (HB == 2) h1 = load_q<FULL>(sb + 20 * w, w);
+      VI dlo[MR], dhi[MR];
+      v::NibAcc nlo[MR], nhi[MR];
+      _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
+        dlo[r] = dhi[r] = v::izero();
+        nlo[r] = nhi[r] = v::nib_zero();
+      }
+      _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {
+        const VI raw = load_q<FULL>(sb + t * 4 * w, w);
+        VI lo = v::nib_lo(raw), hi = v::nib_hi(raw);
+        if constexpr (HB == 1) {  // byte i: bit t = weight 4t + i, bit 4 + t = weight 16 + 4t + i
+          lo = v::bor(lo, v::shl_and(h0, 4 - t, 0x10));
+          hi = v::bor(hi, v::shr_and(h0, t, 0x10));
+        } else if constexpr (HB == 2) {  // h0 / h1 byte i: bits 2t, 2t + 1 = weight 4t + i / 16 + 4t + i
+          if (t < 2) {
+            lo = v::bor(lo, v::shl_and(h0, 4 - 2 * t, 0x30));
+            hi = v::bor(hi, v::shl_and(h1, 4 - 2 * t, 0x30));
+          } else {
+            lo = v::bor(lo, v::shr_and(h0, 2 * t - 4, 0x30));
+            hi = v::bor(hi, v::shr_and(h1, 2 * t - 4, 0x30));
+          }
+        }
+        _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
+          const VI xl = v::bcast4(xq + r * K + 4 * t), xh = v::bcast4(xq + r * K + 16 + 4 * t);
+          nlo[r] = v::nib_add(nlo[r], lo, xl);
+          if constexpr (F == kQ6_K) nhi[r] = v::nib_add(nhi[r], hi, xh);
+          else nlo[r] = v::nib_add(nlo[r], hi, xh);
+        }
+        if ((t + 1) % RUN == 0) {
+          _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
+            dlo[r] = v::nib_widen(dlo[r], nlo[r]);
+            nlo[r] = v::nib_zero();
+            if constexpr (F == kQ6_K) {
+              dhi[r] = v::nib_widen(dhi[r], nhi[r]);
+              nhi[r] = v::nib_zero();
+            }
+          }
+        }
+      }
+      if constexpr (F == kQ5_0 || F == kQ5_1) {
+        _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) isum[r] = dlo[r];
+      } else if constexpr (F == kQ6_K) {
+        const VI sd = load_q<FULL>(scl + (j / 2) * 4 * w, w);
+        const VI s_lo = v::lane_i8(sd, 2 * (j % 2)), s_hi = v::lane_i8(sd, 2 * (j % 2) + 1);
+        _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
+          const int32_t *bs = qx.s.data() + ((m0 + r) * nb + b) * 16 + 2 * j;
+          isum[r] = v::iadd(isum[r], v::imul(s_lo, v::isub(dlo[r], 32 * bs[0])));
+          isum[r] = v::iadd(isum[r], v::imul(s_hi, v::isub(dhi[r], 32 * bs[1])));
+        }
+      } else {
+        const VI sc = v::lane_i8(load_q<FULL>(scl + (j / 4) * 4 * w, w), j % 4);
+        _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) isum[r] = v::iadd(isum[r], v::imul(sc, dlo[r]));
+      }
+    };
+    // As tile's loop over quant dwords: unrolled below kQRolledRows rows (measured, AVX2 Q4_K M=1: 0.90 -> 0.51 ms
+    // for a 2048 x 8192 matrix), rolled from there (M=16: 3.2 ms rolled, 4.4 unrolled).
+    if constexpr (MR >= v::kQRolledRows) {
+      _Pragma("GCC unroll 1") for (int j = 0; j < SB; ++j) sub(j);
+    } else {
+      _Pragma("GCC unroll 8") for (int j = 0; j < SB; ++j) sub(j);
+    }
+    const uint8_t *halves = scl + SC * 4 * w;
+    const VF dw = load_h<FULL>(halves, w);
+    _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
+      const int64_t i = (m0 + r) * nb + b;
+      const VF dx = v::set1(qx.d[i]);
+      VI is = isum[r];
+      if constexpr (F == kQ5_0) is = v::isub(is, 16 * qx.s[i]);
+      facc[r] = v::fmadd(v::mul(dw, dx), v::to_f(is), facc[r]);
+    }
+    if constexpr (F == kQ5_1) {
+      const VF mw = load_h<FULL>(halves + 2 * w, w);
+      _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)
+        facc[r] = v::fmadd(mw, v::set1(qx.sf[(m0 + r) * nb + b]), facc[r]);
+    }
+    if constexpr (F == kQ4_K || F == kQ5_K) {
+      const VF dmin = load_h<FULL>(halves + 2 * w, w);
+      const VI mlo = load_q<FULL>(scl + 8 * w, w), mhi = load_q<FULL>(scl + 12 * w, w);
+      _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
+        const int32_t *bs = qx.s.data() + ((m0 + r) * nb + b) * 16;
+        VI imin = v::izero();
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; ++j)
+          imin = v::iadd(imin, v::imul(v::lane_i8(j < 4 ? mlo : mhi, j % 4), v::iset1(bs[2 * j] + bs[2 * j + 1])));
+        facc[r] = v::fnmadd(v::mul(dmin, v::set1(qx.d[(m0 + r) * nb + b])), v::to_f(imin), facc[r]);
+      }
+    }
+  }
+  _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
+    VF a = facc[r];
+    if (res != nullptr) a = v::add(a, load_f<FULL>(res + r * ldy, w));
+    store_f<FULL>(y + r * ldy, a, w);
+  }
+}
+
 using TileFn = void (*)(const QX &, int64_t, const uint8_t *, int64_t, int, const float *, float *, int64_t, Ahead);
 
 template <int NG, int F, bool FULL, int... MRs>
 constexpr void fill_rows(TileFn *row, std::integer_sequence<int, MRs...>) {
   ((row[MRs] = &tile<MRs + 1, NG, F, FULL>), ...);
 }
+template <int F, bool FULL, int... MRs>
+constexpr void fill_krows(TileFn *row, std::integer_sequence<int, MRs...>) {
+  ((row[MRs] = &ktile<MRs + 1, F, FULL>), ...);
+}
 template <int F>
 constexpr void fill_format(TileFn (*t)[kMaxMR]) {
-  fill_rows<1, F, false>(t[0], std::make_integer_sequence<int, kMaxMR>{});
-  fill_rows<1, F, true>(t[1], std::make_integer_sequence<int, kMaxMR>{});
-  fill_rows<2, F, true>(t[2], std::make_integer_sequence<int, kMaxMR2>{});
+  if constexpr (F <= kQ4_1) {
+    fill_rows<1, F, false>(t[0], std::make_integer_sequence<int, kMaxMR>{});
+    fill_rows<1, F, true>(t[1], std::make_integer_sequence<int, kMaxMR>{});
+    fill_rows<2, F, true>(t[2], std::make_integer_sequence<int, kMaxMR2>{});
+  } else {  // one group at a time
+    fill_krows<F, false>(t[0], std::make_integer_sequence<int, kMaxMR>{});
+    fill_krows<F, true>(t[1], std::make_integer_sequence<int, kMaxMR>{});
+  }
 }
 struct Tiles {
   TileFn fn[kFormats][3][kMaxMR]{};  // [format][0 one partial group, 1 one full group, 2 two full groups][rows - 1]
@@ -256,6 +459,11 @@ struct Tiles {
     fill_format<kQ8_0>(fn[kQ8_0]);
     fill_format<kQ4_0>(fn[kQ4_0]);
     fill_format<kQ4_1>(fn[kQ4_1]);
+    fill_format<kQ5_0>(fn[kQ5_0]);
+    fill_format<kQ5_1>(fn[kQ5_1]);
+    fill_format<kQ4_K>(fn[kQ4_K]);
+    fill_format<kQ5_K>(fn[kQ5_K]);
+    fill_format<kQ6_K>(fn[kQ6_K]);
   }
 };
 constexpr Tiles kTiles{};
@@ -295,7 +503,7 @@ void run_chunk(const void *ctx, int64_t c) {
   for (int64_t g = g0; g < g1;) {
     const int64_t n0 = g * kGroup;
     const int w = static_cast<int>(std::min<int64_t>(kGroup, j.N - n0));
-    const bool pair = kMaxMR2 > 0 && j.M > 1 && g + 1 < g1 && j.N - n0 >= 2 * kGroup;  // no gain for one row
+    const bool pair = kMaxMR2 > 0 && j.fmt <= kQ4_1 && j.M > 1 && g + 1 < g1 && j.N - n0 >= 2 * kGroup;  // no gain for one row
     const int step = pair ? 2 : 1;
     const uint8_t *wg = j.w + g * group_bytes;
     const float *res = j.res == nullptr ? nullptr : j.res + n0;
@@ -315,7 +523,7 @@ int64_t chunk_count(int64_t groups, int64_t bytes, int threads) {
   return std::max<int64_t>(1, std::min<int64_t>({groups, threads * per, mindserve::kMaxChunks}));
 }
 
-// y = x @ W (+ res). K % 32 == 0, fmt in 0..2 (checked by the callers).
+// y = x @ W (+ res). K a multiple of the format's block size, fmt in 0..kFormats-1 (checked by the callers).
 void qmatmul(const float *x, const uint8_t *w, int fmt, const float *res, float *y, int64_t M, int64_t K, int64_t N) {
   if (M <= 0 || N <= 0) return;
   mindserve::ScopeTimer timer(mindserve::kMatMul);
@@ -325,7 +533,8 @@ void qmatmul(const float *x, const uint8_t *w, int fmt, const float *res, float 
     return;
   }
   QX qx;
-  quantize_rows(x, M, K, &qx);
+  if (is_k(fmt)) quantize_rows_k(x, M, K, &qx);
+  else quantize_rows(x, M, K, &qx);
   const int64_t groups = (N + kGroup - 1) / kGroup;
   Job job{&qx, w, res, y, M, N, fmt, groups, 1};
   job.nchunks = chunk_count(groups, N * qx.nb * kBlockBytes[fmt], mindserve::pool().threads());
@@ -337,12 +546,12 @@ void qmatmul(const float *x, const uint8_t *w, int fmt, const float *res, float 
 namespace mindserve {
 
 namespace {
-// Format of a packed weight [1, L, N] for x [.., K]: L = (K/32) * block bytes. -1 if none fits.
+// Format of a packed weight [1, L, N] for x [.., K]: L = (K / block size) * packed block bytes. -1 if none fits.
+// (Unique: per 256 weights the formats take 272, 144, 160, 176, 192, 148, 180, 210 bytes.)
 int format_of(int64_t K, int64_t L) {
-  if (K <= 0 || K % 32 != 0 || L % (K / 32) != 0) return -1;
-  const int64_t bpb = L / (K / 32);
+  if (K <= 0) return -1;
   for (int f = 0; f < kFormats; ++f)
-    if (bpb == kBlockBytes[f]) return f;
+    if (K % block_size(f) == 0 && L == K / block_size(f) * kBlockBytes[f]) return f;
   return -1;
 }
 
@@ -381,12 +590,12 @@ int qmatmul_entry(int nparam, void **params, int *ndims, int64_t **shapes, const
 
 extern "C" {
 
-// 0 ok; 1 bad format; 2 K not a multiple of 32.
+// 0 ok; 1 bad format; 2 K not a multiple of the format's block size (32, or 256 for the K-quants).
 int mindserve_qmatmul_raw(const float *x, const uint8_t *w_packed, int fmt, const float *res, float *y, int64_t M,
                           int64_t K, int64_t N) {
   mindserve::FpScope fp;
   if (fmt < 0 || fmt >= kFormats) return 1;
-  if (K % 32 != 0) return 2;
+  if (K % block_size(fmt) != 0) return 2;
   qmatmul(x, w_packed, fmt, res, y, M, K, N);
   return 0;
 }
@@ -400,6 +609,17 @@ int mindserve_quantize_rows_raw(const float *x, int64_t M, int64_t K, int8_t *q,
   std::memcpy(q, qx.q.data(), qx.q.size());
   std::memcpy(d, qx.d.data(), sizeof(float) * qx.d.size());
   std::memcpy(s, qx.s.data(), sizeof(int32_t) * qx.s.size());
+  return 0;
+}
+
+// The K-quants' activation quantization alone: q [M, K] int8, d [M, K/256] float, bsums [M, K/16] int32.
+int mindserve_quantize_rows_k_raw(const float *x, int64_t M, int64_t K, int8_t *q, float *d, int32_t *bs) {
+  if (K % 256 != 0) return 2;
+  QX qx;
+  quantize_rows_k(x, M, K, &qx);
+  std::memcpy(q, qx.q.data(), qx.q.size());
+  std::memcpy(d, qx.d.data(), sizeof(float) * qx.d.size());
+  std::memcpy(bs, qx.s.data(), sizeof(int32_t) * qx.s.size());
   return 0;
 }
 

@@ -1,4 +1,5 @@
-// mindserve quantized matmul (qmatmul.cc): y = x @ W (+ res) with W in GGUF block formats (Q8_0, Q4_0, Q4_1).
+// mindserve quantized matmul (qmatmul.cc): y = x @ W (+ res) with W in GGUF block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+// Q4_K, Q5_K, Q6_K).
 #pragma once
 
 #include <cstdint>

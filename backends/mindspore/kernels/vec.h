@@ -19,6 +19,10 @@
 // * the int8 dot products are exact integer sums of the four bytes of each lane: dot_nib (u of 0..15), dot_q8
 //   (u = q + 128, the sum of q * x or of u * x: the backend's kQ8Bias says which, the kernel subtracts
 //   kQ8Bias * sum x), and NibAcc, where up to 8 dot_nib sums gather before one widening to int32.
+// * the bit fields of the 5- and 6-bit weight formats: shl_and / shr_and are per byte (b << s) & m and
+//   (b >> s) & m for masks that keep only bits of the same byte (the backends shift wider lanes), bor is a | b,
+//   lane_i8(v, k) byte k of each int32 lane sign-extended, imul the low 32 bits of int32 lane products, iset1 a
+//   broadcast. NibAcc also holds the 5-bit (u <= 31: 4 dot_nib sums) and 6-bit (u <= 63: 2 sums) quants.
 // * load_f16, load_bf16 and load_i8 (16 halves, bfloat16s or int8 to float32) are exact, so every backend agrees.
 // Every backend defines, in namespace mindserve::vec: the two types and the functions used below; kernels
 // use nothing else (tile sizes come from the kMatMulRows / kQRows / kQRows2 constants of the backend, kQRows2 0:

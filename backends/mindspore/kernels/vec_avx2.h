@@ -165,6 +165,28 @@ inline I32x16 isub(I32x16 v, int32_t c) {
   return {_mm256_sub_epi32(v.a, b), _mm256_sub_epi32(v.b, b)};
 }
 inline I32x16 iadd(I32x16 x, I32x16 y) { return {_mm256_add_epi32(x.a, y.a), _mm256_add_epi32(x.b, y.b)}; }
+// The bit fields of the 5- and 6-bit formats (vec.h): per byte (b << s) & m, (b >> s) & m, a | b; sign-extended
+// byte k of each lane; int32 lane products (low 32 bits); an int32 broadcast.
+inline I32x16 shl_and(I32x16 v, int s, uint8_t m) {
+  const __m128i c = _mm_cvtsi32_si128(s);
+  const __m256i k = _mm256_set1_epi8(static_cast<char>(m));
+  return {_mm256_and_si256(_mm256_sll_epi16(v.a, c), k), _mm256_and_si256(_mm256_sll_epi16(v.b, c), k)};
+}
+inline I32x16 shr_and(I32x16 v, int s, uint8_t m) {
+  const __m128i c = _mm_cvtsi32_si128(s);
+  const __m256i k = _mm256_set1_epi8(static_cast<char>(m));
+  return {_mm256_and_si256(_mm256_srl_epi16(v.a, c), k), _mm256_and_si256(_mm256_srl_epi16(v.b, c), k)};
+}
+inline I32x16 bor(I32x16 x, I32x16 y) { return {_mm256_or_si256(x.a, y.a), _mm256_or_si256(x.b, y.b)}; }
+inline I32x16 lane_i8(I32x16 v, int k) {
+  const __m128i c = _mm_cvtsi32_si128(24 - 8 * k);
+  return {_mm256_srai_epi32(_mm256_sll_epi32(v.a, c), 24), _mm256_srai_epi32(_mm256_sll_epi32(v.b, c), 24)};
+}
+inline I32x16 imul(I32x16 x, I32x16 y) { return {_mm256_mullo_epi32(x.a, y.a), _mm256_mullo_epi32(x.b, y.b)}; }
+inline I32x16 iset1(int32_t c) {
+  const __m256i b = _mm256_set1_epi32(c);
+  return {b, b};
+}
 inline F32x16 to_f(I32x16 v) { return {_mm256_cvtepi32_ps(v.a), _mm256_cvtepi32_ps(v.b)}; }
 inline I32x16 cvt_round(F32x16 v) {  // vcvtps2dq under the default MXCSR: nearest, ties to even
   return {_mm256_cvtps_epi32(v.a), _mm256_cvtps_epi32(v.b)};

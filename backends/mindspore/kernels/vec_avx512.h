@@ -121,6 +121,20 @@ inline I32x16 nib_widen(I32x16 acc, NibAcc n) {
 #endif
 inline I32x16 isub(I32x16 a, int32_t c) { return {_mm512_sub_epi32(a.v, _mm512_set1_epi32(c))}; }
 inline I32x16 iadd(I32x16 a, I32x16 b) { return {_mm512_add_epi32(a.v, b.v)}; }
+// The bit fields of the 5- and 6-bit formats (vec.h): per byte (b << s) & m, (b >> s) & m, a | b; sign-extended
+// byte k of each lane; int32 lane products (low 32 bits); an int32 broadcast.
+inline I32x16 shl_and(I32x16 a, int s, uint8_t m) {
+  return {_mm512_and_si512(_mm512_sll_epi16(a.v, _mm_cvtsi32_si128(s)), _mm512_set1_epi8(static_cast<char>(m)))};
+}
+inline I32x16 shr_and(I32x16 a, int s, uint8_t m) {
+  return {_mm512_and_si512(_mm512_srl_epi16(a.v, _mm_cvtsi32_si128(s)), _mm512_set1_epi8(static_cast<char>(m)))};
+}
+inline I32x16 bor(I32x16 a, I32x16 b) { return {_mm512_or_si512(a.v, b.v)}; }
+inline I32x16 lane_i8(I32x16 a, int k) {
+  return {_mm512_srai_epi32(_mm512_sll_epi32(a.v, _mm_cvtsi32_si128(24 - 8 * k)), 24)};
+}
+inline I32x16 imul(I32x16 a, I32x16 b) { return {_mm512_mullo_epi32(a.v, b.v)}; }
+inline I32x16 iset1(int32_t c) { return {_mm512_set1_epi32(c)}; }
 inline F32x16 to_f(I32x16 a) { return {_mm512_cvtepi32_ps(a.v)}; }
 inline I32x16 cvt_round(F32x16 a) {
   return {_mm512_cvt_roundps_epi32(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};

@@ -139,6 +139,20 @@ inline I32x16 dot_q8(I32x16 acc, I32x16 u, I32x16 x) {  // u = q + 128: u ^ 0x80
 }
 inline I32x16 isub(I32x16 a, int32_t c) { MINDSERVE_EACH(vsubq_s32(a.v[i], vdupq_n_s32(c))); }
 inline I32x16 iadd(I32x16 a, I32x16 b) { MINDSERVE_EACH(vaddq_s32(a.v[i], b.v[i])); }
+// The bit fields of the 5- and 6-bit formats (vec.h): per byte (b << s) & m, (b >> s) & m, a | b; sign-extended
+// byte k of each lane; int32 lane products (low 32 bits); an int32 broadcast.
+inline I32x16 shl_and(I32x16 a, int s, uint8_t m) {
+  MINDSERVE_EACH(vreinterpretq_s32_u8(vandq_u8(vshlq_u8(vreinterpretq_u8_s32(a.v[i]), vdupq_n_s8(static_cast<int8_t>(s))),
+                                               vdupq_n_u8(m))));
+}
+inline I32x16 shr_and(I32x16 a, int s, uint8_t m) {
+  MINDSERVE_EACH(vreinterpretq_s32_u8(vandq_u8(vshlq_u8(vreinterpretq_u8_s32(a.v[i]), vdupq_n_s8(static_cast<int8_t>(-s))),
+                                               vdupq_n_u8(m))));
+}
+inline I32x16 bor(I32x16 a, I32x16 b) { MINDSERVE_EACH(vorrq_s32(a.v[i], b.v[i])); }
+inline I32x16 lane_i8(I32x16 a, int k) { MINDSERVE_EACH(vshrq_n_s32(vshlq_s32(a.v[i], vdupq_n_s32(24 - 8 * k)), 24)); }
+inline I32x16 imul(I32x16 a, I32x16 b) { MINDSERVE_EACH(vmulq_s32(a.v[i], b.v[i])); }
+inline I32x16 iset1(int32_t c) { MINDSERVE_EACH(vdupq_n_s32(c)); }
 // Up to 8 nibble dot products before one widening (vec.h): here they sum in int32 directly.
 using NibAcc = I32x16;
 inline NibAcc nib_zero() { return izero(); }

@@ -131,6 +131,22 @@ inline I32x16 dot_nib(I32x16 acc, I32x16 u, I32x16 x) { MINDSERVE_EACH(I32x16, a
 inline I32x16 dot_q8(I32x16 acc, I32x16 u, I32x16 x) { MINDSERVE_EACH(I32x16, acc.v[i] + dot4(u.v[i], x.v[i], true)); }
 inline I32x16 isub(I32x16 a, int32_t c) { MINDSERVE_EACH(I32x16, a.v[i] - c); }
 inline I32x16 iadd(I32x16 a, I32x16 b) { MINDSERVE_EACH(I32x16, a.v[i] + b.v[i]); }
+// The bit fields of the 5- and 6-bit formats (vec.h): per byte (b << s) & m, (b >> s) & m, a | b; sign-extended
+// byte k of each lane; int32 lane products (low 32 bits); an int32 broadcast.
+inline I32x16 shl_and(I32x16 a, int s, uint8_t m) {
+  MINDSERVE_EACH(I32x16, static_cast<int32_t>((static_cast<uint32_t>(a.v[i]) << s) & (m * 0x01010101u)));
+}
+inline I32x16 shr_and(I32x16 a, int s, uint8_t m) {
+  MINDSERVE_EACH(I32x16, static_cast<int32_t>((static_cast<uint32_t>(a.v[i]) >> s) & (m * 0x01010101u)));
+}
+inline I32x16 bor(I32x16 a, I32x16 b) { MINDSERVE_EACH(I32x16, a.v[i] | b.v[i]); }
+inline I32x16 lane_i8(I32x16 a, int k) {
+  MINDSERVE_EACH(I32x16, static_cast<int32_t>(static_cast<int8_t>(static_cast<uint32_t>(a.v[i]) >> (8 * k))));
+}
+inline I32x16 imul(I32x16 a, I32x16 b) {
+  MINDSERVE_EACH(I32x16, static_cast<int32_t>(static_cast<uint32_t>(a.v[i]) * static_cast<uint32_t>(b.v[i])));
+}
+inline I32x16 iset1(int32_t c) { MINDSERVE_EACH(I32x16, c); }
 // Up to 8 nibble dot products before one widening (vec.h): here they sum in int32 directly.
 using NibAcc = I32x16;
 inline NibAcc nib_zero() { return izero(); }

@@ -6,7 +6,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
 from backends.mindspore.kv_dtype import row_bytes
-from backends.mindspore.quant import QuantWeight, concat_rows
+from backends.mindspore.quant import QuantWeight, uniform_stack
 
 DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
 
@@ -28,12 +28,13 @@ def stock_weight(parts: list[np.ndarray | QuantWeight], name: str, dtype=ms.floa
 
 
 def aot_weight(parts: list[np.ndarray | QuantWeight], name: str) -> Parameter:
-    """An AOT matmul weight: GGUF blocks of one format stay quantized (prepare_qweight), else float32 in the
-    kernel's packed layout."""
+    """An AOT matmul weight: GGUF blocks stay quantized (prepare_qweight; a stack whose parts ship in different
+    formats, e.g. Q4_K_M's Q6_K attn_v beside Q4_K q and k, has its other parts requantized to its most precise
+    format: quant.uniform_stack), else float32 in the kernel's packed layout."""
     from backends.mindspore.kernels import prepare_qweight, prepare_weight
 
-    if all(isinstance(p, QuantWeight) for p in parts) and len({p.fmt for p in parts}) == 1:
-        return Parameter(Tensor(prepare_qweight(concat_rows(parts)), ms.uint8), name=name, requires_grad=False)
+    if all(isinstance(p, QuantWeight) for p in parts):
+        return Parameter(Tensor(prepare_qweight(uniform_stack(parts)), ms.uint8), name=name, requires_grad=False)
     return param(prepare_weight(_stacked(parts)), name)
 
 

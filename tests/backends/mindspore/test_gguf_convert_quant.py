@@ -84,6 +84,74 @@ def test_as_shipped_keeps_the_blocks_byte_for_byte(tmp_path):
     assert json.loads((out / "conversion.json").read_text())["dtype"] == "as-shipped"
 
 
+# A Q4_K_M-like one-layer GGUF, wide enough for super-blocks of 256 (the gguf package cannot write K-quants:
+# quant.quantize's blocks, handed to its writer as raw bytes).
+WIDE, WIDE_FFN = 256, 512
+WIDE_SHAPES = {"attn_q": (WIDE, WIDE), "attn_k": (128, WIDE), "attn_v": (128, WIDE), "attn_output": (WIDE, WIDE),
+               "ffn_gate": (WIDE_FFN, WIDE), "ffn_up": (WIDE_FFN, WIDE), "ffn_down": (WIDE, WIDE_FFN)}
+WIDE_KINDS = {"attn_q": "q4_k", "attn_k": "q4_k", "attn_v": "q6_k", "attn_output": "q5_0", "ffn_gate": "q5_k",
+              "ffn_up": "q5_1", "ffn_down": "q6_k", "token_embd": "q6_k"}
+
+
+def _write_k(path: Path) -> dict[str, QuantWeight]:
+    from backends.mindspore.quant import quantize as quant_quantize
+
+    rng = np.random.default_rng(7)
+    w = gguf.GGUFWriter(str(path), "llama")
+    for add, value in [(w.add_block_count, 1), (w.add_context_length, 64), (w.add_embedding_length, WIDE),
+                       (w.add_feed_forward_length, WIDE_FFN), (w.add_head_count, 4), (w.add_head_count_kv, 2),
+                       (w.add_rope_freq_base, 1e4), (w.add_layer_norm_rms_eps, 1e-5),
+                       (w.add_tokenizer_model, "gpt2"), (w.add_tokenizer_pre, "smollm"),
+                       (w.add_token_list, TINY_TOKENS), (w.add_token_types, [3, 3, 3, 1, 1, 1, 1, 1]),
+                       (w.add_token_merges, ["a b", "Ġ ab"]), (w.add_bos_token_id, 1), (w.add_eos_token_id, 2)]:
+        add(value)
+    blocks = {}
+    for k, shape in {**WIDE_SHAPES, "token_embd": (len(TINY_TOKENS), WIDE)}.items():
+        blocks[k] = quant_quantize((rng.standard_normal(shape) * 0.1).astype(np.float32), WIDE_KINDS[k])
+        name = "token_embd.weight" if k == "token_embd" else f"blk.0.{k}.weight"
+        w.add_tensor(name, blocks[k].blocks, raw_dtype=T[WIDE_KINDS[k].upper()])
+    w.add_tensor("output_norm.weight", np.ones(WIDE, np.float32))
+    for norm in ("attn_norm", "ffn_norm"):
+        w.add_tensor(f"blk.0.{norm}.weight", np.ones(WIDE, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return blocks
+
+
+_HF = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+       "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+       "ffn_down": "mlp.down_proj"}
+
+
+def test_as_shipped_keeps_k_quant_and_q5_blocks_and_q8_0_requantizes_them(tmp_path):
+    from backends.mindspore.gguf_convert import unpermute_qk_rows
+
+    blocks = _write_k(tmp_path / "k.gguf")
+    out = convert_gguf(tmp_path / "k.gguf", tmp_path / "m", progress=False, dtype="as-shipped")
+    tensors, names = _tensors(out)
+    for k, hf_name in _HF.items():
+        name = f"model.layers.0.{hf_name}.weight"
+        assert names[name] == WIDE_KINDS[k] and tensors[name].dtype == np.uint8
+        want = blocks[k].blocks
+        if k in ("attn_q", "attn_k"):  # llama.cpp's row permutation undone, whole rows of blocks
+            want = unpermute_qk_rows(want, {"attn_q": 4, "attn_k": 2}[k])
+        np.testing.assert_array_equal(tensors[name], want)
+    assert names["model.embed_tokens.weight"] == "q6_k"
+    assert _model_config(out)["weight_dtype"] == "mixed"
+    weights = load_weights(*(lambda s: (s.checkpoint, s.checkpoint_format))(load_model(out)))
+    v = weights["model.layers.0.self_attn.v_proj.weight"]
+    assert (v.fmt, v.shape) == ("q6_k", WIDE_SHAPES["attn_v"])
+    np.testing.assert_array_equal(v.dequantize(), dequantize(blocks["attn_v"].blocks, T.Q6_K).reshape(128, WIDE))
+    q8 = convert_gguf(tmp_path / "k.gguf", tmp_path / "q8", progress=False, dtype="q8_0")
+    tensors, names = _tensors(q8)
+    assert set(names.values()) == {"q8_0"}
+    np.testing.assert_array_equal(tensors["model.layers.0.mlp.down_proj.weight"],
+                                  quantize(dequantize(blocks["ffn_down"].blocks, T.Q6_K).reshape(WIDE, WIDE_FFN),
+                                           T.Q8_0))
+
+
 def test_q8_0_requantizes_from_the_source_and_float_tensors_too(tmp_path):
     _write(tmp_path / "t.gguf", layer_type=T.Q4_1, embed_type=T.F32)
     out = convert_gguf(tmp_path / "t.gguf", tmp_path / "m", progress=False, dtype="q8_0")
@@ -146,8 +214,8 @@ def test_a_bad_weight_dtype_in_the_yaml_is_named(tmp_path):
     _write(tmp_path / "t.gguf")
     out = convert_gguf(tmp_path / "t.gguf", tmp_path / "m", progress=False, dtype="as-shipped")
     y = next(out.glob("predict_*.yaml"))
-    y.write_text(y.read_text().replace("weight_dtype: q4_1", "weight_dtype: q5_k"))
-    with pytest.raises(ConfigError, match=r"model.model_config.weight_dtype: must be one of .*got 'q5_k'"):
+    y.write_text(y.read_text().replace("weight_dtype: q4_1", "weight_dtype: q3_k"))
+    with pytest.raises(ConfigError, match=r"model.model_config.weight_dtype: must be one of .*got 'q3_k'"):
         load_model(out)
 
 

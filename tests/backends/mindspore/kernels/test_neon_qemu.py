@@ -21,6 +21,7 @@ from gguf.quants import quantize as gguf_quantize
 from backends.mindspore.kernels import prepare_qweight, prepare_weight
 from backends.mindspore.kernels import build as kbuild
 from backends.mindspore.quant import QuantWeight
+from backends.mindspore.quant import quantize as quant_quantize
 from tests.support.kernel_variants import NATIVE, variant_lib
 from tests.support.kernel_driver import DriverError, Result, SetThreads, build_driver, qemu, run_driver, run_library
 from tests.support.kernel_entries import Case, cases
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.slow
 
 CROSS_CXX, QEMU = "aarch64-linux-gnu-g++", "qemu-aarch64"
 ARM_VARIANTS = {"armv8": "cortex-a57", "armv8.2-dotprod": "cortex-a76"}  # variant -> qemu CPU model
-QTYPES = {"q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1}
+QTYPES = {"q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1, "q5_0": T.Q5_0, "q5_1": T.Q5_1}
 THREADS = 2  # the library's default; a case may ask for another count
 
 
@@ -50,6 +51,8 @@ def _eps():
 def _weight(rng, k: int, n: int, fmt: str = "f32") -> np.ndarray:
     if fmt == "f32":
         return prepare_weight(_f32(rng, k, n, scale=1 / np.sqrt(k)))
+    if fmt not in QTYPES:  # the K-quants: the gguf package cannot write them
+        return prepare_qweight(quant_quantize(_f32(rng, n, k, scale=0.05), fmt))
     blocks = gguf_quantize(_f32(rng, n, k, scale=0.05), QTYPES[fmt])
     return prepare_qweight(QuantWeight(fmt, n, k, np.ascontiguousarray(blocks.reshape(n, -1))))
 
@@ -130,6 +133,9 @@ EXTRA: list[tuple[str, int, Callable]] = [
     ("matmul-fp32-16x576x960", THREADS, lambda r: _matmul(r, 16, 576, 960)),
     ("matmul-q8_0-5x576x576", THREADS, lambda r: _matmul(r, 5, 576, 576, "q8_0")),
     ("matmul-q4_1-3x1536x576-3threads", 3, lambda r: _matmul(r, 3, 1536, 576, "q4_1")),
+    ("matmul-q4_k-16x1536x576", THREADS, lambda r: _matmul(r, 16, 1536, 576, "q4_k")),
+    ("matmul-q6_k-3x1536x200", THREADS, lambda r: _matmul(r, 3, 1536, 200, "q6_k")),
+    ("matmul-q5_0-5x576x100", THREADS, lambda r: _matmul(r, 5, 576, 100, "q5_0")),
     ("qkv-attention-bias-8x9x3x64-long", THREADS, lambda r: _qkv_attention(r, 8, 9, 3, 64, 16, 12, True)),
 ]
 

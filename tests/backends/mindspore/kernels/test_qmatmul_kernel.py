@@ -126,6 +126,37 @@ def test_within_the_activation_quantization_bound_of_x_at_dequantized_w(lib, fmt
     assert np.all(np.abs(y - exact) <= bound)
 
 
+KFORMATS = {"q5_0": (3, T.Q5_0), "q5_1": (4, T.Q5_1), "q4_k": (5, T.Q4_K), "q5_k": (6, T.Q5_K), "q6_k": (7, T.Q6_K)}
+
+
+@pytest.mark.parametrize("fmt", KFORMATS)
+@pytest.mark.parametrize("m,k,n", [(1, 256, 1), (3, 512, 17), (16, 1536, 40), (5, 2048, 33)])
+def test_q5_and_k_quants_within_the_activation_quantization_bound(lib, fmt, m, k, n):
+    """The Q5 formats and the K-quants against x @ W with W dequantized by the gguf package (an independent
+    reader of the GGUF layouts): within what quantizing x implies, per block of 32 (dx = amax / 127) or, for the
+    K-quants, per 256 (dx = 1 / (127 / amax)), |error| <= sum_b (dx_b / 2) sum_{k in b} |w_k| (+ float32 slack)."""
+    from backends.mindspore.quant import quantize
+
+    rng = np.random.default_rng(k + n)
+    w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
+    w[:, :32] += 0.03  # an offset block: the mins matter
+    q = quantize(w, fmt)
+    x = _x(m, k, seed=m + 11)
+    wd = gguf_dequantize(q.blocks, KFORMATS[fmt][1]).reshape(n, k).astype(np.float64)
+    np.testing.assert_array_equal(dequantize(q), wd.astype(np.float32))  # the loader's dequantizer agrees
+    packed = prepare_qweight(q)
+    y = np.full((m, n), np.nan, np.float32)
+    assert lib.mindserve_qmatmul_raw(x.ctypes.data, packed.ctypes.data, KFORMATS[fmt][0], None, y.ctypes.data,
+                                     m, k, n) == 0
+    exact = x.astype(np.float64) @ wd.T
+    block = 256 if fmt.endswith("_k") else 32
+    amax = np.abs(x.astype(np.float64)).reshape(m, -1, block).max(-1)
+    absw = np.abs(wd).reshape(n, -1, block).sum(-1)
+    bound = (amax / 127 / 2) @ absw.T * (1 + 1e-6) + 1e-5 * (np.abs(x) @ np.abs(wd).T)
+    assert np.all(np.abs(y - exact) <= bound)
+    assert np.max(np.abs(y - exact)) > 0  # the activations are quantized (the bound is not vacuous)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_residual_is_added_once_after_the_product(lib, fmt):
     q, x = _weight(fmt, 37, 96, seed=1), _x(5, 96, seed=2)

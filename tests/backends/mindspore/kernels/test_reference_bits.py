@@ -13,7 +13,8 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import quantize as gguf_quantize
 
 from backends.mindspore.kernels import prepare_qweight, prepare_weight
-from backends.mindspore.quant import QuantWeight
+from backends.mindspore.quant import BLOCK_BYTES, BLOCK_SIZE, QuantWeight
+from backends.mindspore.quant import quantize as quant_quantize
 from tests.support.kernel_variants import HOST_VARIANTS, variant_lib
 from tests.support import kernel_ref as ref
 from tests.support import kv_ref
@@ -29,7 +30,9 @@ def lib(kernel_cache, request):
 
 
 F32 = np.float32
-QFORMATS = {"q8_0": (0, T.Q8_0), "q4_0": (1, T.Q4_0), "q4_1": (2, T.Q4_1)}
+QFORMATS = {"q8_0": (0, T.Q8_0), "q4_0": (1, T.Q4_0), "q4_1": (2, T.Q4_1), "q5_0": (3, T.Q5_0), "q5_1": (4, T.Q5_1)}
+KQFORMATS = ("q4_k", "q5_k", "q6_k")
+QCODES = {**{f: c for f, (c, _) in QFORMATS.items()}, "q4_k": 5, "q5_k": 6, "q6_k": 7}  # qmatmul.cc's Fmt
 EPS = np.array([1e-5], F32)
 
 
@@ -128,15 +131,28 @@ def test_matmul_with_lora_tail(lib, m, k, n, groups, rank):
 # --- quantized matmul -----------------------------------------------------------------------------
 
 QMATMUL = [(1, 32, 1), (3, 64, 17), (9, 96, 33), (10, 160, 47)]
+KQMATMUL = [(1, 256, 1), (3, 512, 17), (9, 768, 33), (10, 256, 47), (17, 512, 20)]  # K a multiple of 256
 
 
 def qweight(fmt: str, n: int, k: int, seed: int) -> QuantWeight:
     rng = np.random.default_rng(seed)
     w = (rng.standard_normal((n, k)) * np.exp2(rng.integers(-6, 2, (n, 1)))).astype(F32)
-    w[:, :32] += 0.02 if fmt == "q4_1" else 0.0  # an offset block, so Q4_1's min matters
+    w[:, :32] += 0.02 if fmt in ("q4_1", "q5_1", "q4_k", "q5_k") else 0.0  # an offset block: the mins matter
     w[0, -32:] = 0.0  # an all-zero weight block
+    if fmt in KQFORMATS:  # the gguf package cannot write these: quant.quantize's own round-to-nearest
+        return quant_quantize(w, fmt)
     blocks = gguf_quantize(w, QFORMATS[fmt][1])
     return QuantWeight(fmt, n, k, np.ascontiguousarray(blocks.reshape(n, -1)))
+
+
+def random_blocks(fmt: str, n: int, k: int, seed: int) -> QuantWeight:
+    """Blocks of random bytes (every bit pattern of quants, scales and high bits), with finite small fp16 scales."""
+    rng = np.random.default_rng(seed)
+    b = rng.integers(0, 256, (n, k // BLOCK_SIZE[fmt], BLOCK_BYTES[fmt]), dtype=np.uint8)
+    scales = {"q5_0": [0], "q5_1": [0, 2], "q4_k": [0, 2], "q5_k": [0, 2], "q6_k": [208]}[fmt]
+    for lo in scales:
+        b[..., lo:lo + 2] = (rng.standard_normal(b.shape[:2]) * 0.01).astype(np.float16)[..., None].view(np.uint8)
+    return QuantWeight(fmt, n, k, np.ascontiguousarray(b.reshape(n, -1)))
 
 
 def qx(rng, m: int, k: int) -> np.ndarray:
@@ -171,6 +187,41 @@ def test_qmatmul_raw_and_aot_entries(lib, fmt, m, k, n):
     assert_bits(y, ref.product(x, q, res, lora))
 
 
+@pytest.mark.parametrize("fmt", ["q5_0", "q5_1", *KQFORMATS])
+@pytest.mark.parametrize("m,k,n", KQMATMUL)
+@pytest.mark.parametrize("blocks", ["quantized", "random"])
+def test_qmatmul_q5_and_k_quants(lib, fmt, m, k, n, blocks):
+    """The 5- and 6-bit formats and the K-quants: blocks of a quantized matrix, and of random bytes (every high bit
+    and 6-bit scale pattern; int8 Q6_K scales of both signs)."""
+    rng = np.random.default_rng(m + k + n)
+    q = qweight(fmt, n, k, seed=k + n) if blocks == "quantized" else random_blocks(fmt, n, k, seed=k + n)
+    x, res = qx(rng, m, k), wild(rng, (m, n))
+    packed = prepare_qweight(q)
+    y = out(m, n)
+    assert lib.mindserve_qmatmul_raw(x.ctypes.data, packed.ctypes.data, QCODES[fmt], res.ctypes.data,
+                                     y.ctypes.data, m, k, n) == 0
+    assert_bits(y, ref.qmatmul(x, q, res))
+    assert aot_call(lib, "MindserveMatMul", [x, packed], [y]) == 0
+    assert_bits(y, ref.qmatmul(x, q))
+    lora = lora_inputs(rng, m, k, n, groups=1)
+    assert aot_call(lib, "MindserveMatMulAdd", [x, packed, res, *lora_list(lora)], [y]) == 0
+    assert_bits(y, ref.product(x, q, res, lora))
+
+
+def test_quantize_rows_k(lib):
+    """Q8_K: per 256 values q = round-half-even(x * 127/amax), d = 1/(127/amax), the sums of each 16 q."""
+    rng = np.random.default_rng(6)
+    x = qx(rng, 4, 512)
+    x[3, 256:] = 0.0  # an all-zero super-block: d 0
+    q, d, bs = np.zeros((4, 512), np.int8), out(4, 2), np.zeros((4, 32), np.int32)
+    assert lib.mindserve_quantize_rows_k_raw(x.ctypes.data, 4, 512, q.ctypes.data, d.ctypes.data,
+                                             bs.ctypes.data) == 0
+    want = ref.quantize_rows_k(x)
+    assert np.array_equal(q.reshape(4, 2, 256), want.q) and np.array_equal(bs.reshape(4, 2, 16), want.bsums)
+    assert_bits(d, want.d)
+    assert d[3, 1] == 0 and np.abs(q).max() == 127
+
+
 def test_quantize_rows(lib):
     rng = np.random.default_rng(4)
     x = qx(rng, 5, 160)
@@ -181,18 +232,21 @@ def test_quantize_rows(lib):
     assert_bits(d, want.d)
 
 
-@pytest.mark.parametrize("fmt", QFORMATS)
+@pytest.mark.parametrize("fmt", list(QCODES))
 def test_qmatmul_block_of_tiny_amax(lib, fmt):
     """amax < 127 / FLT_MAX (~3.7e-37) would make id = 127 / amax infinite (x * id +-inf, NaN for a zero, which each
     ISA converts to a different integer): such a block quantizes to zeros, the same on every variant."""
     rng = np.random.default_rng(5)
-    x = qx(rng, 3, 64)
-    x[2, :32] = (rng.standard_normal(32) * 1e-38).astype(F32)
+    k = 256 if fmt in KQFORMATS else 64
+    x = qx(rng, 3, k)
+    x[2, :k // 2] = (rng.standard_normal(k // 2) * 1e-38).astype(F32)
     x[2, 5] = 0.0
-    q = qweight(fmt, 17, 64, seed=3)
+    if fmt in KQFORMATS:
+        x[2, k // 2:] = 0.0  # a whole super-block below 127 / FLT_MAX
+    q = qweight(fmt, 17, k, seed=3)
     y = out(3, 17)
-    assert lib.mindserve_qmatmul_raw(x.ctypes.data, prepare_qweight(q).ctypes.data, QFORMATS[fmt][0], None,
-                                     y.ctypes.data, 3, 64, 17) == 0
+    assert lib.mindserve_qmatmul_raw(x.ctypes.data, prepare_qweight(q).ctypes.data, QCODES[fmt], None,
+                                     y.ctypes.data, 3, k, 17) == 0
     assert_bits(y, ref.qmatmul(x, q))
 
 

@@ -1,0 +1,136 @@
+"""K-quants and the Q5 formats through the whole network (issue 23 item 3): a tiny Llama wide enough for
+super-blocks of 256 (hidden 256, ffn 512, head_dim 64) stored as a llama-quantize Q4_K_M-like mix, served on the
+AOT path, against the NumPy reference on the same blocks dequantized by the `gguf` package.
+
+The reference quantizes each matmul's input the way the kernel does for that weight's format (qmatmul.cc):
+per block of 32 with dx = amax / 127 for the 32-block formats, per 256 with dx = 1 / (127 / amax) (Q8_K) for
+the K-quants; everything else is float64. The tolerance is test_quantized_model.py's TOL_TINY (same reasoning:
+float32 rounding, far below what leaving the activation quantization out costs, which the second test checks).
+A stack whose parts ship in different formats (here q/k Q4_K beside a Q6_K v, as Q4_K_M does) is served as
+its most precise format (quant.uniform_stack): the ``mixed`` case's reference uses that stack too.
+"""
+from __future__ import annotations
+
+import json
+from unittest import mock
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize as gguf_dequantize
+from safetensors import safe_open
+from safetensors.numpy import load_file
+
+from backends.mindspore.quant import BLOCK_SIZE, QuantWeight, cols_of, uniform_stack
+from backends.mindspore.runners import DecodeRow
+from tests.support import tiny_model
+from tests.support.reference_numpy import RefConfig, RefModel
+from tests.support.runner import make_runner, prefill, prompt
+
+pytestmark = pytest.mark.slow  # every test compiles the network
+
+TOL_TINY = 5e-4
+WIDE = {"hidden_size": 256, "intermediate_size": 512, "head_dim": 64}
+# Q4_K_M-like: Q4_K with Q6_K for some, a 32-block format where llama-quantize falls back (o_proj: Q5_0).
+# (quantized_copy takes the first suffix that matches: the layer-specific ones come first.)
+UNIFORM = {"layers.1.self_attn.o_proj.weight": "q5_1", "self_attn.o_proj.weight": "q5_0",
+           "mlp.gate_proj.weight": "q5_k", "mlp.up_proj.weight": "q5_k", "mlp.down_proj.weight": "q6_k",
+           "embed_tokens.weight": "q6_k"}
+MIXED = {"self_attn.v_proj.weight": "q6_k", "layers.1.mlp.up_proj.weight": "q4_k", **UNIFORM}
+STACKS = {"self_attn.qkv": ("q_proj", "k_proj", "v_proj"), "mlp.gate_up": ("gate_proj", "up_proj")}
+
+
+def _quant_dequant(x: np.ndarray, block: int) -> np.ndarray:
+    xb = x.reshape(*x.shape[:-1], -1, block)
+    amax = np.abs(xb).max(-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(amax > 0, np.rint(xb * (127.0 / amax)), 0.0)
+    return (q * (amax / 127.0)).reshape(x.shape)
+
+
+class FormatActQuantRef(RefModel):
+    """The reference with each matmul's input quantized as the kernel does for its weight's format."""
+
+    def __init__(self, config, weights, formats: dict[str, str]):
+        super().__init__(config, weights)
+        self.block = {name.removesuffix(".weight"): BLOCK_SIZE[f] for name, f in formats.items()}
+        self.block.setdefault("lm_head", self.block["model.embed_tokens"])
+
+    def _linear(self, x: np.ndarray, name: str) -> np.ndarray:
+        return super()._linear(_quant_dequant(x, self.block[name]), name)
+
+    def logits(self, ids: list[int]) -> np.ndarray:
+        return _quant_dequant(self.hidden_states(ids), self.block["lm_head"]) @ self.w["lm_head.weight"].T
+
+    def next_logits(self, ids: list[int]) -> np.ndarray:
+        return self.logits(ids)[-1]
+
+
+def _reference_weights(path) -> tuple[RefConfig, dict[str, np.ndarray], dict[str, str]]:
+    """The directory's blocks dequantized by the gguf package, each stack of mixed parts first made one format
+    the way the network does (uniform_stack); {name: the format served}."""
+    with safe_open(str(path / "model.safetensors"), "np") as f:
+        names = json.loads(f.metadata()["mindserve.quantization"])
+    raw = load_file(str(path / "model.safetensors"))
+    qw = {k: QuantWeight(names[k], v.shape[0], cols_of(names[k], v.shape[1]), v) for k, v in raw.items() if k in names}
+    for layer in range(tiny_model.SHAPE["num_hidden_layers"]):
+        for parts in STACKS.values():
+            keys = [f"model.layers.{layer}.{'self_attn' if p.endswith(('q_proj', 'k_proj', 'v_proj')) else 'mlp'}"
+                    f".{p}.weight" for p in parts]
+            stack = uniform_stack([qw[k] for k in keys])
+            rows = np.cumsum([0] + [qw[k].rows for k in keys])
+            for i, k in enumerate(keys):
+                qw[k] = QuantWeight(stack.fmt, qw[k].rows, qw[k].cols, stack.blocks[rows[i]:rows[i + 1]])
+    weights = {k: (gguf_dequantize(qw[k].blocks, GGMLQuantizationType[qw[k].fmt.upper()]).reshape(qw[k].rows, -1)
+                   if k in qw else v) for k, v in raw.items()}
+    config = RefConfig.from_hf(json.loads((path / "config.json").read_text()))
+    return config, weights, {k: q.fmt for k, q in qw.items()}
+
+
+@pytest.fixture(scope="module", params=["uniform", "mixed"])
+def kquant(request, tmp_path_factory):
+    with mock.patch.dict(tiny_model.SHAPE, WIDE):
+        src = tiny_model.make_tiny_model(tmp_path_factory.mktemp("tiny_wide"), seed=3, arch="llama")
+        path = tiny_model.quantized_copy(src, tmp_path_factory.mktemp(f"tiny_k_{request.param}"), "q4_k",
+                                         UNIFORM if request.param == "uniform" else MIXED)
+        config, weights, formats = _reference_weights(path)
+        runner = make_runner(path, kernels="aot")
+    return path, runner, FormatActQuantRef(config, weights, formats), RefModel(config, weights)
+
+
+def test_k_quant_logits_match_the_reference(kquant):
+    path, runner, ref, _ = kquant
+    assert runner.spec.weight_dtype == "mixed"
+    assert str(runner.net.layers[0].wqkv.dtype).lower().startswith("uint8")  # served as blocks
+    ids = prompt(11, 5, runner.spec.vocab_size)
+    blocks = [3, 4, 5]
+    logits = prefill(runner, ids, blocks)
+    np.testing.assert_allclose(logits, ref.next_logits(ids), atol=TOL_TINY, rtol=0)
+    for _ in range(8):
+        ids.append(int(np.argmax(logits)))
+        logits = runner.decode([DecodeRow(ids[-1], len(ids) - 1, blocks)])[0]
+        np.testing.assert_allclose(logits, ref.next_logits(ids), atol=TOL_TINY, rtol=0)
+
+
+def test_the_tolerance_is_below_what_the_activation_quantization_adds(kquant):
+    _, runner, ref, plain = kquant
+    ids = prompt(9, 8, runner.spec.vocab_size)
+    logits = prefill(runner, ids, [6, 7])
+    assert np.max(np.abs(logits - ref.next_logits(ids))) <= TOL_TINY
+    assert np.max(np.abs(logits - plain.next_logits(ids))) > 4 * TOL_TINY
+
+
+def test_a_stack_of_mixed_formats_keeps_its_most_precise_part_as_shipped():
+    rng = np.random.default_rng(0)
+    from backends.mindspore.quant import quantize
+
+    q, k, v = (quantize((rng.standard_normal((r, 256)) * 0.1).astype(np.float32), f)
+               for r, f in [(64, "q4_k"), (32, "q4_k"), (32, "q6_k")])
+    stack = uniform_stack([q, k, v])
+    assert stack.fmt == "q6_k" and stack.rows == 128
+    np.testing.assert_array_equal(stack.blocks[96:], v.blocks)  # v's bytes as shipped
+    for part, rows in [(q, slice(0, 64)), (k, slice(64, 96))]:  # requantized: within a Q6_K step of the source
+        err = np.abs(QuantWeight("q6_k", part.rows, 256, stack.blocks[rows]).dequantize() - part.dequantize())
+        assert err.max() <= 0.02 * np.abs(part.dequantize()).max()
+    assert uniform_stack([q, k]).blocks is not None and uniform_stack([q, k]).fmt == "q4_k"
+    np.testing.assert_array_equal(uniform_stack([q, k]).blocks, np.concatenate([q.blocks, k.blocks]))
