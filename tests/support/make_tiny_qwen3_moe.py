@@ -43,28 +43,31 @@ DEFAULT_SEED = 31
 VOCAB = 384
 
 
-def sparse_layers() -> list[int]:
+def sparse_layers(mlp_only: list[int]) -> list[int]:
     """The layers with routed experts (HF's rule: not in mlp_only_layers, and (i + 1) % decoder_sparse_step == 0)."""
     return [i for i in range(SHAPE["num_hidden_layers"])
-            if i not in MOE["mlp_only_layers"] and (i + 1) % MOE["decoder_sparse_step"] == 0]
+            if i not in mlp_only and (i + 1) % MOE["decoder_sparse_step"] == 0]
 
 
-def make_tiny_qwen3_moe(out_dir: str | Path, *, seed: int = DEFAULT_SEED) -> Path:
-    """Write a complete tiny Qwen3-MoE model directory and return its path."""
+def make_tiny_qwen3_moe(out_dir: str | Path, *, seed: int = DEFAULT_SEED, mlp_only: list[int] | None = None) -> Path:
+    """Write a complete tiny Qwen3-MoE model directory and return its path. ``mlp_only``: the dense layers (default
+    MOE's [1]; [] gives every layer experts, as llama.cpp's qwen3moe requires)."""
+    moe = MOE if mlp_only is None else {**MOE, "mlp_only_layers": list(mlp_only)}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = train_tokenizer(VOCAB)
     (out / "tokenizer.json").write_text(tokenizer.to_str(pretty=True), encoding="utf-8")
     vocab = tokenizer.get_vocab_size()
     ids = {tok: tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS}
-    save_file(random_weights(vocab, seed), str(out / "model.safetensors"), metadata={"format": "pt"})
-    _write_json(out / "config.json", hf_config(vocab, ids))
+    save_file(random_weights(vocab, seed, moe["mlp_only_layers"]), str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    _write_json(out / "config.json", hf_config(vocab, ids, moe))
     _write_json(out / "tokenizer_config.json", {**_tokenizer_config(ids), "tokenizer_class": "Qwen2TokenizerFast"})
-    (out / "predict_tiny_qwen3_moe.yaml").write_text(predict_yaml(vocab, ids), encoding="utf-8")
+    (out / "predict_tiny_qwen3_moe.yaml").write_text(predict_yaml(vocab, ids, moe), encoding="utf-8")
     return out
 
 
-def random_weights(vocab: int, seed: int) -> dict[str, np.ndarray]:
+def random_weights(vocab: int, seed: int, mlp_only: list[int]) -> dict[str, np.ndarray]:
     """HF-named float32 tensors [out, in]; norm weights 1 + noise; a router of spread-out logits, so each token's
     top-2 experts are clear winners and differ between tokens."""
     rng = np.random.default_rng(seed)
@@ -78,7 +81,7 @@ def random_weights(vocab: int, seed: int) -> dict[str, np.ndarray]:
     def norm(n: int, spread: float = 0.1) -> np.ndarray:
         return (1.0 + rng.standard_normal(n) * spread).astype(np.float32)
 
-    sparse = sparse_layers()
+    sparse = sparse_layers(mlp_only)
     w = {"model.embed_tokens.weight": normal(vocab, d, std=0.1)}
     for i in range(SHAPE["num_hidden_layers"]):
         p = f"model.layers.{i}."
@@ -105,12 +108,12 @@ def random_weights(vocab: int, seed: int) -> dict[str, np.ndarray]:
     return w
 
 
-def hf_config(vocab: int, ids: dict[str, int]) -> dict:
+def hf_config(vocab: int, ids: dict[str, int], moe: dict) -> dict:
     return {
         "architectures": [ARCH],
         "model_type": "qwen3_moe",
         **SHAPE,
-        **MOE,
+        **moe,
         "vocab_size": vocab,
         "hidden_act": "silu",
         "attention_bias": False,
@@ -129,7 +132,7 @@ def hf_config(vocab: int, ids: dict[str, int]) -> dict:
     }
 
 
-def predict_yaml(vocab: int, ids: dict[str, int]) -> str:
+def predict_yaml(vocab: int, ids: dict[str, int], moe: dict) -> str:
     return f"""\
 # A tiny random-weight {ARCH} (tests/support/make_tiny_qwen3_moe.py).
 run_mode: predict
@@ -147,12 +150,12 @@ model:
     n_kv_heads: {SHAPE["num_key_value_heads"]}
     head_dim: {SHAPE["head_dim"]}
     intermediate_size: {SHAPE["intermediate_size"]}
-    num_experts: {MOE["num_experts"]}
-    num_experts_per_tok: {MOE["num_experts_per_tok"]}
-    moe_intermediate_size: {MOE["moe_intermediate_size"]}
-    norm_topk_prob: {str(MOE["norm_topk_prob"]).lower()}
-    decoder_sparse_step: {MOE["decoder_sparse_step"]}
-    mlp_only_layers: {MOE["mlp_only_layers"]}
+    num_experts: {moe["num_experts"]}
+    num_experts_per_tok: {moe["num_experts_per_tok"]}
+    moe_intermediate_size: {moe["moe_intermediate_size"]}
+    norm_topk_prob: {str(moe["norm_topk_prob"]).lower()}
+    decoder_sparse_step: {moe["decoder_sparse_step"]}
+    mlp_only_layers: {moe["mlp_only_layers"]}
     vocab_size: {vocab}
     rms_norm_eps: 1.0e-6
     theta: {SHAPE["rope_theta"]}
