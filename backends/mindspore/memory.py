@@ -88,8 +88,9 @@ class StockGraphs:
     def of(cls, spec: ModelSpec) -> StockGraphs:
         qkv = (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim
         ffn = 2 * spec.intermediate_size
-        if spec.moe is not None:  # the stock ops run every expert on every token: [E, N, 2F + F + C]
-            ffn = max(ffn, spec.moe.num_experts * (3 * spec.moe.intermediate_size + spec.hidden_size))
+        moe = getattr(spec, "moe", None)
+        if moe is not None:  # the stock ops run every expert on every token: [E, N, 2F + F + C]
+            ffn = max(ffn, moe.num_experts * (3 * moe.intermediate_size + spec.hidden_size))
         return cls(spec.num_layers, spec.num_heads, qkv + ffn + 4 * spec.hidden_size, spec.vocab_size)
 
     def graph_bytes(self, batch: int, tokens: int, window: int) -> int:
