@@ -68,6 +68,9 @@ PRESETS = {
     # A Qwen3-30B-A3B-like layer at a size this machine holds: 1.9B parameters, 0.4B read per token.
     "qwen3moe-small": Shape("qwen3moe", hidden=1024, layers=16, heads=16, kv_heads=4, ffn=768, head_dim=128,
                             experts=64, experts_used=8, context=40960, rope_theta=1000000.0),
+    # A smaller one (docs/performance.md's MoE row): 16 experts of width 768, 4 per token, 1024 x 12.
+    "qwen3moe-16x4": Shape("qwen3moe", hidden=1024, layers=12, heads=16, kv_heads=4, ffn=768, head_dim=128,
+                           experts=16, experts_used=4, context=40960, rope_theta=1000000.0),
 }
 
 

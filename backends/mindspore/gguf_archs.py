@@ -2,7 +2,8 @@
 layout it writes: the HF architecture and ``model_type``, and whether llama.cpp's converter permuted the Q/K rows
 (interleaved RoPE: only ``llama``; ``qwen2`` / ``qwen3`` run llama.cpp's NEOX RoPE, which is HF's rotate_half, so
 their rows are as HF has them). Biases (``attn_q.bias``, Qwen2) and q/k head norms (``attn_q_norm``, Qwen3) are
-read from the tensors the file has."""
+read from the tensors the file has; routed experts (``qwen3moe``: ``ffn_gate_inp`` and the 3-D ``ffn_*_exps``) from
+the ``<arch>.expert_*`` metadata and the tensors."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ GGUF_ARCHS = {a.name: a for a in (
     GgufArch("llama", "LlamaForCausalLM", "llama", permuted_qk=True),
     GgufArch("qwen2", "Qwen2ForCausalLM", "qwen2", permuted_qk=False),
     GgufArch("qwen3", "Qwen3ForCausalLM", "qwen3", permuted_qk=False),
+    GgufArch("qwen3moe", "Qwen3MoeForCausalLM", "qwen3_moe", permuted_qk=False),
 )}
 
 

@@ -1,5 +1,7 @@
 """GGUF → model directory: config.json, tokenizer files, model.safetensors, predict yaml, for the architectures
-of ``gguf_archs.py`` (llama, qwen2, qwen3; any other is refused by name before any work).
+of ``gguf_archs.py`` (llama, qwen2, qwen3, qwen3moe; any other is refused by name before any work). A routed-experts
+tensor (``ffn_gate_exps`` [E, F, C] ...) becomes the E per-expert matrices of HF's layout
+(``mlp.experts.{e}.gate_proj.weight``), each stored like any matrix.
 
 ``dtype`` chooses how the matrices are stored (``DTYPES``): ``fp32`` dequantises everything with the `gguf`
 package; ``as-shipped`` keeps GGUF's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K blocks as they are (uint8
@@ -53,7 +55,8 @@ _LAYER_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
                 "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
                 "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
                 "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-                "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+                "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm", "ffn_gate_inp": "mlp.gate"}
+_EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 
 # Pre-tokenizer split patterns for llama.cpp's `tokenizer.ggml.pre` values.
 _LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -226,7 +229,22 @@ def _hf_config(meta: dict[str, Any], reader: GGUFReader) -> dict[str, Any]:
         "bos_token_id": ids["bos"], "eos_token_id": eos[0] if len(eos) == 1 else eos,
         "pad_token_id": ids["pad"], "torch_dtype": "float32", "hidden_act": "silu",
         "attention_bias": "blk.0.attn_q.bias" in names, "mlp_bias": False,
+        **_moe_config(key, names),
     }
+
+
+def _moe_config(key, names: dict[str, Any]) -> dict[str, Any]:
+    """HF Qwen3MoeConfig's expert keys from ``<arch>.expert_*`` (none for a dense file). llama.cpp routes with
+    normalised top-k weights (qwen3moe) and gives every block with a router (``ffn_gate_inp``) experts; a block
+    without one keeps a dense MLP (``mlp_only_layers``)."""
+    experts = int(key("expert_count", 0))
+    if not experts:
+        return {}
+    blocks = int(key("block_count"))
+    return {"num_experts": experts, "num_experts_per_tok": int(key("expert_used_count")),
+            "moe_intermediate_size": int(key("expert_feed_forward_length")), "norm_topk_prob": True,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [i for i in range(blocks) if f"blk.{i}.ffn_gate_inp.weight" not in names]}
 
 
 def _f32_repr(value: float) -> float:
@@ -257,13 +275,19 @@ def _tokenizer_config(meta: dict[str, Any], config: dict[str, Any]) -> dict[str,
 def _write_weights(reader: GGUFReader, config: dict[str, Any], path: Path, progress: bool,
                    dtype: str = "fp32") -> dict[str, str]:
     """Write model.safetensors; returns {HF name: storage format} (``float32`` or a block format)."""
-    permuted = GGUF_ARCHS[config["model_type"]].permuted_qk
+    permuted = {a.model_type: a for a in GGUF_ARCHS.values()}[config["model_type"]].permuted_qk
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]} if permuted else {}
     weights: dict[str, np.ndarray] = {}
     formats: dict[str, str] = {}
     for t in tqdm(reader.tensors, desc="convert", unit="tensor", file=sys.stderr, disable=not progress):
         shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims innermost-first
+        if len(shape) == 3:  # routed experts [E, out, in]: one HF matrix per expert
+            for name, w, fmt in _expert_matrices(t, shape, dtype):
+                weights[name], formats[name] = w, fmt
+            continue
         fmt = _storage_format(t.tensor_type, shape, dtype)
+        if t.name.endswith(".ffn_gate_inp.weight") and t.tensor_type in _FLOAT:
+            fmt = "float32"  # a router stays float (llama.cpp's quantizations keep it F32 too): it picks the experts
         if fmt in _KEPT.values() and _KEPT.get(t.tensor_type) == fmt:
             w = np.asarray(t.data, dtype=np.uint8).reshape(shape[0], -1)  # the GGUF blocks, row by row
         else:
@@ -281,6 +305,26 @@ def _write_weights(reader: GGUFReader, config: dict[str, Any], path: Path, progr
     save_file(weights, str(path), metadata={"format": "pt", QUANT_KEY: json.dumps(quantized, sort_keys=True)})
     os.chmod(path, 0o644)
     return formats
+
+
+def _expert_matrices(t, shape: tuple[int, int, int], dtype: str):
+    """(HF name, array, storage format) of each expert's [out, in] matrix of a 3-D ``blk.N.ffn_*_exps`` tensor, stored
+    as ``_storage_format`` says for one such matrix."""
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", t.name)
+    if m is None or m[2] not in _EXPERT_NAMES:
+        raise ValueError(f"unsupported GGUF tensor {t.name!r} of shape {list(shape)}")
+    experts, rows, cols = shape
+    fmt = _storage_format(t.tensor_type, (rows, cols), dtype)
+    if fmt in _KEPT.values() and _KEPT.get(t.tensor_type) == fmt:
+        stack = np.asarray(t.data, dtype=np.uint8).reshape(experts, rows, -1)  # each expert's GGUF rows of blocks
+    else:
+        stack = dequantize(t.data, t.tensor_type).reshape(shape)
+    for e in range(experts):
+        w = stack[e]
+        if fmt == "q8_0" and w.dtype != np.uint8:
+            w = quantize(np.asarray(w, dtype=np.float32), GGMLQuantizationType.Q8_0).reshape(rows, -1)
+        yield (f"model.layers.{m[1]}.mlp.experts.{e}.{_EXPERT_NAMES[m[2]]}.weight",
+               np.array(w, dtype=np.float32 if fmt == "float32" else np.uint8, order="C"), fmt)
 
 
 def _storage_format(kind: GGMLQuantizationType, shape: tuple[int, ...], dtype: str) -> str:
@@ -328,6 +372,9 @@ def _predict_yaml(c: dict[str, Any], weight_dtype: str = "float32", qk_norm: boo
         model_config["head_dim"] = c["head_dim"]
     if qk_norm:
         model_config["qk_layernorm"] = True
+    if c.get("num_experts"):
+        model_config.update({k: c[k] for k in ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                                                "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers")})
     return {
         "run_mode": "predict", "load_checkpoint": "model.safetensors",
         "load_ckpt_format": "safetensors", "context": {"mode": 0, "device_target": "CPU"},

@@ -1,9 +1,10 @@
-"""The Llama family's predict yaml (Llama, Qwen2, Qwen3, Mistral: MindFormers' LlamaConfig keys) -> ``ModelSpec``."""
+"""The Llama family's predict yaml (Llama, Qwen2, Qwen3, Qwen3-MoE, Mistral: MindFormers' LlamaConfig keys, and the
+experts' keys of HF's Qwen3MoeConfig) -> ``ModelSpec``."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from backends.mindspore.spec import ModelSpec
+from backends.mindspore.spec import ModelSpec, MoeSpec
 from backends.mindspore.yaml_tree import (ConfigError, YamlSection, read_checkpoint, read_context, read_defaults,
                                           read_eos_ids, read_json_object)
 
@@ -35,13 +36,14 @@ def llama_spec(yaml_path: Path, tree: dict, model: YamlSection, arch: str) -> Mo
     dtype = mc.get("compute_dtype", str, "float32")
     if dtype not in ("float32", "float16", "bfloat16"):
         raise ConfigError(yaml_path, "model.model_config.compute_dtype", f"unknown dtype {dtype!r}")
+    num_layers = mc.positive("num_layers", ..., "num_hidden_layers")
     weight_dtype = mc.get("weight_dtype", str, "float32")
     if weight_dtype not in WEIGHT_DTYPES:
         raise ConfigError(yaml_path, "model.model_config.weight_dtype",
                           f"must be one of {', '.join(WEIGHT_DTYPES)}, got {weight_dtype!r}")
     return ModelSpec(
         yaml_path=yaml_path, model_dir=yaml_path.parent, arch=arch,
-        hidden_size=hidden, num_layers=mc.positive("num_layers", ..., "num_hidden_layers"),
+        hidden_size=hidden, num_layers=num_layers,
         num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim or hidden // heads,
         intermediate_size=_intermediate_size(mc, hidden),
         vocab_size=mc.positive("vocab_size"),
@@ -59,8 +61,34 @@ def llama_spec(yaml_path: Path, tree: dict, model: YamlSection, arch: str) -> Mo
         defaults=read_defaults(mc),
         config_vocab_size=cfg_vocab if isinstance(cfg_vocab, int) and cfg_vocab > 0 else None,
         weight_dtype=weight_dtype,
-        qk_norm=mc.get("qk_layernorm", bool, arch == "Qwen3ForCausalLM", "qk_norm", "use_qk_norm"),
+        qk_norm=mc.get("qk_layernorm", bool, arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"), "qk_norm",
+                       "use_qk_norm"),
+        moe=_moe(yaml_path, mc, arch, num_layers),
     )
+
+
+def _moe(yaml_path: Path, mc: YamlSection, arch: str, num_layers: int) -> MoeSpec | None:
+    """The routed experts (HF Qwen3MoeConfig's keys), or None for a dense model (no ``num_experts``, or 0)."""
+    experts = mc.get("num_experts", int, 0)
+    if not experts:
+        if arch == "Qwen3MoeForCausalLM":
+            raise ConfigError(yaml_path, "model.model_config.num_experts", f"{arch} needs num_experts > 0")
+        return None
+    if experts < 0:
+        raise ConfigError(yaml_path, "model.model_config.num_experts", f"must be > 0, got {experts}")
+    top_k = mc.positive("num_experts_per_tok", ...)
+    if top_k > experts:
+        raise ConfigError(yaml_path, "model.model_config.num_experts_per_tok",
+                          f"{top_k} routed experts per token, but num_experts is {experts}")
+    step = mc.positive("decoder_sparse_step", 1)
+    dense = mc.get("mlp_only_layers", list, [])
+    bad = [i for i in dense if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < num_layers]
+    if bad:
+        raise ConfigError(yaml_path, "model.model_config.mlp_only_layers",
+                          f"must list layer indices in [0, {num_layers}), got {bad}")
+    return MoeSpec(num_experts=experts, top_k=top_k, intermediate_size=mc.positive("moe_intermediate_size", ...),
+                   norm_topk_prob=mc.get("norm_topk_prob", bool, False),
+                   sparse_layers=tuple(i for i in range(num_layers) if i not in dense and (i + 1) % step == 0))
 
 
 def _intermediate_size(mc: YamlSection, hidden: int) -> int:

@@ -94,8 +94,11 @@ class StockGraphs:
     @classmethod
     def of(cls, spec: ModelSpec) -> StockGraphs:
         qkv = (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim
-        return cls(spec.num_layers, spec.num_heads, qkv + 2 * spec.intermediate_size + 4 * spec.hidden_size,
-                   spec.vocab_size)
+        ffn = 2 * spec.intermediate_size
+        moe = getattr(spec, "moe", None)
+        if moe is not None:  # the stock ops run every expert on every token: [E, N, 2F + F + C]
+            ffn = max(ffn, moe.num_experts * (3 * moe.intermediate_size + spec.hidden_size))
+        return cls(spec.num_layers, spec.num_heads, qkv + ffn + 4 * spec.hidden_size, spec.vocab_size)
 
     def graph_bytes(self, batch: int, tokens: int, window: int) -> int:
         """One graph: ``batch`` rows of ``tokens`` tokens over ``window`` keys."""

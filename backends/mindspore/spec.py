@@ -17,6 +17,7 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": "llama",
     "MistralForCausalLM": "llama",
     "Qwen3ForCausalLM": "llama",
+    "Qwen3MoeForCausalLM": "llama",
     "ParallelLlamaForCausalLM": "llama",
     "Qwen2VLForConditionalGeneration": "qwen2_vl",
     "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
@@ -63,6 +64,20 @@ class ModelSpec:
     weight_dtype: str = "float32"  # model_config.weight_dtype: how the layers' matrices are stored (WEIGHT_DTYPES)
     vision: VLSpec | None = None  # a vision-language model's tower, processor and M-RoPE (its ``text`` is this spec)
     qk_norm: bool = False  # Qwen3: each q and k head RMS-normalised (q_norm / k_norm over head_dim) before RoPE
+    moe: MoeSpec | None = None  # Qwen3-MoE: routed experts in the layers it names (the others keep a dense MLP)
+
+
+@dataclass(frozen=True, slots=True)
+class MoeSpec:
+    """Routed experts (Qwen3-MoE): a router ``mlp.gate`` [experts, hidden] per sparse layer; each token's softmax over
+    the experts, its ``top_k`` most probable (renormalised to sum 1 when ``norm_topk_prob``), and the weighted sum of
+    those experts' SwiGLU MLPs of width ``intermediate_size``."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    norm_topk_prob: bool
+    sparse_layers: tuple[int, ...]  # the layers with experts (HF: not mlp_only, (i + 1) % decoder_sparse_step == 0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,10 @@
-"""A tiny HF-layout model directory (tests/support/tiny_model.py, make_tiny_qwen3.py) written as a float32 GGUF of
-the ``llama``, ``qwen2`` or ``qwen3`` architecture, the way llama.cpp's convert_hf_to_gguf.py lays it out, written
-out independently of the converter under test: ``<arch>.*`` metadata, ``blk.N.*`` tensor names, the Q/K rows
-permuted for ``llama`` only (interleaved RoPE; qwen2/qwen3 use NEOX RoPE, HF's own rows), the byte-level BPE
-vocabulary as ``tokenizer.ggml.*`` with the ``smollm`` pre-tokenizer (digits split, then byte-level: what
-``tiny_model.train_tokenizer`` builds)."""
+"""A tiny HF-layout model directory (tests/support/tiny_model.py, make_tiny_qwen3.py, make_tiny_qwen3_moe.py) written as
+a float32 GGUF of the ``llama``, ``qwen2``, ``qwen3`` or ``qwen3moe`` architecture (the experts' per-expert matrices
+stacked into llama.cpp's 3-D ``ffn_{gate,up,down}_exps`` [E, out, in], the router as ``ffn_gate_inp``), the way
+llama.cpp's convert_hf_to_gguf.py lays it out, written out independently of the converter under test: ``<arch>.*``
+metadata, ``blk.N.*`` tensor names, the Q/K rows permuted for ``llama`` only (interleaved RoPE; qwen2/qwen3 use NEOX
+RoPE, HF's own rows), the byte-level BPE vocabulary as ``tokenizer.ggml.*`` with the ``smollm`` pre-tokenizer (digits
+split, then byte-level: what ``tiny_model.train_tokenizer`` builds)."""
 from __future__ import annotations
 
 import json
@@ -18,7 +19,8 @@ from tests.support.gguf_rows import hf_to_gguf_rows
 _LAYER = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
           "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
           "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-          "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+          "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "mlp.gate": "ffn_gate_inp"}
+_EXPERTS = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}
 _GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
            "lm_head.weight": "output.weight"}
 
@@ -51,8 +53,17 @@ def write_gguf(model_dir: Path, path: Path, arch: str) -> Path:
     w.add_rope_freq_base(cfg["rope_theta"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    if cfg.get("num_experts"):
+        w.add_expert_count(cfg["num_experts"])
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     _add_tokenizer(w, model_dir, cfg)
-    for name, tensor in sorted(load_file(str(model_dir / "model.safetensors")).items()):
+    tensors = load_file(str(model_dir / "model.safetensors"))
+    for layer, kind, stack in _stacked_experts(tensors, cfg.get("num_experts", 0)):
+        w.add_tensor(f"blk.{layer}.{_EXPERTS[kind]}.weight", stack)
+    for name, tensor in sorted(tensors.items()):
+        if ".mlp.experts." in name:
+            continue
         kind = name.split(".")[-2]
         if arch == "llama" and kind in ("q_proj", "k_proj") and name.endswith(".weight"):
             tensor = hf_to_gguf_rows(tensor, heads if kind == "q_proj" else kv)
@@ -62,6 +73,15 @@ def write_gguf(model_dir: Path, path: Path, arch: str) -> Path:
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def _stacked_experts(tensors: dict, experts: int):
+    """(layer, projection, [E, out, in] float32) for every layer's routed experts."""
+    layers = sorted({int(n.split(".")[2]) for n in tensors if ".mlp.experts." in n})
+    for layer in layers:
+        for kind in _EXPERTS:
+            yield layer, kind, np.ascontiguousarray(np.stack(
+                [tensors[f"model.layers.{layer}.mlp.experts.{e}.{kind}.weight"] for e in range(experts)]), np.float32)
 
 
 def _add_tokenizer(w: gguf.GGUFWriter, model_dir: Path, cfg: dict) -> None:

@@ -199,4 +199,29 @@ def cases(seed: int = 0) -> list[Case]:
     out.append(Case("decoder-layer-qk-norm", "MindserveDecoderLayer",
                     (*layer[:4], a["bias"], a["cos"], a["sin"], a["k"], a["v"], a["write"], a["table"], a["pos"],
                      a["rows"], a["meta"], *layer[14:18], _f32(rng, 2, d, scale=2.0), eps, _out(5, cdim))))
+    out += _moe_cases(rng, layer, a, eps)
+    return out
+
+
+def _moe_cases(rng, layer: tuple, a: dict, eps: np.ndarray) -> list[Case]:
+    """moe.cc: routed experts of each weight format (5 experts, top-2 normalised, top-3 not), and a MoE layer."""
+    from backends.mindspore.kernels import prepare_weight
+
+    c, f, e = 64, 32, 5
+    x, nw = _f32(rng, 7, c, scale=2.0), _f32(rng, c)
+    router = prepare_weight(_f32(rng, c, e))
+    out = []
+    for fmt in ("fp32", "q8_0", "q4_0", "q4_1"):
+        if fmt == "fp32":
+            gu = np.concatenate([prepare_weight(_f32(rng, c, 2 * f, scale=0.2)) for _ in range(e)])
+            down = np.concatenate([prepare_weight(_f32(rng, f, c, scale=0.2)) for _ in range(e)])
+        else:
+            gu = np.concatenate([_qweight(fmt, 2 * f, c, rng) for _ in range(e)])
+            down = np.concatenate([_qweight(fmt, c, f, rng) for _ in range(e)])
+        for top_k, norm in ((2, 1), (3, 0)):
+            out.append(Case(f"moe-{fmt}-top{top_k}", "MindserveMoE",
+                            (x, nw, eps, router, gu, down, np.array([top_k, norm], np.int32), _out(7, c))))
+    out.append(Case("moe-decoder-layer", "MindserveMoEDecoderLayer",
+                    (*layer[:14], layer[14], layer[15], router, gu, down, np.array([2, 1], np.int32),
+                     _out(5, c))))
     return out

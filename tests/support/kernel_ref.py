@@ -393,3 +393,53 @@ def norm_head(x, w_norm, eps, last, w):
     """MindserveNormHead: (logits = the product of hidden[last], hidden = rmsnorm(x))."""
     hidden = rmsnorm(x, w_norm, eps)
     return product(hidden[np.asarray(last)], w), hidden
+
+
+# --- moe.cc ---------------------------------------------------------------------------------------
+
+def route(logits: np.ndarray, top_k: int, norm: bool) -> tuple[np.ndarray, np.ndarray]:
+    """moe.cc route() per row: m the max, e = exp_nonpositive(l - m), p = e / (the 16-lane sum); the top_k
+    experts by p (ties: the lower index) in rank order, their weights p, or p / (p_0 + p_1 + ...) in rank order.
+    Returns (sel [N, k] int, weight [N, k] float32)."""
+    logits = np.asarray(logits, F32)
+    m = logits.max(axis=-1, keepdims=True)
+    e = exp_nonpositive((logits - m).astype(F32))
+    p = (e / vec_sum(e)[..., None]).astype(F32)
+    sel = np.zeros((logits.shape[0], top_k), np.int64)
+    weight = np.zeros((logits.shape[0], top_k), F32)
+    for r in range(logits.shape[0]):
+        order = sorted(range(p.shape[1]), key=lambda i: (-float(p[r, i]), i))[:top_k]
+        sel[r], weight[r] = order, p[r, order]
+        if norm:
+            total = weight[r, 0]
+            for j in range(1, top_k):
+                total = F32(total + weight[r, j])
+            weight[r] = (weight[r] / total).astype(F32)
+    return sel, weight
+
+
+def moe(h, ffn_norm, eps, router, w_gate_up: list, w_down: list, top_k: int, norm: bool) -> np.ndarray:
+    """MindserveMoE: x = rmsnorm(h), the route of x @ router, each chosen expert's swiglu MLP on the row, then
+    y = h + acc with acc = 0, acc = acc + w * d over the row's experts in index order. ``w_gate_up[e]`` /
+    ``w_down[e]``: expert e's weights as ``product`` takes them."""
+    h = np.asarray(h, F32)
+    x = rmsnorm(h, ffn_norm, eps)
+    sel, weight = route(product(x, router), top_k, norm)
+    y = np.empty_like(h)
+    for r in range(h.shape[0]):
+        acc = np.zeros(h.shape[1], F32)
+        for j in np.argsort(sel[r], kind="stable"):
+            e = sel[r, j]
+            d = product(swiglu(product(x[r:r + 1], w_gate_up[e])), w_down[e])[0]
+            acc = (acc + (d * weight[r, j]).astype(F32)).astype(F32)
+        y[r] = (h[r] + acc).astype(F32)
+    return y
+
+
+def moe_decoder_layer(x, attn_norm, eps, wqkv, bias, cos, sin, cache: Paged, heads: int, wo, ffn_norm, router,
+                      w_gate_up: list, w_down: list, top_k: int, norm: bool, qk_norm=None, qk_eps=None):
+    """MindserveMoEDecoderLayer: the decoder layer's attention half, then ``moe``. Returns (y, k cache, v cache)."""
+    qkv = norm_matmul(x, attn_norm, eps, wqkv)
+    a, kc, vc = qkv_attention(qkv, bias, cos, sin, cache, heads, qk_norm, qk_eps)
+    h = product(a, wo, x)
+    return moe(h, ffn_norm, eps, router, w_gate_up, w_down, top_k, norm), kc, vc

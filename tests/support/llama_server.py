@@ -22,15 +22,16 @@ def llama_server_binary() -> Path | None:
 
 
 @contextmanager
-def llama_server(gguf: Path, log: Path, threads: int = 2):
-    """A llama-server process (one slot) on ``gguf``; yields its base URL, kills it at exit."""
+def llama_server(gguf: Path, log: Path, threads: int = 2, extra: tuple[str, ...] = ()):
+    """A llama-server process (one slot) on ``gguf`` (``extra``: more of its options); yields its base URL, kills it
+    at exit."""
     binary = llama_server_binary()
     assert binary is not None, "no llama-server in " + str(LLAMA_ANCHORS)
     (port,) = free_ports(1)
     env = {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(filter(None, [str(binary.parent),
                                                                           os.environ.get("LD_LIBRARY_PATH")]))}
     cmd = [str(binary), "-m", str(gguf), "-t", str(threads), "-tb", str(threads), "-c", "1024", "-np", "1",
-           "--host", "127.0.0.1", "--port", str(port)]
+           "--host", "127.0.0.1", "--port", str(port), *extra]
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

@@ -30,7 +30,12 @@
   embedding and rotary rows of every token (ids/pos of N elements, any shape), and ``norm_head(x, w_norm,
   eps, last [R], W) -> (logits [R, V], hidden [N, C])``: the final norm, the logit rows' gather and the LM
   head. With them and ``decoder_layer`` a step is 32 ops;
-* ``rmsnorm(x [..., C], w [C], eps [1]) -> [..., C]`` (fused.cc).
+* ``rmsnorm(x [..., C], w [C], eps [1]) -> [..., C]`` (fused.cc);
+* ``moe(h, ffn_norm, eps, router, w_gate_up [E, ...], w_down [E, ...], meta [2] = (top_k, norm_topk)) -> [N, C]``
+  (moe.cc): a routed-experts MLP with its residual (Qwen3-MoE): the norm, the router's softmax and top-k, then
+  each expert some row chose on the block of those rows (each expert's slice of the stacked weights is one matmul
+  weight, float32 or GGUF blocks: the other experts are never read); ``moe_decoder_layer(<decoder_layer's inputs up
+  to ffn_norm>, router, w_gate_up, w_down, moe_meta, (qk_norm, qk_eps))``: a whole MoE layer as one op.
 
 The library also keeps the parts the fused entries are made of as entries of their own
 (``MindserveSwiGLU``, ``MindserveQKVRope``, ``MindservePagedAttention``): the tests check each fused entry
@@ -304,6 +309,8 @@ class AotOps:
     embed_rope: Any  # embed_rope(ids, pos, embed, cos_t, sin_t) -> (x, cos, sin)
     norm_head: Any  # norm_head(x, w_norm, eps, last_rows, head) -> (logits, hidden)
     rmsnorm: Any
+    moe: Any  # moe(h, ffn_norm, eps, router, w_gate_up, w_down, meta) = h + experts(rmsnorm(h))
+    moe_decoder_layer: Any  # attention half of decoder_layer, then moe, as one op
 
 
 def aot_ops(heads: int, kv_heads: int, head_dim: int, cache_dir: str | os.PathLike | None = None,
@@ -331,4 +338,6 @@ def aot_ops(heads: int, kv_heads: int, head_dim: int, cache_dir: str | os.PathLi
         norm_head=custom("MindserveNormHead", lambda x, _w, _e, last, head: ([last[0], head[-1]], list(x)),
                          lambda x, *_: (x, x)),
         rmsnorm=custom("MindserveRMSNorm", lambda x, *_: list(x)),
+        moe=custom("MindserveMoE", lambda h, *_: list(h)),
+        moe_decoder_layer=custom("MindserveMoEDecoderLayer", lambda x, *_: list(x)),
     )

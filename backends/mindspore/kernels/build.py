@@ -1,4 +1,5 @@
-"""Compile the kernels (``matmul.cc``, ``qmatmul.cc``, ``attention.cc``, ``fused.cc``, ``lora.cc`` and their headers)
+"""Compile the kernels (``matmul.cc``, ``qmatmul.cc``, ``attention.cc``, ``fused.cc``, ``lora.cc``, ``moe.cc`` and their
+headers)
 into one shared library per named variant on first use, cached by content (one library, so every kernel shares the
 one thread pool).
 
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-SOURCES = ("matmul.cc", "attention.cc", "fused.cc", "lora.cc", "qmatmul.cc")
+SOURCES = ("matmul.cc", "attention.cc", "fused.cc", "lora.cc", "qmatmul.cc", "moe.cc")
 HEADERS = ("entry.h", "pool.h", "lora.h", "qmatmul.h", "vec.h", "vec_avx512.h", "vec_avx2.h", "vec_neon.h",
            "vec_scalar.h", "kv_format.h", "fpenv.h")
 # Every variant: no contraction of a * b + c into an fma (vec.h's contract), no fast-math.

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 from mindspore import Tensor, nn
 
-from backends.mindspore.network.common import (AotRMSNorm, aot_weight, head_norm_weights, kv_cache_param, lora_factors,
-                                              param)
+from backends.mindspore.network.common import (AotRMSNorm, aot_experts, aot_weight, head_norm_weights, kv_cache_param,
+                                              lora_factors, param)
 from backends.mindspore.spec import ModelSpec
 
 
@@ -36,8 +36,7 @@ class AotDecoderLayer(nn.Cell):
         else:  # the attention kernel's bias input, never read (attn_meta says there is none)
             self.bqkv = Tensor(np.zeros(1, np.float32))
         self.wo = aot_weight([w[p + "self_attn.o_proj.weight"]], p + "wo")
-        self.w_gate_up = aot_weight([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]], p + "w_gate_up")
-        self.w_down = aot_weight([w[p + "mlp.down_proj.weight"]], p + "w_down")
+        self._init_mlp(spec, w, p)
         self.attn_norm = AotRMSNorm(w[p + "input_layernorm.weight"], spec.rms_norm_eps, p + "attn_norm", aot)
         self.ffn_norm = AotRMSNorm(w[p + "post_attention_layernorm.weight"], spec.rms_norm_eps, p + "ffn_norm", aot)
         # Row kv_head * num_slots + slot holds one head's K (or V) of one token, in kv_dtype; the attention
@@ -50,10 +49,36 @@ class AotDecoderLayer(nn.Cell):
         self.head_norm = () if norms is None else (
             param(norms, p + "qk_norm"), param(np.array([spec.rms_norm_eps]), p + "qk_norm_eps"))
 
+    def _init_mlp(self, spec: ModelSpec, w: dict[str, np.ndarray], p: str) -> None:
+        self.w_gate_up = aot_weight([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]], p + "w_gate_up")
+        self.w_down = aot_weight([w[p + "mlp.down_proj.weight"]], p + "w_down")
+
     def construct(self, x, cos, sin, pos, write_idx, table, token_rows, lora=None):
         return self.aot.decoder_layer(x, self.attn_norm.weight, self.attn_norm.eps_t, self.wqkv, self.bqkv, cos, sin,
                                       self.k_cache, self.v_cache, write_idx, table, pos, token_rows, self.attn_meta,
                                       self.wo, self.ffn_norm.weight, self.w_gate_up, self.w_down, *self.head_norm)
+
+
+class AotMoeDecoderLayer(AotDecoderLayer):
+    """A layer with routed experts (Qwen3-MoE) in one op (``moe_decoder_layer``): the attention half of
+    ``AotDecoderLayer``, then the router and the experts each token chose (moe.cc). The experts' gate/up and down
+    matrices are stacked [E, ...], each expert's slice one matmul weight (GGUF blocks stay blocks)."""
+
+    def _init_mlp(self, spec: ModelSpec, w: dict[str, np.ndarray], p: str) -> None:
+        moe = spec.moe
+        self.router = aot_weight([w[p + "mlp.gate.weight"]], p + "router")
+        q = p + "mlp.experts.{}."
+        self.w_gate_up = aot_experts([[w[q.format(e) + "gate_proj.weight"], w[q.format(e) + "up_proj.weight"]]
+                                      for e in range(moe.num_experts)], p + "experts_gate_up")
+        self.w_down = aot_experts([[w[q.format(e) + "down_proj.weight"]] for e in range(moe.num_experts)],
+                                  p + "experts_down")
+        self.moe_meta = Tensor(np.array([moe.top_k, int(moe.norm_topk_prob)], np.int32))
+
+    def construct(self, x, cos, sin, pos, write_idx, table, token_rows, lora=None):
+        return self.aot.moe_decoder_layer(x, self.attn_norm.weight, self.attn_norm.eps_t, self.wqkv, self.bqkv, cos,
+                                          sin, self.k_cache, self.v_cache, write_idx, table, pos, token_rows,
+                                          self.attn_meta, self.wo, self.ffn_norm.weight, self.router, self.w_gate_up,
+                                          self.w_down, self.moe_meta, *self.head_norm)
 
 
 class AotLoraDecoderLayer(AotDecoderLayer):

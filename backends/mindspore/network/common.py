@@ -38,6 +38,24 @@ def aot_weight(parts: list[np.ndarray | QuantWeight], name: str) -> Parameter:
     return param(prepare_weight(_stacked(parts)), name)
 
 
+def aot_experts(experts: list[list[np.ndarray | QuantWeight]], name: str) -> Parameter:
+    """Routed experts' matrices (per expert the parts ``aot_weight`` stacks, e.g. gate and up) as one Parameter
+    [E, ...]: each expert's ``aot_weight`` layout (GGUF blocks of one format kept, else packed float32) one after
+    the other, so expert e's weight is slice e."""
+    from backends.mindspore.kernels import prepare_qweight, prepare_weight
+
+    if all(isinstance(p, QuantWeight) for parts in experts for p in parts) and \
+            len({p.fmt for parts in experts for p in parts}) == 1:
+        return Parameter(Tensor(np.concatenate([prepare_qweight(concat_rows(parts)) for parts in experts]), ms.uint8),
+                         name=name, requires_grad=False)
+    return param(np.concatenate([prepare_weight(_stacked(parts)) for parts in experts]), name)
+
+
+def stock_experts(experts: list[list[np.ndarray | QuantWeight]], name: str, dtype=ms.float32) -> Parameter:
+    """Routed experts' matrices as one batched-matmul weight [E, in, out] in ``dtype`` (blocks dequantized)."""
+    return param(np.stack([_stacked(parts) for parts in experts]), name, dtype)
+
+
 def kv_cache_param(kv_dtype: str, rows: int, head_dim: int, name: str) -> Parameter:
     """An empty KV cache of ``rows`` rows in ``kv_dtype`` (kv_dtype.py; the AOT attention kernel takes the format
     from its dtype): float32 / float16 / bfloat16 [rows, head_dim], or q8_0 blocks as uint8 [rows, row bytes]."""

@@ -16,9 +16,9 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, ops
 
-from backends.mindspore.network.aot_layer import AotDecoderLayer, AotLoraDecoderLayer
+from backends.mindspore.network.aot_layer import AotDecoderLayer, AotLoraDecoderLayer, AotMoeDecoderLayer
 from backends.mindspore.network.common import DTYPES, AotRMSNorm, RMSNorm, aot_weight, param, rope_tables, stock_weight
-from backends.mindspore.network.stock_layer import StockDecoderLayer
+from backends.mindspore.network.stock_layer import StockDecoderLayer, StockMoeDecoderLayer
 from backends.mindspore.spec import ModelSpec
 
 
@@ -54,8 +54,10 @@ class AotLlama(_Llama):
         cos, sin = rope_tables(spec.head_dim, max_positions, spec.rope_theta)
         self.cos, self.sin = param(cos, "rope_cos"), param(sin, "rope_sin")
         slots = num_blocks * block_size
+        _refuse_moe_adapters(spec, lora)
         self.layers = nn.CellList([
-            AotDecoderLayer(spec, w, i, slots, block_size, aot, kv_dtype) if lora is None
+            AotMoeDecoderLayer(spec, w, i, slots, block_size, aot, kv_dtype) if _sparse(spec, i)
+            else AotDecoderLayer(spec, w, i, slots, block_size, aot, kv_dtype) if lora is None
             else AotLoraDecoderLayer(spec, w, i, slots, block_size, aot, *lora, kv_dtype=kv_dtype)
             for i in range(spec.num_layers)])
         self.norm = AotRMSNorm(w["model.norm.weight"], spec.rms_norm_eps, "norm", aot)
@@ -86,8 +88,9 @@ class StockLlama(_Llama):
         self.head = stock_weight([head], "lm_head", dt)  # [D, V]: a separate copy even when tied
         cos, sin = rope_tables(spec.head_dim, max_positions, spec.rope_theta)
         self.cos, self.sin = param(cos, "rope_cos", dt), param(sin, "rope_sin", dt)
-        self.layers = nn.CellList([StockDecoderLayer(spec, w, i, num_blocks * block_size, dt, lora)
-                                   for i in range(spec.num_layers)])
+        _refuse_moe_adapters(spec, lora)
+        self.layers = nn.CellList([(StockMoeDecoderLayer if _sparse(spec, i) else StockDecoderLayer)(
+            spec, w, i, num_blocks * block_size, dt, lora) for i in range(spec.num_layers)])
         self.norm = RMSNorm(w["model.norm.weight"], spec.rms_norm_eps, "norm", dt)
 
     def lm_head(self) -> nn.Cell:
@@ -107,6 +110,17 @@ class StockLlama(_Llama):
         if self.low_precision:
             return ops.cast(logits, ms.float32), ops.cast(hidden, ms.float32)
         return logits, hidden
+
+
+def _sparse(spec: ModelSpec, i: int) -> bool:
+    """Layer i has routed experts (Qwen3-MoE's sparse layers)."""
+    return spec.moe is not None and i in spec.moe.sparse_layers
+
+
+def _refuse_moe_adapters(spec: ModelSpec, lora) -> None:
+    if spec.moe is not None and lora is not None:
+        raise ValueError(f"{spec.yaml_path}: adapter slots (LoRA) are not supported on a model with routed experts "
+                         f"({spec.arch})")
 
 
 class AotLMHead(nn.Cell):

@@ -7,7 +7,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from backends.mindspore.network.common import RMSNorm, head_norm_weights, lora_factors, param, stock_weight
+from backends.mindspore.network.common import (RMSNorm, head_norm_weights, lora_factors, param, stock_experts,
+                                              stock_weight)
 from backends.mindspore.spec import ModelSpec
 
 
@@ -71,10 +72,7 @@ class StockDecoderLayer(nn.Cell):
         if self.has_bias:
             self.bqkv = param(np.concatenate([w[p + f"self_attn.{n}_proj.bias"] for n in "qkv"]), p + "bqkv", dtype)
         self.wo = stock_weight([w[p + "self_attn.o_proj.weight"]], p + "wo", dtype)
-        self.w_gate_up = stock_weight([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]], p + "w_gate_up",
-                                      dtype)
-        self.w_down = stock_weight([w[p + "mlp.down_proj.weight"]], p + "w_down", dtype)
-        self.ffn = spec.intermediate_size
+        self._init_mlp(spec, w, p, dtype)
         self.attn_norm = RMSNorm(w[p + "input_layernorm.weight"], spec.rms_norm_eps, p + "attn_norm", dtype)
         self.ffn_norm = RMSNorm(w[p + "post_attention_layernorm.weight"], spec.rms_norm_eps, p + "ffn_norm", dtype)
         # Row kv_head * num_slots + slot holds one head's K (or V) of one token. 2-D, so ScatterUpdate
@@ -96,10 +94,22 @@ class StockDecoderLayer(nn.Cell):
         for group in ("qkv", "o", "gate_up", "down"):
             setattr(self, f"{group}_delta", NoDelta() if lora is None else SlotDelta(spec, p, group, *lora, dtype))
 
+    def _init_mlp(self, spec: ModelSpec, w: dict[str, np.ndarray], p: str, dtype) -> None:
+        self.w_gate_up = stock_weight([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]], p + "w_gate_up",
+                                      dtype)
+        self.w_down = stock_weight([w[p + "mlp.down_proj.weight"]], p + "w_down", dtype)
+        self.ffn = spec.intermediate_size
+
     def adapter_factors(self, group: str):
         """The Parameters (a, b) ``ModelRunner.write_lora`` writes one group's slots into."""
         delta = getattr(self, f"{group}_delta")
         return delta.a, delta.b
+
+    def _mlp(self, normed, lora):
+        """The MLP of normed rows [N, dim] (residual not added)."""
+        gate_up = self.gate_up_delta(normed, ops.matmul(normed, self.w_gate_up), lora)
+        act = ops.silu(gate_up[:, : self.ffn]) * gate_up[:, self.ffn:]
+        return self.down_delta(act, ops.matmul(act, self.w_down), lora)
 
     def _rope(self, x, cos, sin):
         # x: [B, T, heads, D]; cos/sin: [B, T, 1, D]
@@ -138,7 +148,39 @@ class StockDecoderLayer(nn.Cell):
         heads = self._attention(self.attn_norm(x), cos, sin, write_idx, read_rows, mask, lora)
         x = x + ops.reshape(self.o_delta(heads, ops.matmul(heads, self.wo), lora), (b, t, dim))
         normed = ops.reshape(self.ffn_norm(x), (b * t, dim))
-        gate_up = self.gate_up_delta(normed, ops.matmul(normed, self.w_gate_up), lora)
-        act = ops.silu(gate_up[:, : self.ffn]) * gate_up[:, self.ffn:]
-        down = self.down_delta(act, ops.matmul(act, self.w_down), lora)
-        return x + ops.reshape(down, (b, t, dim))
+        return x + ops.reshape(self._mlp(normed, lora), (b, t, dim))
+
+
+class StockMoeDecoderLayer(StockDecoderLayer):
+    """A layer with routed experts (Qwen3-MoE), in stock ops and exactly: the router's logits and softmax in
+    float32 (as HF routes), the top-k (renormalised when the model says so) spread into a dense [N, E] weight
+    matrix with zeros for the experts a row did not choose, then every expert on every row as one batched matmul
+    and the weighted sum. Correct, not sparse: the AOT path (moe.cc) reads only the chosen experts."""
+
+    def _init_mlp(self, spec: ModelSpec, w: dict[str, np.ndarray], p: str, dtype) -> None:
+        moe = spec.moe
+        self.num_experts, self.top_k, self.norm_topk = moe.num_experts, moe.top_k, moe.norm_topk_prob
+        self.ffn, self.dtype = moe.intermediate_size, dtype
+        self.router = stock_weight([w[p + "mlp.gate.weight"]], p + "router")  # [dim, E] float32
+        q = p + "mlp.experts.{}."
+        self.w_gate_up = stock_experts([[w[q.format(e) + "gate_proj.weight"], w[q.format(e) + "up_proj.weight"]]
+                                        for e in range(moe.num_experts)], p + "experts_gate_up", dtype)
+        self.w_down = stock_experts([[w[q.format(e) + "down_proj.weight"]] for e in range(moe.num_experts)],
+                                    p + "experts_down", dtype)
+        self.expert_ids = Tensor(np.arange(moe.num_experts, dtype=np.int32))
+
+    def _mlp(self, normed, lora):
+        n, dim = normed.shape
+        e = self.num_experts
+        logits = ops.matmul(ops.cast(normed, ms.float32), self.router)  # [N, E]
+        top, idx = ops.topk(ops.softmax(logits, -1), self.top_k)  # [N, k], probabilities in rank order
+        if self.norm_topk:
+            top = top / ops.sum(top, -1, keepdim=True)
+        chosen = ops.cast(ops.equal(ops.expand_dims(idx, 2), self.expert_ids), ms.float32)  # [N, k, E]
+        weight = ops.sum(chosen * ops.expand_dims(top, 2), 1)  # [N, E], 0 where not chosen
+        x = ops.broadcast_to(ops.expand_dims(normed, 0), (e, n, dim))
+        gate_up = self.bmm(x, self.w_gate_up)  # [E, N, 2F]
+        act = ops.silu(gate_up[..., : self.ffn]) * gate_up[..., self.ffn:]
+        down = self.bmm(act, self.w_down)  # [E, N, dim]
+        weight = ops.cast(ops.expand_dims(ops.transpose(weight, (1, 0)), 2), down.dtype)  # [E, N, 1]
+        return ops.sum(down * weight, 0)

@@ -493,3 +493,132 @@ def test_norm_head(lib, fmt):
     want_logits, want_hidden = ref.norm_head(x, nw, EPS[0], last, w)
     assert_bits(hidden, want_hidden)
     assert_bits(logits, want_logits)
+
+
+# --- moe.cc: routed experts (float32 and GGUF-block experts, top-1..3 of 5, normalised or not); an expert no row
+# routes to is never read; a row alone gives its batched bits; the whole MoE decoder layer as its stages -------------
+def experts(rng, e: int, c: int, f: int, fmt: str | None):
+    """(the reference's per-expert gate/up and down weights, the kernel's stacked [E, ...] ones)."""
+    gu_ref, d_ref, gu_p, d_p = [], [], [], []
+    for i in range(e):
+        if fmt is None:
+            gu, d = wild(rng, (c, 2 * f), spread=3, scale=0.3), wild(rng, (f, c), spread=3, scale=0.3)
+            gu_ref.append(gu), d_ref.append(d), gu_p.append(prepare_weight(gu)), d_p.append(prepare_weight(d))
+        else:
+            gu, d = qweight(fmt, 2 * f, c, seed=100 * i + c), qweight(fmt, c, f, seed=100 * i + f + 7)
+            gu_ref.append(gu), d_ref.append(d), gu_p.append(prepare_qweight(gu)), d_p.append(prepare_qweight(d))
+    return gu_ref, d_ref, np.concatenate(gu_p), np.concatenate(d_p)
+
+
+def moe_case(seed: int, n: int, c: int, f: int, e: int, fmt: str | None, router_fmt: str | None = None):
+    rng = np.random.default_rng(seed)
+    h, nw = wild(rng, (n, c), spread=4), wild(rng, c, spread=1)
+    if router_fmt is None:
+        router = wild(rng, (c, e), spread=2)
+        router_p = prepare_weight(router)
+    else:
+        router = qweight(router_fmt, e, c, seed=seed)
+        router_p = prepare_qweight(router)
+    return (h, nw, router, router_p, *experts(rng, e, c, f, fmt))
+
+
+MOE = [  # (N, C, F, E, top_k, norm, expert format, router format)
+    (1, 45, 23, 5, 2, True, None, None), (7, 45, 23, 5, 1, False, None, None), (13, 64, 32, 5, 3, True, None, None),
+    (6, 64, 32, 5, 2, True, "q8_0", None), (9, 64, 32, 5, 2, False, "q4_0", "q8_0"), (5, 96, 64, 5, 3, True, "q4_1",
+                                                                                         None),
+    (1, 64, 32, 8, 2, True, "q4_1", "q4_1")]
+
+
+@pytest.mark.parametrize("n,c,f,e,top_k,norm,fmt,router_fmt", MOE)
+def test_moe(lib, n, c, f, e, top_k, norm, fmt, router_fmt):
+    h, nw, router, router_p, gu_ref, d_ref, gu_p, d_p = moe_case(n + c + e, n, c, f, e, fmt, router_fmt)
+    meta = np.array([top_k, int(norm)], np.int32)
+    y = out(n, c)
+    assert aot_call(lib, "MindserveMoE", [h, nw, EPS, router_p, gu_p, d_p, meta], [y]) == 0
+    assert_bits(y, ref.moe(h, nw, EPS[0], router, gu_ref, d_ref, top_k, norm))
+
+
+def test_route_weights_sum_to_one_and_pick_the_largest():
+    """The reference's routing itself, against a plain float64 softmax and sort (ranks and normalised weights)."""
+    rng = np.random.default_rng(3)
+    logits = (rng.standard_normal((50, 8)) * 3).astype(F32)
+    sel, weight = ref.route(logits, 3, True)
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    np.testing.assert_array_equal(sel, np.argsort(-p, axis=1, kind="stable")[:, :3])
+    top = np.take_along_axis(p, sel, 1)
+    np.testing.assert_allclose(weight, top / top.sum(1, keepdims=True), rtol=1e-6)
+
+
+@pytest.mark.parametrize("fmt", [None, "q4_0"])
+def test_unrouted_experts_are_never_read(lib, fmt):
+    """Every expert no row routes to poisoned (NaN weights, or NaN block scales): the output is unchanged."""
+    n, c, f, e = 3, 64, 32, 8
+    h, nw, router, router_p, _, _, gu_p, d_p = moe_case(5, n, c, f, e, fmt)
+    meta = np.array([2, 1], np.int32)
+    y = out(n, c)
+    assert aot_call(lib, "MindserveMoE", [h, nw, EPS, router_p, gu_p, d_p, meta], [y]) == 0
+    sel, _ = ref.route(ref.product(ref.rmsnorm(h, nw, EPS[0]), router), 2, True)
+    unused = sorted(set(range(e)) - set(sel.ravel().tolist()))
+    assert unused
+    gu_bad, d_bad = gu_p.copy(), d_p.copy()
+    for i in unused:
+        if fmt is None:
+            gu_bad[i], d_bad[i] = np.nan, np.nan
+        else:
+            gu_bad[i], d_bad[i] = 0xFF, 0xFF  # fp16 0xFFFF scales: NaN
+    y2 = out(n, c)
+    assert aot_call(lib, "MindserveMoE", [h, nw, EPS, router_p, gu_bad, d_bad, meta], [y2]) == 0
+    assert np.isfinite(y2).all()
+    assert_bits(y2, y)
+
+
+@pytest.mark.parametrize("fmt", [None, "q8_0"])
+def test_a_row_alone_gives_its_batched_bits(lib, fmt):
+    n, c, f, e = 11, 64, 32, 6
+    h, nw, _, router_p, _, _, gu_p, d_p = moe_case(9, n, c, f, e, fmt)
+    meta = np.array([2, 1], np.int32)
+    y = out(n, c)
+    assert aot_call(lib, "MindserveMoE", [h, nw, EPS, router_p, gu_p, d_p, meta], [y]) == 0
+    for r in (0, 5, 10):
+        one = out(1, c)
+        assert aot_call(lib, "MindserveMoE", [h[r:r + 1], nw, EPS, router_p, gu_p, d_p, meta], [one]) == 0
+        assert_bits(one[0], y[r])
+
+
+def test_moe_refuses_bad_shapes(lib):
+    h, nw, _, router_p, _, _, gu_p, d_p = moe_case(1, 2, 64, 32, 4, None)
+    for meta in ([0, 1], [5, 1]):  # top_k outside 1..E
+        assert aot_call(lib, "MindserveMoE", [h, nw, EPS, router_p, gu_p, d_p, np.array(meta, np.int32)],
+                        [out(2, 64)]) != 0
+    assert aot_call(lib, "MindserveMoE", [h, nw, EPS, router_p, gu_p[:3], d_p, np.array([2, 1], np.int32)],
+                    [out(2, 64)]) != 0  # experts of gate/up and down disagree
+
+
+@pytest.mark.parametrize("fmt,kv_fmt,norm", [(None, "float32", True), ("q4_1", "float16", True),
+                                             ("q8_0", "float32", False)])
+def test_moe_decoder_layer(lib, fmt, kv_fmt, norm):
+    h, kv, d, c, f, e, n, top_k = 4, 2, 24, 64, 32, 5, 5, 2
+    rng = np.random.default_rng(21 + 2 * norm)
+    qfmt = None if fmt is None else "q8_0"
+    wqkv = qweight(qfmt, (h + 2 * kv) * d, c, seed=1) if qfmt else wild(rng, (c, (h + 2 * kv) * d), spread=3,
+                                                                         scale=0.3)
+    wo = wild(rng, (h * d, c), spread=3, scale=0.3)
+    pack = prepare_qweight if qfmt else prepare_weight
+    _, bias_v, cos, sin, cache, meta = qkv_case(rng, n, h, kv, d, 3, 6, 8, False)
+    cache = dataclasses.replace(cache, k=kv_ref.encode(cache.k, kv_fmt), v=kv_ref.encode(cache.v, kv_fmt), fmt=kv_fmt)
+    x, na, nf = wild(rng, (n, c), spread=4), wild(rng, c, spread=2), wild(rng, c, spread=1)
+    router = wild(rng, (c, e), spread=2)
+    gu_ref, d_ref, gu_p, d_p = experts(rng, e, c, f, fmt)
+    norms = head_norms(rng, d, norm)
+    want, want_k, want_v = ref.moe_decoder_layer(x, na, EPS[0], wqkv, None, cos, sin, cache, h, wo, nf, router,
+                                                 gu_ref, d_ref, top_k, True, *(norms[0], EPS[0]) if norm else ())
+    k, v = cache.k.copy(), cache.v.copy()
+    y = out(n, c)
+    mm = np.array([top_k, 1], np.int32)
+    assert aot_call(lib, "MindserveMoEDecoderLayer",
+                    [x, na, EPS, pack(wqkv), bias_v, cos, sin, k, v, cache.write, cache.table, cache.pos, cache.rows,
+                     meta, prepare_weight(wo), nf, prepare_weight(router), gu_p, d_p, mm, *norms], [y]) == 0
+    assert_bits(y, want)
+    assert_same(k, want_k)
+    assert_same(v, want_v)

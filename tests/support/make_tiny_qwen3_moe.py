@@ -1,0 +1,189 @@
+"""A tiny random-weight Qwen3-MoE checkpoint in the HF layout, for tests (NumPy + safetensors only).
+
+What a Qwen3-MoE download holds, shrunk: ``config.json`` (``Qwen3MoeForCausalLM``: 8 experts, 2 routed per token,
+normalised top-k probabilities, ``mlp_only_layers`` [1] so one layer keeps a dense MLP), ``model.safetensors`` with
+the released parameter names (``mlp.gate`` the router [experts, hidden], ``mlp.experts.{i}.gate_proj`` / ``up_proj``
+/ ``down_proj`` per expert, the q/k head norms of Qwen3, no ``lm_head``), the tokenizer files of
+tests/support/make_tiny_qwen3.py and a MindFormers-style predict yaml. Same arguments, byte-identical files.
+
+    python -m tests.support.make_tiny_qwen3_moe OUT_DIR [--seed N]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from tests.support.tiny_model import BOS, EOS, PAD, SPECIAL_TOKENS, _tokenizer_config, train_tokenizer
+
+ARCH = "Qwen3MoeForCausalLM"
+SHAPE = {
+    "hidden_size": 64,
+    "intermediate_size": 96,  # the dense (mlp_only) layers' MLP
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 512,
+}
+MOE = {
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,  # whole GGUF blocks of 32 in the experts' down rows
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [1],
+}
+DEFAULT_SEED = 31
+VOCAB = 384
+
+
+def sparse_layers(mlp_only: list[int]) -> list[int]:
+    """The layers with routed experts (HF's rule: not in mlp_only_layers, and (i + 1) % decoder_sparse_step == 0)."""
+    return [i for i in range(SHAPE["num_hidden_layers"])
+            if i not in mlp_only and (i + 1) % MOE["decoder_sparse_step"] == 0]
+
+
+def make_tiny_qwen3_moe(out_dir: str | Path, *, seed: int = DEFAULT_SEED, mlp_only: list[int] | None = None) -> Path:
+    """Write a complete tiny Qwen3-MoE model directory and return its path. ``mlp_only``: the dense layers (default
+    MOE's [1]; [] gives every layer experts, as llama.cpp's qwen3moe requires)."""
+    moe = MOE if mlp_only is None else {**MOE, "mlp_only_layers": list(mlp_only)}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tokenizer(VOCAB)
+    (out / "tokenizer.json").write_text(tokenizer.to_str(pretty=True), encoding="utf-8")
+    vocab = tokenizer.get_vocab_size()
+    ids = {tok: tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS}
+    save_file(random_weights(vocab, seed, moe["mlp_only_layers"]), str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    _write_json(out / "config.json", hf_config(vocab, ids, moe))
+    _write_json(out / "tokenizer_config.json", {**_tokenizer_config(ids), "tokenizer_class": "Qwen2TokenizerFast"})
+    (out / "predict_tiny_qwen3_moe.yaml").write_text(predict_yaml(vocab, ids, moe), encoding="utf-8")
+    return out
+
+
+def random_weights(vocab: int, seed: int, mlp_only: list[int]) -> dict[str, np.ndarray]:
+    """HF-named float32 tensors [out, in]; norm weights 1 + noise; a router of spread-out logits, so each token's
+    top-2 experts are clear winners and differ between tokens."""
+    rng = np.random.default_rng(seed)
+    d, inter, heads, kv, hd = (SHAPE[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads",
+                                                   "num_key_value_heads", "head_dim"))
+    experts, f = MOE["num_experts"], MOE["moe_intermediate_size"]
+
+    def normal(*shape: int, std: float = 0.1) -> np.ndarray:
+        return (rng.standard_normal(shape) * std).astype(np.float32)
+
+    def norm(n: int, spread: float = 0.1) -> np.ndarray:
+        return (1.0 + rng.standard_normal(n) * spread).astype(np.float32)
+
+    sparse = sparse_layers(mlp_only)
+    w = {"model.embed_tokens.weight": normal(vocab, d, std=0.1)}
+    for i in range(SHAPE["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = norm(d)
+        w[p + "self_attn.q_proj.weight"] = normal(heads * hd, d, std=0.2)
+        w[p + "self_attn.k_proj.weight"] = normal(kv * hd, d, std=0.2)
+        w[p + "self_attn.v_proj.weight"] = normal(kv * hd, d, std=0.2)
+        w[p + "self_attn.q_norm.weight"] = norm(hd, 0.5)
+        w[p + "self_attn.k_norm.weight"] = norm(hd, 0.5)
+        w[p + "self_attn.o_proj.weight"] = normal(d, heads * hd, std=0.2)
+        w[p + "post_attention_layernorm.weight"] = norm(d)
+        if i in sparse:
+            w[p + "mlp.gate.weight"] = normal(experts, d, std=0.3)
+            for e in range(experts):
+                q = f"{p}mlp.experts.{e}."
+                w[q + "gate_proj.weight"] = normal(f, d, std=0.25)
+                w[q + "up_proj.weight"] = normal(f, d, std=0.25)
+                w[q + "down_proj.weight"] = normal(d, f, std=0.25)
+        else:
+            w[p + "mlp.gate_proj.weight"] = normal(inter, d, std=0.2)
+            w[p + "mlp.up_proj.weight"] = normal(inter, d, std=0.2)
+            w[p + "mlp.down_proj.weight"] = normal(d, inter, std=0.2)
+    w["model.norm.weight"] = norm(d)
+    return w
+
+
+def hf_config(vocab: int, ids: dict[str, int], moe: dict) -> dict:
+    return {
+        "architectures": [ARCH],
+        "model_type": "qwen3_moe",
+        **SHAPE,
+        **moe,
+        "vocab_size": vocab,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": True,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": SHAPE["num_hidden_layers"],
+        "output_router_logits": False,
+        "router_aux_loss_coef": 0.001,
+        "rope_scaling": None,
+        "bos_token_id": ids[BOS],
+        "eos_token_id": ids[EOS],
+        "pad_token_id": ids[PAD],
+        "torch_dtype": "float32",
+    }
+
+
+def predict_yaml(vocab: int, ids: dict[str, int], moe: dict) -> str:
+    return f"""\
+# A tiny random-weight {ARCH} (tests/support/make_tiny_qwen3_moe.py).
+run_mode: predict
+load_checkpoint: model.safetensors
+load_ckpt_format: safetensors
+context: {{mode: 0, device_target: CPU}}
+model:
+  arch: {{type: {ARCH}}}
+  model_config:
+    type: Qwen3MoeConfig
+    seq_length: {SHAPE["max_position_embeddings"]}
+    hidden_size: {SHAPE["hidden_size"]}
+    num_layers: {SHAPE["num_hidden_layers"]}
+    num_heads: {SHAPE["num_attention_heads"]}
+    n_kv_heads: {SHAPE["num_key_value_heads"]}
+    head_dim: {SHAPE["head_dim"]}
+    intermediate_size: {SHAPE["intermediate_size"]}
+    num_experts: {moe["num_experts"]}
+    num_experts_per_tok: {moe["num_experts_per_tok"]}
+    moe_intermediate_size: {moe["moe_intermediate_size"]}
+    norm_topk_prob: {str(moe["norm_topk_prob"]).lower()}
+    decoder_sparse_step: {moe["decoder_sparse_step"]}
+    mlp_only_layers: {moe["mlp_only_layers"]}
+    vocab_size: {vocab}
+    rms_norm_eps: 1.0e-6
+    theta: {SHAPE["rope_theta"]}
+    max_position_embedding: {SHAPE["max_position_embeddings"]}
+    qkv_has_bias: false
+    qk_layernorm: true
+    tie_word_embeddings: true
+    bos_token_id: {ids[BOS]}
+    eos_token_id: {ids[EOS]}
+    pad_token_id: {ids[PAD]}
+    compute_dtype: float32
+processor:
+  return_tensors: ms
+  tokenizer: {{type: PreTrainedTokenizerFast, tokenizer_file: tokenizer.json}}
+"""
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    args = parser.parse_args()
+    print(make_tiny_qwen3_moe(args.out_dir, seed=args.seed))
+
+
+if __name__ == "__main__":
+    main()
