@@ -76,7 +76,8 @@ def random_weights(vocab: int, seed: int) -> dict[str, np.ndarray]:
     def normal(*shape: int, std: float = 0.1) -> np.ndarray:
         return (rng.standard_normal(shape) * std).astype(np.float32)
 
-    w = {"model.embed_tokens.weight": normal(vocab, d, std=0.02)}  # small: the layers, not the scaled input row, drive the logits
+    # A small embedding: the layers, not the (sqrt(hidden)-scaled) input row, drive the tied head's logits.
+    w = {"model.embed_tokens.weight": normal(vocab, d, std=0.02)}
     for i in range(SHAPE["num_hidden_layers"]):
         p = f"model.layers.{i}."
         w[p + "input_layernorm.weight"] = normal(d)
