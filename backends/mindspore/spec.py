@@ -17,6 +17,7 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": "llama",
     "MistralForCausalLM": "llama",
     "Qwen3ForCausalLM": "llama",
+    "Gemma3ForCausalLM": "llama",
     "ParallelLlamaForCausalLM": "llama",
     "Qwen2VLForConditionalGeneration": "qwen2_vl",
     "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
@@ -63,6 +64,21 @@ class ModelSpec:
     weight_dtype: str = "float32"  # model_config.weight_dtype: how the layers' matrices are stored (WEIGHT_DTYPES)
     vision: VLSpec | None = None  # a vision-language model's tower, processor and M-RoPE (its ``text`` is this spec)
     qk_norm: bool = False  # Qwen3: each q and k head RMS-normalised (q_norm / k_norm over head_dim) before RoPE
+    gemma3: Gemma3Spec | None = None  # Gemma 3's layer pattern and attention (gemma3_config.py), else None
+
+
+@dataclass(frozen=True, slots=True)
+class Gemma3Spec:
+    """What a Gemma 3 text model adds to the Llama-family fields: sliding-window (local) layers with their own rope
+    base, global layers with rope_theta (and a linear rope scaling factor), the attention scale from
+    query_pre_attn_scalar. The layers themselves differ too (network/gemma3.py): four (1 + weight) RMSNorms, GeGLU,
+    the embedding scaled by sqrt(hidden_size)."""
+
+    sliding_window: int  # a local layer's query attends to the last sliding_window positions (itself included)
+    sliding_layers: tuple[bool, ...]  # per layer: True for a local (sliding-window) layer
+    rope_local_theta: float
+    rope_scaling_factor: float  # linear position scaling on the global layers; 1.0: none
+    attn_scale: float  # query_pre_attn_scalar ** -0.5
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,9 @@ MINDSERVE_ENTRY(MindserveSwiGLUMatMulAdd)
 MINDSERVE_ENTRY(MindserveDecoderLayer)
 MINDSERVE_ENTRY(MindserveEmbedRope)
 MINDSERVE_ENTRY(MindserveNormHead)
+MINDSERVE_ENTRY(MindserveGeGLUMatMul)
+MINDSERVE_ENTRY(MindserveNormAdd)
+MINDSERVE_ENTRY(MindserveGemmaDecoderLayer)
 #undef MINDSERVE_ENTRY
 extern "C" int mindserve_matmul_set_threads(int n);
 
@@ -52,6 +55,7 @@ constexpr Named kEntries[] = {
     NAMED(MindserveRMSNorm),      NAMED(MindserveSwiGLU),          NAMED(MindserveQKVRope),
     NAMED(MindserveQKVAttention), NAMED(MindserveNormMatMul),      NAMED(MindserveSwiGLUMatMulAdd),
     NAMED(MindserveDecoderLayer), NAMED(MindserveEmbedRope),       NAMED(MindserveNormHead),
+    NAMED(MindserveGeGLUMatMul),  NAMED(MindserveNormAdd),         NAMED(MindserveGemmaDecoderLayer),
 };
 #undef NAMED
 

@@ -38,6 +38,9 @@ SHAPE = {
     "query_pre_attn_scalar": 24,
 }
 LAYER_TYPES = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
+# What a gemma3 GGUF can say (llama.cpp's loader): every 6th layer global, the score scale from head_dim.
+LLAMA_CPP = {"num_hidden_layers": 7, "query_pre_attn_scalar": SHAPE["head_dim"]}
+LLAMA_CPP_LAYER_TYPES = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(7)]
 ROPE_SCALING = {"rope_type": "linear", "factor": 2.0}  # on the global layers only (as Gemma 3 4B+ ship, factor 8)
 DEFAULT_SEED = 34
 VOCAB = 384
@@ -51,26 +54,28 @@ CHAT_TEMPLATE = (
 )
 
 
-def make_tiny_gemma3(out_dir: str | Path, *, seed: int = DEFAULT_SEED) -> Path:
-    """Write a complete tiny Gemma 3 text model directory and return its path."""
+def make_tiny_gemma3(out_dir: str | Path, *, seed: int = DEFAULT_SEED, llama_cpp: bool = False) -> Path:
+    """Write a complete tiny Gemma 3 text model directory and return its path; ``llama_cpp``: 7 layers in the
+    pattern a GGUF implies (layer 5 global) and query_pre_attn_scalar = head_dim, for the llama-server agreement."""
+    shape, types = ({**SHAPE, **LLAMA_CPP}, LLAMA_CPP_LAYER_TYPES) if llama_cpp else (SHAPE, LAYER_TYPES)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = train_tokenizer(VOCAB)
     (out / "tokenizer.json").write_text(tokenizer.to_str(pretty=True), encoding="utf-8")
     vocab = tokenizer.get_vocab_size()
     ids = {tok: tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS}
-    save_file(random_weights(vocab, seed), str(out / "model.safetensors"), metadata={"format": "pt"})
-    _write_json(out / "config.json", hf_config(vocab, ids))
+    save_file(random_weights(vocab, seed, shape), str(out / "model.safetensors"), metadata={"format": "pt"})
+    _write_json(out / "config.json", hf_config(vocab, ids, shape, types))
     _write_json(out / "tokenizer_config.json", {**_tokenizer_config(ids), "chat_template": CHAT_TEMPLATE})
-    (out / "predict_tiny_gemma3.yaml").write_text(predict_yaml(vocab, ids), encoding="utf-8")
+    (out / "predict_tiny_gemma3.yaml").write_text(predict_yaml(vocab, ids, shape, types), encoding="utf-8")
     return out
 
 
-def random_weights(vocab: int, seed: int) -> dict[str, np.ndarray]:
+def random_weights(vocab: int, seed: int, shape: dict = SHAPE) -> dict[str, np.ndarray]:
     """HF-named float32 tensors [out, in]; norm weights noise around 0 (Gemma scales by 1 + weight), the head norms
     with a wide spread so the scores depend on them visibly."""
     rng = np.random.default_rng(seed)
-    d, inter, heads, kv, hd = (SHAPE[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads",
+    d, inter, heads, kv, hd = (shape[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads",
                                                    "num_key_value_heads", "head_dim"))
 
     def normal(*shape: int, std: float = 0.1) -> np.ndarray:
@@ -78,7 +83,7 @@ def random_weights(vocab: int, seed: int) -> dict[str, np.ndarray]:
 
     # A small embedding: the layers, not the (sqrt(hidden)-scaled) input row, drive the tied head's logits.
     w = {"model.embed_tokens.weight": normal(vocab, d, std=0.02)}
-    for i in range(SHAPE["num_hidden_layers"]):
+    for i in range(shape["num_hidden_layers"]):
         p = f"model.layers.{i}."
         w[p + "input_layernorm.weight"] = normal(d)
         w[p + "self_attn.q_proj.weight"] = normal(heads * hd, d, std=0.2)
@@ -97,17 +102,17 @@ def random_weights(vocab: int, seed: int) -> dict[str, np.ndarray]:
     return w
 
 
-def hf_config(vocab: int, ids: dict[str, int]) -> dict:
+def hf_config(vocab: int, ids: dict[str, int], shape: dict = SHAPE, layer_types: list[str] = LAYER_TYPES) -> dict:
     return {
         "architectures": [ARCH],
         "model_type": "gemma3_text",
-        **SHAPE,
+        **shape,
         "vocab_size": vocab,
         "hidden_activation": "gelu_pytorch_tanh",
         "attention_bias": False,
         "attention_dropout": 0.0,
         "tie_word_embeddings": True,
-        "layer_types": LAYER_TYPES,
+        "layer_types": layer_types,
         "rope_scaling": ROPE_SCALING,
         "final_logit_softcapping": None,
         "attn_logit_softcapping": None,
@@ -118,7 +123,7 @@ def hf_config(vocab: int, ids: dict[str, int]) -> dict:
     }
 
 
-def predict_yaml(vocab: int, ids: dict[str, int]) -> str:
+def predict_yaml(vocab: int, ids: dict[str, int], shape: dict = SHAPE, layer_types: list[str] = LAYER_TYPES) -> str:
     return f"""\
 # A tiny random-weight {ARCH} (tests/support/make_tiny_gemma3.py).
 run_mode: predict
@@ -129,23 +134,23 @@ model:
   arch: {{type: {ARCH}}}
   model_config:
     type: Gemma3TextConfig
-    seq_length: {SHAPE["max_position_embeddings"]}
-    hidden_size: {SHAPE["hidden_size"]}
-    num_layers: {SHAPE["num_hidden_layers"]}
-    num_heads: {SHAPE["num_attention_heads"]}
-    n_kv_heads: {SHAPE["num_key_value_heads"]}
-    head_dim: {SHAPE["head_dim"]}
-    intermediate_size: {SHAPE["intermediate_size"]}
+    seq_length: {shape["max_position_embeddings"]}
+    hidden_size: {shape["hidden_size"]}
+    num_layers: {shape["num_hidden_layers"]}
+    num_heads: {shape["num_attention_heads"]}
+    n_kv_heads: {shape["num_key_value_heads"]}
+    head_dim: {shape["head_dim"]}
+    intermediate_size: {shape["intermediate_size"]}
     vocab_size: {vocab}
     rms_norm_eps: 1.0e-6
-    theta: {SHAPE["rope_theta"]}
-    rope_local_base_freq: {SHAPE["rope_local_base_freq"]}
+    theta: {shape["rope_theta"]}
+    rope_local_base_freq: {shape["rope_local_base_freq"]}
     rope_scaling: {{rope_type: {ROPE_SCALING["rope_type"]}, factor: {ROPE_SCALING["factor"]}}}
-    sliding_window: {SHAPE["sliding_window"]}
-    layer_types: [{", ".join(LAYER_TYPES)}]
-    query_pre_attn_scalar: {SHAPE["query_pre_attn_scalar"]}
+    sliding_window: {shape["sliding_window"]}
+    layer_types: [{", ".join(layer_types)}]
+    query_pre_attn_scalar: {shape["query_pre_attn_scalar"]}
     hidden_act: gelu_pytorch_tanh
-    max_position_embedding: {SHAPE["max_position_embeddings"]}
+    max_position_embedding: {shape["max_position_embeddings"]}
     qkv_has_bias: false
     tie_word_embeddings: true
     bos_token_id: {ids[BOS]}

@@ -30,6 +30,9 @@
   eps, last [R], W) -> (logits [R, V], hidden [N, C])``: the final norm, the logit rows' gather and the LM
   head. With them and ``decoder_layer`` a step is 32 ops;
 * ``rmsnorm(x [..., C], w [C], eps [1]) -> [..., C]`` (fused.cc).
+* ``gemma_decoder_layer(x, attn_norm, eps, wqkv, bias, cos, sin, k_cache, v_cache, write, table, pos, rows, meta [5],
+  wo, post_attn_norm, ffn_norm, w_gate_up, w_down, post_ffn_norm, qk_norm, qk_eps) -> [N, C]`` (fused.cc): a Gemma 3
+  layer in one op (the sliding window and score scale in meta, the post-norms before each residual add, GeGLU).
 
 The library also keeps the parts the fused entries are made of as entries of their own
 (``MindserveSwiGLU``, ``MindserveQKVRope``, ``MindservePagedAttention``): the tests check each fused entry
@@ -254,6 +257,7 @@ class AotOps:
     embed_rope: Any  # embed_rope(ids, pos, embed, cos_t, sin_t) -> (x, cos, sin)
     norm_head: Any  # norm_head(x, w_norm, eps, last_rows, head) -> (logits, hidden)
     rmsnorm: Any
+    gemma_decoder_layer: Any = None  # Gemma 3's layer as one op (fused.cc MindserveGemmaDecoderLayer)
 
 
 def aot_ops(heads: int, kv_heads: int, head_dim: int, cache_dir: str | os.PathLike | None = None,
@@ -281,4 +285,5 @@ def aot_ops(heads: int, kv_heads: int, head_dim: int, cache_dir: str | os.PathLi
         norm_head=custom("MindserveNormHead", lambda x, _w, _e, last, head: ([last[0], head[-1]], list(x)),
                          lambda x, *_: (x, x)),
         rmsnorm=custom("MindserveRMSNorm", lambda x, *_: list(x)),
+        gemma_decoder_layer=custom("MindserveGemmaDecoderLayer", lambda x, *_: list(x)),
     )
