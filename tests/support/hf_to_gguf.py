@@ -1,8 +1,9 @@
-"""A tiny HF-layout model directory (tests/support/tiny_model.py, make_tiny_qwen3.py) written as a float32 GGUF of
-the ``llama``, ``qwen2`` or ``qwen3`` architecture, the way llama.cpp's convert_hf_to_gguf.py lays it out, written
-out independently of the converter under test: ``<arch>.*`` metadata, ``blk.N.*`` tensor names, the Q/K rows
-permuted for ``llama`` only (interleaved RoPE; qwen2/qwen3 use NEOX RoPE, HF's own rows), the byte-level BPE
-vocabulary as ``tokenizer.ggml.*`` with the ``smollm`` pre-tokenizer (digits split, then byte-level: what
+"""A tiny HF-layout model directory (tests/support/tiny_model.py, make_tiny_qwen3.py, make_tiny_gemma3.py) written as
+a float32 GGUF of the ``llama``, ``qwen2``, ``qwen3`` or ``gemma3`` architecture, the way llama.cpp's
+convert_hf_to_gguf.py lays it out, written out independently of the converter under test: ``<arch>.*`` metadata,
+``blk.N.*`` tensor names, the Q/K rows permuted for ``llama`` only (interleaved RoPE; qwen2/qwen3/gemma3 use NEOX
+RoPE, HF's own rows), gemma3's norms stored as 1 + w with its window and rope scaling in the metadata, the byte-level
+BPE vocabulary as ``tokenizer.ggml.*`` with the ``smollm`` pre-tokenizer (digits split, then byte-level: what
 ``tiny_model.train_tokenizer`` builds)."""
 from __future__ import annotations
 
@@ -19,16 +20,20 @@ _LAYER = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn
           "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
           "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
           "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+# Gemma 3's four norms a layer (llama.cpp: attn_norm, post_attention_norm, ffn_norm = the pre-feedforward norm,
+# post_ffw_norm)
+_GEMMA3_LAYER = {**_LAYER, "post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+                 "post_feedforward_layernorm": "post_ffw_norm"}
 _GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
            "lm_head.weight": "output.weight"}
 
 
-def gguf_name(hf: str) -> str:
+def gguf_name(hf: str, arch: str = "llama") -> str:
     if hf in _GLOBAL:
         return _GLOBAL[hf]
     _, _, layer, rest = hf.split(".", 3)
     module, kind = rest.rsplit(".", 1)
-    return f"blk.{layer}.{_LAYER[module]}.{kind}"
+    return f"blk.{layer}.{(_GEMMA3_LAYER if arch == 'gemma3' else _LAYER)[module]}.{kind}"
 
 
 def write_gguf(model_dir: Path, path: Path, arch: str) -> Path:
@@ -49,6 +54,11 @@ def write_gguf(model_dir: Path, path: Path, arch: str) -> Path:
     if arch == "llama":
         w.add_rope_dimension_count(hd)
     w.add_rope_freq_base(cfg["rope_theta"])
+    if arch == "gemma3":  # as convert_hf_to_gguf.py's Gemma3Model: the window, the global layers' linear scaling
+        w.add_sliding_window(cfg["sliding_window"])
+        if cfg.get("rope_scaling"):
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(cfg["rope_scaling"]["factor"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     _add_tokenizer(w, model_dir, cfg)
@@ -56,7 +66,9 @@ def write_gguf(model_dir: Path, path: Path, arch: str) -> Path:
         kind = name.split(".")[-2]
         if arch == "llama" and kind in ("q_proj", "k_proj") and name.endswith(".weight"):
             tensor = hf_to_gguf_rows(tensor, heads if kind == "q_proj" else kv)
-        w.add_tensor(gguf_name(name), np.ascontiguousarray(tensor, np.float32))
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            tensor = tensor + np.float32(1)  # llama.cpp stores Gemma3RMSNorm's 1 + w
+        w.add_tensor(gguf_name(name, arch), np.ascontiguousarray(tensor, np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
