@@ -87,3 +87,11 @@ def test_prompts_batched_together_give_what_each_gives_alone(engine):
         assert _ids(batched) == _ids(one) == want["greedy_ids"]
         np.testing.assert_allclose([t.logprob for t in batched.tokens], [t.logprob for t in one.tokens], rtol=0,
                                    atol=1e-5)
+
+
+def test_the_golden_prompts_exercise_the_window():
+    """HF's greedy ids without the sliding window differ from the goldens on every prompt: a network that ignored
+    the window could not give them."""
+    for name in NAMES:
+        p = golden()["prompts"][name]
+        assert len(p["input_ids"]) > 8 and p["greedy_ids_without_window"] != p["greedy_ids"]

@@ -8,7 +8,9 @@ environment: torch and transformers are not dependencies of the project.
 
 Writes tests/golden/gemma3_tiny.json: per prompt the chat text, HF's input_ids, the full-forward logits at a few
 prompt positions, NEW_TOKENS greedy ids (argmax of a full forward pass over the prompt and the ids so far, no
-cache, EOS not special) and the logits of a few greedy steps. Without --write it only prints a summary.
+cache, EOS not special), the logits of a few greedy steps, and the greedy ids of the same weights without the sliding
+window (``greedy_ids_without_window``: that they differ shows the window is exercised). Without --write it only
+prints a summary.
 """
 from __future__ import annotations
 
@@ -44,6 +46,9 @@ def model_golden(model_dir: Path) -> dict:
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = Gemma3ForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32, attn_implementation="eager").eval()
+    # the same weights with a window longer than any prompt: the golden ids must differ (the window matters)
+    unwindowed = Gemma3ForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32, attn_implementation="eager",
+                                                   sliding_window=4096).eval()
     prompts = {}
     for name, messages in PROMPTS.items():
         chat = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -57,8 +62,10 @@ def model_golden(model_dir: Path) -> dict:
                 greedy.append(int(np.argmax(logits)))
                 seq.append(greedy[-1])
         positions = sorted({0, len(ids) // 2, len(ids) - 2})
+        without = unwindowed.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(ids):]
         prompts[name] = {
             "chat": chat, "input_ids": ids, "greedy_ids": greedy,
+            "greedy_ids_without_window": [int(i) for i in without],
             "prompt_logits": {"positions": positions, "values": [_r(full[p]) for p in positions]},
             "step_logits": {"steps": list(LOGIT_STEPS), "values": [_r(steps[s]) for s in LOGIT_STEPS]},
         }
