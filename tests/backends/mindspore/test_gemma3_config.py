@@ -62,3 +62,15 @@ def test_what_is_not_implemented_is_refused_naming_the_key(model_dir, tmp_path, 
     with pytest.raises(ConfigError, match=rf"model\.model_config\.{key}.*{says}") as err:
         load_model(with_keys(model_dir, tmp_path, **changes))
     assert "predict.yaml" in str(err.value)
+
+
+@pytest.mark.parametrize("kernels", ["stock", pytest.param("aot", marks=pytest.mark.slow)])  # aot: builds the C++
+def test_adapter_slots_are_refused(model_dir, kernels):
+    """LoRA is not implemented for Gemma 3: a network with adapter slots is refused when it is built, saying so."""
+    from backends.mindspore.runners import build_runner
+    from backends.mindspore.weights import WeightsError, load_weights
+    from tests.support.runner import SHAPES
+
+    spec = load_model(model_dir)
+    with pytest.raises(WeightsError, match="adapter slots \\(LoRA\\) are not implemented for Gemma 3"):
+        build_runner(spec, load_weights(spec.checkpoint, spec.checkpoint_format), SHAPES, 8, kernels, lora=(2, 4))
