@@ -115,11 +115,16 @@ def unpermute_qk_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def build_tokenizer(meta: dict[str, Any]) -> Tokenizer:
-    """Rebuild a `tokenizers` byte-level BPE tokenizer from GGUF tokenizer metadata."""
+    """Rebuild a `tokenizers` tokenizer from GGUF tokenizer metadata: byte-level BPE (``gpt2``) or SentencePiece
+    (``llama``)."""
     kind = meta.get("tokenizer.ggml.model")
+    if kind == "llama":  # SentencePiece (Gemma, Llama 2): gguf_spm.py
+        from backends.mindspore.gguf_spm import spm_tokenizer
+
+        return spm_tokenizer(meta)
     if kind != "gpt2":
-        raise ValueError(f"unsupported GGUF tokenizer.ggml.model {kind!r}: only 'gpt2' "
-                         "(byte-level BPE) can be rebuilt; sentencepiece ('llama') is not supported")
+        raise ValueError(f"unsupported GGUF tokenizer.ggml.model {kind!r}: only 'gpt2' (byte-level BPE) and 'llama' "
+                         "(SentencePiece with scores) can be rebuilt")
     tokens: list[str] = meta["tokenizer.ggml.tokens"]
     merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
     pre = meta.get("tokenizer.ggml.pre", "default")

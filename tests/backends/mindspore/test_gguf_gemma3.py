@@ -14,7 +14,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from backends.mindspore.config import load_model
-from backends.mindspore.gguf_convert import build_tokenizer, convert_gguf
+from backends.mindspore.gguf_convert import convert_gguf
 from tests.support.hf_to_gguf import write_gguf
 from tests.support.make_tiny_gemma3 import make_tiny_gemma3
 from tests.support.paths import GOLDEN_DIR
@@ -61,12 +61,6 @@ def test_the_converted_spec_is_the_sources(source, converted):
     assert out.gemma3.sliding_layers == (True,) * 5 + (False, True) and out.gemma3.sliding_window == 8
     assert out.gemma3.rope_scaling_factor == 2.0 and out.gemma3.attn_scale == 32 ** -0.5
     assert json.loads((converted / "config.json").read_text())["model_type"] == "gemma3_text"
-
-
-def test_a_sentencepiece_gguf_tokenizer_is_refused_by_name():
-    with pytest.raises(ValueError, match=r"tokenizer.ggml.model 'llama'.*sentencepiece"):
-        build_tokenizer({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["<unk>", "a"],
-                         "tokenizer.ggml.scores": [0.0, -1.0]})
 
 
 @pytest.mark.slow
