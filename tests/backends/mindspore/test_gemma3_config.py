@@ -74,3 +74,15 @@ def test_adapter_slots_are_refused(model_dir, kernels):
     spec = load_model(model_dir)
     with pytest.raises(WeightsError, match="adapter slots \\(LoRA\\) are not implemented for Gemma 3"):
         build_runner(spec, load_weights(spec.checkpoint, spec.checkpoint_format), SHAPES, 8, kernels, lora=(2, 4))
+
+
+def test_the_shipped_gemma3_1b_yaml_loads():
+    from tests.support.paths import REPO
+
+    spec = load_model(REPO / "configs" / "models" / "predict_gemma3_1b_it.yaml")
+    assert not spec.checkpoint.exists()
+    assert (spec.arch, spec.hidden_size, spec.num_layers, spec.num_heads, spec.num_kv_heads, spec.head_dim) == (
+        "Gemma3ForCausalLM", 1152, 26, 4, 1, 256)
+    assert spec.gemma3.sliding_layers == tuple((i + 1) % 6 != 0 for i in range(26))
+    assert spec.gemma3.sliding_window == 512 and spec.gemma3.attn_scale == 256 ** -0.5
+    assert spec.gemma3.rope_scaling_factor == 1.0 and spec.eos_token_ids == (1, 106) and spec.tie_word_embeddings
