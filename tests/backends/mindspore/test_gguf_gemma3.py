@@ -73,3 +73,19 @@ def test_the_converted_gemma3_generates_as_its_safetensors_source(source, conver
     runs = [greedy(make_runner(d, num_blocks=8, kernels=kernels), ids, 16, [1, 2, 3]) for d in (source, converted)]
     assert runs[0][0] == runs[1][0]
     np.testing.assert_array_equal(runs[0][1], runs[1][1])
+
+
+@pytest.mark.slow
+def test_a_q8_0_conversion_runs_on_the_quantized_kernels(gguf_path, converted, tmp_path):
+    """--dtype q8_0: the matrices as Q8_0 blocks (norms float32) through the AOT quantized matmuls inside the Gemma
+    layer op; the logits stay close to the float32 conversion's (weights and activations rounded to 8 bits)."""
+    from tests.support.runner import greedy, make_runner
+
+    q8 = convert_gguf(gguf_path, tmp_path / "q8", progress=False, dtype="q8_0")
+    assert load_model(q8).weight_dtype == "q8_0"
+    ids = json.loads((GOLDEN_DIR / "gemma3_tiny.json").read_text())["prompts"]["capital"]["input_ids"]
+    want = greedy(make_runner(converted, num_blocks=8, kernels="aot"), ids, 4, [1, 2, 3])[1]
+    got = greedy(make_runner(q8, num_blocks=8, kernels="aot"), ids, 4, [1, 2, 3])[1]
+    # the tiny model's logits are small (|max| ~0.5): weight rounding alone (the stock ops on the dequantized q8_0
+    # weights) moves them ~0.024, activation rounding as much again; they stay correlated
+    assert np.corrcoef(got[0], want[0])[0, 1] > 0.99
