@@ -36,8 +36,10 @@ def gguf_name(hf: str, arch: str = "llama") -> str:
     return f"blk.{layer}.{(_GEMMA3_LAYER if arch == 'gemma3' else _LAYER)[module]}.{kind}"
 
 
-def write_gguf(model_dir: Path, path: Path, arch: str) -> Path:
-    """Write ``model_dir`` (config.json, model.safetensors, tokenizer.json) as a float32 GGUF of ``arch``."""
+def write_gguf(model_dir: Path, path: Path, arch: str, spm: dict | None = None) -> Path:
+    """Write ``model_dir`` (config.json, model.safetensors, tokenizer.json) as a float32 GGUF of ``arch``; with
+    ``spm`` (``tokenizer.ggml.*`` metadata of a SentencePiece vocabulary, tests/golden/spm_tiny.json) that vocabulary
+    instead of the directory's tokenizer (the embedding must have as many rows)."""
     cfg = json.loads((model_dir / "config.json").read_text())
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim") or cfg["hidden_size"] // heads
@@ -61,7 +63,10 @@ def write_gguf(model_dir: Path, path: Path, arch: str) -> Path:
             w.add_rope_scaling_factor(cfg["rope_scaling"]["factor"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    _add_tokenizer(w, model_dir, cfg)
+    if spm is None:
+        _add_tokenizer(w, model_dir, cfg)
+    else:
+        _add_spm(w, spm)
     for name, tensor in sorted(load_file(str(model_dir / "model.safetensors")).items()):
         kind = name.split(".")[-2]
         if arch == "llama" and kind in ("q_proj", "k_proj") and name.endswith(".weight"):
@@ -92,3 +97,17 @@ def _add_tokenizer(w: gguf.GGUFWriter, model_dir: Path, cfg: dict) -> None:
     w.add_eos_token_id(cfg["eos_token_id"])
     w.add_pad_token_id(cfg["pad_token_id"])
     w.add_add_bos_token(False)
+
+
+def _add_spm(w: gguf.GGUFWriter, meta: dict) -> None:
+    """A SentencePiece vocabulary as convert_hf_to_gguf.py's _set_vocab_sentencepiece writes it."""
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(meta["tokenizer.ggml.tokens"])
+    w.add_token_scores(meta["tokenizer.ggml.scores"])
+    w.add_token_types(meta["tokenizer.ggml.token_type"])
+    w.add_unk_token_id(meta["tokenizer.ggml.unknown_token_id"])
+    w.add_bos_token_id(meta["tokenizer.ggml.bos_token_id"])
+    w.add_eos_token_id(meta["tokenizer.ggml.eos_token_id"])
+    w.add_add_bos_token(False)
+    w.add_add_space_prefix(meta["tokenizer.ggml.add_space_prefix"])
