@@ -16,6 +16,9 @@ def gemma3_spec(mc: YamlSection, num_layers: int) -> Gemma3Spec:
         if mc.data.get(key) is not None:
             raise ConfigError(mc.path, f"{mc.prefix}.{key}",
                               f"logit soft-capping is not implemented; got {mc.data[key]!r} (Gemma 3 ships null)")
+    if mc.get("use_bidirectional_attention", bool, False):
+        raise ConfigError(mc.path, f"{mc.prefix}.use_bidirectional_attention",
+                          "bidirectional attention (EmbeddingGemma) is not implemented: causal only")
     act = mc.get("hidden_act", str, "gelu_pytorch_tanh", "hidden_activation")
     if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
         raise ConfigError(mc.path, f"{mc.prefix}.hidden_act", f"only gelu_pytorch_tanh is implemented, got {act!r}")

@@ -57,6 +57,7 @@ def test_a_llama_yaml_has_no_gemma3_spec(tiny_model_dir):
     ({"layer_types": ["sliding_attention"]}, "layer_types", "must list 4 entries"),
     ({"layer_types": ["local"] * 4}, "layer_types", "must list 4 entries"),
     ({"sliding_window": 0}, "sliding_window", "must be > 0"),
+    ({"use_bidirectional_attention": True}, "use_bidirectional_attention", "causal only"),
 ])
 def test_what_is_not_implemented_is_refused_naming_the_key(model_dir, tmp_path, changes, key, says):
     with pytest.raises(ConfigError, match=rf"model\.model_config\.{key}.*{says}") as err:
