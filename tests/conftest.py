@@ -11,6 +11,7 @@ import pytest
 
 from backends.mindspore.default_model import ensure_default_gguf, ensure_default_model
 from tests.support.paths import REPO
+from tests.support.make_tiny_gemma3 import make_tiny_gemma3
 from tests.support.make_tiny_qwen3 import make_tiny_qwen3
 from tests.support.make_tiny_qwen3_moe import make_tiny_qwen3_moe
 from tests.support.tiny_model import make_tiny_model
@@ -20,7 +21,8 @@ from tests.support.tiny_model import make_tiny_model
 # (``pytestmark = pytest.mark.slow``).
 SLOW_FIXTURES = frozenset({"default_engine", "default_model_dir", "default_gguf_path", "tiny_model_dir",
                            "tiny_qwen2_dir", "tiny_qwen3_dir", "ms_graph", "lora_engine", "lora_adapter_dirs",
-                           "kernel_cache", "tiny_qwen3_moe_dir"})  # the kernel library's C++ build
+                           "kernel_cache", "tiny_qwen3_moe_dir",
+                           "tiny_gemma3_dir"})  # the kernel library's C++ build
 
 
 def pytest_collection_modifyitems(config, items):
@@ -53,6 +55,13 @@ def tiny_qwen3_moe_dir(tmp_path_factory):
     """Tiny Qwen3-MoE (8 experts top-2, normalised top-k, layer 1 dense; tests/support/make_tiny_qwen3_moe.py), the
     checkpoint of tests/golden/qwen3_moe_tiny.json."""
     return make_tiny_qwen3_moe(tmp_path_factory.mktemp("tiny_qwen3_moe"))
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3_dir(tmp_path_factory):
+    """Tiny Gemma 3 text (sliding-window layers 0, 1, 3 with a window of 8, a global layer 2, tied head;
+    tests/support/make_tiny_gemma3.py), the checkpoint of tests/golden/gemma3_tiny.json."""
+    return make_tiny_gemma3(tmp_path_factory.mktemp("tiny_gemma3"))
 
 
 def _default_model_cache() -> Path:

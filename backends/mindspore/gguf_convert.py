@@ -33,7 +33,7 @@ from safetensors.numpy import save_file
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from tqdm import tqdm
 
-from backends.mindspore.gguf_archs import GGUF_ARCHS, gguf_arch, head_dim
+from backends.mindspore.gguf_archs import GGUF_ARCHS, arch_of_model_type, gemma3_config, gguf_arch, head_dim
 from backends.mindspore.quant import QUANT_KEY, layers_format
 
 log = logging.getLogger("mindserve.model")
@@ -121,11 +121,16 @@ def unpermute_qk_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def build_tokenizer(meta: dict[str, Any]) -> Tokenizer:
-    """Rebuild a `tokenizers` byte-level BPE tokenizer from GGUF tokenizer metadata."""
+    """Rebuild a `tokenizers` tokenizer from GGUF tokenizer metadata: byte-level BPE (``gpt2``) or SentencePiece
+    (``llama``)."""
     kind = meta.get("tokenizer.ggml.model")
+    if kind == "llama":  # SentencePiece (Gemma, Llama 2): gguf_spm.py
+        from backends.mindspore.gguf_spm import spm_tokenizer
+
+        return spm_tokenizer(meta)
     if kind != "gpt2":
-        raise ValueError(f"unsupported GGUF tokenizer.ggml.model {kind!r}: only 'gpt2' "
-                         "(byte-level BPE) can be rebuilt; sentencepiece ('llama') is not supported")
+        raise ValueError(f"unsupported GGUF tokenizer.ggml.model {kind!r}: only 'gpt2' (byte-level BPE) and 'llama' "
+                         "(SentencePiece with scores) can be rebuilt")
     tokens: list[str] = meta["tokenizer.ggml.tokens"]
     merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
     pre = meta.get("tokenizer.ggml.pre", "default")
@@ -214,7 +219,7 @@ def _hf_config(meta: dict[str, Any], reader: GGUFReader) -> dict[str, Any]:
     hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
     ids = _special_ids(meta)
     eos = [i for i in dict.fromkeys([ids["eos"], ids["eot"]]) if i is not None]
-    return {
+    config = {
         "architectures": [arch.hf_arch], "model_type": arch.model_type,
         "hidden_size": hidden, "intermediate_size": int(key("feed_forward_length")),
         "num_hidden_layers": int(key("block_count")),
@@ -231,6 +236,10 @@ def _hf_config(meta: dict[str, Any], reader: GGUFReader) -> dict[str, Any]:
         "attention_bias": "blk.0.attn_q.bias" in names, "mlp_bias": False,
         **_moe_config(key, names),
     }
+    if arch.name == "gemma3":
+        config.update(gemma3_config(meta, config["num_hidden_layers"], hidden, heads, config["head_dim"]),
+                      hidden_act="gelu_pytorch_tanh")
+    return config
 
 
 def _moe_config(key, names: dict[str, Any]) -> dict[str, Any]:
@@ -275,7 +284,8 @@ def _tokenizer_config(meta: dict[str, Any], config: dict[str, Any]) -> dict[str,
 def _write_weights(reader: GGUFReader, config: dict[str, Any], path: Path, progress: bool,
                    dtype: str = "fp32") -> dict[str, str]:
     """Write model.safetensors; returns {HF name: storage format} (``float32`` or a block format)."""
-    permuted = {a.model_type: a for a in GGUF_ARCHS.values()}[config["model_type"]].permuted_qk
+    arch = arch_of_model_type(config["model_type"])
+    permuted = arch.permuted_qk
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]} if permuted else {}
     weights: dict[str, np.ndarray] = {}
     formats: dict[str, str] = {}
@@ -297,7 +307,9 @@ def _write_weights(reader: GGUFReader, config: dict[str, Any], path: Path, progr
         kind = t.name.split(".")[-2]
         if t.name.startswith("blk.") and kind in heads:
             w = unpermute_qk_rows(w, heads[kind])  # whole rows: the same for blocks and floats
-        name = hf_tensor_name(t.name)
+        name = hf_tensor_name(t.name, arch.name)
+        if arch.norm_shift and name.endswith("norm.weight"):  # llama.cpp's 1 + w back to HF's w (exact in float32)
+            w = np.asarray(w, np.float32) - np.float32(arch.norm_shift)
         weights[name] = np.array(w, dtype=np.float32 if fmt == "float32" else np.uint8, order="C")  # own copy
         formats[name] = fmt
         del w
@@ -339,14 +351,15 @@ def _storage_format(kind: GGMLQuantizationType, shape: tuple[int, ...], dtype: s
     return "float32" if kind in _FLOAT else "q8_0"
 
 
-def hf_tensor_name(gguf_name: str) -> str:
-    """Map a GGUF tensor name (llama, qwen2, qwen3) to its HF transformers parameter name."""
+def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str:
+    """Map a GGUF tensor name (of GGUF architecture ``arch``) to its HF transformers parameter name."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
+    names = {**_LAYER_NAMES, **dict(GGUF_ARCHS[arch].renames)}
     m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", gguf_name)
-    if m is None or m[2] not in _LAYER_NAMES:
+    if m is None or m[2] not in names:
         raise ValueError(f"unsupported GGUF tensor {gguf_name!r}")
-    return f"model.layers.{m[1]}.{_LAYER_NAMES[m[2]]}.{m[3]}"
+    return f"model.layers.{m[1]}.{names[m[2]]}.{m[3]}"
 
 
 def _has_head_norms(reader: GGUFReader) -> bool:
@@ -375,6 +388,11 @@ def _predict_yaml(c: dict[str, Any], weight_dtype: str = "float32", qk_norm: boo
     if c.get("num_experts"):
         model_config.update({k: c[k] for k in ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
                                                 "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers")})
+    if "layer_types" in c:  # Gemma 3 (gguf_archs.gemma3_config): gemma3_config.py reads these keys
+        model_config.update({k: c[k] for k in ("sliding_window", "layer_types", "rope_local_base_freq",
+                                               "query_pre_attn_scalar", "hidden_act")})
+        if c["rope_scaling"] is not None:
+            model_config["rope_scaling"] = c["rope_scaling"]
     return {
         "run_mode": "predict", "load_checkpoint": "model.safetensors",
         "load_ckpt_format": "safetensors", "context": {"mode": 0, "device_target": "CPU"},

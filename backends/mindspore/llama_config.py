@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from backends.mindspore.gemma3_config import gemma3_spec
 from backends.mindspore.spec import ModelSpec, MoeSpec
 from backends.mindspore.yaml_tree import (ConfigError, YamlSection, read_checkpoint, read_context, read_defaults,
                                           read_eos_ids, read_json_object)
@@ -11,6 +12,7 @@ from backends.mindspore.yaml_tree import (ConfigError, YamlSection, read_checkpo
 # model_config.weight_dtype: float32, a GGUF block format kept by convert-gguf (served by the quantized AOT
 # matmul, dequantized once at load for the stock ops), or mixed (the layers' matrices differ).
 WEIGHT_DTYPES = ("float32", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "mixed")
+GEMMA3 = "Gemma3ForCausalLM"  # the Llama-family fields plus gemma3_config.py's
 
 
 def llama_spec(yaml_path: Path, tree: dict, model: YamlSection, arch: str) -> ModelSpec:
@@ -52,7 +54,7 @@ def llama_spec(yaml_path: Path, tree: dict, model: YamlSection, arch: str) -> Mo
         max_position_embeddings=mc.positive("max_position_embedding", seq_length, "max_position_embeddings"),
         seq_length=seq_length,
         qkv_has_bias=mc.get("qkv_has_bias", bool, arch == "Qwen2ForCausalLM"),
-        tie_word_embeddings=mc.get("tie_word_embeddings", bool, False),
+        tie_word_embeddings=mc.get("tie_word_embeddings", bool, arch == GEMMA3),
         bos_token_id=mc.get("bos_token_id", int, None),
         eos_token_ids=read_eos_ids(mc.get("eos_token_id", (int, list), 2), yaml_path),
         pad_token_id=mc.get("pad_token_id", int, None),
@@ -61,9 +63,10 @@ def llama_spec(yaml_path: Path, tree: dict, model: YamlSection, arch: str) -> Mo
         defaults=read_defaults(mc),
         config_vocab_size=cfg_vocab if isinstance(cfg_vocab, int) and cfg_vocab > 0 else None,
         weight_dtype=weight_dtype,
-        qk_norm=mc.get("qk_layernorm", bool, arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"), "qk_norm",
+        qk_norm=mc.get("qk_layernorm", bool, arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3), "qk_norm",
                        "use_qk_norm"),
         moe=_moe(yaml_path, mc, arch, num_layers),
+        gemma3=gemma3_spec(mc, mc.positive("num_layers", ..., "num_hidden_layers")) if arch == GEMMA3 else None,
     )
 
 

@@ -18,6 +18,7 @@ ARCHITECTURES = {
     "MistralForCausalLM": "llama",
     "Qwen3ForCausalLM": "llama",
     "Qwen3MoeForCausalLM": "llama",
+    "Gemma3ForCausalLM": "llama",
     "ParallelLlamaForCausalLM": "llama",
     "Qwen2VLForConditionalGeneration": "qwen2_vl",
     "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
@@ -65,6 +66,7 @@ class ModelSpec:
     vision: VLSpec | None = None  # a vision-language model's tower, processor and M-RoPE (its ``text`` is this spec)
     qk_norm: bool = False  # Qwen3: each q and k head RMS-normalised (q_norm / k_norm over head_dim) before RoPE
     moe: MoeSpec | None = None  # Qwen3-MoE: routed experts in the layers it names (the others keep a dense MLP)
+    gemma3: Gemma3Spec | None = None  # Gemma 3's layer pattern and attention (gemma3_config.py), else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +80,20 @@ class MoeSpec:
     intermediate_size: int
     norm_topk_prob: bool
     sparse_layers: tuple[int, ...]  # the layers with experts (HF: not mlp_only, (i + 1) % decoder_sparse_step == 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Gemma3Spec:
+    """What a Gemma 3 text model adds to the Llama-family fields: sliding-window (local) layers with their own rope
+    base, global layers with rope_theta (and a linear rope scaling factor), the attention scale from
+    query_pre_attn_scalar. The layers themselves differ too (network/gemma3.py): four (1 + weight) RMSNorms, GeGLU,
+    the embedding scaled by sqrt(hidden_size)."""
+
+    sliding_window: int  # a local layer's query attends to the last sliding_window positions (itself included)
+    sliding_layers: tuple[bool, ...]  # per layer: True for a local (sliding-window) layer
+    rope_local_theta: float
+    rope_scaling_factor: float  # linear position scaling on the global layers; 1.0: none
+    attn_scale: float  # query_pre_attn_scalar ** -0.5
 
 
 @dataclass(frozen=True, slots=True)

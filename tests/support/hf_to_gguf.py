@@ -1,10 +1,11 @@
-"""A tiny HF-layout model directory (tests/support/tiny_model.py, make_tiny_qwen3.py, make_tiny_qwen3_moe.py) written as
-a float32 GGUF of the ``llama``, ``qwen2``, ``qwen3`` or ``qwen3moe`` architecture (the experts' per-expert matrices
-stacked into llama.cpp's 3-D ``ffn_{gate,up,down}_exps`` [E, out, in], the router as ``ffn_gate_inp``), the way
-llama.cpp's convert_hf_to_gguf.py lays it out, written out independently of the converter under test: ``<arch>.*``
-metadata, ``blk.N.*`` tensor names, the Q/K rows permuted for ``llama`` only (interleaved RoPE; qwen2/qwen3 use NEOX
-RoPE, HF's own rows), the byte-level BPE vocabulary as ``tokenizer.ggml.*`` with the ``smollm`` pre-tokenizer (digits
-split, then byte-level: what ``tiny_model.train_tokenizer`` builds)."""
+"""A tiny HF-layout model directory (tests/support/tiny_model.py, make_tiny_qwen3.py, make_tiny_qwen3_moe.py,
+make_tiny_gemma3.py) written as a float32 GGUF of the ``llama``, ``qwen2``, ``qwen3``, ``qwen3moe`` or ``gemma3``
+architecture (the experts' per-expert matrices stacked into llama.cpp's 3-D ``ffn_{gate,up,down}_exps`` [E, out, in],
+the router as ``ffn_gate_inp``), the way llama.cpp's convert_hf_to_gguf.py lays it out, written out independently of
+the converter under test: ``<arch>.*`` metadata, ``blk.N.*`` tensor names, the Q/K rows permuted for ``llama`` only
+(interleaved RoPE; qwen2/qwen3/gemma3 use NEOX RoPE, HF's own rows), gemma3's norms stored as 1 + w with its window
+and rope scaling in the metadata, the byte-level BPE vocabulary as ``tokenizer.ggml.*`` with the ``smollm``
+pre-tokenizer (digits split, then byte-level: what ``tiny_model.train_tokenizer`` builds)."""
 from __future__ import annotations
 
 import json
@@ -21,20 +22,26 @@ _LAYER = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn
           "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
           "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "mlp.gate": "ffn_gate_inp"}
 _EXPERTS = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}
+# Gemma 3's four norms a layer (llama.cpp: attn_norm, post_attention_norm, ffn_norm = the pre-feedforward norm,
+# post_ffw_norm)
+_GEMMA3_LAYER = {**_LAYER, "post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+                 "post_feedforward_layernorm": "post_ffw_norm"}
 _GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
            "lm_head.weight": "output.weight"}
 
 
-def gguf_name(hf: str) -> str:
+def gguf_name(hf: str, arch: str = "llama") -> str:
     if hf in _GLOBAL:
         return _GLOBAL[hf]
     _, _, layer, rest = hf.split(".", 3)
     module, kind = rest.rsplit(".", 1)
-    return f"blk.{layer}.{_LAYER[module]}.{kind}"
+    return f"blk.{layer}.{(_GEMMA3_LAYER if arch == 'gemma3' else _LAYER)[module]}.{kind}"
 
 
-def write_gguf(model_dir: Path, path: Path, arch: str) -> Path:
-    """Write ``model_dir`` (config.json, model.safetensors, tokenizer.json) as a float32 GGUF of ``arch``."""
+def write_gguf(model_dir: Path, path: Path, arch: str, spm: dict | None = None) -> Path:
+    """Write ``model_dir`` (config.json, model.safetensors, tokenizer.json) as a float32 GGUF of ``arch``; with
+    ``spm`` (``tokenizer.ggml.*`` metadata of a SentencePiece vocabulary, tests/golden/spm_tiny.json) that vocabulary
+    instead of the directory's tokenizer (the embedding must have as many rows)."""
     cfg = json.loads((model_dir / "config.json").read_text())
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim") or cfg["hidden_size"] // heads
@@ -51,13 +58,21 @@ def write_gguf(model_dir: Path, path: Path, arch: str) -> Path:
     if arch == "llama":
         w.add_rope_dimension_count(hd)
     w.add_rope_freq_base(cfg["rope_theta"])
+    if arch == "gemma3":  # as convert_hf_to_gguf.py's Gemma3Model: the window, the global layers' linear scaling
+        w.add_sliding_window(cfg["sliding_window"])
+        if cfg.get("rope_scaling"):
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(cfg["rope_scaling"]["factor"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     if cfg.get("num_experts"):
         w.add_expert_count(cfg["num_experts"])
         w.add_expert_used_count(cfg["num_experts_per_tok"])
         w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
-    _add_tokenizer(w, model_dir, cfg)
+    if spm is None:
+        _add_tokenizer(w, model_dir, cfg)
+    else:
+        _add_spm(w, spm)
     tensors = load_file(str(model_dir / "model.safetensors"))
     for layer, kind, stack in _stacked_experts(tensors, cfg.get("num_experts", 0)):
         w.add_tensor(f"blk.{layer}.{_EXPERTS[kind]}.weight", stack)
@@ -67,7 +82,9 @@ def write_gguf(model_dir: Path, path: Path, arch: str) -> Path:
         kind = name.split(".")[-2]
         if arch == "llama" and kind in ("q_proj", "k_proj") and name.endswith(".weight"):
             tensor = hf_to_gguf_rows(tensor, heads if kind == "q_proj" else kv)
-        w.add_tensor(gguf_name(name), np.ascontiguousarray(tensor, np.float32))
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            tensor = tensor + np.float32(1)  # llama.cpp stores Gemma3RMSNorm's 1 + w
+        w.add_tensor(gguf_name(name, arch), np.ascontiguousarray(tensor, np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -100,3 +117,17 @@ def _add_tokenizer(w: gguf.GGUFWriter, model_dir: Path, cfg: dict) -> None:
     w.add_eos_token_id(cfg["eos_token_id"])
     w.add_pad_token_id(cfg["pad_token_id"])
     w.add_add_bos_token(False)
+
+
+def _add_spm(w: gguf.GGUFWriter, meta: dict) -> None:
+    """A SentencePiece vocabulary as convert_hf_to_gguf.py's _set_vocab_sentencepiece writes it."""
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(meta["tokenizer.ggml.tokens"])
+    w.add_token_scores(meta["tokenizer.ggml.scores"])
+    w.add_token_types(meta["tokenizer.ggml.token_type"])
+    w.add_unk_token_id(meta["tokenizer.ggml.unknown_token_id"])
+    w.add_bos_token_id(meta["tokenizer.ggml.bos_token_id"])
+    w.add_eos_token_id(meta["tokenizer.ggml.eos_token_id"])
+    w.add_add_bos_token(False)
+    w.add_add_space_prefix(meta["tokenizer.ggml.add_space_prefix"])

@@ -38,6 +38,9 @@ MINDSERVE_ENTRY(MindserveEmbedRope)
 MINDSERVE_ENTRY(MindserveNormHead)
 MINDSERVE_ENTRY(MindserveMoE)
 MINDSERVE_ENTRY(MindserveMoEDecoderLayer)
+MINDSERVE_ENTRY(MindserveGeGLUMatMul)
+MINDSERVE_ENTRY(MindserveNormAdd)
+MINDSERVE_ENTRY(MindserveGemmaDecoderLayer)
 #undef MINDSERVE_ENTRY
 extern "C" int mindserve_matmul_set_threads(int n);
 
@@ -55,6 +58,7 @@ constexpr Named kEntries[] = {
     NAMED(MindserveQKVAttention), NAMED(MindserveNormMatMul),      NAMED(MindserveSwiGLUMatMulAdd),
     NAMED(MindserveDecoderLayer), NAMED(MindserveEmbedRope),       NAMED(MindserveNormHead),
     NAMED(MindserveMoE),          NAMED(MindserveMoEDecoderLayer),
+    NAMED(MindserveGeGLUMatMul),  NAMED(MindserveNormAdd),         NAMED(MindserveGemmaDecoderLayer),
 };
 #undef NAMED
 

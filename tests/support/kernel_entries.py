@@ -199,6 +199,22 @@ def cases(seed: int = 0) -> list[Case]:
     out.append(Case("decoder-layer-qk-norm", "MindserveDecoderLayer",
                     (*layer[:4], a["bias"], a["cos"], a["sin"], a["k"], a["v"], a["write"], a["table"], a["pos"],
                      a["rows"], a["meta"], *layer[14:18], _f32(rng, 2, d, scale=2.0), eps, _out(5, cdim))))
+    # Gemma 3: QKVAttention with a sliding window and a score scale (meta [5]), GeGLU, NormAdd, the Gemma layer
+    a = _attention_inputs(rng, 6, 4, 2, 40, 3, 6, False)
+    gmeta = np.array([2, 3, 0, 4, np.array([24.0 ** -0.5], np.float32).view(np.int32)[0]], np.int32)
+    out.append(Case("qkv-attention-window", "MindserveQKVAttention",
+                    (a["qkv"], a["bias"], a["cos"], a["sin"], a["k"], a["v"], a["write"], a["table"], a["pos"],
+                     a["rows"], gmeta, *norms, _out(6, 4 * 40))))
+    gu = _f32(rng, 5, 2 * 32, scale=3.0)
+    gu[0, :3] = [-120.0, 120.0, -0.0]
+    out.append(Case("geglu-matmul", "MindserveGeGLUMatMul", (gu, _qweight("q8_0", width, 32, rng), _out(5, width))))
+    out.append(Case("norm-add", "MindserveNormAdd", (xl, _f32(rng, width), eps, _f32(rng, 5, width), _out(5, width))))
+    a = _attention_inputs(rng, 5, h, kv, d, 4, 5, False)
+    gmeta = np.array([kv, 4, 0, 3, np.array([20.0 ** -0.5], np.float32).view(np.int32)[0]], np.int32)
+    out.append(Case("gemma-decoder-layer", "MindserveGemmaDecoderLayer",
+                    (*layer[:4], a["bias"], a["cos"], a["sin"], a["k"], a["v"], a["write"], a["table"], a["pos"],
+                     a["rows"], gmeta, layer[14], _f32(rng, cdim), layer[15], layer[16], layer[17], _f32(rng, cdim),
+                     _f32(rng, 2, d, scale=2.0), eps, _out(5, cdim))))
     out += _moe_cases(rng, layer, a, eps)
     return out
 

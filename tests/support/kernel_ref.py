@@ -272,6 +272,22 @@ def swiglu(gu: np.ndarray) -> np.ndarray:
     return ((g * sig).astype(F32) * u).astype(F32)
 
 
+def geglu(gu: np.ndarray) -> np.ndarray:
+    """geglu_row: z = c2 (fma(c1, (g g) g, g)), e = exp(0 - |z|), sig = (z < 0 ? e : 1) / (1 + e), y = (g sig) u."""
+    f = gu.shape[-1] // 2
+    g, u = gu[..., :f].astype(F32), gu[..., f:].astype(F32)
+    cube = ((g * g).astype(F32) * g).astype(F32)
+    z = (F32(1.5957691216057308) * fma32(np.full_like(g, F32(0.044715)), cube, g)).astype(F32)
+    e = exp_nonpositive((F32(0) - np.abs(z)).astype(F32))
+    sig = (np.where(z < 0, e, _ONE).astype(F32) / (_ONE + e).astype(F32)).astype(F32)
+    return ((g * sig).astype(F32) * u).astype(F32)
+
+
+def norm_add(x: np.ndarray, w: np.ndarray, eps, res: np.ndarray) -> np.ndarray:
+    """MindserveNormAdd: res + rmsnorm(x) w."""
+    return (np.asarray(res, F32) + rmsnorm(x, w, eps)).astype(F32)
+
+
 def rope_head(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
     """rope_head over the last axis D: lo, hi (+ bias); out_lo = fnmadd(hi, sin_lo, lo cos_lo),
     out_hi = fma(lo, sin_hi, hi cos_hi)."""
@@ -287,22 +303,27 @@ def rope_head(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, bias: np.ndarray 
 
 # --- attention ------------------------------------------------------------------------------------
 
-def attention(q, k, v, table, pos, rows, kv: int, bs: int) -> np.ndarray:
+def attention(q, k, v, table, pos, rows, kv: int, bs: int, window: int = 0, scale=None) -> np.ndarray:
     """attention.cc attend() for q [N, H, D] over the paged caches k, v [KV S, D]: scores = dot * scale; masked
-    max; e = exp(s - max); sum in vector order, the tree, 1 /; the fma chain of e_j v_j in key order; * inv."""
+    max; e = exp(s - max); sum in vector order, the tree, 1 /; the fma chain of e_j v_j in key order; * inv. With
+    ``window`` > 0 a query at position p reads keys (p - window, p] only, the first of them in lane 0 (the kernel
+    indexes its scores from the window's first key); ``scale`` (float32) replaces 1 / sqrt(D)."""
     n_tok, heads, d = q.shape
     s_rows = k.shape[0] // kv
     nb = table.shape[1]
-    count = np.clip(np.asarray(pos).reshape(-1).astype(np.int64) + 1, 1, nb * bs)  # [N]
+    end = np.clip(np.asarray(pos).reshape(-1).astype(np.int64) + 1, 1, nb * bs)  # [N]
+    first = np.maximum(end - window, 0) if window > 0 else np.zeros_like(end)
+    count = end - first
     length = int(count.max())
     j = np.arange(length)
     tok = np.repeat(np.arange(n_tok), heads)
     kvh = np.tile(np.arange(heads) // (heads // kv), n_tok)
-    blocks = table[rows[tok]][:, np.minimum(j // bs, nb - 1)]  # [Q, L]
-    key_rows = kvh[:, None] * s_rows + blocks.astype(np.int64) * bs + j % bs
+    key = first[tok][:, None] + j[None, :]  # [Q, L] absolute key positions
+    blocks = table[rows[tok][:, None], np.minimum(key // bs, nb - 1)]  # [Q, L]
+    key_rows = kvh[:, None] * s_rows + blocks.astype(np.int64) * bs + key % bs
     valid = j[None, :] < count[tok][:, None]  # [Q, L]
     key_rows = np.where(valid, key_rows, 0)
-    scale = (_ONE / np.sqrt(F32(d))).astype(F32)
+    scale = (_ONE / np.sqrt(F32(d))).astype(F32) if scale is None else F32(scale)
     scores = (vec_dot(q.reshape(-1, 1, d), k[key_rows]) * scale).astype(F32)  # [Q, L]
     width = -(-length // LANES) * LANES
     padded = np.full((scores.shape[0], width), -np.inf, F32)
@@ -333,6 +354,8 @@ class Paged:
     kv: int
     bs: int
     fmt: str = "float32"  # the caches' storage format (kv_ref.py); k and v are stored in it
+    window: int = 0  # > 0: a sliding-window layer (attention's window)
+    scale: float | None = None  # the score scale (float32), None: 1 / sqrt(D)
 
 
 def qkv_rope(qkv, cos, sin, heads: int, kv: int, bias=None, qk_norm=None, eps=None):
@@ -360,7 +383,7 @@ def qkv_attention(qkv, bias, cos, sin, cache: Paged, heads: int, qk_norm=None, e
     for i, row in enumerate(cache.write.reshape(-1)):
         kc[row], vc[row] = k_rows[i], v_rows[i]
     out = attention(q, kv_ref.decode(kc, cache.fmt, d), kv_ref.decode(vc, cache.fmt, d), cache.table, cache.pos,
-                    cache.rows, cache.kv, cache.bs)
+                    cache.rows, cache.kv, cache.bs, cache.window, cache.scale)
     return out, kc, vc
 
 
@@ -443,3 +466,14 @@ def moe_decoder_layer(x, attn_norm, eps, wqkv, bias, cos, sin, cache: Paged, hea
     a, kc, vc = qkv_attention(qkv, bias, cos, sin, cache, heads, qk_norm, qk_eps)
     h = product(a, wo, x)
     return moe(h, ffn_norm, eps, router, w_gate_up, w_down, top_k, norm), kc, vc
+
+
+def gemma_decoder_layer(x, attn_norm, eps, wqkv, bias, cos, sin, cache: Paged, heads: int, wo, post_attn_norm,
+                        ffn_norm, w_gate_up, w_down, post_ffn_norm, qk_norm, qk_eps):
+    """MindserveGemmaDecoderLayer's seven stages in order (the cache's window and scale from meta). Returns
+    (y [N, C], k cache, v cache)."""
+    qkv = norm_matmul(x, attn_norm, eps, wqkv)
+    a, kc, vc = qkv_attention(qkv, bias, cos, sin, cache, heads, qk_norm, qk_eps)
+    h = norm_add(product(a, wo), post_attn_norm, eps, x)
+    m = product(geglu(norm_matmul(h, ffn_norm, eps, w_gate_up)), w_down)
+    return norm_add(m, post_ffn_norm, eps, h), kc, vc

@@ -60,3 +60,11 @@ def llama_greedy(url: str, ids: list[int], n: int) -> list[int]:
     req = urllib.request.Request(url + "/completion", json.dumps(body).encode(), {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=300) as r:
         return [int(t) for t in json.loads(r.read())["tokens"]]
+
+
+def llama_tokenize(url: str, text: str) -> list[int]:
+    """llama-server's own tokenization of ``text`` (no BOS; special tokens parsed)."""
+    body = {"content": text, "add_special": False, "parse_special": True}
+    req = urllib.request.Request(url + "/tokenize", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return [int(t) for t in json.loads(r.read())["tokens"]]

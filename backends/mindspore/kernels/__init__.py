@@ -36,6 +36,9 @@
   each expert some row chose on the block of those rows (each expert's slice of the stacked weights is one matmul
   weight, float32 or GGUF blocks: the other experts are never read); ``moe_decoder_layer(<decoder_layer's inputs up
   to ffn_norm>, router, w_gate_up, w_down, moe_meta, (qk_norm, qk_eps))``: a whole MoE layer as one op.
+* ``gemma_decoder_layer(x, attn_norm, eps, wqkv, bias, cos, sin, k_cache, v_cache, write, table, pos, rows, meta [5],
+  wo, post_attn_norm, ffn_norm, w_gate_up, w_down, post_ffn_norm, qk_norm, qk_eps) -> [N, C]`` (fused.cc): a Gemma 3
+  layer in one op (the sliding window and score scale in meta, the post-norms before each residual add, GeGLU).
 
 The library also keeps the parts the fused entries are made of as entries of their own
 (``MindserveSwiGLU``, ``MindserveQKVRope``, ``MindservePagedAttention``): the tests check each fused entry
@@ -311,6 +314,7 @@ class AotOps:
     rmsnorm: Any
     moe: Any  # moe(h, ffn_norm, eps, router, w_gate_up, w_down, meta) = h + experts(rmsnorm(h))
     moe_decoder_layer: Any  # attention half of decoder_layer, then moe, as one op
+    gemma_decoder_layer: Any = None  # Gemma 3's layer as one op (fused.cc MindserveGemmaDecoderLayer)
 
 
 def aot_ops(heads: int, kv_heads: int, head_dim: int, cache_dir: str | os.PathLike | None = None,
@@ -340,4 +344,5 @@ def aot_ops(heads: int, kv_heads: int, head_dim: int, cache_dir: str | os.PathLi
         rmsnorm=custom("MindserveRMSNorm", lambda x, *_: list(x)),
         moe=custom("MindserveMoE", lambda h, *_: list(h)),
         moe_decoder_layer=custom("MindserveMoEDecoderLayer", lambda x, *_: list(x)),
+        gemma_decoder_layer=custom("MindserveGemmaDecoderLayer", lambda x, *_: list(x)),
     )

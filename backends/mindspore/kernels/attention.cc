@@ -31,6 +31,9 @@
 //       out of range.
 //   int mindserve_attention_raw(...)  -- the same on plain pointers (float32 caches), for the tests
 //   int mindserve_attention_kv_raw(..., fmt)  -- ... caches in format fmt (kv::Format), for fused.cc and the tests
+//   int mindserve_attention_window_raw(..., fmt, window, scale)  -- ... a query at position p reading only the keys
+//       (p - window, p] when window > 0 (Gemma's sliding-window layers), scores scaled by scale when > 0 (else
+//       1 / sqrt(D))
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -98,6 +101,8 @@ struct Job {
   int64_t row_bytes;  // of one cache row (kv::row_bytes)
   int64_t queries;    // N * H
   int64_t nchunks;
+  int64_t window = 0;  // > 0: a query at position p reads only keys (p - window, p] (a sliding-window layer)
+  float scale = 0.0f;  // > 0: the score scale (Gemma's query_pre_attn_scalar^-1/2); 0: 1 / sqrt(D)
 };
 
 // One query: (token, head) = (index / H, index % H). scores is scratch of at least NB * bs floats.
@@ -107,18 +112,21 @@ void attend(const Job &j, int64_t index, float *scores) {
   const int64_t kvh = h / (j.H / j.KV);
   const float *q = j.q + index * j.D;
   float *out = j.out + index * j.D;
-  const int64_t n = std::clamp<int64_t>(int64_t{j.pos[token]} + 1, 1, j.NB * j.bs);
+  const int64_t end = std::clamp<int64_t>(int64_t{j.pos[token]} + 1, 1, j.NB * j.bs);
+  const int64_t first = j.window > 0 ? std::max<int64_t>(0, end - j.window) : 0;  // keys [first, end)
+  const int64_t n = end - first;
   const int32_t *blocks = j.table + int64_t{j.rows[token]} * j.NB;
   const int64_t rb = j.row_bytes;
   const uint8_t *kbase = j.k + kvh * j.S * rb;
   const uint8_t *vbase = j.v + kvh * j.S * rb;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(j.D));
+  const float scale = j.scale > 0.0f ? j.scale : 1.0f / std::sqrt(static_cast<float>(j.D));
 
-  // scores, block by block (rows of one block are contiguous)
-  for (int64_t k0 = 0; k0 < n; k0 += j.bs) {
-    const uint8_t *rows = kbase + int64_t{blocks[k0 / j.bs]} * j.bs * rb;
-    const int64_t count = std::min(j.bs, n - k0);
-    for (int64_t i = 0; i < count; ++i) scores[k0 + i] = dot<F>(q, rows + i * rb, j.D) * scale;
+  // scores, block by block (rows of one block are contiguous); scores[i] is key first + i
+  for (int64_t k0 = first; k0 < end;) {
+    const int64_t off = k0 % j.bs, count = std::min(j.bs - off, end - k0);
+    const uint8_t *rows = kbase + (int64_t{blocks[k0 / j.bs]} * j.bs + off) * rb;
+    for (int64_t i = 0; i < count; ++i) scores[k0 - first + i] = dot<F>(q, rows + i * rb, j.D) * scale;
+    k0 += count;
   }
   // softmax: max, exp, sum (vector lanes in fixed order, then one reduction)
   v::F32x16 vmax = v::set1(-INFINITY);
@@ -140,11 +148,11 @@ void attend(const Job &j, int64_t index, float *scores) {
   v::F32x16 acc[kMaxHeadDim / 16];
   for (int64_t c = 0; c < nv; ++c) acc[c] = v::zero();
   const int last = static_cast<int>(j.D - 16 * (nv - 1));
-  for (int64_t k0 = 0; k0 < n; k0 += j.bs) {
-    const uint8_t *rows = vbase + int64_t{blocks[k0 / j.bs]} * j.bs * rb;
-    const int64_t count = std::min(j.bs, n - k0);
+  for (int64_t k0 = first; k0 < end;) {
+    const int64_t off = k0 % j.bs, count = std::min(j.bs - off, end - k0);
+    const uint8_t *rows = vbase + (int64_t{blocks[k0 / j.bs]} * j.bs + off) * rb;
     for (int64_t i = 0; i < count; ++i) {
-      const v::F32x16 p = v::set1(scores[k0 + i]);
+      const v::F32x16 p = v::set1(scores[k0 - first + i]);
       const uint8_t *vr = rows + i * rb;
       v::F32x16 vscale = v::zero();
       for (int64_t c = 0; c < nv; ++c) {
@@ -152,6 +160,7 @@ void attend(const Job &j, int64_t index, float *scores) {
         acc[c] = v::fmadd(p, load_row<F>(vr, 16 * c, c == nv - 1 ? last : 16, vscale), acc[c]);
       }
     }
+    k0 += count;
   }
   const v::F32x16 vinv = v::set1(inv);
   for (int64_t c = 0; c < nv - 1; ++c) v::store(out + 16 * c, v::mul(acc[c], vinv));
@@ -203,13 +212,22 @@ using mindserve::is_i32;
 
 extern "C" {
 
+int mindserve_attention_window_raw(const float *q, const void *k, const void *v, const int32_t *table,
+                                   const int32_t *pos, const int32_t *rows, float *out, int64_t N, int64_t R, int64_t H,
+                                   int64_t D, int64_t KV, int64_t S, int64_t NB, int64_t bs, int fmt, int64_t window,
+                                   float scale) {
+  mindserve::FpScope fp;
+  if (fmt < 0 || fmt > static_cast<int>(Format::kQ8_0)) return 10;
+  if (window < 0 || !(scale >= 0.0f)) return 11;
+  return paged_attention(Job{q, static_cast<const uint8_t *>(k), static_cast<const uint8_t *>(v), table, pos, rows,
+                             out, N, R, H, D, KV, S, NB, bs, static_cast<Format>(fmt), 0, 0, 1, window, scale});
+}
+
 int mindserve_attention_kv_raw(const float *q, const void *k, const void *v, const int32_t *table, const int32_t *pos,
                                const int32_t *rows, float *out, int64_t N, int64_t R, int64_t H, int64_t D, int64_t KV,
                                int64_t S, int64_t NB, int64_t bs, int fmt) {
   mindserve::FpScope fp;
-  if (fmt < 0 || fmt > static_cast<int>(Format::kQ8_0)) return 10;
-  return paged_attention(Job{q, static_cast<const uint8_t *>(k), static_cast<const uint8_t *>(v), table, pos, rows,
-                             out, N, R, H, D, KV, S, NB, bs, static_cast<Format>(fmt), 0, 0, 1});
+  return mindserve_attention_window_raw(q, k, v, table, pos, rows, out, N, R, H, D, KV, S, NB, bs, fmt, 0, 0.0f);
 }
 
 int mindserve_attention_raw(const float *q, const float *k, const float *v, const int32_t *table,

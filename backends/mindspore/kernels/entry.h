@@ -41,3 +41,9 @@ extern "C" int mindserve_attention_raw(const float *q, const float *k, const flo
 extern "C" int mindserve_attention_kv_raw(const float *q, const void *k, const void *v, const int32_t *table,
                                           const int32_t *pos, const int32_t *rows, float *out, int64_t N, int64_t R,
                                           int64_t H, int64_t D, int64_t KV, int64_t S, int64_t NB, int64_t bs, int fmt);
+// ... reading only the keys (p - window, p] of a query at position p when window > 0, scores scaled by scale when
+// > 0 (else 1 / sqrt(D)): Gemma 3's sliding-window layers and query_pre_attn_scalar.
+extern "C" int mindserve_attention_window_raw(const float *q, const void *k, const void *v, const int32_t *table,
+                                              const int32_t *pos, const int32_t *rows, float *out, int64_t N,
+                                              int64_t R, int64_t H, int64_t D, int64_t KV, int64_t S, int64_t NB,
+                                              int64_t bs, int fmt, int64_t window, float scale);

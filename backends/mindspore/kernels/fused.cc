@@ -28,6 +28,11 @@
 //       the row-wise kernel above written into a scratch buffer, then the matmul entry (matmul.cc: any
 //       weight format it takes, the four optional LoRA inputs of lora.h) called on it with the remaining
 //       inputs as they came: one op launch instead of two, the same arithmetic, the same bits.
+//   MindserveGeGLUMatMul(gu [N, 2F], W, ...) -> y = MindserveMatMul(gelu_tanh(gu[:, :F]) * gu[:, F:], W, ...)
+//   MindserveNormAdd(x [N, C], w [C], eps [1], res [N, C]) -> y = res + rmsnorm(x) * w
+//   MindserveGemmaDecoderLayer(...): a Gemma 3 decoder layer as one op (its comment below).
+//   MindserveQKVAttention's meta may be [5] = (KV, bs, has_bias, window, scale bits): a sliding window (0: none) and
+//       the score scale as float32 bits (0: 1 / sqrt(D)).
 //   MindserveEmbedRope(ids [N] i32, pos [N] i32 (any shape of N elements), embed [V, C], cos_t [P, D],
 //                      sin_t [P, D]) -> x [N, C], cos [N, D], sin [N, D]
 //       the rows of the embedding and of the rotary tables each token needs: three gathers in one op.
@@ -126,6 +131,27 @@ void swiglu_row(const float *gu, float *y, int64_t F) {
     const v::F32x16 sig = v::div(v::select_neg(g, e, one), v::add(one, e));
     v::store_n(y + f, v::mul(v::mul(g, sig), u), m);
   }
+}
+
+// gelu_tanh(g) * u (Gemma's GeGLU, gelu_pytorch_tanh): gelu_tanh(g) = g / 2 (1 + tanh(z / 2)) = g * sigmoid(z) with
+// z = 2 sqrt(2/pi) (g + 0.044715 g^3); the sigmoid as in swiglu_row, from exp(-|z|).
+void geglu_row(const float *gu, float *y, int64_t F) {
+  const v::F32x16 one = v::set1(1.0f), c1 = v::set1(0.044715f), c2 = v::set1(1.5957691216057308f);  // 2 sqrt(2/pi)
+  for (int64_t f = 0; f < F; f += 16) {
+    const int64_t m = F - f;
+    const v::F32x16 g = v::load_n(gu + f, m);
+    const v::F32x16 u = v::load_n(gu + F + f, m);
+    const v::F32x16 z = v::mul(c2, v::fmadd(c1, v::mul(v::mul(g, g), g), g));
+    const v::F32x16 e = v::exp_nonpositive(v::sub(v::zero(), v::abs(z)));
+    const v::F32x16 sig = v::div(v::select_neg(z, e, one), v::add(one, e));
+    v::store_n(y + f, v::mul(v::mul(g, sig), u), m);
+  }
+}
+
+// y = res + rmsnorm(x) w (Gemma's post-attention / post-feedforward norms before the residual add).
+void norm_add_row(const float *x, const float *w, float eps, const float *res, float *y, int64_t C) {
+  rmsnorm_row(x, w, eps, y, C);
+  for (int64_t c = 0; c < C; c += 16) v::store_n(y + c, v::add(v::load_n(res + c, C - c), v::load_n(y + c, C - c)), C - c);
 }
 
 // x (+ b) over n floats, one float add per element (the graph's bias Add, bit for bit).
@@ -353,11 +379,16 @@ int MindserveQKVAttention(int nparam, void **params, int *ndims, int64_t **shape
   if (!is_f32(dtypes[out]) || (has_norm && (!is_f32(dtypes[11]) || !is_f32(dtypes[12])))) return 2;
   if (ndims[0] != 2 || ndims[1] != 1 || ndims[2] != 2 || ndims[3] != 2 || ndims[4] != 2 || ndims[5] != 2 ||
       ndims[6] != 1 || ndims[7] != 2 || ndims[8] < 1 || ndims[9] != 1 || ndims[10] != 1 || ndims[out] != 2 ||
-      shapes[10][0] != 3 || (has_norm && (ndims[11] != 2 || ndims[12] != 1 || shapes[12][0] != 1)))
+      (shapes[10][0] != 3 && shapes[10][0] != 5) || (has_norm && (ndims[11] != 2 || ndims[12] != 1 ||
+                                                                  shapes[12][0] != 1)))
     return 3;
   const int32_t *meta = static_cast<const int32_t *>(params[10]);
   const int64_t N = shapes[0][0], D = shapes[2][1], KV = meta[0], bs = meta[1];
   const bool has_bias = meta[2] != 0;
+  // meta [5]: (..., window, the score scale's float32 bits): Gemma 3's sliding window (0: none) and scale (0: 1/sqrt D)
+  const int64_t window = shapes[10][0] == 5 ? meta[3] : 0;
+  float scale = 0.0f;
+  if (shapes[10][0] == 5) std::memcpy(&scale, meta + 4, sizeof(float));
   if (N <= 0) return 0;
   if (D <= 0 || D % 2 != 0 || KV <= 0 || shapes[out][1] % D != 0) return 4;
   if (has_norm && (D > kMaxHeadDim || shapes[11][0] != 2 || shapes[11][1] != D)) return 4;
@@ -383,10 +414,10 @@ int MindserveQKVAttention(int nparam, void **params, int *ndims, int64_t **shape
     const int rc = write_and_rope(args, has_bias, has_norm);
     if (rc != 0) return rc;
   }
-  return mindserve_attention_kv_raw(q.data(), k, v, static_cast<const int32_t *>(params[7]),
-                                    static_cast<const int32_t *>(params[8]), static_cast<const int32_t *>(params[9]),
-                                    static_cast<float *>(params[out]), N, shapes[7][0], H, D, KV, cache_rows / KV,
-                                    shapes[7][1], bs, static_cast<int>(fk));
+  return mindserve_attention_window_raw(q.data(), k, v, static_cast<const int32_t *>(params[7]),
+                                        static_cast<const int32_t *>(params[8]), static_cast<const int32_t *>(params[9]),
+                                        static_cast<float *>(params[out]), N, shapes[7][0], H, D, KV, cache_rows / KV,
+                                        shapes[7][1], bs, static_cast<int>(fk), window, scale);
 }
 
 int MindserveNormMatMul(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
@@ -425,6 +456,93 @@ int MindserveSwiGLUMatMulAdd(int nparam, void **params, int *ndims, int64_t **sh
     for_rows(N, 8, [&](int64_t r) { swiglu_row(gu + r * 2 * F, act + r * F, F); });
   }
   return forward(&MindserveMatMulAdd, nparam, params, ndims, shapes, dtypes, 1, act, F);
+}
+
+int MindserveGeGLUMatMul(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
+                         void *extra) {
+  mindserve::FpScope fp;
+  (void)stream;
+  (void)extra;
+  if (nparam < 3) return 1;
+  if (!all_f32(dtypes, 1)) return 2;
+  if (ndims[0] < 1 || shapes[0][ndims[0] - 1] % 2 != 0) return 3;
+  const int64_t F = shapes[0][ndims[0] - 1] / 2, N = rows_of(ndims[0], shapes[0]);
+  const float *gu = static_cast<const float *>(params[0]);
+  float *act = scratch(N * F);
+  {
+    mindserve::ScopeTimer timer(mindserve::kSwiGLU);
+    for_rows(N, 8, [&](int64_t r) { geglu_row(gu + r * 2 * F, act + r * F, F); });
+  }
+  return forward(&MindserveMatMul, nparam, params, ndims, shapes, dtypes, 1, act, F);
+}
+
+int MindserveNormAdd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
+                     void *extra) {
+  mindserve::FpScope fp;
+  mindserve::ScopeTimer timer(mindserve::kRMSNorm);
+  (void)stream;
+  (void)extra;
+  if (nparam != 5) return 1;
+  if (!all_f32(dtypes, 5)) return 2;
+  if (ndims[0] != 2 || ndims[1] != 1 || ndims[2] != 1 || shapes[2][0] != 1 || ndims[3] != 2 || ndims[4] != 2) return 3;
+  const int64_t N = shapes[0][0], C = shapes[0][1];
+  if (shapes[1][0] != C || shapes[3][0] != N || shapes[3][1] != C || shapes[4][0] != N || shapes[4][1] != C) return 4;
+  const float *x = static_cast<const float *>(params[0]), *w = static_cast<const float *>(params[1]);
+  const float eps = *static_cast<const float *>(params[2]), *res = static_cast<const float *>(params[3]);
+  float *y = static_cast<float *>(params[4]);
+  if (y == res) return 5;  // norm_add_row writes y before it reads res
+  for_rows(N, 16, [&](int64_t r) { norm_add_row(x + r * C, w, eps, res + r * C, y + r * C, C); });
+  return 0;
+}
+
+// MindserveGemmaDecoderLayer(x, attn_norm, eps, wqkv, bias, cos, sin, k_cache, v_cache, write, table, pos, rows,
+//                            meta [5], wo, post_attn_norm, ffn_norm, w_gate_up, w_down, post_ffn_norm, qk_norm, qk_eps)
+//     -> y [N, C]: a Gemma 3 layer (norm weights already 1 + w) as one op, the entries above in order:
+//   qkv = NormMatMul(x, attn_norm, eps, wqkv); a = QKVAttention(qkv, ..., meta, qk_norm, qk_eps) (meta's window and
+//   scale); o = MatMul(a, wo); h = NormAdd(o, post_attn_norm, eps, x); gu = NormMatMul(h, ffn_norm, eps, w_gate_up);
+//   m = GeGLUMatMul(gu, w_down); y = NormAdd(m, post_ffn_norm, eps, h). A failing stage s (1..7) returns 100 s + its
+//   own error code.
+int MindserveGemmaDecoderLayer(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                               void *stream, void *extra) {
+  mindserve::FpScope fp;
+  (void)stream;
+  (void)extra;
+  enum { X, NA, EPS, WQKV, BIAS, COS, SIN, KC, VC, WR, TAB, POS, ROWS, META, WO, PAN, NF, WGU, WD, PFN, QKN, QEPS, OUT };
+  if (nparam != OUT + 1) return 1;
+  if (!is_f32(dtypes[X]) || !is_f32(dtypes[OUT]) || !is_i32(dtypes[META])) return 2;
+  if (ndims[X] != 2 || ndims[OUT] != 2 || ndims[COS] != 2 || ndims[META] != 1 || shapes[META][0] != 5) return 3;
+  const int64_t N = shapes[X][0], C = shapes[X][1], D = shapes[COS][1];
+  const int64_t KV = static_cast<const int32_t *>(params[META])[0];
+  const int64_t width = shapes[WQKV][ndims[WQKV] - 1], gu_width = shapes[WGU][ndims[WGU] - 1];
+  const int64_t HD = width - 2 * KV * D;
+  if (N <= 0) return 0;
+  if (shapes[OUT][0] != N || shapes[OUT][1] != C || HD <= 0) return 4;
+  struct Buffers {
+    std::vector<float> qkv, attn, o, h, gu, m;
+  };
+  thread_local Buffers b;
+  for (auto [buf, size] : {std::pair{&b.qkv, N * width}, {&b.attn, N * HD}, {&b.o, N * C}, {&b.h, N * C},
+                           {&b.gu, N * gu_width}, {&b.m, N * C}})
+    buf->resize(std::max<size_t>(buf->size(), size));
+  int64_t s_qkv[2] = {N, width}, s_attn[2] = {N, HD}, s_c[2] = {N, C}, s_gu[2] = {N, gu_width};
+  const char *f32 = "float32";
+  auto in = [&](int i) { return Arg{params[i], ndims[i], shapes[i], dtypes[i]}; };
+  auto buf = [&](std::vector<float> &v, int64_t *shape) { return Arg{v.data(), 2, shape, f32}; };
+  int rc = call(&MindserveNormMatMul, {in(X), in(NA), in(EPS), in(WQKV), buf(b.qkv, s_qkv)});
+  if (rc != 0) return 100 + rc;
+  rc = call(&MindserveQKVAttention, {buf(b.qkv, s_qkv), in(BIAS), in(COS), in(SIN), in(KC), in(VC), in(WR), in(TAB),
+                                     in(POS), in(ROWS), in(META), in(QKN), in(QEPS), buf(b.attn, s_attn)});
+  if (rc != 0) return 200 + rc;
+  rc = call(&MindserveMatMul, {buf(b.attn, s_attn), in(WO), buf(b.o, s_c)});
+  if (rc != 0) return 300 + rc;
+  rc = call(&MindserveNormAdd, {buf(b.o, s_c), in(PAN), in(EPS), in(X), buf(b.h, s_c)});
+  if (rc != 0) return 400 + rc;
+  rc = call(&MindserveNormMatMul, {buf(b.h, s_c), in(NF), in(EPS), in(WGU), buf(b.gu, s_gu)});
+  if (rc != 0) return 500 + rc;
+  rc = call(&MindserveGeGLUMatMul, {buf(b.gu, s_gu), in(WD), buf(b.m, s_c)});
+  if (rc != 0) return 600 + rc;
+  rc = call(&MindserveNormAdd, {buf(b.m, s_c), in(PFN), in(EPS), buf(b.h, s_c), in(OUT)});
+  return rc != 0 ? 700 + rc : 0;
 }
 
 int MindserveDecoderLayer(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,

@@ -118,6 +118,7 @@ extern "C" {
 
 int MindserveMoE(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
                  void *extra) {
+  mindserve::FpScope fp;
   (void)stream;
   (void)extra;
   enum { H, NW, EPS, WR, WGU, WD, META, OUT };
@@ -203,6 +204,7 @@ int MindserveMoE(int nparam, void **params, int *ndims, int64_t **shapes, const 
 
 int MindserveMoEDecoderLayer(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                              void *stream, void *extra) {
+  mindserve::FpScope fp;
   (void)stream;
   (void)extra;
   enum { X, NA, EPS, WQKV, BIAS, COS, SIN, KC, VC, WR, TAB, POS, ROWS, META, WO, NF, ROUTER, WGU, WD, MM, QKN, QEPS };

@@ -614,6 +614,7 @@ int mindserve_quantize_rows_raw(const float *x, int64_t M, int64_t K, int8_t *q,
 
 // The K-quants' activation quantization alone: q [M, K] int8, d [M, K/256] float, bsums [M, K/16] int32.
 int mindserve_quantize_rows_k_raw(const float *x, int64_t M, int64_t K, int8_t *q, float *d, int32_t *bs) {
+  mindserve::FpScope fp;
   if (K % 256 != 0) return 2;
   QX qx;
   quantize_rows_k(x, M, K, &qx);

@@ -39,6 +39,10 @@ class PackedRunner(ModelRunner):
             from backends.mindspore.qwen2_vl.text import AotQwen2VLText
 
             return AotQwen2VLText(vl, weights, num_blocks, s.block_size, s.max_window, aot, self.kv_dtype)
+        if spec.gemma3 is not None:
+            from backends.mindspore.network.gemma3 import AotGemma3
+
+            return AotGemma3(spec, weights, num_blocks, s.block_size, s.max_window, aot, lora, self.kv_dtype)
         return AotLlama(spec, weights, num_blocks, s.block_size, s.max_window, aot, lora, self.kv_dtype)
 
     def compiled_shapes(self, shapes: Shapes) -> Shapes:

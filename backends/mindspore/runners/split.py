@@ -47,6 +47,10 @@ class SplitRunner(ModelRunner):
             from backends.mindspore.qwen2_vl.text import StockQwen2VLText
 
             return StockQwen2VLText(vl, weights, num_blocks, s.block_size, s.max_window)
+        if spec.gemma3 is not None:
+            from backends.mindspore.network.gemma3 import StockGemma3
+
+            return StockGemma3(spec, weights, num_blocks, s.block_size, s.max_window, dtype, lora)
         return StockLlama(spec, weights, num_blocks, s.block_size, s.max_window, dtype, lora)
 
     def prefill_budget(self, config: EngineConfig) -> int:

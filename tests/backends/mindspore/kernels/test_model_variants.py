@@ -32,6 +32,20 @@ def test_tiny_model_gives_the_native_tokens_and_logits_bits(tiny_model_dir, tiny
 
 
 @pytest.fixture(scope="module")
+def gemma3_native(tiny_gemma3_dir):
+    return _run(tiny_gemma3_dir, NATIVE, 12)
+
+
+@pytest.mark.parametrize("variant", [v for v in HOST_VARIANTS if v != NATIVE])
+def test_tiny_gemma3_gives_the_native_tokens_and_logits_bits(tiny_gemma3_dir, gemma3_native, variant):
+    """Gemma 3's layer op, window (11 prompt tokens against a window of 8) and GeGLU on every variant."""
+    skip_unless_runs(variant)
+    tokens, logits = _run(tiny_gemma3_dir, variant, 12)
+    assert tokens == gemma3_native[0]
+    assert np.array_equal(logits.view(np.uint32), gemma3_native[1].view(np.uint32))
+
+
+@pytest.fixture(scope="module")
 def default_native(default_model_dir):
     return _run(default_model_dir, NATIVE, 8)
 

@@ -376,6 +376,37 @@ def test_qkv_attention(lib, n, h, kv, d, bs, nb, blocks, bias, norm, fmt):
     assert_same(v, want_v)
 
 
+def gemma_meta(kv: int, bs: int, bias: bool, window: int, scale: float) -> np.ndarray:
+    """QKVAttention's meta [5]: (KV, bs, has_bias, sliding window, the score scale's float32 bits)."""
+    return np.array([kv, bs, int(bias), window, np.array([scale], F32).view(np.int32)[0]], np.int32)
+
+
+# Gemma 3: sliding windows of 1 key, shorter than a block, across block boundaries, longer than any row (= none);
+# the score scale from query_pre_attn_scalar (window 0 with a scale: a global layer).
+@pytest.mark.parametrize("window,scalar", [(1, 24.0), (2, 32.0), (4, 256.0), (5, 168.0), (0, 24.0), (500, 24.0)])
+@pytest.mark.parametrize("n,h,kv,d,bs,nb,blocks", [ATTENTION[1], ATTENTION[3], ATTENTION[4]])
+def test_qkv_attention_window(lib, n, h, kv, d, bs, nb, blocks, window, scalar):
+    rng = np.random.default_rng(n + h + kv + d + window)
+    qkv, bias_v, cos, sin, cache, _ = qkv_case(rng, n, h, kv, d, bs, nb, blocks, False)
+    scale = F32(scalar ** -0.5)
+    cache = dataclasses.replace(cache, window=window, scale=scale)
+    norms = head_norms(rng, d, True)
+    want, want_k, want_v = ref.qkv_attention(qkv, None, cos, sin, cache, h, norms[0], EPS[0])
+    k, v = cache.k.copy(), cache.v.copy()
+    y = out(n, h * d)
+    assert aot_call(lib, "MindserveQKVAttention", [qkv, bias_v, cos, sin, k, v, cache.write, cache.table, cache.pos,
+                                                   cache.rows, gemma_meta(kv, bs, False, window, scale), *norms],
+                    [y]) == 0
+    assert_bits(y, want)
+    assert_same(k, want_k)
+    if window in (0, 500):  # no window: the plain kernel's bits when the scale is 1 / sqrt(D)'s
+        plain, *_ = ref.qkv_attention(qkv, None, cos, sin, dataclasses.replace(cache, window=0), h, norms[0], EPS[0])
+        assert_bits(y, plain)
+    else:  # the window changes rows whose position is past it
+        full, *_ = ref.qkv_attention(qkv, None, cos, sin, dataclasses.replace(cache, window=0), h, norms[0], EPS[0])
+        assert not np.array_equal(y, full)
+
+
 def assert_same(got: np.ndarray, want: np.ndarray) -> None:
     """Stored caches, byte for byte."""
     assert got.shape == want.shape and got.dtype == want.dtype
@@ -467,6 +498,66 @@ def test_decoder_layer(lib, fmt, bias, kv_fmt, norm):
     assert aot_call(lib, "MindserveDecoderLayer", [x, na, EPS, qkv_p, bias_v, cos, sin, k, v, cache.write, cache.table,
                                                    cache.pos, cache.rows, meta, wo_p, nf, wgu_p, wd_p, *norms],
                     [y]) == 0
+    assert_bits(y, want)
+    assert_same(k, want_k)
+    assert_same(v, want_v)
+
+
+@pytest.mark.parametrize("m,f,n", [(1, 32, 5), (9, 37, 47), (3, 96, 50)])
+def test_geglu_matmul(lib, m, f, n):
+    rng = np.random.default_rng(m + f + n + 1)
+    gu = wild(rng, (m, 2 * f), spread=5)
+    gu[0, :6] = [-120.0, 120.0, 0.0, -0.0, 1e30, -1e30]  # saturated both ways, zeros, a cube that overflows
+    w, packed = weight(rng, f, n, None)
+    y = out(m, n)
+    with np.errstate(all="ignore"):
+        assert aot_call(lib, "MindserveGeGLUMatMul", [gu, packed], [y]) == 0
+        assert_bits(y, ref.product(ref.geglu(gu), w))
+
+
+def test_geglu_is_gelu_tanh():
+    """The reference's GeGLU against the textbook gelu_pytorch_tanh in float64 (the kernel's sigmoid form of it)."""
+    g = np.linspace(-9, 9, 301, dtype=F32)
+    gu = np.concatenate([g, np.ones_like(g)])[None]
+    x = g.astype(np.float64)
+    want = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+    np.testing.assert_allclose(ref.geglu(gu)[0], want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("m,c", [(1, 16), (7, 45), (20, 64)])
+def test_norm_add(lib, m, c):
+    rng = np.random.default_rng(m + c)
+    x, w, res = wild(rng, (m, c)), wild(rng, c, spread=2), wild(rng, (m, c))
+    y = out(m, c)
+    assert aot_call(lib, "MindserveNormAdd", [x, w, EPS, res], [y]) == 0
+    assert_bits(y, ref.norm_add(x, w, EPS[0], res))
+    assert aot_call(lib, "MindserveNormAdd", [x, w, EPS, y], [y]) == 5  # y may not alias res
+
+
+@pytest.mark.parametrize("fmt,kv_fmt,window", [(None, "float32", 4), ("q8_0", "float32", 2), (None, "float16", 0),
+                                               ("q4_1", "q8_0", 5)])
+def test_gemma_decoder_layer(lib, fmt, kv_fmt, window):
+    h, kv, d, c, f, n = 4, 2, 24, 64, 96, 5
+    rng = np.random.default_rng(13 + window)
+    qkv_w, qkv_p = weight(rng, c, (h + 2 * kv) * d, fmt)
+    wo, wo_p = weight(rng, h * d, c, None if fmt is None else "q8_0")
+    wgu, wgu_p = weight(rng, c, 2 * f, fmt)
+    wd, wd_p = weight(rng, f, c, fmt)
+    _, bias_v, cos, sin, cache, _ = qkv_case(rng, n, h, kv, d, 3, 6, 8, False)
+    scale = F32(32.0 ** -0.5)
+    cache = dataclasses.replace(cache, k=kv_ref.encode(cache.k, kv_fmt), v=kv_ref.encode(cache.v, kv_fmt), fmt=kv_fmt,
+                                window=window, scale=scale)
+    x = wild(rng, (n, c), spread=4)
+    na, pan, nf, pfn = (wild(rng, c, spread=2) for _ in range(4))
+    norms = head_norms(rng, d, True)
+    want, want_k, want_v = ref.gemma_decoder_layer(x, na, EPS[0], qkv_w, None, cos, sin, cache, h, wo, pan, nf, wgu,
+                                                   wd, pfn, norms[0], EPS[0])
+    k, v = cache.k.copy(), cache.v.copy()
+    y = out(n, c)
+    with np.errstate(all="ignore"):
+        assert aot_call(lib, "MindserveGemmaDecoderLayer",
+                        [x, na, EPS, qkv_p, bias_v, cos, sin, k, v, cache.write, cache.table, cache.pos, cache.rows,
+                         gemma_meta(kv, 3, False, window, scale), wo_p, pan, nf, wgu_p, wd_p, pfn, *norms], [y]) == 0
     assert_bits(y, want)
     assert_same(k, want_k)
     assert_same(v, want_v)

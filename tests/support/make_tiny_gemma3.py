@@ -1,0 +1,179 @@
+"""A tiny random-weight Gemma 3 (text) checkpoint in the HF layout, for tests (NumPy + safetensors only).
+
+What a ``Gemma3ForCausalLM`` download holds, shrunk: ``config.json`` (model_type ``gemma3_text``: layers 0, 1 and 3
+sliding-window layers with a window of 8 tokens, shorter than the golden prompts, layer 2 a global layer; the local
+rope base 10000 against the global 1e6 with a linear rope_scaling factor; ``query_pre_attn_scalar`` 24 while head_dim
+is 32, so a network that scales by head_dim is caught; GeGLU with gelu_pytorch_tanh; the head tied to the embedding),
+``model.safetensors`` with the released parameter names (four norms a layer, q/k head norms; Gemma's norms apply
+``1 + weight``, so the weights are noise around 0), the byte-level BPE tokenizer of ``tests/support/tiny_model.py``
+with a Gemma-style chat template (bos first, turns of ``user`` / ``model``) and a predict yaml. Same arguments,
+byte-identical files.
+
+    python -m tests.support.make_tiny_gemma3 OUT_DIR [--seed N]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from tests.support.tiny_model import BOS, EOS, PAD, SPECIAL_TOKENS, _tokenizer_config, train_tokenizer
+
+ARCH = "Gemma3ForCausalLM"
+SHAPE = {
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "rope_theta": 1000000.0,
+    "rope_local_base_freq": 10000.0,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 512,
+    "sliding_window": 8,
+    "query_pre_attn_scalar": 24,
+}
+LAYER_TYPES = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
+# What a gemma3 GGUF can say (llama.cpp's loader): every 6th layer global, the score scale from head_dim.
+LLAMA_CPP = {"num_hidden_layers": 7, "query_pre_attn_scalar": SHAPE["head_dim"]}
+LLAMA_CPP_LAYER_TYPES = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(7)]
+ROPE_SCALING = {"rope_type": "linear", "factor": 2.0}  # on the global layers only (as Gemma 3 4B+ ship, factor 8)
+DEFAULT_SEED = 34
+VOCAB = 384
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{ '<|im_start|>' + role + '\\n' + message['content'] | trim + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>model\\n' }}{% endif %}"
+)
+
+
+def make_tiny_gemma3(out_dir: str | Path, *, seed: int = DEFAULT_SEED, llama_cpp: bool = False) -> Path:
+    """Write a complete tiny Gemma 3 text model directory and return its path; ``llama_cpp``: 7 layers in the
+    pattern a GGUF implies (layer 5 global) and query_pre_attn_scalar = head_dim, for the llama-server agreement."""
+    shape, types = ({**SHAPE, **LLAMA_CPP}, LLAMA_CPP_LAYER_TYPES) if llama_cpp else (SHAPE, LAYER_TYPES)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tokenizer(VOCAB)
+    (out / "tokenizer.json").write_text(tokenizer.to_str(pretty=True), encoding="utf-8")
+    vocab = tokenizer.get_vocab_size()
+    ids = {tok: tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS}
+    save_file(random_weights(vocab, seed, shape), str(out / "model.safetensors"), metadata={"format": "pt"})
+    _write_json(out / "config.json", hf_config(vocab, ids, shape, types))
+    _write_json(out / "tokenizer_config.json", {**_tokenizer_config(ids), "chat_template": CHAT_TEMPLATE})
+    (out / "predict_tiny_gemma3.yaml").write_text(predict_yaml(vocab, ids, shape, types), encoding="utf-8")
+    return out
+
+
+def random_weights(vocab: int, seed: int, shape: dict = SHAPE) -> dict[str, np.ndarray]:
+    """HF-named float32 tensors [out, in]; norm weights noise around 0 (Gemma scales by 1 + weight), the head norms
+    with a wide spread so the scores depend on them visibly."""
+    rng = np.random.default_rng(seed)
+    d, inter, heads, kv, hd = (shape[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads",
+                                                   "num_key_value_heads", "head_dim"))
+
+    def normal(*shape: int, std: float = 0.1) -> np.ndarray:
+        return (rng.standard_normal(shape) * std).astype(np.float32)
+
+    # A small embedding: the layers, not the (sqrt(hidden)-scaled) input row, drive the tied head's logits.
+    w = {"model.embed_tokens.weight": normal(vocab, d, std=0.02)}
+    for i in range(shape["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = normal(d)
+        w[p + "self_attn.q_proj.weight"] = normal(heads * hd, d, std=0.2)
+        w[p + "self_attn.k_proj.weight"] = normal(kv * hd, d, std=0.2)
+        w[p + "self_attn.v_proj.weight"] = normal(kv * hd, d, std=0.2)
+        w[p + "self_attn.q_norm.weight"] = normal(hd, std=0.5)
+        w[p + "self_attn.k_norm.weight"] = normal(hd, std=0.5)
+        w[p + "self_attn.o_proj.weight"] = normal(d, heads * hd, std=0.2)
+        w[p + "post_attention_layernorm.weight"] = normal(d)
+        w[p + "pre_feedforward_layernorm.weight"] = normal(d)
+        w[p + "post_feedforward_layernorm.weight"] = normal(d)
+        w[p + "mlp.gate_proj.weight"] = normal(inter, d, std=0.2)
+        w[p + "mlp.up_proj.weight"] = normal(inter, d, std=0.2)
+        w[p + "mlp.down_proj.weight"] = normal(d, inter, std=0.2)
+    w["model.norm.weight"] = normal(d)
+    return w
+
+
+def hf_config(vocab: int, ids: dict[str, int], shape: dict = SHAPE, layer_types: list[str] = LAYER_TYPES) -> dict:
+    return {
+        "architectures": [ARCH],
+        "model_type": "gemma3_text",
+        **shape,
+        "vocab_size": vocab,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": True,
+        "layer_types": layer_types,
+        "rope_scaling": ROPE_SCALING,
+        "final_logit_softcapping": None,
+        "attn_logit_softcapping": None,
+        "bos_token_id": ids[BOS],
+        "eos_token_id": ids[EOS],
+        "pad_token_id": ids[PAD],
+        "torch_dtype": "float32",
+    }
+
+
+def predict_yaml(vocab: int, ids: dict[str, int], shape: dict = SHAPE, layer_types: list[str] = LAYER_TYPES) -> str:
+    return f"""\
+# A tiny random-weight {ARCH} (tests/support/make_tiny_gemma3.py).
+run_mode: predict
+load_checkpoint: model.safetensors
+load_ckpt_format: safetensors
+context: {{mode: 0, device_target: CPU}}
+model:
+  arch: {{type: {ARCH}}}
+  model_config:
+    type: Gemma3TextConfig
+    seq_length: {shape["max_position_embeddings"]}
+    hidden_size: {shape["hidden_size"]}
+    num_layers: {shape["num_hidden_layers"]}
+    num_heads: {shape["num_attention_heads"]}
+    n_kv_heads: {shape["num_key_value_heads"]}
+    head_dim: {shape["head_dim"]}
+    intermediate_size: {shape["intermediate_size"]}
+    vocab_size: {vocab}
+    rms_norm_eps: 1.0e-6
+    theta: {shape["rope_theta"]}
+    rope_local_base_freq: {shape["rope_local_base_freq"]}
+    rope_scaling: {{rope_type: {ROPE_SCALING["rope_type"]}, factor: {ROPE_SCALING["factor"]}}}
+    sliding_window: {shape["sliding_window"]}
+    layer_types: [{", ".join(layer_types)}]
+    query_pre_attn_scalar: {shape["query_pre_attn_scalar"]}
+    hidden_act: gelu_pytorch_tanh
+    max_position_embedding: {shape["max_position_embeddings"]}
+    qkv_has_bias: false
+    tie_word_embeddings: true
+    bos_token_id: {ids[BOS]}
+    eos_token_id: {ids[EOS]}
+    pad_token_id: {ids[PAD]}
+    compute_dtype: float32
+processor:
+  return_tensors: ms
+  tokenizer: {{type: PreTrainedTokenizerFast, tokenizer_file: tokenizer.json}}
+"""
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    args = parser.parse_args()
+    print(make_tiny_gemma3(args.out_dir, seed=args.seed))
+
+
+if __name__ == "__main__":
+    main()
