@@ -46,7 +46,7 @@ def aot_experts(experts: list[list[np.ndarray | QuantWeight]], name: str) -> Par
 
     if all(isinstance(p, QuantWeight) for parts in experts for p in parts) and \
             len({p.fmt for parts in experts for p in parts}) == 1:
-        return Parameter(Tensor(np.concatenate([prepare_qweight(concat_rows(parts)) for parts in experts]), ms.uint8),
+        return Parameter(Tensor(np.concatenate([prepare_qweight(uniform_stack(parts)) for parts in experts]), ms.uint8),
                          name=name, requires_grad=False)
     return param(np.concatenate([prepare_weight(_stacked(parts)) for parts in experts]), name)
 
