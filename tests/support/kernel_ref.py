@@ -228,8 +228,7 @@ def _qmatmul_k(x: np.ndarray, w: QuantWeight) -> np.ndarray:
 
 def qmatmul(x: np.ndarray, w: QuantWeight, res: np.ndarray | None = None) -> np.ndarray:
     """qmatmul.cc: per block b in order, isum = exact int32 sum of u * qx (- 128 s for Q8_0, - 8 s for Q4_0,
-    - 16 s for Q5_0); acc = fma(d_w * dx, (float)isum, acc); Q4_1 / Q5_1 also acc = fma(m_w, dx * (float)s, acc)
-    (Q5_0 / Q5_1: dx and dx * s rounded to fp16);
+    - 16 s for Q5_0); acc = fma(d_w * dx, (float)isum, acc); Q4_1 / Q5_1 also acc = fma(m_w, dx * (float)s, acc);
     the K-quants as _qmatmul_k; then + res once."""
     if w.fmt.endswith("_k"):
         acc = _qmatmul_k(x, w)
@@ -240,13 +239,9 @@ def qmatmul(x: np.ndarray, w: QuantWeight, res: np.ndarray | None = None) -> np.
     isum = np.einsum("mbk,nbk->mnb", qx.q, u)
     isum = _wrap32(isum - p.offset * qx.s[:, None, :]).astype(F32)  # cvtepi32_ps: nearest even
     sf = (qx.d * qx.s.astype(F32)).astype(F32)
-    dx = qx.d
-    if w.fmt in ("q5_0", "q5_1"):  # llama.cpp's Q8_0 / Q8_1 blocks: d and d * sum as fp16 (nearest, ties to even)
-        with np.errstate(over="ignore"):
-            dx, sf = (v.astype(np.float16).astype(F32) for v in (qx.d, sf))
     acc = np.zeros((x.shape[0], w.rows), F32)
     for b in range(qx.d.shape[1]):
-        acc = fma32((p.d[None, :, b] * dx[:, None, b]).astype(F32), isum[:, :, b], acc)
+        acc = fma32((p.d[None, :, b] * qx.d[:, None, b]).astype(F32), isum[:, :, b], acc)
         if p.m is not None:
             acc = fma32(p.m[None, :, b], sf[:, None, b], acc)
     return acc if res is None else (acc + res).astype(F32)

@@ -19,8 +19,7 @@
 // Each output element then is, over the blocks b = 0 .. K/32 - 1 in order (all float32, exact integer sums):
 //   Q8_0, Q4_0: acc = fma(d_w * dx, (float)sum_k(q_k * qx_k) [- 8 sx for Q4_0], acc)
 //   Q4_1:       acc = fma(d_w * dx, (float)sum_k(q_k * qx_k), acc);  acc = fma(m_w, dx * (float)sx, acc)
-// The Q5 formats take the same activations as Q4_0 / Q4_1 (offset 16 for Q5_0, m for Q5_1), with dx and dx * sx
-// rounded to fp16 (nearest, ties to even), as llama.cpp's Q8_0 / Q8_1 blocks hold them. The K-quants take
+// The Q5 formats take the same activations as Q4_0 / Q4_1 (offset 16 for Q5_0, m for Q5_1). The K-quants take
 // llama.cpp's Q8_K activations: per 256 values iscale = 127 / amax, q = round-half-even(x * iscale), dx = 1 / iscale,
 // and the sums of each 16 q (bsums); then per super-block (ktile below has the integer sums):
 //   Q4_K, Q5_K: acc = fma(d_w * dx, (float)sum_j(sc_j * dot_j), acc);
@@ -114,43 +113,9 @@ inline void store_f(float *p, VF a, int w) {
 struct QX {
   std::vector<int8_t> q;
   std::vector<float> d, sf;
-  std::vector<float> d16, sf16;  // d and d * sum q rounded to fp16, as llama.cpp's Q8_0 / Q8_1 blocks store them
   std::vector<int32_t> s;
   int64_t K = 0, nb = 0;
 };
-
-// float -> the nearest fp16 (ties to even, +-inf beyond 65520) -> float, in integer steps: the same on every ISA.
-inline float round_f16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint32_t sign = x & 0x80000000u, ax = x & 0x7FFFFFFFu;
-  uint32_t out;
-  if (ax > 0x7F800000u) {
-    out = x;  // NaN stays NaN
-  } else if (ax >= 0x477FF000u) {
-    out = sign | 0x7F800000u;  // at or above 65520: infinity
-  } else if (ax < 0x38800000u) {  // below 2^-14: a multiple of 2^-24 (0 below 2^-25, the tie included)
-    const uint32_t e = ax >> 23, shift = 126 - e;
-    if (shift > 24) {
-      out = sign;
-    } else {
-      const uint32_t m = (ax & 0x7FFFFFu) | 0x800000u, half = 1u << (shift - 1), rem = m & ((1u << shift) - 1);
-      uint32_t q = m >> shift;
-      if (rem > half || (rem == half && (q & 1u))) ++q;
-      const float v = static_cast<float>(q) * 5.9604644775390625e-8f;  // q * 2^-24, exact
-      std::memcpy(&out, &v, 4);
-      out |= sign;
-    }
-  } else {  // 13 mantissa bits dropped, ties to even (a carry moves into the exponent)
-    uint32_t q = ax >> 13;
-    const uint32_t rem = ax & 0x1FFFu;
-    if (rem > 0x1000u || (rem == 0x1000u && (q & 1u))) ++q;
-    out = sign | (q << 13);
-  }
-  float r;
-  std::memcpy(&r, &out, 4);
-  return r;
-}
 
 inline void quantize_block(const float *x, int8_t *q, float *d, int32_t *s, float *sf) {
   const VF v0 = v::load(x), v1 = v::load(x + 16);
@@ -178,8 +143,6 @@ void quantize_rows(const float *x, int64_t M, int64_t K, QX *out) {
   out->d.resize(static_cast<size_t>(M * nb));
   out->sf.resize(static_cast<size_t>(M * nb));
   out->s.resize(static_cast<size_t>(M * nb));
-  out->d16.resize(static_cast<size_t>(M * nb));
-  out->sf16.resize(static_cast<size_t>(M * nb));
   struct Ctx {
     const float *x;
     QX *o;
@@ -193,8 +156,6 @@ void quantize_rows(const float *x, int64_t M, int64_t K, QX *out) {
                                               const int64_t i = m * j.nb + b;
                                               quantize_block(j.x + m * j.K + 32 * b, j.o->q.data() + m * j.K + 32 * b,
                                                              &j.o->d[i], &j.o->s[i], &j.o->sf[i]);
-                                              j.o->d16[i] = round_f16(j.o->d[i]);
-                                              j.o->sf16[i] = round_f16(j.o->sf[i]);
                                             }
                                         },
                                         &ctx, ctx.chunks});
@@ -442,7 +403,7 @@ void ktile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t /*grou
     const VF dw = load_h<FULL>(halves, w);
     _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
       const int64_t i = (m0 + r) * nb + b;
-      const VF dx = v::set1(is_k(F) ? qx.d[i] : qx.d16[i]);  // Q5_0 / Q5_1: Q8_0 / Q8_1's fp16 d
+      const VF dx = v::set1(qx.d[i]);
       VI is = isum[r];
       if constexpr (F == kQ5_0) is = v::isub(is, 16 * qx.s[i]);
       facc[r] = v::fmadd(v::mul(dw, dx), v::to_f(is), facc[r]);
@@ -450,7 +411,7 @@ void ktile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t /*grou
     if constexpr (F == kQ5_1) {
       const VF mw = load_h<FULL>(halves + 2 * w, w);
       _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)
-        facc[r] = v::fmadd(mw, v::set1(qx.sf16[(m0 + r) * nb + b]), facc[r]);
+        facc[r] = v::fmadd(mw, v::set1(qx.sf[(m0 + r) * nb + b]), facc[r]);
     }
     if constexpr (F == kQ4_K || F == kQ5_K) {
       const VF dmin = load_h<FULL>(halves + 2 * w, w);
