@@ -7,7 +7,8 @@ round, and each reports its fastest and median step.
         [--format q4_1] [--shape HIDDEN,FFN --layers 2]
 
 ``--format`` stores the layers' matrices in another GGUF format (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k;
-the K-quants written by quant.quantize). ``--shape HIDDEN,FFN`` times another model's layers instead, as the server
+the K-quants written by quant.quantize); several, comma-separated (``--format q4_1,q4_k``), are timed round by round
+alternately, like the builds. ``--shape HIDDEN,FFN`` times another model's layers instead, as the server
 runs them: the fused qkv [H, 3H] (no GQA), o [H, H], the fused gate/up [H, 2F] and down [F, H], without the head
 (e.g. ``--shape 2048,8192 --layers 2``: SmolLM2-1.7B, 2 layers of weights, still far more than the caches hold).
 
@@ -66,7 +67,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--layers", type=int, default=30)
-    ap.add_argument("--format", default="q4_1", choices=sorted(FORMATS), help="the layers' format (default q4_1)")
+    ap.add_argument("--format", default="q4_1", help="the layers' format(s), comma-separated (default q4_1)")
     ap.add_argument("--shape", help="HIDDEN,FFN: another model's fused layers, no head (default: SmolLM2-135M)")
     ap.add_argument("--cache", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "mindserve-qmatmul-step"))
     args = ap.parse_args()
@@ -78,30 +79,41 @@ def main() -> None:
     if args.shape:
         hidden, ffn = (int(v) for v in args.shape.split(","))
         layer = [(hidden, 3 * hidden), (hidden, hidden), (hidden, 2 * ffn), (ffn, hidden)]
-    mats = [(args.format, k, n, random_qweight(rng, args.format, n, k)) for _ in range(args.layers) for k, n in layer]
-    if not args.shape:
-        mats.append(("q8_0", *HEAD, random_qweight(rng, "q8_0", HEAD[1], HEAD[0])))
-    x = {k: rng.standard_normal((args.rows, k)).astype(np.float32) for _, k, _, _ in mats}
-    y = np.empty((args.rows, max(n for _, _, n, _ in mats)), np.float32)
+    formats = args.format.split(",")
+    for fmt in formats:
+        if fmt not in FORMATS:
+            ap.error(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
+    models = {}
+    for fmt in formats:
+        mats = [(fmt, k, n, random_qweight(rng, fmt, n, k)) for _ in range(args.layers) for k, n in layer]
+        if not args.shape:
+            mats.append(("q8_0", *HEAD, random_qweight(rng, "q8_0", HEAD[1], HEAD[0])))
+        models[fmt] = mats
+    every = [m for mats in models.values() for m in mats]
+    x = {k: rng.standard_normal((args.rows, k)).astype(np.float32) for _, k, _, _ in every}
+    y = np.empty((args.rows, max(n for _, _, n, _ in every)), np.float32)
     clock = time.thread_time if args.threads == 1 else time.perf_counter
-    print(f"{sum(m[3].nbytes for m in mats) / 1e6:.1f} MB of weights, M={args.rows}, {args.threads} thread(s), "
-          f"{'CPU' if args.threads == 1 else 'wall'} time")
-    steps: dict[str, list[float]] = {spec: [] for spec in libs}
-    heads: dict[str, list[float]] = {spec: [] for spec in libs}
+    for fmt, mats in models.items():
+        print(f"{fmt}: {sum(m[3].nbytes for m in mats) / 1e6:.1f} MB of weights", end="; ")
+    print(f"M={args.rows}, {args.threads} thread(s), {'CPU' if args.threads == 1 else 'wall'} time")
+    runs = [(spec, fmt) for spec in libs for fmt in models]
+    steps: dict[tuple, list[float]] = {r: [] for r in runs}
+    heads: dict[tuple, list[float]] = {r: [] for r in runs}
     for _ in range(args.rounds):
-        for spec, lib in libs.items():
+        for spec, fmt in runs:
+            lib = libs[spec]
             started = clock()
-            for fmt, k, n, w in mats:
+            for f, k, n, w in models[fmt]:
                 head_started = clock()
-                lib.mindserve_qmatmul_raw(x[k].ctypes.data, w.ctypes.data, FORMATS[fmt], None, y.ctypes.data,
+                lib.mindserve_qmatmul_raw(x[k].ctypes.data, w.ctypes.data, FORMATS[f], None, y.ctypes.data,
                                           args.rows, k, n)
             ended = clock()
-            steps[spec].append(ended - started)
-            heads[spec].append(ended - head_started)
-    for spec in libs:
-        print(f"{spec:40s} step min {min(steps[spec]) * 1e3:7.2f} ms, "
-              f"median {statistics.median(steps[spec]) * 1e3:7.2f}  (head min {min(heads[spec]) * 1e3:6.2f}, "
-              f"median {statistics.median(heads[spec]) * 1e3:6.2f})")
+            steps[spec, fmt].append(ended - started)
+            heads[spec, fmt].append(ended - head_started)
+    for spec, fmt in runs:
+        print(f"{spec + ' ' + fmt:44s} step min {min(steps[spec, fmt]) * 1e3:7.2f} ms, "
+              f"median {statistics.median(steps[spec, fmt]) * 1e3:7.2f}  (last matmul min "
+              f"{min(heads[spec, fmt]) * 1e3:6.2f}, median {statistics.median(heads[spec, fmt]) * 1e3:6.2f})")
 
 
 if __name__ == "__main__":

@@ -245,14 +245,35 @@ def concat_rows(parts: Sequence[QuantWeight]) -> QuantWeight:
                        np.concatenate([p.blocks for p in parts], axis=0))
 
 
+def as_q8_0(q: QuantWeight) -> QuantWeight:
+    """Q4_0 / Q5_0 blocks as Q8_0 without any rounding: the same fp16 d, q8 = q - 8 or q - 16 (both in int8's
+    range), so every weight keeps its value (and the kernel's integer sums and float steps are the same)."""
+    if q.fmt not in ("q4_0", "q5_0"):
+        raise QuantError(f"{q.fmt} blocks cannot be written as Q8_0 exactly")
+    p = unpack(q)
+    b = q.blocks.reshape(q.rows, -1, BLOCK_BYTES[q.fmt])
+    qs = (p.u - p.offset).astype(np.int8).view(np.uint8).reshape(q.rows, -1, BLOCK)
+    return QuantWeight("q8_0", q.rows, q.cols, np.ascontiguousarray(np.concatenate([b[..., :2], qs], -1)
+                                                                    .reshape(q.rows, -1)))
+
+
 def uniform_stack(parts: Sequence[QuantWeight]) -> QuantWeight:
     """``concat_rows`` of parts that may ship in different formats: the parts not in the most precise one
-    (``PRECISION``) are dequantized and requantized to it, so the stack is one format (its majority of the
-    bytes stays as shipped only when that is the most precise; see docs/configuration.md)."""
+    (``PRECISION``) are converted to it, so the stack is one format. Q4_0 / Q5_0 parts of a Q8_0 stack (llama-quantize's
+    fallbacks for rows that are not whole super-blocks: Q5_0 beside a Q8_0 attn_v) are rewritten exactly
+    (``as_q8_0``); any other part is dequantized and requantized (see docs/configuration.md)."""
     best = max((p.fmt for p in parts), key=lambda f: (PRECISION[f], f))
     if any(p.cols % BLOCK_SIZE[best] for p in parts):
         best = "q8_0"
-    return concat_rows([p if p.fmt == best else quantize(p.dequantize(), best) for p in parts])
+
+    def convert(p: QuantWeight) -> QuantWeight:
+        if p.fmt == best:
+            return p
+        if best == "q8_0" and p.fmt in ("q4_0", "q5_0"):
+            return as_q8_0(p)
+        return quantize(p.dequantize(), best)
+
+    return concat_rows([convert(p) for p in parts])
 
 
 def permute_rows(q: QuantWeight, order: np.ndarray) -> QuantWeight:

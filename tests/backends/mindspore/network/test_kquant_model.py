@@ -118,19 +118,3 @@ def test_the_tolerance_is_below_what_the_activation_quantization_adds(kquant):
     logits = prefill(runner, ids, [6, 7])
     assert np.max(np.abs(logits - ref.next_logits(ids))) <= TOL_TINY
     assert np.max(np.abs(logits - plain.next_logits(ids))) > 4 * TOL_TINY
-
-
-def test_a_stack_of_mixed_formats_keeps_its_most_precise_part_as_shipped():
-    rng = np.random.default_rng(0)
-    from backends.mindspore.quant import quantize
-
-    q, k, v = (quantize((rng.standard_normal((r, 256)) * 0.1).astype(np.float32), f)
-               for r, f in [(64, "q4_k"), (32, "q4_k"), (32, "q6_k")])
-    stack = uniform_stack([q, k, v])
-    assert stack.fmt == "q6_k" and stack.rows == 128
-    np.testing.assert_array_equal(stack.blocks[96:], v.blocks)  # v's bytes as shipped
-    for part, rows in [(q, slice(0, 64)), (k, slice(64, 96))]:  # requantized: within a Q6_K step of the source
-        err = np.abs(QuantWeight("q6_k", part.rows, 256, stack.blocks[rows]).dequantize() - part.dequantize())
-        assert err.max() <= 0.02 * np.abs(part.dequantize()).max()
-    assert uniform_stack([q, k]).blocks is not None and uniform_stack([q, k]).fmt == "q4_k"
-    np.testing.assert_array_equal(uniform_stack([q, k]).blocks, np.concatenate([q.blocks, k.blocks]))

@@ -1,0 +1,74 @@
+"""quant.py's block formats against the `gguf` package (an independent reader of GGUF's layouts): dequantization of
+quantized and of random-byte blocks of every format, bit for bit; the K-quant quantizer's blocks within a step of
+the weights; stacks of mixed formats (quant.uniform_stack)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from gguf.quants import dequantize as gguf_dequantize
+
+from backends.mindspore.quant import (BLOCK_BYTES, BLOCK_SIZE, FORMATS, QuantError, QuantWeight, as_q8_0, dequantize,
+                                      quantize, uniform_stack)
+from tests.support import kernel_ref as ref
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_dequantize_matches_the_gguf_package(fmt):
+    rng = np.random.default_rng(1)
+    w = (rng.standard_normal((7, 512)) * 0.1).astype(np.float32)
+    w[:, :32] += 0.05
+    q = quantize(w, fmt)
+    np.testing.assert_array_equal(dequantize(q), gguf_dequantize(q.blocks, T[fmt.upper()]).reshape(7, 512))
+    raw = rng.integers(0, 256, (5, 512 // BLOCK_SIZE[fmt] * BLOCK_BYTES[fmt]), dtype=np.uint8)
+    with np.errstate(all="ignore"):  # random fp16 scales include infinities and NaNs: both sides the same
+        np.testing.assert_array_equal(dequantize(QuantWeight(fmt, 5, 512, raw)),
+                                      gguf_dequantize(raw, T[fmt.upper()]).reshape(5, 512))
+
+
+@pytest.mark.parametrize("fmt,bound", [("q4_k", 0.07), ("q5_k", 0.035), ("q6_k", 0.02)])
+def test_the_k_quant_quantizer_is_within_a_step(fmt, bound):
+    """Round-to-nearest with 6-bit (8-bit for Q6_K) sub-block scales: the error stays within a fraction of the
+    weights' range (measured 0.046, 0.024, 0.015 of max |w|)."""
+    w = (np.random.default_rng(2).standard_normal((16, 768)) * 0.1).astype(np.float32)
+    err = np.abs(quantize(w, fmt).dequantize() - w).max()
+    assert 0 < err <= bound * np.abs(w).max()
+
+
+def test_a_k_quant_needs_whole_super_blocks():
+    with pytest.raises(QuantError, match="q4_k needs a row length divisible by 256, got 576"):
+        quantize(np.zeros((2, 576), np.float32), "q4_k")
+    with pytest.raises(QuantError, match="q6_k blocks of a \\[2, 256\\] matrix must be uint8 \\(2, 210\\)"):
+        QuantWeight("q6_k", 2, 256, np.zeros((2, 144), np.uint8))
+
+
+def test_a_stack_of_mixed_formats_keeps_its_most_precise_part_as_shipped():
+    rng = np.random.default_rng(0)
+    q, k, v = (quantize((rng.standard_normal((r, 256)) * 0.1).astype(np.float32), f)
+               for r, f in [(64, "q4_k"), (32, "q4_k"), (32, "q6_k")])
+    stack = uniform_stack([q, k, v])
+    assert stack.fmt == "q6_k" and stack.rows == 128
+    np.testing.assert_array_equal(stack.blocks[96:], v.blocks)  # v's bytes as shipped
+    for part, rows in [(q, slice(0, 64)), (k, slice(64, 96))]:  # requantized: within a Q6_K step of the source
+        err = np.abs(QuantWeight("q6_k", part.rows, 256, stack.blocks[rows]).dequantize() - part.dequantize())
+        assert err.max() <= 0.02 * np.abs(part.dequantize()).max()
+    np.testing.assert_array_equal(uniform_stack([q, k]).blocks, np.concatenate([q.blocks, k.blocks]))
+
+
+@pytest.mark.parametrize("fmt", ["q4_0", "q5_0"])
+def test_q4_0_and_q5_0_parts_of_a_q8_0_stack_are_rewritten_exactly(fmt):
+    """llama-quantize's Q4_K_M of a 576-wide model: Q5_0 q/k beside a Q8_0 v. The Q5_0 rows become Q8_0 blocks of
+    the same values, and the kernel arithmetic (kernel_ref) gives the same bits for them."""
+    rng = np.random.default_rng(3)
+    part = quantize((rng.standard_normal((24, 576)) * 0.1).astype(np.float32), fmt)
+    v = quantize((rng.standard_normal((8, 576)) * 0.1).astype(np.float32), "q8_0")
+    stack = uniform_stack([part, v])
+    assert stack.fmt == "q8_0"
+    np.testing.assert_array_equal(stack.blocks[24:], v.blocks)
+    rewritten = as_q8_0(part)
+    np.testing.assert_array_equal(stack.blocks[:24], rewritten.blocks)
+    np.testing.assert_array_equal(rewritten.dequantize(), part.dequantize())
+    x = (rng.standard_normal((3, 576)) * 2).astype(np.float32)
+    np.testing.assert_array_equal(ref.qmatmul(x, rewritten).view(np.int32), ref.qmatmul(x, part).view(np.int32))
+    with pytest.raises(QuantError, match="q4_1 blocks cannot be written as Q8_0 exactly"):
+        as_q8_0(quantize(np.zeros((1, 32), np.float32), "q4_1"))
