@@ -45,18 +45,28 @@ class AotDecoderLayer(nn.Cell):
         self.k_cache = kv_cache_param(kv_dtype, rows, spec.head_dim, p + "k_cache")
         self.v_cache = kv_cache_param(kv_dtype, rows, spec.head_dim, p + "v_cache")
         # The attention kernel's optional trailing inputs: Qwen3's q/k head norms [2, D] and their eps, or none.
+        # Attributes of their own, so the Cell registers them: Parameters held only in a tuple are not among the
+        # network's parameters, and MindSpore's compile cache then reloads the graphs without them (measured: a
+        # Qwen3 server restarted on its cached graphs gave other ids).
         norms = head_norm_weights(spec, w, p)
-        self.head_norm = () if norms is None else (
-            param(norms, p + "qk_norm"), param(np.array([spec.rms_norm_eps]), p + "qk_norm_eps"))
+        self.has_head_norm = norms is not None
+        if self.has_head_norm:
+            self.qk_norm = param(norms, p + "qk_norm")
+            self.qk_norm_eps = param(np.array([spec.rms_norm_eps]), p + "qk_norm_eps")
 
     def _init_mlp(self, spec: ModelSpec, w: dict[str, np.ndarray], p: str) -> None:
         self.w_gate_up = aot_weight([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]], p + "w_gate_up")
         self.w_down = aot_weight([w[p + "mlp.down_proj.weight"]], p + "w_down")
 
     def construct(self, x, cos, sin, pos, write_idx, table, token_rows, lora=None):
+        if self.has_head_norm:
+            return self.aot.decoder_layer(x, self.attn_norm.weight, self.attn_norm.eps_t, self.wqkv, self.bqkv, cos,
+                                          sin, self.k_cache, self.v_cache, write_idx, table, pos, token_rows,
+                                          self.attn_meta, self.wo, self.ffn_norm.weight, self.w_gate_up, self.w_down,
+                                          self.qk_norm, self.qk_norm_eps)
         return self.aot.decoder_layer(x, self.attn_norm.weight, self.attn_norm.eps_t, self.wqkv, self.bqkv, cos, sin,
                                       self.k_cache, self.v_cache, write_idx, table, pos, token_rows, self.attn_meta,
-                                      self.wo, self.ffn_norm.weight, self.w_gate_up, self.w_down, *self.head_norm)
+                                      self.wo, self.ffn_norm.weight, self.w_gate_up, self.w_down)
 
 
 class AotMoeDecoderLayer(AotDecoderLayer):
@@ -75,10 +85,16 @@ class AotMoeDecoderLayer(AotDecoderLayer):
         self.moe_meta = Tensor(np.array([moe.top_k, int(moe.norm_topk_prob)], np.int32))
 
     def construct(self, x, cos, sin, pos, write_idx, table, token_rows, lora=None):
+        if self.has_head_norm:
+            return self.aot.moe_decoder_layer(x, self.attn_norm.weight, self.attn_norm.eps_t, self.wqkv, self.bqkv,
+                                              cos, sin, self.k_cache, self.v_cache, write_idx, table, pos, token_rows,
+                                              self.attn_meta, self.wo, self.ffn_norm.weight, self.router,
+                                              self.w_gate_up, self.w_down, self.moe_meta, self.qk_norm,
+                                              self.qk_norm_eps)
         return self.aot.moe_decoder_layer(x, self.attn_norm.weight, self.attn_norm.eps_t, self.wqkv, self.bqkv, cos,
                                           sin, self.k_cache, self.v_cache, write_idx, table, pos, token_rows,
                                           self.attn_meta, self.wo, self.ffn_norm.weight, self.router, self.w_gate_up,
-                                          self.w_down, self.moe_meta, *self.head_norm)
+                                          self.w_down, self.moe_meta)
 
 
 class AotLoraDecoderLayer(AotDecoderLayer):
@@ -108,8 +124,12 @@ class AotLoraDecoderLayer(AotDecoderLayer):
         # place, before any key is read), then paged attention over them. Nothing else in the graph reads or
         # writes the caches, so no ordering between ops is involved; the next step's graph runs after
         # this one has returned its outputs.
-        attn = self.aot.qkv_attention(qkv, self.bqkv, cos, sin, self.k_cache, self.v_cache, write_idx, table, pos,
-                                      token_rows, self.attn_meta, *self.head_norm)
+        if self.has_head_norm:
+            attn = self.aot.qkv_attention(qkv, self.bqkv, cos, sin, self.k_cache, self.v_cache, write_idx, table, pos,
+                                          token_rows, self.attn_meta, self.qk_norm, self.qk_norm_eps)
+        else:
+            attn = self.aot.qkv_attention(qkv, self.bqkv, cos, sin, self.k_cache, self.v_cache, write_idx, table, pos,
+                                          token_rows, self.attn_meta)
         x = self.aot.matmul_add_lora(attn, self.wo, x, self.lora_o_a, self.lora_o_b, lora, self.lora_o_segs)
         gate_up = self.aot.norm_matmul_lora(x, self.ffn_norm.weight, self.ffn_norm.eps_t, self.w_gate_up,
                                             self.lora_gate_up_a, self.lora_gate_up_b, lora, self.lora_gate_up_segs)
