@@ -97,7 +97,8 @@ class AotGemma3Layer(AotDecoderLayer):
         return self.aot.gemma_decoder_layer(x, self.attn_norm.weight, self.attn_norm.eps_t, self.wqkv, self.bqkv, cos,
                                             sin, self.k_cache, self.v_cache, write_idx, table, pos, token_rows,
                                             self.attn_meta, self.wo, self.post_attn_norm, self.ffn_norm.weight,
-                                            self.w_gate_up, self.w_down, self.post_ffn_norm, *self.head_norm)
+                                            self.w_gate_up, self.w_down, self.post_ffn_norm, self.qk_norm,
+                                            self.qk_norm_eps)
 
 
 class AotGemma3(_Llama):
