@@ -316,8 +316,11 @@ void tile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t group_b
 // and per block: acc = fma(d_w * dx, (float)isum, acc); Q5_1: acc = fma(m_w, dx * sx, acc);
 // Q4_K, Q5_K: acc = fnmadd(dmin_w * dx, (float)imin, acc).
 template <int MR, int F, bool FULL>
-void ktile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t /*group_bytes*/, int w,
+void ktile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t /*group_bytes*/, int w_,
            const float *__restrict res, float *__restrict y, int64_t ldy, Ahead ahead) {
+  // A full group's width as a constant: every dword offset below is then an immediate. (With the run-time width,
+  // GCC kept the unrolled super-block's 40-odd offsets in registers and spilled them: AVX2 Q4_K M=1 was 2.3x Q4_1.)
+  const int w = FULL ? kGroup : w_;
   constexpr int SB = is_k(F) ? 8 : 1;                             // sub-blocks of 32 per block
   constexpr int HB = F == kQ4_K ? 0 : (F == kQ6_K ? 2 : 1);       // high-bit dwords per sub-block
   constexpr int DS = 4 + HB;                                      // dwords per sub-block
@@ -392,13 +395,10 @@ void ktile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t /*grou
         _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) isum[r] = v::iadd(isum[r], v::imul(sc, dlo[r]));
       }
     };
-    // As tile's loop over quant dwords: unrolled below kQRolledRows rows (measured, AVX2 Q4_K M=1: 0.90 -> 0.51 ms
-    // for a 2048 x 8192 matrix), rolled from there (M=16: 3.2 ms rolled, 4.4 unrolled).
-    if constexpr (MR >= v::kQRolledRows) {
-      _Pragma("GCC unroll 1") for (int j = 0; j < SB; ++j) sub(j);
-    } else {
-      _Pragma("GCC unroll 8") for (int j = 0; j < SB; ++j) sub(j);
-    }
+    // The loop over sub-blocks stays rolled for any row count (M=16: 3.2 ms rolled, 4.4 unrolled). At M=1, with
+    // a full group's constant width, measured on AVX2 (bench/qmatmul_step.py, 1.7B shapes, 2 layers): rolled Q6_K
+    // 10.5 -> 7.8 ms, Q4_K 5.5 -> 5.2 ms (unrolled, GCC hoists every sub-block's scales and spills them).
+    _Pragma("GCC unroll 1") for (int j = 0; j < SB; ++j) sub(j);
     const uint8_t *halves = scl + SC * 4 * w;
     const VF dw = load_h<FULL>(halves, w);
     _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
