@@ -309,11 +309,9 @@ void tile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t group_b
 // How far ahead of its reads a one-pass ktile (M below a tile's rows, e.g. decode's M=1) asks for weight bytes.
 // The hardware prefetcher alone kept AVX2 Q4_K at M=1 to 12 GB/s (Q4_1's tile streams 27 GB/s without help);
 // measured on a 2048 x 16384 Q4_K matrix, AVX2, one thread: none 1.52 ms, 2368 bytes (one super-block) 1.12,
-// 9472 bytes 0.64.
-#ifndef MINDSERVE_KPREFETCH
-#define MINDSERVE_KPREFETCH 9472
-#endif
-constexpr int64_t kKPrefetch = MINDSERVE_KPREFETCH;
+// 9472 bytes 0.64-0.75, 18944 bytes 0.53-0.61 (Q6_K: 1.94, 0.77, 0.96). Several passes (M above a tile's rows)
+// prefetch for each other through run_chunk's Ahead instead.
+constexpr int64_t kKPrefetch = 9472;
 
 // The 5- and 6-bit formats and the K-quants: one group of columns, MR rows. Per block b (32 weights for Q5_0 /
 // Q5_1, a super-block of 256 for the K-quants) and per sub-block j of 32 in order, the quants u (low nibble | high
