@@ -306,6 +306,13 @@ void tile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t group_b
   }
 }
 
+// How far ahead of its reads a one-pass ktile (M below a tile's rows, e.g. decode's M=1) asks for weight bytes.
+// The hardware prefetcher alone kept AVX2 Q4_K at M=1 to 12 GB/s (Q4_1's tile streams 27 GB/s without help);
+// measured on a 2048 x 16384 Q4_K matrix, AVX2, one thread: none 1.52 ms, 2368 bytes (one super-block) 1.12,
+// 9472 bytes 0.64-0.75, 18944 bytes 0.53-0.61 (Q6_K: 1.94, 0.77, 0.96). Several passes (M above a tile's rows)
+// prefetch for each other through run_chunk's Ahead instead.
+constexpr int64_t kKPrefetch = 9472;
+
 // The 5- and 6-bit formats and the K-quants: one group of columns, MR rows. Per block b (32 weights for Q5_0 /
 // Q5_1, a super-block of 256 for the K-quants) and per sub-block j of 32 in order, the quants u (low nibble | high
 // bits << 4) dotted with the activations in int16 pairs (NibAcc), widened to int32 before they could overflow;
@@ -316,8 +323,11 @@ void tile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t group_b
 // and per block: acc = fma(d_w * dx, (float)isum, acc); Q5_1: acc = fma(m_w, dx * sx, acc);
 // Q4_K, Q5_K: acc = fnmadd(dmin_w * dx, (float)imin, acc).
 template <int MR, int F, bool FULL>
-void ktile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t /*group_bytes*/, int w,
+void ktile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t /*group_bytes*/, int w_,
            const float *__restrict res, float *__restrict y, int64_t ldy, Ahead ahead) {
+  // A full group's width as a constant: every dword offset below is then an immediate. (With the run-time width,
+  // GCC kept the unrolled super-block's 40-odd offsets in registers and spilled them: AVX2 Q4_K M=1 was 2.3x Q4_1.)
+  const int w = FULL ? kGroup : w_;
   constexpr int SB = is_k(F) ? 8 : 1;                             // sub-blocks of 32 per block
   constexpr int HB = F == kQ4_K ? 0 : (F == kQ6_K ? 2 : 1);       // high-bit dwords per sub-block
   constexpr int DS = 4 + HB;                                      // dwords per sub-block
@@ -325,6 +335,7 @@ void ktile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t /*grou
   constexpr int B = kBlockBytes[F];
   constexpr int RUN = HB == 0 ? 4 : 2;  // quant dwords summed in int16 before widening (vec.h: NibAcc)
   const int64_t K = qx.K, nb = qx.nb;
+  const bool fetch = ahead.bytes == 0;  // one pass over these columns (see kKPrefetch)
   VF facc[MR];
   _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) facc[r] = v::zero();
   for (int64_t b = 0; b < nb; ++b) {
@@ -335,6 +346,11 @@ void ktile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t /*grou
     _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) isum[r] = v::izero();
     const auto sub = [&](int j) __attribute__((always_inline)) {
       const uint8_t *sb = blk + j * DS * 4 * w;
+      if (fetch) {  // sub-block j's share of the block kKPrefetch bytes ahead (a hint: never faults, changes no result)
+        const int64_t span = int64_t{B} * w;
+        for (int64_t o = span * j / SB & ~int64_t{63}; o < span * (j + 1) / SB; o += 64)
+          __builtin_prefetch(blk + kKPrefetch + o, 0, 3);
+      }
       const int8_t *xq = qx.q.data() + m0 * K + b * SB * 32 + 32 * j;
       VI h0 = v::izero(), h1 = v::izero();
       if constexpr (HB >= 1) h0 = load_q<FULL>(sb + 16 * w, w);
@@ -392,13 +408,10 @@ void ktile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t /*grou
         _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) isum[r] = v::iadd(isum[r], v::imul(sc, dlo[r]));
       }
     };
-    // As tile's loop over quant dwords: unrolled below kQRolledRows rows (measured, AVX2 Q4_K M=1: 0.90 -> 0.51 ms
-    // for a 2048 x 8192 matrix), rolled from there (M=16: 3.2 ms rolled, 4.4 unrolled).
-    if constexpr (MR >= v::kQRolledRows) {
-      _Pragma("GCC unroll 1") for (int j = 0; j < SB; ++j) sub(j);
-    } else {
-      _Pragma("GCC unroll 8") for (int j = 0; j < SB; ++j) sub(j);
-    }
+    // The loop over sub-blocks stays rolled for any row count (M=16: 3.2 ms rolled, 4.4 unrolled). At M=1, with
+    // a full group's constant width, measured on AVX2 (bench/qmatmul_step.py, 1.7B shapes, 2 layers): rolled Q6_K
+    // 10.5 -> 7.8 ms, Q4_K 5.5 -> 5.2 ms (unrolled, GCC hoists every sub-block's scales and spills them).
+    _Pragma("GCC unroll 1") for (int j = 0; j < SB; ++j) sub(j);
     const uint8_t *halves = scl + SC * 4 * w;
     const VF dw = load_h<FULL>(halves, w);
     _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
