@@ -1,89 +1,19 @@
 """Qwen3-MoE behind the engine (the tiny random checkpoint, tests/support/make_tiny_qwen3_moe.py): HF transformers'
 golden greedy ids (tests/golden/qwen3_moe_tiny.json) through ``Engine.submit`` on both kernel paths, the logprobs of
 the prompt and of the greedy steps from HF's logits within 1e-4, and the three prompts admitted together giving what
-each gives alone."""
+each gives alone.
+The checks are tests/support/hf_golden_engine.py's, collected here."""
 from __future__ import annotations
 
-import json
-from functools import cache
-
-import numpy as np
 import pytest
 
-from backends.types import RequestParams
-from tests.support.paths import GOLDEN_DIR
+from tests.support.hf_golden_engine import engine_fixture, golden_fixture
+from tests.support.hf_golden_engine import (  # noqa: F401  (collected in this module)
+    test_engine_gives_the_golden_greedy_ids,
+    test_engine_logprobs_equal_the_golden_logits,
+    test_prompts_batched_together_give_what_each_gives_alone,
+)
 
 pytestmark = pytest.mark.slow  # every test compiles the network
-NAMES = ("greeting", "capital", "story")
-
-
-@cache
-def golden() -> dict:
-    return json.loads((GOLDEN_DIR / "qwen3_moe_tiny.json").read_text(encoding="utf-8"))
-
-
-def greedy_params(**extra) -> RequestParams:
-    """Greedy over the golden length (no golden id is EOS; ignore_eos would ban it and move the logprobs)."""
-    return RequestParams(max_new_tokens=golden()["new_tokens"], do_sample=False, **extra)
-
-
-@pytest.fixture(scope="module", params=["stock", "aot"])
-def engine(request, tiny_qwen3_moe_dir):
-    from backends.mindspore.engine import Engine
-    from backends.settings import EngineConfig
-
-    config = EngineConfig(max_seq_len=256, max_input_tokens=200, max_batch_size=4, max_iter_times=64, block_size=16,
-                          prefill_chunk=32, window_buckets=(256,), batch_buckets=(1, 4), kernels=request.param,
-                          threads=2)
-    with Engine(tiny_qwen3_moe_dir, config) as engine:
-        yield engine
-
-
-def _ids(result) -> list[int]:
-    return [t.id for t in result.tokens]
-
-
-def _log_softmax(logits) -> np.ndarray:
-    x = np.asarray(logits, np.float64)
-    x = x - x.max()
-    return x - np.log(np.exp(x).sum())
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_engine_gives_the_golden_greedy_ids(engine, name):
-    want = golden()["prompts"][name]
-    result = engine.submit(want["chat"], greedy_params()).result(timeout=120)
-    assert result.prompt_tokens == len(want["input_ids"])
-    assert _ids(result) == want["greedy_ids"]
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_engine_logprobs_equal_the_golden_logits(engine, name):
-    """decoder_input_details: each prompt token's logprob at the golden's prompt positions, and each golden step's
-    token logprob, from HF's logits (log-softmax in float64) within 1e-4."""
-    want = golden()["prompts"][name]
-    result = engine.submit(want["chat"], greedy_params(decoder_input_details=True)).result(timeout=120)
-    ids = want["input_ids"]
-    assert [t.id for t in result.prefill] == ids and _ids(result) == want["greedy_ids"]
-    for p, logits in zip(want["prompt_logits"]["positions"], want["prompt_logits"]["values"]):
-        expected = _log_softmax(logits)[ids[p + 1]]
-        assert abs(result.prefill[p + 1].logprob - expected) < 1e-4, (p, result.prefill[p + 1].logprob, expected)
-    for step, logits in zip(want["step_logits"]["steps"], want["step_logits"]["values"]):
-        expected = _log_softmax(logits)[want["greedy_ids"][step]]
-        assert abs(result.tokens[step].logprob - expected) < 1e-4, (step, result.tokens[step].logprob, expected)
-
-
-def test_prompts_batched_together_give_what_each_gives_alone(engine):
-    prompts = [golden()["prompts"][n] for n in NAMES]
-    alone = [engine.submit(p["chat"], greedy_params()).result(timeout=120) for p in prompts]
-    engine.allocator.prefix_caching = False  # every prompt computed again
-    try:  # submitted between two steps: admitted together, prefilled and decoded in the same steps
-        handles = engine._between_steps(lambda: [engine.submit(p["chat"], greedy_params())
-                                                 for p in prompts]).result(timeout=120)
-        together = [h.result(timeout=120) for h in handles]
-    finally:
-        engine.allocator.prefix_caching = True
-    for want, one, batched in zip(prompts, alone, together):
-        assert _ids(batched) == _ids(one) == want["greedy_ids"]
-        np.testing.assert_allclose([t.logprob for t in batched.tokens], [t.logprob for t in one.tokens], rtol=0,
-                                   atol=1e-5)
+golden = golden_fixture("qwen3_moe_tiny.json")
+engine = engine_fixture("tiny_qwen3_moe_dir")
