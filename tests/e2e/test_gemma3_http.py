@@ -29,7 +29,7 @@ def test_openai_chat_renders_the_gemma_template_and_gives_the_golden_text(url, g
     from backends.mindspore.tokenizer import Tokenizer
 
     want = golden["prompts"]["capital"]
-    messages = [{"role": "user", "content": "What is the capital of France?"}]  # make_gemma3_goldens.PROMPTS
+    messages = [{"role": "user", "content": "What is the capital of France?"}]  # scripts/hf_goldens.PROMPTS
     reply = post(url, {"model": served.model_name, "messages": messages,
                        "max_tokens": golden["new_tokens"], "temperature": 0}, path="/v1/chat/completions")
     assert reply.status_code == 200, reply.text
