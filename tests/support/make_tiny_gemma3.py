@@ -13,14 +13,12 @@ byte-identical files.
 """
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import save_file
 
-from tests.support.tiny_model import BOS, EOS, PAD, SPECIAL_TOKENS, _tokenizer_config, train_tokenizer
+from tests.support import tiny_hf_checkpoint
+from tests.support.tiny_model import _tokenizer_config
 
 ARCH = "Gemma3ForCausalLM"
 SHAPE = {
@@ -58,17 +56,11 @@ def make_tiny_gemma3(out_dir: str | Path, *, seed: int = DEFAULT_SEED, llama_cpp
     """Write a complete tiny Gemma 3 text model directory and return its path; ``llama_cpp``: 7 layers in the
     pattern a GGUF implies (layer 5 global) and query_pre_attn_scalar = head_dim, for the llama-server agreement."""
     shape, types = ({**SHAPE, **LLAMA_CPP}, LLAMA_CPP_LAYER_TYPES) if llama_cpp else (SHAPE, LAYER_TYPES)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = train_tokenizer(VOCAB)
-    (out / "tokenizer.json").write_text(tokenizer.to_str(pretty=True), encoding="utf-8")
-    vocab = tokenizer.get_vocab_size()
-    ids = {tok: tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS}
-    save_file(random_weights(vocab, seed, shape), str(out / "model.safetensors"), metadata={"format": "pt"})
-    _write_json(out / "config.json", hf_config(vocab, ids, shape, types))
-    _write_json(out / "tokenizer_config.json", {**_tokenizer_config(ids), "chat_template": CHAT_TEMPLATE})
-    (out / "predict_tiny_gemma3.yaml").write_text(predict_yaml(vocab, ids, shape, types), encoding="utf-8")
-    return out
+    return tiny_hf_checkpoint.write_checkpoint(
+        out_dir, vocab_size=VOCAB, weights=lambda vocab: random_weights(vocab, seed, shape),
+        config=lambda vocab, ids: hf_config(vocab, ids, shape, types),
+        tokenizer_config=lambda ids: {**_tokenizer_config(ids), "chat_template": CHAT_TEMPLATE},
+        yaml_name="predict_tiny_gemma3.yaml", yaml=lambda vocab, ids: predict_yaml(vocab, ids, shape, types))
 
 
 def random_weights(vocab: int, seed: int, shape: dict = SHAPE) -> dict[str, np.ndarray]:
@@ -116,31 +108,12 @@ def hf_config(vocab: int, ids: dict[str, int], shape: dict = SHAPE, layer_types:
         "rope_scaling": ROPE_SCALING,
         "final_logit_softcapping": None,
         "attn_logit_softcapping": None,
-        "bos_token_id": ids[BOS],
-        "eos_token_id": ids[EOS],
-        "pad_token_id": ids[PAD],
-        "torch_dtype": "float32",
+        **tiny_hf_checkpoint.config_tail(ids),
     }
 
 
 def predict_yaml(vocab: int, ids: dict[str, int], shape: dict = SHAPE, layer_types: list[str] = LAYER_TYPES) -> str:
-    return f"""\
-# A tiny random-weight {ARCH} (tests/support/make_tiny_gemma3.py).
-run_mode: predict
-load_checkpoint: model.safetensors
-load_ckpt_format: safetensors
-context: {{mode: 0, device_target: CPU}}
-model:
-  arch: {{type: {ARCH}}}
-  model_config:
-    type: Gemma3TextConfig
-    seq_length: {shape["max_position_embeddings"]}
-    hidden_size: {shape["hidden_size"]}
-    num_layers: {shape["num_hidden_layers"]}
-    num_heads: {shape["num_attention_heads"]}
-    n_kv_heads: {shape["num_key_value_heads"]}
-    head_dim: {shape["head_dim"]}
-    intermediate_size: {shape["intermediate_size"]}
+    fields = f"""\
     vocab_size: {vocab}
     rms_norm_eps: 1.0e-6
     theta: {shape["rope_theta"]}
@@ -153,26 +126,12 @@ model:
     max_position_embedding: {shape["max_position_embeddings"]}
     qkv_has_bias: false
     tie_word_embeddings: true
-    bos_token_id: {ids[BOS]}
-    eos_token_id: {ids[EOS]}
-    pad_token_id: {ids[PAD]}
-    compute_dtype: float32
-processor:
-  return_tensors: ms
-  tokenizer: {{type: PreTrainedTokenizerFast, tokenizer_file: tokenizer.json}}
 """
-
-
-def _write_json(path: Path, obj: dict) -> None:
-    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return tiny_hf_checkpoint.predict_yaml(ARCH, "make_tiny_gemma3.py", "Gemma3TextConfig", shape, fields, ids)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
-    args = parser.parse_args()
-    print(make_tiny_gemma3(args.out_dir, seed=args.seed))
+    tiny_hf_checkpoint.main(__doc__, make_tiny_gemma3, DEFAULT_SEED)
 
 
 if __name__ == "__main__":

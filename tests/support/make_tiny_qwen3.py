@@ -10,14 +10,12 @@ ChatML template) and a MindFormers-style predict yaml. Same arguments, byte-iden
 """
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import save_file
 
-from tests.support.tiny_model import BOS, EOS, PAD, SPECIAL_TOKENS, _tokenizer_config, train_tokenizer
+from tests.support import tiny_hf_checkpoint
+from tests.support.tiny_model import _tokenizer_config
 
 ARCH = "Qwen3ForCausalLM"
 SHAPE = {
@@ -37,17 +35,10 @@ VOCAB = 384
 
 def make_tiny_qwen3(out_dir: str | Path, *, seed: int = DEFAULT_SEED) -> Path:
     """Write a complete tiny Qwen3 model directory and return its path."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = train_tokenizer(VOCAB)
-    (out / "tokenizer.json").write_text(tokenizer.to_str(pretty=True), encoding="utf-8")
-    vocab = tokenizer.get_vocab_size()
-    ids = {tok: tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS}
-    save_file(random_weights(vocab, seed), str(out / "model.safetensors"), metadata={"format": "pt"})
-    _write_json(out / "config.json", hf_config(vocab, ids))
-    _write_json(out / "tokenizer_config.json", {**_tokenizer_config(ids), "tokenizer_class": "Qwen2TokenizerFast"})
-    (out / "predict_tiny_qwen3.yaml").write_text(predict_yaml(vocab, ids), encoding="utf-8")
-    return out
+    return tiny_hf_checkpoint.write_checkpoint(
+        out_dir, vocab_size=VOCAB, weights=lambda vocab: random_weights(vocab, seed), config=hf_config,
+        tokenizer_config=lambda ids: {**_tokenizer_config(ids), "tokenizer_class": "Qwen2TokenizerFast"},
+        yaml_name="predict_tiny_qwen3.yaml", yaml=predict_yaml)
 
 
 def random_weights(vocab: int, seed: int) -> dict[str, np.ndarray]:
@@ -95,31 +86,12 @@ def hf_config(vocab: int, ids: dict[str, int]) -> dict:
         "sliding_window": None,
         "max_window_layers": SHAPE["num_hidden_layers"],
         "rope_scaling": None,
-        "bos_token_id": ids[BOS],
-        "eos_token_id": ids[EOS],
-        "pad_token_id": ids[PAD],
-        "torch_dtype": "float32",
+        **tiny_hf_checkpoint.config_tail(ids),
     }
 
 
 def predict_yaml(vocab: int, ids: dict[str, int]) -> str:
-    return f"""\
-# A tiny random-weight {ARCH} (tests/support/make_tiny_qwen3.py).
-run_mode: predict
-load_checkpoint: model.safetensors
-load_ckpt_format: safetensors
-context: {{mode: 0, device_target: CPU}}
-model:
-  arch: {{type: {ARCH}}}
-  model_config:
-    type: Qwen3Config
-    seq_length: {SHAPE["max_position_embeddings"]}
-    hidden_size: {SHAPE["hidden_size"]}
-    num_layers: {SHAPE["num_hidden_layers"]}
-    num_heads: {SHAPE["num_attention_heads"]}
-    n_kv_heads: {SHAPE["num_key_value_heads"]}
-    head_dim: {SHAPE["head_dim"]}
-    intermediate_size: {SHAPE["intermediate_size"]}
+    fields = f"""\
     vocab_size: {vocab}
     rms_norm_eps: 1.0e-6
     theta: {SHAPE["rope_theta"]}
@@ -127,26 +99,12 @@ model:
     qkv_has_bias: false
     qk_layernorm: true
     tie_word_embeddings: true
-    bos_token_id: {ids[BOS]}
-    eos_token_id: {ids[EOS]}
-    pad_token_id: {ids[PAD]}
-    compute_dtype: float32
-processor:
-  return_tensors: ms
-  tokenizer: {{type: PreTrainedTokenizerFast, tokenizer_file: tokenizer.json}}
 """
-
-
-def _write_json(path: Path, obj: dict) -> None:
-    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return tiny_hf_checkpoint.predict_yaml(ARCH, "make_tiny_qwen3.py", "Qwen3Config", SHAPE, fields, ids)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
-    args = parser.parse_args()
-    print(make_tiny_qwen3(args.out_dir, seed=args.seed))
+    tiny_hf_checkpoint.main(__doc__, make_tiny_qwen3, DEFAULT_SEED)
 
 
 if __name__ == "__main__":

@@ -10,14 +10,12 @@ tests/support/make_tiny_qwen3.py and a MindFormers-style predict yaml. Same argu
 """
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import save_file
 
-from tests.support.tiny_model import BOS, EOS, PAD, SPECIAL_TOKENS, _tokenizer_config, train_tokenizer
+from tests.support import tiny_hf_checkpoint
+from tests.support.tiny_model import _tokenizer_config
 
 ARCH = "Qwen3MoeForCausalLM"
 SHAPE = {
@@ -53,18 +51,11 @@ def make_tiny_qwen3_moe(out_dir: str | Path, *, seed: int = DEFAULT_SEED, mlp_on
     """Write a complete tiny Qwen3-MoE model directory and return its path. ``mlp_only``: the dense layers (default
     MOE's [1]; [] gives every layer experts, as llama.cpp's qwen3moe requires)."""
     moe = MOE if mlp_only is None else {**MOE, "mlp_only_layers": list(mlp_only)}
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = train_tokenizer(VOCAB)
-    (out / "tokenizer.json").write_text(tokenizer.to_str(pretty=True), encoding="utf-8")
-    vocab = tokenizer.get_vocab_size()
-    ids = {tok: tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS}
-    save_file(random_weights(vocab, seed, moe["mlp_only_layers"]), str(out / "model.safetensors"),
-              metadata={"format": "pt"})
-    _write_json(out / "config.json", hf_config(vocab, ids, moe))
-    _write_json(out / "tokenizer_config.json", {**_tokenizer_config(ids), "tokenizer_class": "Qwen2TokenizerFast"})
-    (out / "predict_tiny_qwen3_moe.yaml").write_text(predict_yaml(vocab, ids, moe), encoding="utf-8")
-    return out
+    return tiny_hf_checkpoint.write_checkpoint(
+        out_dir, vocab_size=VOCAB, weights=lambda vocab: random_weights(vocab, seed, moe["mlp_only_layers"]),
+        config=lambda vocab, ids: hf_config(vocab, ids, moe),
+        tokenizer_config=lambda ids: {**_tokenizer_config(ids), "tokenizer_class": "Qwen2TokenizerFast"},
+        yaml_name="predict_tiny_qwen3_moe.yaml", yaml=lambda vocab, ids: predict_yaml(vocab, ids, moe))
 
 
 def random_weights(vocab: int, seed: int, mlp_only: list[int]) -> dict[str, np.ndarray]:
@@ -125,31 +116,12 @@ def hf_config(vocab: int, ids: dict[str, int], moe: dict) -> dict:
         "output_router_logits": False,
         "router_aux_loss_coef": 0.001,
         "rope_scaling": None,
-        "bos_token_id": ids[BOS],
-        "eos_token_id": ids[EOS],
-        "pad_token_id": ids[PAD],
-        "torch_dtype": "float32",
+        **tiny_hf_checkpoint.config_tail(ids),
     }
 
 
 def predict_yaml(vocab: int, ids: dict[str, int], moe: dict) -> str:
-    return f"""\
-# A tiny random-weight {ARCH} (tests/support/make_tiny_qwen3_moe.py).
-run_mode: predict
-load_checkpoint: model.safetensors
-load_ckpt_format: safetensors
-context: {{mode: 0, device_target: CPU}}
-model:
-  arch: {{type: {ARCH}}}
-  model_config:
-    type: Qwen3MoeConfig
-    seq_length: {SHAPE["max_position_embeddings"]}
-    hidden_size: {SHAPE["hidden_size"]}
-    num_layers: {SHAPE["num_hidden_layers"]}
-    num_heads: {SHAPE["num_attention_heads"]}
-    n_kv_heads: {SHAPE["num_key_value_heads"]}
-    head_dim: {SHAPE["head_dim"]}
-    intermediate_size: {SHAPE["intermediate_size"]}
+    fields = f"""\
     num_experts: {moe["num_experts"]}
     num_experts_per_tok: {moe["num_experts_per_tok"]}
     moe_intermediate_size: {moe["moe_intermediate_size"]}
@@ -163,26 +135,12 @@ model:
     qkv_has_bias: false
     qk_layernorm: true
     tie_word_embeddings: true
-    bos_token_id: {ids[BOS]}
-    eos_token_id: {ids[EOS]}
-    pad_token_id: {ids[PAD]}
-    compute_dtype: float32
-processor:
-  return_tensors: ms
-  tokenizer: {{type: PreTrainedTokenizerFast, tokenizer_file: tokenizer.json}}
 """
-
-
-def _write_json(path: Path, obj: dict) -> None:
-    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return tiny_hf_checkpoint.predict_yaml(ARCH, "make_tiny_qwen3_moe.py", "Qwen3MoeConfig", SHAPE, fields, ids)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
-    args = parser.parse_args()
-    print(make_tiny_qwen3_moe(args.out_dir, seed=args.seed))
+    tiny_hf_checkpoint.main(__doc__, make_tiny_qwen3_moe, DEFAULT_SEED)
 
 
 if __name__ == "__main__":
