@@ -72,11 +72,15 @@ def random_weights(vocab: int, seed: int) -> dict[str, np.ndarray]:
     return w
 
 
-def hf_config(vocab: int, ids: dict[str, int]) -> dict:
+def hf_config(vocab: int, ids: dict[str, int], *, arch: str = ARCH, shape: dict = SHAPE,
+              moe: dict | None = None) -> dict:
+    """config.json; with ``moe`` (make_tiny_qwen3_moe.MOE) Qwen3-MoE's: model_type qwen3_moe, the MoE keys after
+    the sizes, the router-loss keys before rope_scaling."""
     return {
-        "architectures": [ARCH],
-        "model_type": "qwen3",
-        **SHAPE,
+        "architectures": [arch],
+        "model_type": "qwen3_moe" if moe else "qwen3",
+        **shape,
+        **(moe or {}),
         "vocab_size": vocab,
         "hidden_act": "silu",
         "attention_bias": False,
@@ -84,23 +88,28 @@ def hf_config(vocab: int, ids: dict[str, int]) -> dict:
         "tie_word_embeddings": True,
         "use_sliding_window": False,
         "sliding_window": None,
-        "max_window_layers": SHAPE["num_hidden_layers"],
+        "max_window_layers": shape["num_hidden_layers"],
+        **({"output_router_logits": False, "router_aux_loss_coef": 0.001} if moe else {}),
         "rope_scaling": None,
         **tiny_hf_checkpoint.config_tail(ids),
     }
 
 
-def predict_yaml(vocab: int, ids: dict[str, int]) -> str:
-    fields = f"""\
+def yaml_fields(vocab: int, shape: dict = SHAPE) -> str:
+    """The predict yaml's Qwen3 lines of model_config after the sizes (Qwen3-MoE's after its MoE lines)."""
+    return f"""\
     vocab_size: {vocab}
     rms_norm_eps: 1.0e-6
-    theta: {SHAPE["rope_theta"]}
-    max_position_embedding: {SHAPE["max_position_embeddings"]}
+    theta: {shape["rope_theta"]}
+    max_position_embedding: {shape["max_position_embeddings"]}
     qkv_has_bias: false
     qk_layernorm: true
     tie_word_embeddings: true
 """
-    return tiny_hf_checkpoint.predict_yaml(ARCH, "make_tiny_qwen3.py", "Qwen3Config", SHAPE, fields, ids)
+
+
+def predict_yaml(vocab: int, ids: dict[str, int]) -> str:
+    return tiny_hf_checkpoint.predict_yaml(ARCH, "make_tiny_qwen3.py", "Qwen3Config", SHAPE, yaml_fields(vocab), ids)
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.support import tiny_hf_checkpoint
+from tests.support import make_tiny_qwen3, tiny_hf_checkpoint
 from tests.support.tiny_model import _tokenizer_config
 
 ARCH = "Qwen3MoeForCausalLM"
@@ -100,24 +100,7 @@ def random_weights(vocab: int, seed: int, mlp_only: list[int]) -> dict[str, np.n
 
 
 def hf_config(vocab: int, ids: dict[str, int], moe: dict) -> dict:
-    return {
-        "architectures": [ARCH],
-        "model_type": "qwen3_moe",
-        **SHAPE,
-        **moe,
-        "vocab_size": vocab,
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "tie_word_embeddings": True,
-        "use_sliding_window": False,
-        "sliding_window": None,
-        "max_window_layers": SHAPE["num_hidden_layers"],
-        "output_router_logits": False,
-        "router_aux_loss_coef": 0.001,
-        "rope_scaling": None,
-        **tiny_hf_checkpoint.config_tail(ids),
-    }
+    return make_tiny_qwen3.hf_config(vocab, ids, arch=ARCH, shape=SHAPE, moe=moe)
 
 
 def predict_yaml(vocab: int, ids: dict[str, int], moe: dict) -> str:
@@ -128,14 +111,7 @@ def predict_yaml(vocab: int, ids: dict[str, int], moe: dict) -> str:
     norm_topk_prob: {str(moe["norm_topk_prob"]).lower()}
     decoder_sparse_step: {moe["decoder_sparse_step"]}
     mlp_only_layers: {moe["mlp_only_layers"]}
-    vocab_size: {vocab}
-    rms_norm_eps: 1.0e-6
-    theta: {SHAPE["rope_theta"]}
-    max_position_embedding: {SHAPE["max_position_embeddings"]}
-    qkv_has_bias: false
-    qk_layernorm: true
-    tie_word_embeddings: true
-"""
+""" + make_tiny_qwen3.yaml_fields(vocab, SHAPE)
     return tiny_hf_checkpoint.predict_yaml(ARCH, "make_tiny_qwen3_moe.py", "Qwen3MoeConfig", SHAPE, fields, ids)
 
 
