@@ -66,31 +66,18 @@ def make_tiny_gemma3(out_dir: str | Path, *, seed: int = DEFAULT_SEED, llama_cpp
 def random_weights(vocab: int, seed: int, shape: dict = SHAPE) -> dict[str, np.ndarray]:
     """HF-named float32 tensors [out, in]; norm weights noise around 0 (Gemma scales by 1 + weight), the head norms
     with a wide spread so the scores depend on them visibly."""
-    rng = np.random.default_rng(seed)
-    d, inter, heads, kv, hd = (shape[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads",
-                                                   "num_key_value_heads", "head_dim"))
-
-    def normal(*shape: int, std: float = 0.1) -> np.ndarray:
-        return (rng.standard_normal(shape) * std).astype(np.float32)
-
+    draws = tiny_hf_checkpoint.Draws(seed, center=0.0)
+    d, inter = shape["hidden_size"], shape["intermediate_size"]
     # A small embedding: the layers, not the (sqrt(hidden)-scaled) input row, drive the tied head's logits.
-    w = {"model.embed_tokens.weight": normal(vocab, d, std=0.02)}
+    w = {"model.embed_tokens.weight": draws.normal(vocab, d, std=0.02)}
     for i in range(shape["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        w[p + "input_layernorm.weight"] = normal(d)
-        w[p + "self_attn.q_proj.weight"] = normal(heads * hd, d, std=0.2)
-        w[p + "self_attn.k_proj.weight"] = normal(kv * hd, d, std=0.2)
-        w[p + "self_attn.v_proj.weight"] = normal(kv * hd, d, std=0.2)
-        w[p + "self_attn.q_norm.weight"] = normal(hd, std=0.5)
-        w[p + "self_attn.k_norm.weight"] = normal(hd, std=0.5)
-        w[p + "self_attn.o_proj.weight"] = normal(d, heads * hd, std=0.2)
-        w[p + "post_attention_layernorm.weight"] = normal(d)
-        w[p + "pre_feedforward_layernorm.weight"] = normal(d)
-        w[p + "post_feedforward_layernorm.weight"] = normal(d)
-        w[p + "mlp.gate_proj.weight"] = normal(inter, d, std=0.2)
-        w[p + "mlp.up_proj.weight"] = normal(inter, d, std=0.2)
-        w[p + "mlp.down_proj.weight"] = normal(d, inter, std=0.2)
-    w["model.norm.weight"] = normal(d)
+        tiny_hf_checkpoint.attention_weights(w, p, draws, shape)
+        w[p + "post_attention_layernorm.weight"] = draws.norm(d)
+        w[p + "pre_feedforward_layernorm.weight"] = draws.norm(d)
+        w[p + "post_feedforward_layernorm.weight"] = draws.norm(d)
+        tiny_hf_checkpoint.mlp_weights(w, p + "mlp.", draws, d, inter)
+    w["model.norm.weight"] = draws.norm(d)
     return w
 
 

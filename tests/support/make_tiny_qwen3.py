@@ -44,31 +44,15 @@ def make_tiny_qwen3(out_dir: str | Path, *, seed: int = DEFAULT_SEED) -> Path:
 def random_weights(vocab: int, seed: int) -> dict[str, np.ndarray]:
     """HF-named float32 tensors [out, in]; norm weights (the head norms too) 1 + noise, so a network that drops
     one gives different logits."""
-    rng = np.random.default_rng(seed)
-    d, inter, heads, kv, hd = (SHAPE[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads",
-                                                   "num_key_value_heads", "head_dim"))
-
-    def normal(*shape: int, std: float = 0.1) -> np.ndarray:
-        return (rng.standard_normal(shape) * std).astype(np.float32)
-
-    def norm(n: int, spread: float = 0.1) -> np.ndarray:
-        return (1.0 + rng.standard_normal(n) * spread).astype(np.float32)
-
-    w = {"model.embed_tokens.weight": normal(vocab, d, std=0.1)}
+    draws = tiny_hf_checkpoint.Draws(seed)
+    d, inter = SHAPE["hidden_size"], SHAPE["intermediate_size"]
+    w = {"model.embed_tokens.weight": draws.normal(vocab, d, std=0.1)}
     for i in range(SHAPE["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        w[p + "input_layernorm.weight"] = norm(d)
-        w[p + "self_attn.q_proj.weight"] = normal(heads * hd, d, std=0.2)
-        w[p + "self_attn.k_proj.weight"] = normal(kv * hd, d, std=0.2)
-        w[p + "self_attn.v_proj.weight"] = normal(kv * hd, d, std=0.2)
-        w[p + "self_attn.q_norm.weight"] = norm(hd, 0.5)  # spread: the scores depend on it visibly
-        w[p + "self_attn.k_norm.weight"] = norm(hd, 0.5)
-        w[p + "self_attn.o_proj.weight"] = normal(d, heads * hd, std=0.2)
-        w[p + "post_attention_layernorm.weight"] = norm(d)
-        w[p + "mlp.gate_proj.weight"] = normal(inter, d, std=0.2)
-        w[p + "mlp.up_proj.weight"] = normal(inter, d, std=0.2)
-        w[p + "mlp.down_proj.weight"] = normal(d, inter, std=0.2)
-    w["model.norm.weight"] = norm(d)
+        tiny_hf_checkpoint.attention_weights(w, p, draws, SHAPE)
+        w[p + "post_attention_layernorm.weight"] = draws.norm(d)
+        tiny_hf_checkpoint.mlp_weights(w, p + "mlp.", draws, d, inter)
+    w["model.norm.weight"] = draws.norm(d)
     return w
 
 

@@ -61,41 +61,25 @@ def make_tiny_qwen3_moe(out_dir: str | Path, *, seed: int = DEFAULT_SEED, mlp_on
 def random_weights(vocab: int, seed: int, mlp_only: list[int]) -> dict[str, np.ndarray]:
     """HF-named float32 tensors [out, in]; norm weights 1 + noise; a router of spread-out logits, so each token's
     top-2 experts are clear winners and differ between tokens."""
-    rng = np.random.default_rng(seed)
-    d, inter, heads, kv, hd = (SHAPE[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads",
-                                                   "num_key_value_heads", "head_dim"))
+    draws = tiny_hf_checkpoint.Draws(seed)
+    d, inter = SHAPE["hidden_size"], SHAPE["intermediate_size"]
     experts, f = MOE["num_experts"], MOE["moe_intermediate_size"]
-
-    def normal(*shape: int, std: float = 0.1) -> np.ndarray:
-        return (rng.standard_normal(shape) * std).astype(np.float32)
-
-    def norm(n: int, spread: float = 0.1) -> np.ndarray:
-        return (1.0 + rng.standard_normal(n) * spread).astype(np.float32)
-
     sparse = sparse_layers(mlp_only)
-    w = {"model.embed_tokens.weight": normal(vocab, d, std=0.1)}
+    w = {"model.embed_tokens.weight": draws.normal(vocab, d, std=0.1)}
     for i in range(SHAPE["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        w[p + "input_layernorm.weight"] = norm(d)
-        w[p + "self_attn.q_proj.weight"] = normal(heads * hd, d, std=0.2)
-        w[p + "self_attn.k_proj.weight"] = normal(kv * hd, d, std=0.2)
-        w[p + "self_attn.v_proj.weight"] = normal(kv * hd, d, std=0.2)
-        w[p + "self_attn.q_norm.weight"] = norm(hd, 0.5)
-        w[p + "self_attn.k_norm.weight"] = norm(hd, 0.5)
-        w[p + "self_attn.o_proj.weight"] = normal(d, heads * hd, std=0.2)
-        w[p + "post_attention_layernorm.weight"] = norm(d)
+        tiny_hf_checkpoint.attention_weights(w, p, draws, SHAPE)
+        w[p + "post_attention_layernorm.weight"] = draws.norm(d)
         if i in sparse:
-            w[p + "mlp.gate.weight"] = normal(experts, d, std=0.3)
+            w[p + "mlp.gate.weight"] = draws.normal(experts, d, std=0.3)
             for e in range(experts):
                 q = f"{p}mlp.experts.{e}."
-                w[q + "gate_proj.weight"] = normal(f, d, std=0.25)
-                w[q + "up_proj.weight"] = normal(f, d, std=0.25)
-                w[q + "down_proj.weight"] = normal(d, f, std=0.25)
+                w[q + "gate_proj.weight"] = draws.normal(f, d, std=0.25)
+                w[q + "up_proj.weight"] = draws.normal(f, d, std=0.25)
+                w[q + "down_proj.weight"] = draws.normal(d, f, std=0.25)
         else:
-            w[p + "mlp.gate_proj.weight"] = normal(inter, d, std=0.2)
-            w[p + "mlp.up_proj.weight"] = normal(inter, d, std=0.2)
-            w[p + "mlp.down_proj.weight"] = normal(d, inter, std=0.2)
-    w["model.norm.weight"] = norm(d)
+            tiny_hf_checkpoint.mlp_weights(w, p + "mlp.", draws, d, inter)
+    w["model.norm.weight"] = draws.norm(d)
     return w
 
 

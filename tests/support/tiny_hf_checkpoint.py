@@ -82,3 +82,39 @@ def main(doc: str, make: Callable[..., Path], default_seed: int) -> None:
     parser.add_argument("--seed", type=int, default=default_seed)
     args = parser.parse_args()
     print(make(args.out_dir, seed=args.seed))
+
+
+class Draws:
+    """The float32 draws of the random weights from one seeded generator, in call order: ``normal`` (noise of
+    ``std``) and ``norm`` (norm weights: ``center`` + noise of ``spread``; 1 for RMSNorm, 0 where the network
+    applies ``1 + weight``)."""
+
+    def __init__(self, seed: int, center: float = 1.0):
+        self.rng = np.random.default_rng(seed)
+        self.center = center
+
+    def normal(self, *shape: int, std: float = 0.1) -> np.ndarray:
+        return (self.rng.standard_normal(shape) * std).astype(np.float32)
+
+    def norm(self, n: int, spread: float = 0.1) -> np.ndarray:
+        return (self.center + self.rng.standard_normal(n) * spread).astype(np.float32)
+
+
+def attention_weights(w: dict[str, np.ndarray], prefix: str, draws: Draws, shape: dict) -> None:
+    """Layer ``prefix``'s input norm and attention (q/k/v, the q/k head norms of a wide spread, so the scores depend
+    on them visibly, o) into ``w``, HF-named [out, in]."""
+    d, heads, kv, hd = (shape[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim"))
+    w[prefix + "input_layernorm.weight"] = draws.norm(d)
+    w[prefix + "self_attn.q_proj.weight"] = draws.normal(heads * hd, d, std=0.2)
+    w[prefix + "self_attn.k_proj.weight"] = draws.normal(kv * hd, d, std=0.2)
+    w[prefix + "self_attn.v_proj.weight"] = draws.normal(kv * hd, d, std=0.2)
+    w[prefix + "self_attn.q_norm.weight"] = draws.norm(hd, 0.5)
+    w[prefix + "self_attn.k_norm.weight"] = draws.norm(hd, 0.5)
+    w[prefix + "self_attn.o_proj.weight"] = draws.normal(d, heads * hd, std=0.2)
+
+
+def mlp_weights(w: dict[str, np.ndarray], prefix: str, draws: Draws, d: int, inter: int) -> None:
+    """A dense gated MLP (gate/up/down of ``inter``) under ``prefix`` into ``w``."""
+    w[prefix + "gate_proj.weight"] = draws.normal(inter, d, std=0.2)
+    w[prefix + "up_proj.weight"] = draws.normal(inter, d, std=0.2)
+    w[prefix + "down_proj.weight"] = draws.normal(d, inter, std=0.2)
