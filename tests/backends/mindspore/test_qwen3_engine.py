@@ -8,11 +8,17 @@ from __future__ import annotations
 import pytest
 
 from tests.support.hf_golden_engine import engine_fixture, golden_fixture
-from tests.support.hf_golden_engine import (  # noqa: F401  (collected in this module)
-    test_engine_gives_the_golden_greedy_ids,
-    test_engine_logprobs_equal_the_golden_logits,
-    test_prompts_batched_together_give_what_each_gives_alone,
+from tests.support.hf_golden_engine import (
+    check_engine_gives_the_golden_greedy_ids,
+    check_engine_logprobs_equal_the_golden_logits,
+    check_prompts_batched_together_give_what_each_gives_alone,
 )
+
+
+# hf_golden_engine's checks, collected as this module's tests
+test_engine_gives_the_golden_greedy_ids = check_engine_gives_the_golden_greedy_ids
+test_engine_logprobs_equal_the_golden_logits = check_engine_logprobs_equal_the_golden_logits
+test_prompts_batched_together_give_what_each_gives_alone = check_prompts_batched_together_give_what_each_gives_alone
 
 pytestmark = pytest.mark.slow  # every test compiles the network
 golden = golden_fixture("qwen3_tiny.json")
