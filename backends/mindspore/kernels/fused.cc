@@ -440,12 +440,12 @@ int MindserveNormMatMul(int nparam, void **params, int *ndims, int64_t **shapes,
   return forward(&MindserveMatMul, nparam, params, ndims, shapes, dtypes, 3, normed, C);
 }
 
-int MindserveSwiGLUMatMulAdd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                             void *stream, void *extra) {
-  mindserve::FpScope fp;
-  (void)stream;
-  (void)extra;
-  if (nparam < 4) return 1;
+// A gated activation row by row ([N, 2F] gate|up -> [N, F], `row` is swiglu_row or geglu_row), then `entry` on it
+// with the remaining inputs: the shared body of the SwiGLU and GeGLU entries.
+static int glu_forward(void (*row)(const float *, float *, int64_t),
+                       int (*entry)(int, void **, int *, int64_t **, const char **, void *, void *), int min_params,
+                       int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+  if (nparam < min_params) return 1;
   if (!all_f32(dtypes, 1)) return 2;
   if (ndims[0] < 1 || shapes[0][ndims[0] - 1] % 2 != 0) return 3;
   const int64_t F = shapes[0][ndims[0] - 1] / 2, N = rows_of(ndims[0], shapes[0]);
@@ -453,9 +453,17 @@ int MindserveSwiGLUMatMulAdd(int nparam, void **params, int *ndims, int64_t **sh
   float *act = scratch(N * F);
   {
     mindserve::ScopeTimer timer(mindserve::kSwiGLU);
-    for_rows(N, 8, [&](int64_t r) { swiglu_row(gu + r * 2 * F, act + r * F, F); });
+    for_rows(N, 8, [&](int64_t r) { row(gu + r * 2 * F, act + r * F, F); });
   }
-  return forward(&MindserveMatMulAdd, nparam, params, ndims, shapes, dtypes, 1, act, F);
+  return forward(entry, nparam, params, ndims, shapes, dtypes, 1, act, F);
+}
+
+int MindserveSwiGLUMatMulAdd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                             void *stream, void *extra) {
+  mindserve::FpScope fp;
+  (void)stream;
+  (void)extra;
+  return glu_forward(&swiglu_row, &MindserveMatMulAdd, 4, nparam, params, ndims, shapes, dtypes);
 }
 
 int MindserveGeGLUMatMul(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
@@ -463,17 +471,7 @@ int MindserveGeGLUMatMul(int nparam, void **params, int *ndims, int64_t **shapes
   mindserve::FpScope fp;
   (void)stream;
   (void)extra;
-  if (nparam < 3) return 1;
-  if (!all_f32(dtypes, 1)) return 2;
-  if (ndims[0] < 1 || shapes[0][ndims[0] - 1] % 2 != 0) return 3;
-  const int64_t F = shapes[0][ndims[0] - 1] / 2, N = rows_of(ndims[0], shapes[0]);
-  const float *gu = static_cast<const float *>(params[0]);
-  float *act = scratch(N * F);
-  {
-    mindserve::ScopeTimer timer(mindserve::kSwiGLU);
-    for_rows(N, 8, [&](int64_t r) { geglu_row(gu + r * 2 * F, act + r * F, F); });
-  }
-  return forward(&MindserveMatMul, nparam, params, ndims, shapes, dtypes, 1, act, F);
+  return glu_forward(&geglu_row, &MindserveMatMul, 3, nparam, params, ndims, shapes, dtypes);
 }
 
 int MindserveNormAdd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
