@@ -143,13 +143,8 @@ def warm_up(engine, progress: bool) -> None:
     spec = engine.spec
     draft = engine.speculator.model
     if engine.config.graph_cache and spec.mode == 0:
-        if getattr(spec, "moe", None) is not None:
-            # Measured (MindSpore 2.9): a Qwen3-MoE server restarted on its cached graphs returned NaN logits where
-            # the freshly compiled ones were right; until that is understood, those graphs are always compiled.
-            log.info("graph cache off for a model with routed experts: its graphs are compiled at every start")
-        else:
-            parts = engine.runner.graph_parts + (draft.graph_parts() if draft is not None else [])
-            enable_graph_cache(graph_key(parts, spec.model_dir, spec.yaml_path))
+        parts = engine.runner.graph_parts + (draft.graph_parts() if draft is not None else [])
+        enable_graph_cache(graph_key(parts, spec.model_dir, spec.yaml_path))
     engine.runner.warmup(progress)
     if draft is not None:
         draft.warmup(progress)

@@ -143,10 +143,14 @@ def _serve_once(path: Path, env: dict) -> tuple[list[str], dict]:
             proc.kill()
 
 
-def test_a_restart_loads_the_warm_up_graphs_from_the_graph_cache(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("model", ["tiny_model_dir", "tiny_qwen3_moe_dir", "tiny_gemma3_dir"])
+def test_a_restart_loads_the_warm_up_graphs_from_the_graph_cache(tmp_path, request, model):
     """With graphCache, serve keeps MindSpore's compiled graphs under ~/.cache/mindserve/graphs/<digest>: the second
-    start loads every one of them and answers the very same tokens and logprobs."""
+    start loads every one of them and answers the very same tokens and logprobs (Llama, and the architectures with
+    more than the Llama layer's parameters: Qwen3-MoE's routed experts and q/k norms, Gemma 3's four norms)."""
     from backends.mindspore.kernels.build import default_cache_dir
+
+    tiny_model_dir = request.getfixturevalue(model)
 
     home = tmp_path / "home"
     (home / ".cache" / "mindserve").mkdir(parents=True)
