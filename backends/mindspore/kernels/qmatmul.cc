@@ -53,8 +53,8 @@
 // output columns [n0, n0 + cols) per format, each packed as above on its own (groups of 16 restart at n0), behind a
 // table. Such a weight is [1, L, N] with L odd (a single format's L is even: every packed block size is), its
 // bytes: int32 magic "MSQS", int32 count S (2..8), then per segment int32 format code, int32 cols, int64 byte offset
-// of its packing (ascending, after the table, cols summing to N); L is the least odd length that holds them
-// (kernels.prepare_qstack). Each segment's columns are computed by its format's tiles from its own activation
+// of its packing (the end of the table or of the segment before, rounded up to 64; cols summing to N); L is the
+// least odd length that holds them (kernels.prepare_qstack), so a table read with another K is refused. Each segment's columns are computed by its format's tiles from its own activation
 // quantization (Q8_K or the 32-blocks': each made once per call), so every output element has the bits it has
 // when its part is multiplied alone.
 //
@@ -629,14 +629,14 @@ int segments_of(const uint8_t *w, int64_t K, int64_t L, int64_t N, Segment *seg)
     std::memcpy(&off, w + 16 + 16 * s, sizeof off);
     const int f = fc[0];
     const int64_t cols = fc[1];
-    if (f < 0 || f >= kFormats || K % block_size(f) != 0 || cols <= 0 || off < end) return -1;
+    if (f < 0 || f >= kFormats || K % block_size(f) != 0 || cols <= 0 || off != (end + 63) / 64 * 64) return -1;
     const int64_t bytes = cols * (K / block_size(f)) * kBlockBytes[f];
     if (off > size - bytes) return -1;
     seg[s] = Segment{f, n0, cols, w + off};
     end = off + bytes;
     n0 += cols;
   }
-  return n0 == N ? head[1] : -1;
+  return n0 == N && end > (L - 2) * N ? head[1] : -1;  // the least odd L: a table for another K does not fit
 }
 
 // y = x @ W (+ res) for a packed weight of either kind, [1, L, N]: 0, or 4 if L fits no format and the bytes are no
