@@ -242,30 +242,15 @@ def concat_rows(parts: Sequence[QuantWeight]) -> QuantWeight:
                        np.concatenate([p.blocks for p in parts], axis=0))
 
 
-def as_q8_0(q: QuantWeight) -> QuantWeight:
-    """Q4_0 / Q5_0 blocks as Q8_0 without any rounding: the same fp16 d, q8 = q - 8 or q - 16 (both in int8's
-    range), so every weight keeps its value (and the kernel's integer sums and float steps are the same)."""
-    if q.fmt not in ("q4_0", "q5_0"):
-        raise QuantError(f"{q.fmt} blocks cannot be written as Q8_0 exactly")
-    p = unpack(q)
-    b = q.blocks.reshape(q.rows, -1, BLOCK_BYTES[q.fmt])
-    qs = (p.u - p.offset).astype(np.int8).view(np.uint8).reshape(q.rows, -1, BLOCK)
-    return QuantWeight("q8_0", q.rows, q.cols, np.ascontiguousarray(np.concatenate([b[..., :2], qs], -1)
-                                                                    .reshape(q.rows, -1)))
-
-
 def stack_segments(parts: Sequence[QuantWeight]) -> list[QuantWeight]:
     """Parts stacked along their rows (q, k, v into one qkv) that may ship in different formats, as runs of one
     format each, in order: neighbours of one format are one run (``concat_rows``), so a uniform stack is one
-    matrix. No weight changes value: the kernels multiply each run in its own format (qmatmul.cc's segmented
-    weights), except that Q4_0 / Q5_0 parts of an otherwise Q8_0 stack (llama-quantize's fallbacks for rows
-    that are not whole super-blocks: Q5_0 beside a Q8_0 attn_v) are rewritten as Q8_0 exactly (``as_q8_0``: the
-    same weights, the same kernel bits), keeping that stack one matrix."""
+    matrix. No byte changes: the kernels multiply each run in its own format (qmatmul.cc's segmented weights).
+    (Q5_0 q/k beside a Q8_0 v, llama-quantize's fallback for rows that are not whole super-blocks, were once
+    rewritten as Q8_0 blocks of the same values, exactly; as segments they are 28% fewer bytes and, at one row,
+    faster: docs/performance.md.)"""
     if len({p.cols for p in parts}) != 1:
         raise QuantError(f"cannot stack matrices of widths {sorted({p.cols for p in parts})}")
-    fmts = {p.fmt for p in parts}
-    if "q8_0" in fmts and fmts <= {"q8_0", "q4_0", "q5_0"}:
-        parts = [p if p.fmt == "q8_0" else as_q8_0(p) for p in parts]
     runs: list[list[QuantWeight]] = []
     for p in parts:
         if runs and runs[-1][0].fmt == p.fmt:

@@ -257,7 +257,8 @@ STACKS = [  # (the parts' formats, their rows, K)
     (("q4_k", "q4_k", "q6_k"), (37, 5, 21), 512),  # Q4_K_M's qkv: q and k one Q4_K run, v Q6_K
     (("q5_k", "q4_k"), (33, 16), 256),  # a gate/up of two K-quants
     (("q4_1", "q8_0", "q5_1"), (20, 17, 1), 96),  # 32-block formats only, a one-column run
-    (("q6_k", "q5_0", "q4_k", "q8_0"), (3, 40, 16, 9), 256)]  # both activation kinds, runs of odd widths
+    (("q6_k", "q5_0", "q4_k", "q8_0"), (3, 40, 16, 9), 256),  # both activation kinds, runs of odd widths
+    (("q5_0", "q5_0", "q8_0"), (24, 8, 8), 576)]  # a 576-wide Q4_K_M's fallbacks: Q5_0 q/k beside a Q8_0 v
 
 
 def qstack(fmts, rows, k: int, seed: int) -> tuple[QuantWeight, ...]:
