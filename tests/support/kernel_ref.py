@@ -4,7 +4,8 @@ library (and any port of it) must match it bit for bit.
 
 Float32 fma is ``fma32`` (exact product, TwoSum, one rounding); horizontal sums are the fixed halving tree of
 GCC's ``_mm512_reduce_add_ps``; max is x86 ``maxps`` (a > b ? a : b). Weights are given unpacked: float32
-``[K, N]`` or a ``QuantWeight``.
+``[K, N]``, a ``QuantWeight``, or a tuple of ``QuantWeight`` parts stacked along their outputs (a segmented
+weight: each part in its own format).
 """
 from __future__ import annotations
 
@@ -247,9 +248,20 @@ def qmatmul(x: np.ndarray, w: QuantWeight, res: np.ndarray | None = None) -> np.
     return acc if res is None else (acc + res).astype(F32)
 
 
+def qmatmul_stack(x: np.ndarray, parts: tuple[QuantWeight, ...], res: np.ndarray | None = None) -> np.ndarray:
+    """qmatmul.cc's segmented weight: each part's columns exactly as ``qmatmul`` of that part alone (its own
+    format's activation quantization and steps), side by side; then + res once."""
+    acc = np.concatenate([qmatmul(x, p) for p in parts], axis=-1)
+    return acc if res is None else (acc + res).astype(F32)
+
+
 def product(x, w, res=None, lora: Lora | None = None) -> np.ndarray:
-    """The matmul entries: a float32 [K, N] or a quantized weight, (+ res), then each row's LoRA delta."""
-    y = qmatmul(x, w, res) if isinstance(w, QuantWeight) else matmul(x, w, res)
+    """The matmul entries: a float32 [K, N], a quantized weight or a stack of quantized parts, (+ res), then each
+    row's LoRA delta."""
+    if isinstance(w, tuple):
+        y = qmatmul_stack(x, w, res)
+    else:
+        y = qmatmul(x, w, res) if isinstance(w, QuantWeight) else matmul(x, w, res)
     return y if lora is None else lora_apply(y, np.asarray(x, F32), lora)
 
 

@@ -3,8 +3,8 @@
 ``aot_ops(heads, kv_heads, head_dim)`` returns every operator the network uses (``AotOps``):
 
 * ``matmul`` -- ``fast_matmul()`` below (a float32 weight from ``prepare_weight``, or a GGUF-quantized one,
-  q8_0/q4_0/q4_1/q5_0/q5_1/q4_k/q5_k/q6_k, from ``prepare_qweight``: dequantized on the fly inside the dot
-  product, qmatmul.cc);
+  q8_0/q4_0/q4_1/q5_0/q5_1/q4_k/q5_k/q6_k, from ``prepare_qweight``, or a stack of parts in several of them,
+  from ``prepare_qstack``: dequantized on the fly inside the dot product, qmatmul.cc);
   ``matmul_add(x, w, res)`` = ``res + x @ W`` (a residual connection without a separate Add; the residual is
   added once, after the product);
   ``matmul_lora`` / ``matmul_add_lora`` take four more inputs ``(a, b, rows, segs)`` and add each row's
@@ -69,9 +69,9 @@ import numpy as np
 
 from backends.mindspore.kernels.build import VARIANTS, KernelBuildError, build_kernel, choose_variant, default_cache_dir
 
-__all__ = ["fast_matmul", "aot_ops", "AotOps", "prepare_weight", "prepare_qweight", "QGROUP", "qmatmul_isa",
-           "KERNEL_KINDS", "PANEL", "build_kernel", "set_kernel_threads", "kernel_library", "kernel_stats",
-           "KernelBuildError",
+__all__ = ["fast_matmul", "aot_ops", "AotOps", "prepare_weight", "prepare_qweight", "prepare_qstack", "QGROUP",
+           "qmatmul_isa", "KERNEL_KINDS", "PANEL", "build_kernel", "set_kernel_threads", "kernel_library",
+           "kernel_stats", "KernelBuildError",
            "default_cache_dir", "ENTRY", "VARIANTS", "choose_variant", "kernel_variant",
            "active_library"]
 
@@ -183,6 +183,43 @@ def _prepare_q5k(q) -> np.ndarray:
     return out.reshape(1, nb * pb, n)
 
 
+SEGMENT_MAGIC = b"MSQS"  # a segmented weight's first bytes (qmatmul.cc kSegMagic)
+MAX_SEGMENTS = 8  # qmatmul.cc kMaxSegments
+
+
+def prepare_qstack(parts) -> np.ndarray:
+    """Pack ``QuantWeight`` parts stacked along their outputs (q, k, v -> qkv; ``quant.stack_segments`` merges
+    neighbours of one format) for the quantized matmul: one format is ``prepare_qweight``'s layout; several are a
+    segmented weight (qmatmul.cc's header): uint8 ``[1, L, N]`` with L the least odd length that holds the table
+    (magic, count, then per run its format code, columns and the 64-byte-aligned offset of its own
+    ``prepare_qweight`` packing) and the runs' packings. Each run keeps its format; the layout is ISA-neutral."""
+    from backends.mindspore.quant import QuantError, stack_segments
+
+    runs = stack_segments(parts)
+    if len(runs) == 1:
+        return prepare_qweight(runs[0])
+    if len(runs) > MAX_SEGMENTS:
+        raise QuantError(f"a stack of {len(runs)} runs of formats {[r.fmt for r in runs]}: at most {MAX_SEGMENTS}")
+    packed = [prepare_qweight(r).reshape(-1) for r in runs]
+    offsets, end = [], 8 + 16 * len(runs)
+    for p in packed:
+        offsets.append(-(-end // 64) * 64)
+        end = offsets[-1] + p.size
+    n = sum(r.rows for r in runs)
+    rows = -(-end // n)
+    rows += 1 - rows % 2  # odd: no single format's packed length is
+    out = np.zeros(rows * n, np.uint8)
+    table = [np.frombuffer(SEGMENT_MAGIC, np.uint8), np.array([len(runs)], "<i4").view(np.uint8)]
+    for r, off in zip(runs, offsets):
+        table += [np.array([_QFORMATS.index(r.fmt), r.rows], "<i4").view(np.uint8),
+                  np.array([off], "<i8").view(np.uint8)]
+    head = np.concatenate(table)
+    out[:head.size] = head
+    for p, off in zip(packed, offsets):
+        out[off:off + p.size] = p
+    return out.reshape(1, rows, n)
+
+
 def qmatmul_isa(cache_dir: str | os.PathLike | None = None) -> str:
     """The instruction set of the quantized dot products in the built library (avx512-vnni, avx512bw, avx2,
     neon-dotprod, neon, scalar)."""
@@ -239,6 +276,9 @@ def kernel_library(cache_dir: str | os.PathLike | None = None, variant: str | No
         lib.mindserve_qmatmul_raw.argtypes = ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 2
                                               + [ctypes.c_int64] * 3)
         lib.mindserve_qmatmul_raw.restype = ctypes.c_int
+        lib.mindserve_qmatmul_packed_raw.argtypes = ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+                                                     + [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3)
+        lib.mindserve_qmatmul_packed_raw.restype = ctypes.c_int
         lib.mindserve_quantize_rows_raw.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 3
         lib.mindserve_quantize_rows_raw.restype = ctypes.c_int
         lib.mindserve_quantize_rows_k_raw.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 3

@@ -6,7 +6,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
 from backends.mindspore.kv_dtype import row_bytes
-from backends.mindspore.quant import QuantWeight, uniform_stack
+from backends.mindspore.quant import QuantWeight
 
 DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
 
@@ -28,26 +28,26 @@ def stock_weight(parts: list[np.ndarray | QuantWeight], name: str, dtype=ms.floa
 
 
 def aot_weight(parts: list[np.ndarray | QuantWeight], name: str) -> Parameter:
-    """An AOT matmul weight: GGUF blocks stay quantized (prepare_qweight; a stack whose parts ship in different
-    formats, e.g. Q4_K_M's Q6_K attn_v beside Q4_K q and k, has its other parts requantized to its most precise
-    format: quant.uniform_stack), else float32 in the kernel's packed layout."""
-    from backends.mindspore.kernels import prepare_qweight, prepare_weight
+    """An AOT matmul weight: GGUF blocks stay quantized, each part in its own format (prepare_qstack: a stack whose
+    parts ship in different formats, e.g. Q4_K_M's Q6_K attn_v beside Q4_K q and k, is a segmented weight), else
+    float32 in the kernel's packed layout."""
+    from backends.mindspore.kernels import prepare_qstack, prepare_weight
 
     if all(isinstance(p, QuantWeight) for p in parts):
-        return Parameter(Tensor(prepare_qweight(uniform_stack(parts)), ms.uint8), name=name, requires_grad=False)
+        return Parameter(Tensor(prepare_qstack(parts), ms.uint8), name=name, requires_grad=False)
     return param(prepare_weight(_stacked(parts)), name)
 
 
 def aot_experts(experts: list[list[np.ndarray | QuantWeight]], name: str) -> Parameter:
     """Routed experts' matrices (per expert the parts ``aot_weight`` stacks, e.g. gate and up) as one Parameter
-    [E, ...]: each expert's ``aot_weight`` layout (GGUF blocks of one format kept, else packed float32) one after
-    the other, so expert e's weight is slice e."""
-    from backends.mindspore.kernels import prepare_qweight, prepare_weight
+    [E, ...]: each expert's ``aot_weight`` layout (GGUF blocks kept when every expert's packing has one shape, else
+    packed float32) one after the other, so expert e's weight is slice e."""
+    from backends.mindspore.kernels import prepare_qstack, prepare_weight
 
-    if all(isinstance(p, QuantWeight) for parts in experts for p in parts) and \
-            len({p.fmt for parts in experts for p in parts}) == 1:
-        return Parameter(Tensor(np.concatenate([prepare_qweight(uniform_stack(parts)) for parts in experts]), ms.uint8),
-                         name=name, requires_grad=False)
+    if all(isinstance(p, QuantWeight) for parts in experts for p in parts):
+        packed = [prepare_qstack(parts) for parts in experts]
+        if len({p.shape for p in packed}) == 1:
+            return Parameter(Tensor(np.concatenate(packed), ms.uint8), name=name, requires_grad=False)
     return param(np.concatenate([prepare_weight(_stacked(parts)) for parts in experts]), name)
 
 

@@ -6,8 +6,9 @@ The reference quantizes each matmul's input the way the kernel does for that wei
 per block of 32 with dx = amax / 127 for the 32-block formats, per 256 with dx = 1 / (127 / amax) (Q8_K) for
 the K-quants; everything else is float64. The tolerance is test_quantized_model.py's TOL_TINY (same reasoning:
 float32 rounding, far below what leaving the activation quantization out costs, which the second test checks).
-A stack whose parts ship in different formats (here q/k Q4_K beside a Q6_K v, as Q4_K_M does) is served as
-its most precise format (quant.uniform_stack): the ``mixed`` case's reference uses that stack too.
+A stack whose parts ship in different formats (here q/k Q4_K beside a Q6_K v, as Q4_K_M does, and a Q4_K up beside
+a Q5_K gate) is served with every part in its own format (a segmented weight, kernels.prepare_qstack): the
+``mixed`` case's reference dequantizes each part as shipped and quantizes each part's input for its own format.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from gguf.quants import dequantize as gguf_dequantize
 from safetensors import safe_open
 from safetensors.numpy import load_file
 
-from backends.mindspore.quant import BLOCK_SIZE, QuantWeight, cols_of, uniform_stack
+from backends.mindspore.quant import BLOCK_SIZE, QuantWeight, cols_of
 from backends.mindspore.runners import DecodeRow
 from tests.support import tiny_model
 from tests.support.reference_numpy import RefConfig, RefModel
@@ -37,7 +38,6 @@ UNIFORM = {"layers.1.self_attn.o_proj.weight": "q5_1", "self_attn.o_proj.weight"
            "mlp.gate_proj.weight": "q5_k", "mlp.up_proj.weight": "q5_k", "mlp.down_proj.weight": "q6_k",
            "embed_tokens.weight": "q6_k"}
 MIXED = {"self_attn.v_proj.weight": "q6_k", "layers.1.mlp.up_proj.weight": "q4_k", **UNIFORM}
-STACKS = {"self_attn.qkv": ("q_proj", "k_proj", "v_proj"), "mlp.gate_up": ("gate_proj", "up_proj")}
 
 
 def _quant_dequant(x: np.ndarray, block: int) -> np.ndarray:
@@ -67,20 +67,12 @@ class FormatActQuantRef(RefModel):
 
 
 def _reference_weights(path) -> tuple[RefConfig, dict[str, np.ndarray], dict[str, str]]:
-    """The directory's blocks dequantized by the gguf package, each stack of mixed parts first made one format
-    the way the network does (uniform_stack); {name: the format served}."""
+    """The directory's blocks dequantized by the gguf package, each tensor in the format it ships in; {name: that
+    format}."""
     with safe_open(str(path / "model.safetensors"), "np") as f:
         names = json.loads(f.metadata()["mindserve.quantization"])
     raw = load_file(str(path / "model.safetensors"))
     qw = {k: QuantWeight(names[k], v.shape[0], cols_of(names[k], v.shape[1]), v) for k, v in raw.items() if k in names}
-    for layer in range(tiny_model.SHAPE["num_hidden_layers"]):
-        for parts in STACKS.values():
-            keys = [f"model.layers.{layer}.{'self_attn' if p.endswith(('q_proj', 'k_proj', 'v_proj')) else 'mlp'}"
-                    f".{p}.weight" for p in parts]
-            stack = uniform_stack([qw[k] for k in keys])
-            rows = np.cumsum([0] + [qw[k].rows for k in keys])
-            for i, k in enumerate(keys):
-                qw[k] = QuantWeight(stack.fmt, qw[k].rows, qw[k].cols, stack.blocks[rows[i]:rows[i + 1]])
     weights = {k: (gguf_dequantize(qw[k].blocks, GGMLQuantizationType[qw[k].fmt.upper()]).reshape(qw[k].rows, -1)
                    if k in qw else v) for k, v in raw.items()}
     config = RefConfig.from_hf(json.loads((path / "config.json").read_text()))
@@ -102,6 +94,9 @@ def test_k_quant_logits_match_the_reference(kquant):
     path, runner, ref, _ = kquant
     assert runner.spec.weight_dtype == "mixed"
     assert str(runner.net.layers[0].wqkv.dtype).lower().startswith("uint8")  # served as blocks
+    segmented = [layer.wqkv.shape[1] % 2 == 1 for layer in runner.net.layers]  # an odd packed length: segments
+    assert segmented == ([True, True] if "mixed" in path.name else [False, False])
+    assert (runner.net.layers[1].w_gate_up.shape[1] % 2 == 1) == ("mixed" in path.name)  # Q5_K gate, Q4_K up
     ids = prompt(11, 5, runner.spec.vocab_size)
     blocks = [3, 4, 5]
     logits = prefill(runner, ids, blocks)
