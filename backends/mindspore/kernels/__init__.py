@@ -95,11 +95,10 @@ def prepare_weight(w: np.ndarray) -> np.ndarray:
         raise ValueError(f"prepare_weight expects a [K, N] matrix, got shape {w.shape}")
     k, n = w.shape
     full = n // PANEL
+    packed = np.empty(k * n, np.float32)  # each part written once, straight from w (no intermediate copies)
     body = w[:, :full * PANEL].reshape(k, full, PANEL).transpose(1, 0, 2)  # [panels, K, PANEL]
-    tail = w[:, full * PANEL:]                                              # [K, N % PANEL]
-    packed = np.empty(k * n, np.float32)
-    packed[:body.size] = body.ravel()
-    packed[body.size:] = tail.ravel()
+    packed[:body.size].reshape(body.shape)[...] = body
+    packed[k * full * PANEL:].reshape(k, n - full * PANEL)[...] = w[:, full * PANEL:]  # the tail [K, N % PANEL]
     return packed.reshape(1, k, n)
 
 

@@ -39,7 +39,8 @@ def aot_param(array: np.ndarray | QuantWeight, name: str) -> Parameter:
 
 def _stacked(parts: list[np.ndarray | QuantWeight]) -> np.ndarray:
     """HF [out, in] matrices stacked along their outputs (q, k, v -> qkv), as [in, out] float32."""
-    return np.concatenate([p.dequantize() if isinstance(p, QuantWeight) else p for p in parts], axis=0).T
+    arrays = [p.dequantize() if isinstance(p, QuantWeight) else p for p in parts]
+    return (arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)).T  # one part: no copy
 
 
 def stock_weight(parts: list[np.ndarray | QuantWeight], name: str, dtype=ms.float32) -> Parameter:
