@@ -61,12 +61,12 @@ def _out(*shape) -> np.ndarray:
 
 
 def _qweight(fmt: str, n: int, k: int, rng) -> np.ndarray:
-    from backends.mindspore.kernels import prepare_qweight
     from backends.mindspore.quant import quantize  # the gguf package's for the 32-blocks, its own for the K-quants
+    from tests.support.qpack_ref import pack_qweight  # NumPy: making the cases needs no library
 
     w = _f32(rng, n, k, scale=0.05)
     w[:, :32] += 0.02  # an offset block (Q4_1's min)
-    return prepare_qweight(quantize(w, fmt))
+    return pack_qweight(quantize(w, fmt))
 
 
 def _qstack(fmts: tuple[str, ...], rows: tuple[int, ...], k: int, rng) -> np.ndarray:
@@ -238,6 +238,23 @@ def cases(seed: int = 0) -> list[Case]:
                      a["rows"], gmeta, layer[14], _f32(rng, cdim), layer[15], layer[16], layer[17], _f32(rng, cdim),
                      _f32(rng, 2, d, scale=2.0), eps, _out(5, cdim))))
     out += _moe_cases(rng, layer, a, eps)
+    out += _load_cases(rng)
+    return out
+
+
+def _load_cases(rng) -> list[Case]:
+    """pack.cc: random GGUF blocks of every format (odd N: a narrow last group of columns) packed and dequantized."""
+    from backends.mindspore.kernels import PACKED_BYTES
+    from backends.mindspore.quant import FORMATS
+    from tests.support.qpack_ref import random_blocks
+
+    out = []
+    for code, fmt in enumerate(FORMATS):
+        q = random_blocks(fmt, 21, 2, rng)  # finite scales: a NaN's payload after NaN + NaN is not specified
+        meta = np.array([code], np.int32)
+        out.append(Case(f"pack-{fmt}", "MindservePackQWeight",
+                        (q.blocks, meta, np.full((1, 2 * PACKED_BYTES[fmt], 21), 0xAB, np.uint8))))
+        out.append(Case(f"dequantize-{fmt}", "MindserveDequantize", (q.blocks, meta, _out(21, q.cols))))
     return out
 
 
