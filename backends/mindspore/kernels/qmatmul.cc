@@ -54,9 +54,10 @@
 // table. Such a weight is [1, L, N] with L odd (a single format's L is even: every packed block size is), its
 // bytes: int32 magic "MSQS", int32 count S (2..8), then per segment int32 format code, int32 cols, int64 byte offset
 // of its packing (the end of the table or of the segment before, rounded up to 64; cols summing to N); L is the
-// least odd length that holds them (kernels.prepare_qstack), so a table read with another K is refused. Each segment's columns are computed by its format's tiles from its own activation
-// quantization (Q8_K or the 32-blocks': each made once per call), so every output element has the bits it has
-// when its part is multiplied alone.
+// least odd length that holds them (kernels.prepare_qstack), so a table read with another K is refused. Each
+// segment's columns are computed by its format's tiles from its own kind of activation quantization (Q8_K or the
+// 32-blocks', each made once per call), so every output element has the bits it has when its part is multiplied
+// alone.
 //
 // The instruction set is the build variant's (build.py): vec.h's dot_nib / dot_q8 are vpdpbusd with AVX-512
 // VNNI, vpmaddubsw + vpmaddwd with AVX-512BW or AVX2, sdot with NEON dotprod, widening multiplies on plain
@@ -639,11 +640,6 @@ int segments_of(const uint8_t *w, int64_t K, int64_t L, int64_t N, Segment *seg)
   return n0 == N && end > (L - 2) * N ? head[1] : -1;  // the least odd L: a table for another K does not fit
 }
 
-// y = x @ W (+ res) for a packed weight of either kind, [1, L, N]: 0, or 4 if L fits no format and the bytes are no
-// segment table.
-int qmatmul_packed(const float *x, const uint8_t *w, int64_t L, const float *res, float *y, int64_t M, int64_t K,
-                   int64_t N);
-
 }  // namespace
 
 namespace mindserve {
@@ -656,6 +652,22 @@ int format_of(int64_t K, int64_t L) {
   for (int f = 0; f < kFormats; ++f)
     if (K % block_size(f) == 0 && L == K / block_size(f) * kBlockBytes[f]) return f;
   return -1;
+}
+
+// y = x @ W (+ res) for a packed weight of either kind, [1, L, N]: 0, or 4 if L fits no format and the bytes are no
+// segment table. A single format is found from L alone, as before segments (the hot path: one branch more).
+int qmatmul_packed(const float *x, const uint8_t *w, int64_t L, const float *res, float *y, int64_t M, int64_t K,
+                   int64_t N) {
+  const int fmt = format_of(K, L);
+  if (fmt >= 0) {
+    qmatmul(x, w, fmt, res, y, M, K, N);
+    return 0;
+  }
+  Segment seg[kMaxSegments];
+  const int count = segments_of(w, K, L, N, seg);
+  if (count < 0) return 4;
+  qmatmul_segments(x, seg, count, res, y, M, K, N);
+  return 0;
 }
 
 }  // namespace
@@ -691,22 +703,6 @@ int qmatmul_entry(int nparam, void **params, int *ndims, int64_t **shapes, const
 
 }  // namespace mindserve
 
-namespace {
-int qmatmul_packed(const float *x, const uint8_t *w, int64_t L, const float *res, float *y, int64_t M, int64_t K,
-                   int64_t N) {
-  const int fmt = mindserve::format_of(K, L);
-  if (fmt >= 0) {
-    qmatmul(x, w, fmt, res, y, M, K, N);
-    return 0;
-  }
-  Segment seg[kMaxSegments];
-  const int count = segments_of(w, K, L, N, seg);
-  if (count < 0) return 4;
-  qmatmul_segments(x, seg, count, res, y, M, K, N);
-  return 0;
-}
-}  // namespace
-
 extern "C" {
 
 // 0 ok; 1 bad format; 2 K not a multiple of the format's block size (32, or 256 for the K-quants).
@@ -725,7 +721,7 @@ int mindserve_qmatmul_packed_raw(const float *x, const uint8_t *w_packed, int64_
                                  int64_t M, int64_t K, int64_t N) {
   mindserve::FpScope fp;
   if (K <= 0) return 4;
-  return qmatmul_packed(x, w_packed, L, res, y, M, K, N);
+  return mindserve::qmatmul_packed(x, w_packed, L, res, y, M, K, N);
 }
 
 // The activation quantization alone: q [M, K] int8, d [M, K/32] float, s [M, K/32] int32.
