@@ -1,6 +1,8 @@
 """What both kernel paths' networks share: parameters from host arrays, the rotary tables, RMSNorm."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
@@ -33,7 +35,8 @@ def aot_param(array: np.ndarray | QuantWeight, name: str) -> Parameter:
     if isinstance(array, QuantWeight):
         from backends.mindspore.kernels import dequantize_qweight
 
-        array = dequantize_qweight(array)
+        q = array
+        return filled_param(q.shape, ms.float32, name, lambda out: dequantize_qweight(q, out=out))
     return param(array, name)
 
 
@@ -53,10 +56,11 @@ def aot_weight(parts: list[np.ndarray | QuantWeight], name: str) -> Parameter:
     """An AOT matmul weight: GGUF blocks stay quantized (prepare_qweight; a stack whose parts ship in different
     formats, e.g. Q4_K_M's Q6_K attn_v beside Q4_K q and k, has its other parts requantized to its most precise
     format: quant.uniform_stack), else float32 in the kernel's packed layout."""
-    from backends.mindspore.kernels import prepare_qweight, prepare_weight
+    from backends.mindspore.kernels import packed_shape, prepare_qweight, prepare_weight
 
     if all(isinstance(p, QuantWeight) for p in parts):
-        return host_param(prepare_qweight(uniform_stack(parts)), name)
+        q = uniform_stack(parts)
+        return filled_param(packed_shape(q), ms.uint8, name, lambda out: prepare_qweight(q, out=out))
     return param(prepare_weight(_stacked(parts)), name)
 
 
@@ -86,6 +90,20 @@ def zeros_param(shape: tuple[int, ...], dtype, name: str) -> Parameter:
 
 
 @timed("KV cache")
+def filled_param(shape: tuple[int, ...], dtype, name: str, fill: Callable[[np.ndarray], object]) -> Parameter:
+    """A Parameter ``fill`` writes in place: MindSpore allocates it (``zeros_param``) and ``fill`` gets a NumPy view
+    of that memory, so a big weight is written once and never copied (``host_param`` copies it: for the 1.7B model's
+    1.5 GB of packed weights and embedding, most of the load's CPU on a VM whose first touch of memory is slow). If
+    this MindSpore hands out a copy rather than a view, the filled copy is set as the data."""
+    p = zeros_param(shape, dtype, name)
+    p.init_data()
+    view = p.asnumpy()
+    fill(view)
+    if p.asnumpy().ctypes.data != view.ctypes.data:
+        p.set_data(Tensor(view))
+    return p
+
+
 def kv_cache_param(kv_dtype: str, rows: int, head_dim: int, name: str) -> Parameter:
     """An empty KV cache of ``rows`` rows in ``kv_dtype`` (kv_dtype.py; the AOT attention kernel takes the format
     from its dtype): float32 / float16 / bfloat16 [rows, head_dim], or q8_0 blocks as uint8 [rows, row bytes]."""
