@@ -89,7 +89,6 @@ def zeros_param(shape: tuple[int, ...], dtype, name: str) -> Parameter:
     return Parameter(Tensor(shape=shape, dtype=dtype, init=Zero()), name=name, requires_grad=False)
 
 
-@timed("KV cache")
 def filled_param(shape: tuple[int, ...], dtype, name: str, fill: Callable[[np.ndarray], object]) -> Parameter:
     """A Parameter ``fill`` writes in place: MindSpore allocates it (``zeros_param``) and ``fill`` gets a NumPy view
     of that memory, so a big weight is written once and never copied (``host_param`` copies it: for the 1.7B model's
@@ -104,6 +103,7 @@ def filled_param(shape: tuple[int, ...], dtype, name: str, fill: Callable[[np.nd
     return p
 
 
+@timed("KV cache")
 def kv_cache_param(kv_dtype: str, rows: int, head_dim: int, name: str) -> Parameter:
     """An empty KV cache of ``rows`` rows in ``kv_dtype`` (kv_dtype.py; the AOT attention kernel takes the format
     from its dtype): float32 / float16 / bfloat16 [rows, head_dim], or q8_0 blocks as uint8 [rows, row bytes]."""
