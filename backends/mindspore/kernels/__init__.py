@@ -70,9 +70,8 @@ import numpy as np
 from backends.mindspore.kernels.build import VARIANTS, KernelBuildError, build_kernel, choose_variant, default_cache_dir
 
 __all__ = ["fast_matmul", "aot_ops", "AotOps", "prepare_weight", "prepare_qweight", "prepare_qstack", "QGROUP",
-           "qmatmul_isa", "KERNEL_KINDS", "PANEL", "dequantize_qweight", "build_kernel", "set_kernel_threads",
-           "kernel_library",
-           "kernel_stats", "KernelBuildError",
+           "qmatmul_isa", "KERNEL_KINDS", "PANEL", "dequantize_qweight", "packed_shape", "build_kernel",
+           "set_kernel_threads", "kernel_library", "kernel_stats", "KernelBuildError",
            "default_cache_dir", "ENTRY", "VARIANTS", "choose_variant", "kernel_variant",
            "active_library"]
 
@@ -109,30 +108,40 @@ _QFORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")  # 
 PACKED_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24, "q4_k": 148, "q5_k": 180, "q6_k": 210}
 
 
-def prepare_qweight(q, cache_dir: str | os.PathLike | None = None, variant: str | None = None) -> np.ndarray:
+def packed_shape(q) -> tuple[int, int, int]:
+    """The shape of ``prepare_qweight(q)``: ``(1, K/B * P, N)``."""
+    from backends.mindspore.quant import BLOCK_SIZE
+
+    return 1, q.cols // BLOCK_SIZE[q.fmt] * PACKED_BYTES[q.fmt], q.rows
+
+
+def prepare_qweight(q, cache_dir: str | os.PathLike | None = None, variant: str | None = None,
+                    out: np.ndarray | None = None) -> np.ndarray:
     """Pack a ``QuantWeight`` (GGUF blocks of a ``[N, K]`` matrix, HF layout) for the quantized matmul: uint8
     ``[1, K/B * P, N]`` (B the format's block size, P = ``PACKED_BYTES``), laid out as qmatmul.cc's header
     describes: groups of 16 output columns, each holding, block after block, the quants of its columns
     dword-major (one 64-byte load = one dword of each of 16 columns; q8_0 quants stored + 128) and then their
     scales. The layout is the same on every CPU (only the kernels' instructions differ). Packed by the kernel
-    library (pack.cc's MindservePackQWeight, on the kernel threads; ``kernel_library`` says which library)."""
-    from backends.mindspore.quant import BLOCK_SIZE
-
-    out = np.empty((1, q.cols // BLOCK_SIZE[q.fmt] * PACKED_BYTES[q.fmt], q.rows), np.uint8)
+    library (pack.cc's MindservePackQWeight, on the kernel threads; ``kernel_library`` says which library), into
+    ``out`` if given (a C-contiguous uint8 array of ``packed_shape(q)``, e.g. a Parameter's own memory)."""
+    out = np.empty(packed_shape(q), np.uint8) if out is None else out
     _blocks_entry(kernel_library(cache_dir, variant), "MindservePackQWeight", q, out)
     return out
 
 
-def dequantize_qweight(q, cache_dir: str | os.PathLike | None = None, variant: str | None = None) -> np.ndarray:
+def dequantize_qweight(q, cache_dir: str | os.PathLike | None = None, variant: str | None = None,
+                       out: np.ndarray | None = None) -> np.ndarray:
     """``quant.dequantize(q)`` -- the same float32 bits, ggml's operation order -- by the kernel library (pack.cc's
-    MindserveDequantize, on the kernel threads): float32 ``[rows, cols]``."""
-    out = np.empty((q.rows, q.cols), np.float32)
+    MindserveDequantize, on the kernel threads): float32 ``[rows, cols]`` (into ``out`` if given)."""
+    out = np.empty((q.rows, q.cols), np.float32) if out is None else out
     _blocks_entry(kernel_library(cache_dir, variant), "MindserveDequantize", q, out)
     return out
 
 
 def _blocks_entry(lib: ctypes.CDLL, entry: str, q, out: np.ndarray) -> None:
     """``entry(blocks, fmt, out)`` called as MindSpore calls an AOT entry (pack.cc)."""
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"{entry} writes a C-contiguous, writeable array, got one with flags {out.flags}")
     arrays = [np.ascontiguousarray(q.blocks), np.array([_QFORMATS.index(q.fmt)], np.int32), out]
     n = len(arrays)
     shapes = [(ctypes.c_int64 * a.ndim)(*a.shape) for a in arrays]

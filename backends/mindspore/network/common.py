@@ -1,6 +1,8 @@
 """What both kernel paths' networks share: parameters from host arrays, the rotary tables, RMSNorm."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
@@ -33,7 +35,8 @@ def aot_param(array: np.ndarray | QuantWeight, name: str) -> Parameter:
     if isinstance(array, QuantWeight):
         from backends.mindspore.kernels import dequantize_qweight
 
-        array = dequantize_qweight(array)
+        q = array
+        return filled_param(q.shape, ms.float32, name, lambda out: dequantize_qweight(q, out=out))
     return param(array, name)
 
 
@@ -50,13 +53,18 @@ def stock_weight(parts: list[np.ndarray | QuantWeight], name: str, dtype=ms.floa
 
 @timed("pack weights")
 def aot_weight(parts: list[np.ndarray | QuantWeight], name: str) -> Parameter:
-    """An AOT matmul weight: GGUF blocks stay quantized, each part in its own format (prepare_qstack: a stack whose
-    parts ship in different formats, e.g. Q4_K_M's Q6_K attn_v beside Q4_K q and k, is a segmented weight), else
-    float32 in the kernel's packed layout."""
-    from backends.mindspore.kernels import prepare_qstack, prepare_weight
+    """An AOT matmul weight: GGUF blocks stay quantized, each part in its own format (one format: prepare_qweight
+    writes straight into the Parameter; a stack whose parts ship in different formats, e.g. Q4_K_M's Q6_K attn_v
+    beside Q4_K q and k, is a segmented weight: prepare_qstack), else float32 in the kernel's packed layout."""
+    from backends.mindspore.kernels import packed_shape, prepare_qstack, prepare_qweight, prepare_weight
+    from backends.mindspore.quant import stack_segments
 
     if all(isinstance(p, QuantWeight) for p in parts):
-        return host_param(prepare_qstack(parts), name)
+        runs = stack_segments(parts)
+        if len(runs) > 1:
+            return host_param(prepare_qstack(parts), name)
+        q = runs[0]
+        return filled_param(packed_shape(q), ms.uint8, name, lambda out: prepare_qweight(q, out=out))
     return param(prepare_weight(_stacked(parts)), name)
 
 
@@ -84,6 +92,20 @@ def zeros_param(shape: tuple[int, ...], dtype, name: str) -> Parameter:
     no host array, no float32 detour, no copy. Measured (MindSpore 2.9, a 1 GiB float16 cache): 0.00 s to build and
     untouched pages until written, where ``Tensor(np.zeros(float32), float16)`` took 5 s of CPU and twice the memory."""
     return Parameter(Tensor(shape=shape, dtype=dtype, init=Zero()), name=name, requires_grad=False)
+
+
+def filled_param(shape: tuple[int, ...], dtype, name: str, fill: Callable[[np.ndarray], object]) -> Parameter:
+    """A Parameter ``fill`` writes in place: MindSpore allocates it (``zeros_param``) and ``fill`` gets a NumPy view
+    of that memory, so a big weight is written once and never copied (``host_param`` copies it: for the 1.7B model's
+    1.5 GB of packed weights and embedding, most of the load's CPU on a VM whose first touch of memory is slow). If
+    this MindSpore hands out a copy rather than a view, the filled copy is set as the data."""
+    p = zeros_param(shape, dtype, name)
+    p.init_data()
+    view = p.asnumpy()
+    fill(view)
+    if p.asnumpy().ctypes.data != view.ctypes.data:
+        p.set_data(Tensor(view))
+    return p
 
 
 @timed("KV cache")

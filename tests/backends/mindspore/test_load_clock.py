@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 
 from backends.mindspore import load_clock
@@ -69,3 +70,15 @@ def test_outside_a_load_nothing_is_timed(clock_time, caplog):
     with LoadClock(layers=1) as clock:
         pass
     assert clock.summary() == "" and not caplog.records
+
+
+def test_the_networks_phases_are_named_where_they_run():
+    import mindspore as ms
+
+    from backends.mindspore.network.common import aot_param, filled_param, kv_cache_param
+
+    with LoadClock(layers=1) as clock:
+        kv_cache_param("float16", 64, 8, "model.layers.0.k_cache")
+        filled_param((4, 4), ms.float32, "model.layers.0.w", lambda out: out.fill(1.0))  # timed by its caller
+        aot_param(np.ones((3, 2), np.float32), "embed")
+    assert list(clock.seconds) == ["KV cache", "embedding"]
