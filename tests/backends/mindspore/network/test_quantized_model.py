@@ -41,12 +41,14 @@ _KINDS = {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0, 
 TOL_TINY = 5e-4
 # The real model (30 layers) with int8 activations is sensitive to rounding at the 0.5-logit level: a flip in a
 # block holding one of its outlier channels (|x| ~ 50, so dx ~ 0.4) moves that input by 0.4. Measured on the
-# prompts below (2 prompts x 4 steps, both formats): the float32 and float64 evaluations of the very same
-# ActQuantRef differ by up to max 0.85, mean 0.24 (logits std ~3.4); mindserve against the float64 one by up
-# to max 0.99, mean 0.29. So the bound is 1.5 (max) and 0.4 (mean): under twice that noise floor, and a
-# tenth of what a wrong format or layout gives (a mean difference of the order of the logits' spread). The
-# sharp checks are the kernel's (bit level) and the tiny model's.
-TOL_REAL_MAX, TOL_REAL_MEAN = 1.5, 0.4
+# prompts below (2 prompts x 4 steps, both formats; dx and Q4_1's block sums rounded to fp16 as llama.cpp stores
+# them, which widened this spread, cause not isolated): the float32 and float64 evaluations of the very same
+# ActQuantRef differ by up to max 1.06, mean 0.45 (logits std ~3.4); mindserve against the float64 one by up
+# to max 1.13, mean 0.43. (Before the fp16 scales: 0.85 / 0.24 and 0.99 / 0.29.) So the bound is 1.5 (max) and
+# 0.6 (mean): under 1.5x that noise floor, and a sixth of what a wrong format or layout gives (a mean
+# difference of the order of the logits' spread). The sharp checks are the kernel's (bit level) and the tiny
+# model's.
+TOL_REAL_MAX, TOL_REAL_MEAN = 1.5, 0.6
 
 
 class ActQuantRef(RefModel):
