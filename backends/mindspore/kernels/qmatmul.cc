@@ -13,12 +13,13 @@
 // (GGUF nibble byte i of a block holds weight i in its low half and weight i + 16 in its high half.)
 //
 // Activations are quantized per row and per block of 32 (as llama.cpp does for these dot products):
-//   amax = max |x_k|, dx = amax / 127, qx_k = round-half-even(x_k * (127 / amax)) in -127..127 (0 if amax is 0
-//   or 127 / amax is not finite),
-//   sx = sum qx_k. The quantization of a row depends on that row only.
+//   amax = max |x_k|, qx_k = round-half-even(x_k * (127 / amax)) in -127..127 (0 if amax is 0 or 127 / amax is
+//   not finite), sx = sum qx_k, and, as llama.cpp's x86 quantize_row_q8_0 / quantize_row_q8_1 store them in
+//   block_q8_0.d / block_q8_1.s (fp16, nearest, ties to even; the product taken before either rounding):
+//   dx = fp16(amax / 127), sfx = fp16((amax / 127) * (float)sx). The quantization of a row depends on that row only.
 // Each output element then is, over the blocks b = 0 .. K/32 - 1 in order (all float32, exact integer sums):
 //   Q8_0, Q4_0: acc = fma(d_w * dx, (float)sum_k(q_k * qx_k) [- 8 sx for Q4_0], acc)
-//   Q4_1:       acc = fma(d_w * dx, (float)sum_k(q_k * qx_k), acc);  acc = fma(m_w, dx * (float)sx, acc)
+//   Q4_1:       acc = fma(d_w * dx, (float)sum_k(q_k * qx_k), acc);  acc = fma(m_w, sfx, acc)
 // The Q5 formats take the same activations as Q4_0 / Q4_1 (offset 16 for Q5_0, m for Q5_1). The K-quants take
 // llama.cpp's Q8_K activations: per 256 values iscale = 127 / amax, q = round-half-even(x * iscale), dx = 1 / iscale,
 // and the sums of each 16 q (bsums); then per super-block (ktile below has the integer sums):
@@ -78,6 +79,7 @@
 #include <vector>
 
 #include "entry.h"
+#include "kv_format.h"
 #include "pool.h"
 #include "vec.h"
 #include "lora.h"
@@ -119,7 +121,7 @@ inline void store_f(float *p, VF a, int w) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Activation quantization (see the header comment): q [M, K] int8; d, sf [M, K/32] float (sf = d * sum q);
+// Activation quantization (see the header comment): q [M, K] int8; d, sf [M, K/32] float (dx and sfx: fp16 values);
 // s [M, K/32] int32 (sum q). For the K-quants (quantize_rows_k): d [M, K/256], s [M, K/16] (the bsums), nb = K/256.
 struct QX {
   std::vector<int8_t> q;
@@ -127,6 +129,10 @@ struct QX {
   std::vector<int32_t> s;
   int64_t K = 0, nb = 0;
 };
+
+// float -> the nearest fp16 (ties to even, +-inf at or above 65520, as F16C's vcvtps2ph) -> float: kv_format.h's
+// conversions, integer steps on the bits, the same on every ISA.
+inline float round_f16(float f) { return mindserve::kv::f16_to_f32(mindserve::kv::f32_to_f16(f)); }
 
 inline void quantize_block(const float *x, int8_t *q, float *d, int32_t *s, float *sf) {
   const VF v0 = v::load(x), v1 = v::load(x + 16);
@@ -141,9 +147,9 @@ inline void quantize_block(const float *x, int8_t *q, float *d, int32_t *s, floa
   v::store_i8_sat(q + 16, q1);
   const int32_t sum = v::reduce_add_i32(v::iadd(q0, q1));
   const float dv = amax / 127.0f;
-  *d = dv;
+  *d = round_f16(dv);
   *s = sum;
-  *sf = dv * static_cast<float>(sum);
+  *sf = round_f16(dv * static_cast<float>(sum));
 }
 
 void quantize_rows(const float *x, int64_t M, int64_t K, QX *out) {
@@ -331,7 +337,7 @@ constexpr int64_t kKPrefetch = 9472;
 //   Q5_0, Q5_1:  isum = dot                        (Q5_0: - 16 sx)
 //   Q4_K, Q5_K:  isum += sc_j * dot_j,    imin += mn_j * (bsum_2j + bsum_2j+1)
 //   Q6_K:        isum += sc_2j * (dot_lo - 32 bsum_2j) + sc_2j+1 * (dot_hi - 32 bsum_2j+1)   (halves of 16)
-// and per block: acc = fma(d_w * dx, (float)isum, acc); Q5_1: acc = fma(m_w, dx * sx, acc);
+// and per block: acc = fma(d_w * dx, (float)isum, acc); Q5_1: acc = fma(m_w, sfx, acc);
 // Q4_K, Q5_K: acc = fnmadd(dmin_w * dx, (float)imin, acc).
 template <int MR, int F, bool FULL>
 void ktile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t /*group_bytes*/, int w_,
@@ -724,7 +730,7 @@ int mindserve_qmatmul_packed_raw(const float *x, const uint8_t *w_packed, int64_
   return mindserve::qmatmul_packed(x, w_packed, L, res, y, M, K, N);
 }
 
-// The activation quantization alone: q [M, K] int8, d [M, K/32] float, s [M, K/32] int32.
+// The activation quantization alone: q [M, K] int8, d [M, K/32] float (dx, an fp16 value), s [M, K/32] int32.
 int mindserve_quantize_rows_raw(const float *x, int64_t M, int64_t K, int8_t *q, float *d, int32_t *s) {
   mindserve::FpScope fp;
   if (K % 32 != 0) return 2;

@@ -209,6 +209,32 @@ def test_qmatmul_q5_and_k_quants(lib, fmt, m, k, n, blocks):
     assert_bits(y, ref.product(x, q, res, lora))
 
 
+@pytest.mark.parametrize("fmt", list(QFORMATS))
+def test_activation_scales_are_rounded_to_fp16(lib, fmt):
+    """The 32-block formats take dx and dx * sum q as fp16 (llama.cpp's block_q8_0.d / block_q8_1.s): blocks whose
+    dx or sum is an fp16 subnormal, a tie, far above 1 or beyond the fp16 range round as NumPy's float32 ->
+    float16 (nearest, ties to even, inf)."""
+    rng = np.random.default_rng(8)
+    k = 32 * 9
+    x = qx(rng, 4, k)
+    for b, scale in enumerate([1e-9, 3e-8, 1e-7, 2e-6, 6e-5, 1e-3, 1.0, 300.0, 1e4]):
+        blk = x[:, 32 * b:32 * (b + 1)]
+        amax = np.abs(blk).max(-1, keepdims=True)
+        blk *= np.where(amax > 0, np.float32(scale) / np.where(amax > 0, amax, 1), 1).astype(F32)  # zero blocks stay
+    x[3, :32] = 0.0
+    x[3, 0] = np.float32(127 * 2.0 ** -25)  # dx = 2^-25 exactly: an fp16 tie between 0 and 2^-24, to 0
+    x[3, 32:64] = 0.0
+    x[3, 32] = np.float32(127 * 3 * 2.0 ** -25)  # dx = 3 * 2^-25: a tie between 2^-24 and 2^-23, to 2^-23
+    x[2, 224:256] = np.float32(3000)  # dx * sum q = 96000: beyond fp16, inf (so is Q4_1 / Q5_1's row, as llama.cpp's)
+    q = qweight(fmt, 21, k, seed=9)
+    y = out(4, 21)
+    assert lib.mindserve_qmatmul_raw(x.ctypes.data, prepare_qweight(q).ctypes.data, QCODES[fmt], None,
+                                     y.ctypes.data, 4, k, 21) == 0
+    assert_bits(y, ref.qmatmul(x, q))
+    want = ref.quantize_rows(x)
+    assert want.d[3, 0] == 0 and want.d[3, 1] == 2.0 ** -23 and np.isinf(want.sf[2, 7])
+
+
 def test_quantize_rows_k(lib):
     """Q8_K: per 256 values q = round-half-even(x * 127/amax), d = 1/(127/amax), the sums of each 16 q."""
     rng = np.random.default_rng(6)

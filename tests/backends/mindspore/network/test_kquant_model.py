@@ -2,10 +2,11 @@
 super-blocks of 256 (hidden 256, ffn 512, head_dim 64) stored as a llama-quantize Q4_K_M-like mix, served on the
 AOT path, against the NumPy reference on the same blocks dequantized by the `gguf` package.
 
-The reference quantizes each matmul's input the way the kernel does for that weight's format (qmatmul.cc):
-per block of 32 with dx = amax / 127 for the 32-block formats, per 256 with dx = 1 / (127 / amax) (Q8_K) for
-the K-quants; everything else is float64. The tolerance is test_quantized_model.py's TOL_TINY (same reasoning:
-float32 rounding, far below what leaving the activation quantization out costs, which the second test checks).
+The reference quantizes each matmul's input the way the kernel does for that weight's format (qmatmul.cc,
+tests/support/act_quant_ref.py): per block of 32 with dx = fp16(amax / 127) (and Q5_1's fp16 block sums) for the
+32-block formats, per 256 with dx = 1 / (127 / amax) (Q8_K) for the K-quants; everything else is float64. The
+tolerance is test_quantized_model.py's TOL_TINY (same reasoning: float32 rounding, far below what leaving the
+activation quantization out costs, which the second test checks).
 A stack whose parts ship in different formats (here q/k Q4_K beside a Q6_K v, as Q4_K_M does, and a Q4_K up beside
 a Q5_K gate) is served with every part in its own format (a segmented weight, kernels.prepare_qstack): the
 ``mixed`` case's reference dequantizes each part as shipped and quantizes each part's input for its own format.
@@ -24,7 +25,7 @@ from safetensors.numpy import load_file
 
 from backends.mindspore.quant import BLOCK_SIZE, QuantWeight, cols_of
 from backends.mindspore.runners import DecodeRow
-from tests.support import tiny_model
+from tests.support import act_quant_ref, tiny_model
 from tests.support.reference_numpy import RefConfig, RefModel
 from tests.support.runner import make_runner, prefill, prompt
 
@@ -40,35 +41,33 @@ UNIFORM = {"layers.1.self_attn.o_proj.weight": "q5_1", "self_attn.o_proj.weight"
 MIXED = {"self_attn.v_proj.weight": "q6_k", "layers.1.mlp.up_proj.weight": "q4_k", **UNIFORM}
 
 
-def _quant_dequant(x: np.ndarray, block: int) -> np.ndarray:
-    xb = x.reshape(*x.shape[:-1], -1, block)
-    amax = np.abs(xb).max(-1, keepdims=True)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        q = np.where(amax > 0, np.rint(xb * (127.0 / amax)), 0.0)
-    return (q * (amax / 127.0)).reshape(x.shape)
-
-
 class FormatActQuantRef(RefModel):
-    """The reference with each matmul's input quantized as the kernel does for its weight's format."""
+    """The reference with each matmul's input quantized as the kernel does for its weight's format
+    (tests/support/act_quant_ref.py; ``mins``: the block mins of the Q5_1 / Q4_1 tensors)."""
 
-    def __init__(self, config, weights, formats: dict[str, str]):
+    def __init__(self, config, weights, formats: dict[str, str], mins: dict[str, np.ndarray]):
         super().__init__(config, weights)
         self.block = {name.removesuffix(".weight"): BLOCK_SIZE[f] for name, f in formats.items()}
         self.block.setdefault("lm_head", self.block["model.embed_tokens"])
+        self.mins = {name.removesuffix(".weight"): m for name, m in mins.items()}
+        if "model.embed_tokens" in self.mins:
+            self.mins.setdefault("lm_head", self.mins["model.embed_tokens"])
 
     def _linear(self, x: np.ndarray, name: str) -> np.ndarray:
-        return super()._linear(_quant_dequant(x, self.block[name]), name)
+        y = super()._linear(act_quant_ref.quant_dequant(x, self.block[name]), name)
+        return y if name not in self.mins else y + act_quant_ref.mins_term(x, self.mins[name])
 
     def logits(self, ids: list[int]) -> np.ndarray:
-        return _quant_dequant(self.hidden_states(ids), self.block["lm_head"]) @ self.w["lm_head.weight"].T
+        return act_quant_ref.linear(self.hidden_states(ids), self.w["lm_head.weight"], self.block["lm_head"],
+                                    self.mins.get("lm_head"))
 
     def next_logits(self, ids: list[int]) -> np.ndarray:
         return self.logits(ids)[-1]
 
 
-def _reference_weights(path) -> tuple[RefConfig, dict[str, np.ndarray], dict[str, str]]:
+def _reference_weights(path) -> tuple[RefConfig, dict[str, np.ndarray], dict[str, str], dict[str, np.ndarray]]:
     """The directory's blocks dequantized by the gguf package, each tensor in the format it ships in; {name: that
-    format}."""
+    format}; {name: block mins} where it has them."""
     with safe_open(str(path / "model.safetensors"), "np") as f:
         names = json.loads(f.metadata()["mindserve.quantization"])
     raw = load_file(str(path / "model.safetensors"))
@@ -76,7 +75,8 @@ def _reference_weights(path) -> tuple[RefConfig, dict[str, np.ndarray], dict[str
     weights = {k: (gguf_dequantize(qw[k].blocks, GGMLQuantizationType[qw[k].fmt.upper()]).reshape(qw[k].rows, -1)
                    if k in qw else v) for k, v in raw.items()}
     config = RefConfig.from_hf(json.loads((path / "config.json").read_text()))
-    return config, weights, {k: q.fmt for k, q in qw.items()}
+    mins = {k: m for k, q in qw.items() if (m := act_quant_ref.block_mins(q.fmt, q.blocks)) is not None}
+    return config, weights, {k: q.fmt for k, q in qw.items()}, mins
 
 
 @pytest.fixture(scope="module", params=["uniform", "mixed"])
@@ -85,9 +85,9 @@ def kquant(request, tmp_path_factory):
         src = tiny_model.make_tiny_model(tmp_path_factory.mktemp("tiny_wide"), seed=3, arch="llama")
         path = tiny_model.quantized_copy(src, tmp_path_factory.mktemp(f"tiny_k_{request.param}"), "q4_k",
                                          UNIFORM if request.param == "uniform" else MIXED)
-        config, weights, formats = _reference_weights(path)
+        config, weights, formats, mins = _reference_weights(path)
         runner = make_runner(path, kernels="aot")
-    return path, runner, FormatActQuantRef(config, weights, formats), RefModel(config, weights)
+    return path, runner, FormatActQuantRef(config, weights, formats, mins), RefModel(config, weights)
 
 
 def test_k_quant_logits_match_the_reference(kquant):
