@@ -535,7 +535,11 @@ void run_chunk(const void *ctx, int64_t c) {
   for (int64_t g = g0; g < g1;) {
     const int64_t n0 = g * kGroup;
     const int w = static_cast<int>(std::min<int64_t>(kGroup, j.N - n0));
-    const bool pair = kMaxMR2 > 0 && j.fmt <= kQ4_1 && j.M > 1 && g + 1 < g1 && j.N - n0 >= 2 * kGroup;  // no gain for one row
+    // Pairs only where the rows take more than one pass of pair tiles (those passes prefetch for each other): one
+    // pass of pairs waits on memory. Measured (AVX-512 VNNI, Zen 5, one thread, the default model's Q4_1 matmuls,
+    // bench/qmatmul_step.py): M=2 6.23 -> 4.41 ms, M=4 7.10 -> 4.98, M=6 8.85 -> 6.21 with one group per tile;
+    // M=8 (two passes of pairs) 5.95 as before. The speculative verify rows are 2, 4 and 8 tokens.
+    const bool pair = kMaxMR2 > 0 && j.fmt <= kQ4_1 && j.M > kMaxMR2 && g + 1 < g1 && j.N - n0 >= 2 * kGroup;
     const int step = pair ? 2 : 1;
     const uint8_t *wg = j.w + g * group_bytes;
     const float *res = j.res == nullptr ? nullptr : j.res + n0;
