@@ -527,7 +527,11 @@ inline void row_blocks(int64_t M, int most, Fn &&fn) {
 // (a pair never straddles chunks). When several row blocks pass over a step's columns (a group or a pair),
 // they prefetch the next step's weights, each block its share: measured at M=16 on a model's worth of
 // weights (which never stay in cache from one step to the next), the first pass otherwise waits on memory
-// (-8% AVX2, -17% AVX-512 VNNI time); with one pass the hardware prefetcher does better alone (+15% if added).
+// (-8% AVX2, -17% AVX-512 VNNI time); with one pass of one group the hardware prefetcher does better alone
+// (+15% if added), but one pass of pairs (two weight streams) waits on memory without it: measured (AVX-512
+// VNNI, Zen 5, one thread, the default model's Q4_1 matmuls, bench/qmatmul_step.py, side by side) M=2 6.23 ->
+// 4.81 ms, M=4 6.56 -> 4.83, M=6 8.56 -> 5.77 (M=1 4.33 and M=8, two passes, 6.14 unchanged): the speculative
+// verify rows of 2 and 4 tokens and small decode batches.
 void run_chunk(const void *ctx, int64_t c) {
   const Job &j = *static_cast<const Job *>(ctx);
   const int64_t g0 = j.groups * c / j.nchunks, g1 = j.groups * (c + 1) / j.nchunks;
@@ -535,17 +539,13 @@ void run_chunk(const void *ctx, int64_t c) {
   for (int64_t g = g0; g < g1;) {
     const int64_t n0 = g * kGroup;
     const int w = static_cast<int>(std::min<int64_t>(kGroup, j.N - n0));
-    // Pairs only where the rows take more than one pass of pair tiles (those passes prefetch for each other): one
-    // pass of pairs waits on memory. Measured (AVX-512 VNNI, Zen 5, one thread, the default model's Q4_1 matmuls,
-    // bench/qmatmul_step.py): M=2 6.23 -> 4.41 ms, M=4 7.10 -> 4.98, M=6 8.85 -> 6.21 with one group per tile;
-    // M=8 (two passes of pairs) 5.95 as before. The speculative verify rows are 2, 4 and 8 tokens.
-    const bool pair = kMaxMR2 > 0 && j.fmt <= kQ4_1 && j.M > kMaxMR2 && g + 1 < g1 && j.N - n0 >= 2 * kGroup;
+    const bool pair = kMaxMR2 > 0 && j.fmt <= kQ4_1 && j.M > 1 && g + 1 < g1 && j.N - n0 >= 2 * kGroup;  // no gain for one row
     const int step = pair ? 2 : 1;
     const uint8_t *wg = j.w + g * group_bytes;
     const float *res = j.res == nullptr ? nullptr : j.res + n0;
     const int64_t next = std::min<int64_t>(step, g1 - g - step) * group_bytes;  // the next step's weight bytes
     row_blocks(j.M, pair ? kMaxMR2 : kMaxMR, [&](int64_t m, int64_t rows, int64_t pass, int64_t passes) {
-      const int64_t ahead = passes > 1 ? next : 0;
+      const int64_t ahead = passes > 1 || pair ? next : 0;
       const Ahead a{wg + step * group_bytes + ahead * pass / passes, ahead * (pass + 1) / passes - ahead * pass / passes};
       const TileFn fn = pair ? kTiles.fn[j.fmt][2][rows - 1] : kTiles.fn[j.fmt][w == kGroup][rows - 1];
       fn(*j.qx, m, wg, group_bytes, w, res == nullptr ? nullptr : res + m * j.ldy, j.y + m * j.ldy + n0, j.ldy, a);
