@@ -1,6 +1,6 @@
 """Prompt-lookup (n-gram) speculative decoding (the reference server's memory_decoding): each sequence drafts the
 tokens that followed the most recent earlier occurrence of its longest matching suffix, in its prompt and its
-own output (``NgramIndex``), pausing where its drafts stop paying (``Drafter``); ``Speculator`` hands
+own output (``NgramIndex``), with a draft length that follows its acceptance (``Drafter``); ``Speculator`` hands
 out a step's drafts within the runner's budget (from the n-gram index, or from a draft model: draft_model.py;
 a grammar row's cut where its grammar refuses) and counts what was drafted and accepted.
 
@@ -23,12 +23,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mindserve.engine")
 
-PAUSE_WINDOW = 4  # verify steps whose accepted tokens decide a pause
-# Accepted draft tokens per verify step (the window's mean) below which drafting pauses. A verify row's cost is its
-# packed graph's, nearly flat from 2 to 8 tokens: measured on the default model (Zen 5, process CPU time per step
-# at position 120), 2, 4 and 8 tokens cost 1.33x, 1.49x and 1.55x one token, so a full draft pays once it is
-# accepted for more than about half a token on average.
-PAUSE_BELOW = 0.5
+PAUSE_WINDOW = 4  # verify steps whose acceptance decides a pause
+PAUSE_BELOW = 0.25  # acceptance rate over the window below which drafting pauses
 FIRST_PAUSE, LONGEST_PAUSE = 16, 512  # generated tokens without drafting; each pause in a row doubles
 
 
@@ -80,29 +76,24 @@ class DraftCache:
 
 @dataclass(slots=True)
 class Drafter:
-    """One sequence's drafting: its index, its draft length ``k`` and, when adaptive, its pauses. Adaptive: when
-    the last PAUSE_WINDOW verify steps accepted fewer than PAUSE_BELOW draft tokens each on average, drafting
-    pauses for a number of generated tokens that doubles with each pause until a draft is accepted whole (so a
-    sequence with nothing to copy soon costs nothing but the lookup). Prompt-lookup drafts cost nothing to propose
-    and a verify row costs by its packed graph, not its tokens (PAUSE_BELOW), so ``k`` stays ``max_draft``:
-    shortening a draft after a miss saves almost nothing and loses the copy that resumes after it. A draft model's
-    tokens cost a forward pass each (``per_token_cost``): its k starts at half of max_draft, doubles after a fully
-    accepted draft and drops to one more than the accepted count otherwise."""
+    """One sequence's drafting: its index, its draft length ``k`` and, when adaptive, its pauses. Adaptive: k
+    doubles after a fully accepted draft and drops to one more than the accepted count otherwise; when fewer
+    than PAUSE_BELOW of the drafts of the last PAUSE_WINDOW verify steps are accepted, drafting pauses for a
+    number of generated tokens that doubles with each pause until a draft is accepted whole (so a sequence
+    with nothing to copy soon costs nothing but the lookup)."""
 
     settings: SpeculationSettings
     index: NgramIndex
     k: int
-    per_token_cost: bool = False  # each draft token costs a forward pass (a draft model): k follows acceptance
     resume_at: int = 0  # generated tokens before which it does not draft
     pause: int = FIRST_PAUSE
     recent: collections.deque = field(default_factory=lambda: collections.deque(maxlen=PAUSE_WINDOW))
     cache: DraftCache = field(default_factory=DraftCache)  # with a draft model: what its cache holds
 
     @classmethod
-    def of(cls, settings: SpeculationSettings, per_token_cost: bool = False) -> Drafter:
-        grows = settings.adaptive and per_token_cost
-        k = max(1, settings.max_draft // 2) if grows else settings.max_draft
-        return cls(settings, NgramIndex(settings.ngram_min, settings.ngram_max), k, grows)
+    def of(cls, settings: SpeculationSettings) -> Drafter:
+        k = max(1, settings.max_draft // 2) if settings.adaptive else settings.max_draft
+        return cls(settings, NgramIndex(settings.ngram_min, settings.ngram_max), k)
 
     def propose(self, prompt: Sequence[int], generated: Sequence[int], limit: int) -> list[int]:
         """Up to min(k, ``limit``) draft tokens after ``prompt`` + ``generated`` (none while paused)."""
@@ -121,10 +112,10 @@ class Drafter:
         """A verify step's outcome: ``accepted`` of ``drafted`` drafts, the sequence at ``generated`` tokens."""
         if not self.settings.adaptive:
             return
-        if self.per_token_cost:
-            self.k = min(2 * self.k, self.settings.max_draft) if accepted == drafted else max(1, accepted + 1)
-        self.recent.append(accepted)
-        if len(self.recent) == PAUSE_WINDOW and sum(self.recent) < PAUSE_BELOW * PAUSE_WINDOW:
+        self.k = min(2 * self.k, self.settings.max_draft) if accepted == drafted else max(1, accepted + 1)
+        self.recent.append((drafted, accepted))
+        tried = sum(d for d, _ in self.recent)
+        if len(self.recent) == PAUSE_WINDOW and sum(a for _, a in self.recent) < PAUSE_BELOW * tried:
             self.resume_at = generated + self.pause
             self.pause = min(2 * self.pause, LONGEST_PAUSE)
             self.recent.clear()
@@ -179,7 +170,7 @@ class Speculator:
 
     def drafter(self, wanted: bool) -> Drafter | None:
         """A new sequence's drafter, or None: speculation off, or the request opted out (``wanted`` False)."""
-        return Drafter.of(self.settings, self.model is not None) if self.active and wanted else None
+        return Drafter.of(self.settings) if self.active and wanted else None
 
     def propose(self, seqs: Sequence[Drafting], budget: int,
                 fit: Callable[[int], int] = lambda wanted: wanted) -> dict[Drafting, tuple[int, ...]]:
