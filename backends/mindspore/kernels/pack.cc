@@ -19,6 +19,7 @@
 #include <cstring>
 
 #include "entry.h"
+#include "kv_format.h"
 #include "pool.h"
 
 namespace {
@@ -33,24 +34,6 @@ inline uint16_t le16(const uint8_t *p) { return static_cast<uint16_t>(p[0] | (p[
 inline uint32_t le32(const uint8_t *p) {
   return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) | (static_cast<uint32_t>(p[2]) << 16) |
          (static_cast<uint32_t>(p[3]) << 24);
-}
-
-// IEEE half -> float, exactly (subnormals as man * 2^-24; an infinity or NaN keeps its sign and payload).
-inline float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
-  uint32_t bits;
-  if (exp == 0x1F) {
-    bits = sign | 0x7F800000u | (man << 13);
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112) << 23) | (man << 13);
-  } else {
-    float f = static_cast<float>(man) * 0x1p-24f;  // exact: man < 1024
-    std::memcpy(&bits, &f, 4);
-    bits |= sign;
-  }
-  float out;
-  std::memcpy(&out, &bits, 4);
-  return out;
 }
 
 // One GGUF block as numbers: u the unsigned quants (q8_0: q + 128), sc the K-quants' 16 scale bytes (Q4_K / Q5_K:
@@ -220,11 +203,11 @@ struct DequantJob {
 };
 
 void dequantize_block(int fmt, const Block &k, float *y) {
-  const float d = half_to_float(k.d);
+  const float d = mindserve::kv::f16_to_f32(k.d);
   if (fmt < kQ4_K) {
     const int offset = fmt == kQ8_0 ? 128 : fmt == kQ4_0 ? 8 : fmt == kQ5_0 ? 16 : 0;
     if (k.nhalves == 2) {
-      const float m = half_to_float(k.m);
+      const float m = mindserve::kv::f16_to_f32(k.m);
       for (int i = 0; i < 32; ++i) y[i] = d * static_cast<float>(k.u[i]) + m;
     } else {
       for (int i = 0; i < 32; ++i) y[i] = d * static_cast<float>(k.u[i] - offset);
@@ -235,7 +218,7 @@ void dequantize_block(int fmt, const Block &k, float *y) {
       for (int i = 0; i < 16; ++i) y[16 * s + i] = ds * static_cast<float>(k.u[16 * s + i] - 32);
     }
   } else {
-    const float dmin = half_to_float(k.m);
+    const float dmin = mindserve::kv::f16_to_f32(k.m);
     for (int s = 0; s < 8; ++s) {
       const float ds = d * static_cast<float>(k.sc[s]), dm = dmin * static_cast<float>(k.sc[8 + s]);
       for (int i = 0; i < 32; ++i) y[32 * s + i] = ds * static_cast<float>(k.u[32 * s + i]) - dm;
