@@ -6,8 +6,9 @@ For each prompt of ``bench/serve_bench.py``'s set (tokenized once, by mindserve'
 token ids, so both start from the very same ids), both generate ``--tokens`` greedy tokens with EOS banned:
 llama-server (``-np 1``, 2 threads, ``POST /completion`` with ``temperature 0``, ``top_k 1``, ``ignore_eos``,
 ``n_probs 2``) and mindserve in process (the AOT runner on the default GGUF converted with each
-``convert-gguf --dtype``, argmax of its logits, EOS never special). It prints, per weight format, how many
-prompts agree on every token, the mean common prefix, and at every first divergence both sides' margins
+``convert-gguf --dtype``, argmax of its logits, EOS never special; its KV cache in ``--kv-dtype``, float32 unless
+asked). It prints, per weight format, how many prompts agree on every token, the mean common prefix, and at
+every first divergence both sides' margins
 (mindserve: top-1 minus top-2 logit; llama.cpp: its top-2 probabilities), which tells a near tie (either
 side) from a real disagreement. Never run by the test suite.
 """
@@ -90,7 +91,7 @@ def mindserve_greedy(runner, ids: list[int], n: int) -> tuple[list[int], list[fl
     return out, margins
 
 
-def make_runner(model_dir: Path):
+def make_runner(model_dir: Path, kv_dtype: str = "float32"):
     from backends.mindspore.config import load_model_spec
     from backends.mindspore.model import set_mode
     from backends.mindspore.runner import build_runner
@@ -100,7 +101,8 @@ def make_runner(model_dir: Path):
     spec = load_model_spec(model_dir)
     set_mode(0, "CPU", THREADS)
     shapes = Shapes(block_size=64, prefill_chunk=32, batch_buckets=(1,), window_buckets=(256,))
-    return build_runner(spec, load_weights(spec.checkpoint, spec.checkpoint_format), shapes, 8, "aot")
+    return build_runner(spec, load_weights(spec.checkpoint, spec.checkpoint_format), shapes, 8, "aot",
+                        kv_dtype=kv_dtype)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -116,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=32, help="greedy tokens per prompt (default 32)")
     ap.add_argument("--prompts", type=int, default=len(PROMPTS), help=f"how many of the {len(PROMPTS)} prompts")
     ap.add_argument("--gguf", type=Path, default=None, help="the GGUF (default: the default model's Q4_1)")
+    ap.add_argument("--kv-dtype", default="float32",
+                    help="mindserve's KV cache format (kvCacheDtype: float32, float16, ...; llama-server keeps f16)")
     ap.add_argument("--llama-server-dir", type=Path, default=LLAMA_ANCHORS)
     ap.add_argument("--workdir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "mindserve-bench")
     ap.add_argument("--json", type=Path, default=None)
@@ -140,11 +144,12 @@ def main(argv: list[str] | None = None) -> int:
         server.terminate()
         server.wait(30)
 
-    record = {"gguf": gguf.name, "tokens": args.tokens, "prompts": len(prompts), "formats": {}}
+    record = {"gguf": gguf.name, "tokens": args.tokens, "prompts": len(prompts), "kv_dtype": args.kv_dtype,
+              "formats": {}}
     print(f"Greedy ids, mindserve vs llama-server on {gguf.name}: {len(prompts)} prompts x {args.tokens} tokens, "
-          f"EOS banned, the same prompt ids on both sides")
+          f"EOS banned, the same prompt ids on both sides, mindserve's KV cache {args.kv_dtype}")
     for dtype, path in dirs.items():
-        runner = make_runner(path)
+        runner = make_runner(path, args.kv_dtype)
         rows = []
         for i, ids in enumerate(prompts):
             mine, margins = mindserve_greedy(runner, ids, args.tokens)

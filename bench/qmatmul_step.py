@@ -4,13 +4,17 @@ cache from one step to the next), in model order through ``mindserve_qmatmul_raw
 round, and each reports its fastest and median step.
 
     python bench/qmatmul_step.py TREE:VARIANT [TREE:VARIANT ...] [--rows 16] [--threads 1] [--rounds 7]
-        [--format q4_1] [--shape HIDDEN,FFN --layers 2]
+        [--format q4_1] [--shape HIDDEN,FFN --layers 2] [--matrices qkv]
 
 ``--format`` stores the layers' matrices in another GGUF format (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k;
 the K-quants written by quant.quantize); several, comma-separated (``--format q4_1,q4_k``), are timed round by round
 alternately, like the builds. ``--shape HIDDEN,FFN`` times another model's layers instead, as the server
 runs them: the fused qkv [H, 3H] (no GQA), o [H, H], the fused gate/up [H, 2F] and down [F, H], without the head
 (e.g. ``--shape 2048,8192 --layers 2``: SmolLM2-1.7B, 2 layers of weights, still far more than the caches hold).
+A format may give some parts another one, ``FMT:PART=FMT...`` with PART one of q, k, v, o, gate, up, down: a fused
+matrix whose parts then differ is a segmented weight (kernels.prepare_qstack), e.g. Q4_K_M's qkv against it
+requantized to Q6_K: ``--shape 2048,8192 --layers 2 --matrices qkv --format q4_k:v=q6_k,q6_k``. ``--matrices``
+times only the named matrices of each layer (qkv, o, gate_up, down; without --shape: q, k, v, o, gate, up, down).
 
 TREE is a source tree (e.g. /work/main and this one), VARIANT a kernel variant (``x86-64-v3``, ...); each build is
 made by its own tree in a child process. With one thread the time is the thread's CPU time (``time.thread_time``),
@@ -32,9 +36,11 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from backends.mindspore.kernels import prepare_qweight  # noqa: E402
+from backends.mindspore.kernels import prepare_qstack  # noqa: E402
 
-LAYER = [(576, 576), (576, 192), (576, 192), (576, 576), (576, 1536), (576, 1536), (1536, 576)]  # (K, N) each
+# (name, K, its parts (name, N)) of each matrix of a layer
+LAYER = [("q", 576, [("q", 576)]), ("k", 576, [("k", 192)]), ("v", 576, [("v", 192)]), ("o", 576, [("o", 576)]),
+         ("gate", 576, [("gate", 1536)]), ("up", 576, [("up", 1536)]), ("down", 1536, [("down", 576)])]
 HEAD = (576, 49152)
 FORMATS = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "q5_0": 3, "q5_1": 4, "q4_k": 5, "q5_k": 6, "q6_k": 7}  # qmatmul.cc's codes
 
@@ -50,14 +56,29 @@ def load_build(spec: str, cache: str) -> ctypes.CDLL:
     lib.mindserve_qmatmul_raw.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 2 + [
         ctypes.c_int64] * 3
     lib.mindserve_qmatmul_raw.restype = ctypes.c_int
+    if hasattr(lib, "mindserve_qmatmul_packed_raw"):  # segmented weights (trees before them have none)
+        lib.mindserve_qmatmul_packed_raw.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64] + [
+            ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3
+        lib.mindserve_qmatmul_packed_raw.restype = ctypes.c_int
     return lib
 
 
-def random_qweight(rng, fmt: str, n: int, k: int) -> np.ndarray:
+def random_qweight(rng, fmts: list[str], rows: list[int], k: int) -> np.ndarray:
+    """Parts of ``rows`` outputs each in its format, stacked (segmented where the formats differ)."""
     from backends.mindspore.quant import quantize  # the gguf package's for the 32-blocks, its own for the K-quants
 
-    w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
-    return prepare_qweight(quantize(w, fmt))
+    return prepare_qstack([quantize((rng.standard_normal((n, k)) * 0.05).astype(np.float32), f)
+                           for f, n in zip(fmts, rows)])
+
+
+def parse_format(spec: str) -> dict[str, str]:
+    """``FMT[:PART=FMT...]`` -> {part: format} with "" the default."""
+    base, *over = spec.split(":")
+    out = {"": base, **dict(o.split("=", 1) for o in over)}
+    bad = [f for f in out.values() if f not in FORMATS]
+    if bad:
+        raise ValueError(f"--format {spec!r}: {bad[0]!r} is not one of {', '.join(FORMATS)}")
+    return out
 
 
 def main() -> None:
@@ -69,6 +90,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--format", default="q4_1", help="the layers' format(s), comma-separated (default q4_1)")
     ap.add_argument("--shape", help="HIDDEN,FFN: another model's fused layers, no head (default: SmolLM2-135M)")
+    ap.add_argument("--matrices", help="only these matrices of each layer, comma-separated (no head)")
     ap.add_argument("--cache", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "mindserve-qmatmul-step"))
     args = ap.parse_args()
     libs = {spec: load_build(spec, args.cache) for spec in args.builds}
@@ -78,17 +100,29 @@ def main() -> None:
     layer = LAYER
     if args.shape:
         hidden, ffn = (int(v) for v in args.shape.split(","))
-        layer = [(hidden, 3 * hidden), (hidden, hidden), (hidden, 2 * ffn), (ffn, hidden)]
-    formats = args.format.split(",")
-    for fmt in formats:
-        if fmt not in FORMATS:
-            ap.error(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
+        layer = [("qkv", hidden, [("q", hidden), ("k", hidden), ("v", hidden)]), ("o", hidden, [("o", hidden)]),
+                 ("gate_up", hidden, [("gate", ffn), ("up", ffn)]), ("down", ffn, [("down", hidden)])]
+    if args.matrices:
+        keep = args.matrices.split(",")
+        if set(keep) - {name for name, _, _ in layer}:
+            ap.error(f"--matrices: use names of {[name for name, _, _ in layer]}")
+        layer = [m for m in layer if m[0] in keep]
+    try:
+        formats = {spec: parse_format(spec) for spec in args.format.split(",")}
+    except ValueError as e:
+        ap.error(str(e))
     models = {}
-    for fmt in formats:
-        mats = [(fmt, k, n, random_qweight(rng, fmt, n, k)) for _ in range(args.layers) for k, n in layer]
-        if not args.shape:
-            mats.append(("q8_0", *HEAD, random_qweight(rng, "q8_0", HEAD[1], HEAD[0])))
-        models[fmt] = mats
+    for spec, fmt in formats.items():
+        mats = []
+        for _ in range(args.layers):
+            for _, k, parts in layer:
+                fmts = [fmt.get(name, fmt[""]) for name, _ in parts]
+                rows = [n for _, n in parts]
+                mats.append((fmts[0] if len(set(fmts)) == 1 else None, k, sum(rows),
+                             random_qweight(rng, fmts, rows, k)))
+        if not args.shape and not args.matrices:
+            mats.append(("q8_0", *HEAD, random_qweight(rng, ["q8_0"], [HEAD[1]], HEAD[0])))
+        models[spec] = mats
     every = [m for mats in models.values() for m in mats]
     x = {k: rng.standard_normal((args.rows, k)).astype(np.float32) for _, k, _, _ in every}
     y = np.empty((args.rows, max(n for _, _, n, _ in every)), np.float32)
@@ -105,8 +139,13 @@ def main() -> None:
             started = clock()
             for f, k, n, w in models[fmt]:
                 head_started = clock()
-                lib.mindserve_qmatmul_raw(x[k].ctypes.data, w.ctypes.data, FORMATS[f], None, y.ctypes.data,
-                                          args.rows, k, n)
+                if f is None:  # a segmented weight
+                    rc = lib.mindserve_qmatmul_packed_raw(x[k].ctypes.data, w.ctypes.data, w.shape[1], None,
+                                                          y.ctypes.data, args.rows, k, n)
+                else:
+                    rc = lib.mindserve_qmatmul_raw(x[k].ctypes.data, w.ctypes.data, FORMATS[f], None, y.ctypes.data,
+                                                   args.rows, k, n)
+                assert rc == 0, rc
             ended = clock()
             steps[spec, fmt].append(ended - started)
             heads[spec, fmt].append(ended - head_started)

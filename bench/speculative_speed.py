@@ -12,7 +12,9 @@ other jobs on the box than wall time).
 
 Workloads: ``quote`` (a chat asking to repeat a passage word for word: the answer copies the prompt),
 ``story`` (free story continuation, greedy: nothing to copy but what the model repeats itself), ``sampled``
-(the story sampled at temperature 0.9, seeded), and, with --clients N, ``story`` with N requests at once.
+(the story sampled at temperature 0.9, seeded), ``c1-quote`` (serve_bench's c1-quote requests, one at a time,
+each to its EOS within 160 tokens: the served bar's workload at the engine), and, with --clients N, ``story``
+with N requests at once.
 """
 from __future__ import annotations
 
@@ -26,12 +28,14 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # serving/
 
 from backends.mindspore.default_model import ensure_default_model  # noqa: E402
 from backends.mindspore.engine import Engine  # noqa: E402
 from backends.mindspore.step import PrefillChunk  # noqa: E402
 from backends.settings import EngineConfig, SpeculationSettings  # noqa: E402
 from backends.types import RequestParams  # noqa: E402
+from serving.scenarios import QUOTE_NEW_TOKENS, build_quote_prompts  # noqa: E402
 
 PASSAGE = ("The committee met on Tuesday to review the harbour repairs. The north wall, damaged in the March storms, "
            "has been rebuilt with granite blocks from the old quarry, and the fishing boats returned to their "
@@ -44,11 +48,17 @@ STORY = ("<|im_start|>user\nWrite a short story about a fox who finds a lantern 
          "<|im_start|>assistant\n")
 
 
-def timed(engine: Engine, prompts: list[str], params: RequestParams) -> tuple[float, int, list]:
-    """(seconds, generated tokens, results) of ``prompts`` submitted at once."""
+def timed(engine: Engine, prompts: list[str], params: RequestParams, one_by_one: bool = False
+          ) -> tuple[float, int, list]:
+    """(seconds, generated tokens, results) of ``prompts`` submitted at once (or ``one_by_one``, each after the
+    previous one's result, as a single client sends them)."""
     started = time.perf_counter()
-    handles = [engine.submit(p, replace(params, seed=(params.seed or 0) + i or None)) for i, p in enumerate(prompts)]
-    results = [h.result(timeout=1800) for h in handles]
+    if one_by_one:
+        results = [engine.submit(p, params).result(timeout=1800) for p in prompts]
+    else:
+        handles = [engine.submit(p, replace(params, seed=(params.seed or 0) + i or None))
+                   for i, p in enumerate(prompts)]
+        results = [h.result(timeout=1800) for h in handles]
     return time.perf_counter() - started, sum(r.generated_tokens for r in results), results
 
 
@@ -77,16 +87,21 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", help="run only these workloads")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--draft-model", type=Path, help="a same-tokenizer model directory drafting instead of n-grams")
+    ap.add_argument("--model", type=Path, help="the model directory (default: the default model's fp32 conversion; "
+                    "serve_bench's as-shipped target: its WORKDIR/models/as-shipped)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     batch = max(16, args.clients)
-    config = EngineConfig(max_seq_len=1024, max_input_tokens=512, max_batch_size=batch, max_iter_times=args.tokens,
+    config = EngineConfig(max_seq_len=1024, max_input_tokens=512, max_batch_size=batch,
+                          max_iter_times=max(args.tokens, QUOTE_NEW_TOKENS),
                           block_size=64, prefill_chunk=64, graph_cache=True,
                           speculation=SpeculationSettings(max_draft=args.draft, draft_model=args.draft_model))
-    engine = Engine(ensure_default_model(Path(__file__).resolve().parents[1] / ".cache" / "models"), config).start()
+    model = args.model or ensure_default_model(Path(__file__).resolve().parents[1] / ".cache" / "models")
+    engine = Engine(model, config).start()
     greedy = RequestParams(max_new_tokens=args.tokens, do_sample=False, ignore_eos=True)
     workloads = {"quote": ([QUOTE], greedy), "story": ([STORY], greedy),
-                 "sampled": ([STORY], replace(greedy, do_sample=True, temperature=0.9, seed=7))}
+                 "sampled": ([STORY], replace(greedy, do_sample=True, temperature=0.9, seed=7)),
+                 "c1-quote": (build_quote_prompts(), RequestParams(max_new_tokens=QUOTE_NEW_TOKENS, do_sample=False))}
     if args.clients:
         workloads[f"story_x{args.clients}"] = ([STORY] * args.clients, greedy)
     timed(engine, [STORY], replace(greedy, max_new_tokens=8))  # first-request costs out of the way
@@ -104,7 +119,7 @@ def main() -> None:
             for on in order:
                 before = engine.speculator.stats.describe()
                 cpu_before = time.process_time()
-                secs, tokens, results = timed(engine, prompts, replace(params, speculate=on))
+                secs, tokens, results = timed(engine, prompts, replace(params, speculate=on), name == "c1-quote")
                 cpu[on] = (time.process_time() - cpu_before) / tokens
                 after = engine.speculator.stats.describe()
                 rates[on], outs[on] = tokens / secs, [[t.id for t in res.tokens] for res in results]

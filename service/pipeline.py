@@ -171,13 +171,19 @@ class GenerationHandler(JsonBodyHandler):
         """The next (choice index, event); a failed request raises its service error (cancelling its other
         choices), a missed deadline cancels it and raises ``IncompleteGeneration``."""
         try:
-            index, event = await events.get(timeout=datetime.timedelta(seconds=max(self.deadlines.left(), 0.0)))
+            item = await events.get(timeout=datetime.timedelta(seconds=max(self.deadlines.left(), 0.0)))
         except tornado.util.TimeoutError:
             self._cancel()
             self.observer.fail()
             error = self.deadlines.expired()
             log.warning("%s %s: %s", self._handle.request_id, self.request.path, error.message)
             raise error from None
+        return self._checked(item)
+
+    def _checked(self, item: tuple[int, Event]) -> tuple[int, TokenEvent | GenerationResult]:
+        """A queued (choice index, event): a failed request raises its service error (cancelling its other
+        choices); a token restarts the token deadline."""
+        index, event = item
         if isinstance(event, BackendError):
             self._cancel()
             raise from_backend_error(event)
@@ -195,20 +201,26 @@ class GenerationHandler(JsonBodyHandler):
         return [results[i] for i in range(choices)]
 
     async def _stream(self, req: GenerationRequest, events: tornado.queues.Queue) -> None:
+        """Relay a stream's events (it has one choice), each its own SSE event. The events already queued when one
+        arrives (a speculative step's accepted tokens come together) are written with it and flushed once."""
         codec = self.dialect.stream_codec(req, self.ctx)
         while not self.client_gone:
+            chunks: list[str] = []
             try:
-                _, event = await self._next_event(events)  # a stream has one choice
+                _, event = await self._next_event(events)
+                while isinstance(event, TokenEvent) and not events.empty():
+                    chunks += codec.on_token(event)
+                    _, event = self._checked(events.get_nowait())
             except ServiceError as exc:
-                if not self._headers_written:  # nothing sent yet: a plain JSON error still fits
+                if not self._headers_written and not chunks:  # nothing sent yet: a plain JSON error still fits
                     raise
                 self.observer.error_sent(exc.error_type.value)
-                await self._send(codec.on_error(exc))
+                await self._send(chunks + codec.on_error(exc))
                 return
             if isinstance(event, GenerationResult):
-                await self._send(codec.on_result(event))
+                await self._send(chunks + codec.on_result(event))
                 return
-            await self._send(codec.on_token(event))
+            await self._send(chunks + codec.on_token(event))
 
     async def _send(self, chunks: list[str]) -> None:
         """Write and flush SSE events; a client gone, or not reading past the request's e2eTimeout, cancels

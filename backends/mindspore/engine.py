@@ -233,30 +233,28 @@ class Engine:
                 return  # more of the prompt to go
             if seq.grammar is not None:
                 masks.wait()
-            token, outcome = seq.advance(out.logits)
-            self._emit(seq, token, outcome)
+            run = [seq.advance(out.logits)]
             if out.drafts:
-                self._verify(seq, out, token, outcome)
+                self._verify(seq, out, run)
+            self._emit(seq, run)
         except Exception as exc:
             self._fail(seq, exc)
 
-    def _verify(self, seq: SeqState, out: RowOutput, token: Token, outcome: StepOutcome) -> None:
-        """Speculative decoding: while the token just chosen equals the next draft, that draft's position was
-        computed with the right token, so its logits give the next token; each is chosen, stopped and emitted
-        as a plain step would. The rest are dropped: their cache slots lie past the sequence's length (never
+    def _verify(self, seq: SeqState, out: RowOutput, run: list[tuple[Token, StepOutcome]]) -> None:
+        """Speculative decoding: while the token just chosen (the last of ``run``) equals the next draft, that
+        draft's position was computed with the right token, so its logits give the next token; each is chosen
+        and stopped as a plain step would, and added to ``run`` (emitted together: a streaming client's server
+        writes them at once). The rest are dropped: their cache slots lie past the sequence's length (never
         read, rewritten by the next steps; its blocks were reserved at admission, never registered). A grammar
         row's mask at each verified position is its grammar's after the accepted tokens, as plain decoding's."""
-        accepted, emitted = 0, 1
         for draft, logits in zip(out.drafts, out.verify):
+            token, outcome = run[-1]
             if outcome.finish is not None or token.id != draft:
                 break
-            accepted += 1
             if seq.grammar is not None:
                 self.masks.now(seq.grammar)
-            token, outcome = seq.advance(logits)
-            emitted += 1
-            self._emit(seq, token, outcome)
-        self.speculator.record(seq, len(out.drafts), accepted, emitted)
+            run.append(seq.advance(logits))
+        self.speculator.record(seq, len(out.drafts), len(run) - 1, len(run))
 
     def _prefilled(self, seq: SeqState, out: RowOutput) -> bool:
         """Record a prompt chunk in ``seq`` (and its prompt logprobs); True once the whole prompt is in."""
@@ -269,11 +267,14 @@ class Engine:
             self.scheduler.prefill_done(seq)
         return seq.prompt_done
 
-    def _emit(self, seq: SeqState, token: Token, outcome: StepOutcome) -> None:
-        """The token's event (the released text), then the result if the request finished."""
-        seq.handle.emit(TokenEvent(token, len(seq.generated) - 1, outcome.emit_text, last=outcome.finish is not None))
-        if outcome.finish is not None:
-            self._finish(seq, outcome.finish)
+    def _emit(self, seq: SeqState, run: list[tuple[Token, StepOutcome]]) -> None:
+        """The event of each token of ``run`` (the step's last tokens, in order; with its released text), then the
+        result if the request finished."""
+        first = len(seq.generated) - len(run)
+        for i, (token, outcome) in enumerate(run):
+            seq.handle.emit(TokenEvent(token, first + i, outcome.emit_text, last=outcome.finish is not None))
+        if (finish := run[-1][1].finish) is not None:
+            self._finish(seq, finish)
 
     def _finish(self, seq: SeqState, reason: FinishReason) -> None:
         self.scheduler.finish(seq)

@@ -21,6 +21,7 @@ from backends.mindspore.draft_model import DraftModel, DraftModelError, check_dr
 from backends.mindspore.graph_cache import enable_graph_cache, graph_key
 from backends.mindspore.kv_cache import BlockAllocator
 from backends.mindspore.kv_dtype import cache_dtype
+from backends.mindspore.load_clock import LoadClock, phase
 from backends.mindspore.memory import Footprint, available_memory, plan_cache
 from backends.mindspore.qwen2_vl.config import VLSpec, processor_chat_template
 from backends.mindspore.qwen2_vl.encoder import VisionEncoder
@@ -64,12 +65,20 @@ class EngineParts:
 
 def build_parts(model_dir: Path | str, config: EngineConfig, model_name: str | None = None) -> EngineParts:
     spec = load_model(model_dir)
+    with LoadClock(spec.num_layers) as clock:  # each phase's seconds, and progress lines (load_clock.py)
+        parts = _build_parts(spec, config, model_name)
+    log.info("load phases: %s", clock.summary(cpu=True))
+    return parts
+
+
+def _build_parts(spec: ModelSpec, config: EngineConfig, model_name: str | None) -> EngineParts:
     vl = spec.vision
     lora = EngineAdapters(spec, config.lora)  # read and checked now: their slots count in the budget
     device = set_device(spec, config.threads)
     # The execution strategy, chosen once and before the budget: the AOT kernels (the packed step), or None
     # for stock ops (the split step), which hold float32 weights and every compiled graph's activations.
-    aot = choose_kernels(spec, config.kernels, device, config.kernel_isa)
+    with phase("kernels"):
+        aot = choose_kernels(spec, config.kernels, device, config.kernel_isa)
     kv_dtype = cache_dtype(config.kv_cache_dtype, stock=aot is None)  # kvCacheDtype on that path
     # The cache within its memory budget (npuMemSize), the batch capped at what it holds.
     # A draft model (speculation's plugin_type draft_model) runs on the AOT path only; its weights and a cache of
@@ -91,7 +100,8 @@ def build_parts(model_dir: Path | str, config: EngineConfig, model_name: str | N
     if chat_template is None and vl is not None:
         chat_template = processor_chat_template(spec.model_dir)
     shapes = plan_shapes(config, spec.max_position_embeddings)
-    weights = _load_weights(spec, vl)
+    with phase("read weights"):
+        weights = _load_weights(spec, vl)
     check_weight_dtype(weights, spec.yaml_path, spec.weight_dtype)
     runner = build_runner(spec, weights, shapes, num_blocks, config.kernels, device, lora.shape, vl, aot=aot,
                           kv_dtype=kv_dtype)

@@ -57,25 +57,53 @@ def mindformers_to_hf(name: str) -> str:
 
 
 def load_safetensors(path: Path) -> Weights:
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
-
     if not path.exists():
         raise WeightsError(f"{path}: no such weights file")
-    try:
-        tensors = load_file(str(path))
-    except TypeError:  # bfloat16 (how most HF checkpoints ship): NumPy has no such dtype, MindSpore's reader does
+    tensors = _map_safetensors(path)
+    if tensors is None:  # bfloat16 (how most HF checkpoints ship): NumPy has no such dtype, MindSpore's reader does
         import mindspore as ms
 
         tensors = {k: v.asnumpy() for k, v in ms.load_checkpoint(str(path), format="safetensors").items()}
-    except SafetensorError as exc:
-        raise WeightsError(f"{path}: not a safetensors file: {exc}") from None
     quantized = _quantized_names(path)
     out: Weights = {}
     for name, value in tensors.items():
         out[name] = (_quant_weight(path, name, quantized[name], value) if name in quantized
                      else np.ascontiguousarray(value, dtype=np.float32))
     return out
+
+
+_ST_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
+              "U8": "u1", "BOOL": "?"}
+
+
+def _map_safetensors(path: Path) -> dict[str, np.ndarray] | None:
+    """The file's tensors as read-only views of one memory map of it (8-byte header size, JSON header, data): the
+    bytes come from the page cache as they are read, nothing is copied (safetensors' ``load_file`` copies the whole
+    file: 1.4-2.0 s of CPU for 1 GB against 0.2-0.3 s). None if a tensor is bfloat16 (NumPy has no such type)."""
+    data = np.memmap(path, np.uint8, mode="r") if path.stat().st_size else np.zeros(0, np.uint8)
+    size = int.from_bytes(bytes(data[:8]), "little") if data.size >= 8 else -1
+    try:
+        if not 0 < size <= data.size - 8:
+            raise ValueError(f"a header of {size} bytes in a file of {data.size}")
+        header = json.loads(bytes(data[8:8 + size]))
+        if not isinstance(header, dict):
+            raise ValueError("the header is not a JSON object")
+        out = {}
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            if info["dtype"] == "BF16":
+                return None
+            if info["dtype"] not in _ST_DTYPES:
+                raise ValueError(f"{name}: dtype {info['dtype']!r} is not one of BF16, {', '.join(_ST_DTYPES)}")
+            dtype, shape = np.dtype(_ST_DTYPES[info["dtype"]]), tuple(int(d) for d in info["shape"])
+            start, end = (8 + size + int(o) for o in info["data_offsets"])
+            if end - start != int(np.prod(shape)) * dtype.itemsize or not 8 + size <= start <= end <= data.size:
+                raise ValueError(f"{name}: data_offsets {info['data_offsets']} do not hold {info['dtype']} {shape}")
+            out[name] = data[start:end].view(dtype).reshape(shape)
+        return out
+    except (ValueError, KeyError, TypeError) as exc:
+        raise WeightsError(f"{path}: not a safetensors file: {exc}") from None
 
 
 def _quantized_names(path: Path) -> dict[str, str]:

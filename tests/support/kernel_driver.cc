@@ -41,6 +41,8 @@ MINDSERVE_ENTRY(MindserveMoEDecoderLayer)
 MINDSERVE_ENTRY(MindserveGeGLUMatMul)
 MINDSERVE_ENTRY(MindserveNormAdd)
 MINDSERVE_ENTRY(MindserveGemmaDecoderLayer)
+MINDSERVE_ENTRY(MindservePackQWeight)
+MINDSERVE_ENTRY(MindserveDequantize)
 #undef MINDSERVE_ENTRY
 extern "C" int mindserve_matmul_set_threads(int n);
 
@@ -59,6 +61,7 @@ constexpr Named kEntries[] = {
     NAMED(MindserveDecoderLayer), NAMED(MindserveEmbedRope),       NAMED(MindserveNormHead),
     NAMED(MindserveMoE),          NAMED(MindserveMoEDecoderLayer),
     NAMED(MindserveGeGLUMatMul),  NAMED(MindserveNormAdd),         NAMED(MindserveGemmaDecoderLayer),
+    NAMED(MindservePackQWeight),  NAMED(MindserveDequantize),
 };
 #undef NAMED
 

@@ -61,12 +61,25 @@ def _out(*shape) -> np.ndarray:
 
 
 def _qweight(fmt: str, n: int, k: int, rng) -> np.ndarray:
-    from backends.mindspore.kernels import prepare_qweight
     from backends.mindspore.quant import quantize  # the gguf package's for the 32-blocks, its own for the K-quants
+    from tests.support.qpack_ref import pack_qweight  # NumPy: making the cases needs no library
 
     w = _f32(rng, n, k, scale=0.05)
     w[:, :32] += 0.02  # an offset block (Q4_1's min)
-    return prepare_qweight(quantize(w, fmt))
+    return pack_qweight(quantize(w, fmt))
+
+
+def _qstack(fmts: tuple[str, ...], rows: tuple[int, ...], k: int, rng) -> np.ndarray:
+    """A segmented weight (kernels.prepare_qstack): parts of the given formats and rows stacked along the outputs."""
+    from backends.mindspore.kernels import prepare_qstack
+    from backends.mindspore.quant import quantize
+
+    parts = []
+    for fmt, n in zip(fmts, rows):
+        w = _f32(rng, n, k, scale=0.05)
+        w[:, :32] += 0.02
+        parts.append(quantize(w, fmt))
+    return prepare_qstack(parts)
 
 
 def _lora(rng, m: int, k: int, segs: list[int], rank: int = 3, slots: int = 2) -> list[np.ndarray]:
@@ -105,8 +118,9 @@ def _attention_inputs(rng, n: int, h: int, kv: int, d: int, bs: int, nb: int, bi
 
 
 def cases(seed: int = 0) -> list[Case]:
-    """Every AOT entry of the library on small odd shapes: fp32 and the eight GGUF formats, with and without the
-    residual and LoRA inputs, attention with 1 and several kv heads, biased and plain QKV, a whole layer."""
+    """Every AOT entry of the library on small odd shapes: fp32, the eight GGUF formats and segmented stacks of
+    several, with and without the residual and LoRA inputs, attention with 1 and several kv heads, biased and
+    plain QKV, a whole layer."""
     from backends.mindspore.kernels import prepare_weight
 
     rng = np.random.default_rng(seed)
@@ -133,6 +147,14 @@ def cases(seed: int = 0) -> list[Case]:
                         (xk, wq, resk, *_lora(rng, 9, kk, [0, 5, 20, 37]), _out(9, nq))))
         if not fmt.endswith("_k"):
             out.append(Case(f"matmul-{fmt}-k96", "MindserveMatMul", (xq, _qweight(fmt, nq, kq, rng), _out(9, nq))))
+    # segmented stacks (parts in different formats): Q4_K_M's qkv (Q4_K q, k and a Q6_K v), and both activation
+    # kinds with 32-block runs
+    for tag, fmts, rows in [("q4_k-q6_k", ("q4_k", "q4_k", "q6_k"), (21, 5, 11)),
+                            ("q8_0-q5_k-q4_1", ("q8_0", "q5_k", "q4_1"), (9, 17, 11))]:
+        ws = _qstack(fmts, rows, kk, rng)
+        out.append(Case(f"matmul-stack-{tag}", "MindserveMatMul", (xk, ws, _out(9, nq))))
+        out.append(Case(f"matmul-add-lora-stack-{tag}", "MindserveMatMulAdd",
+                        (xk, ws, resk, *_lora(rng, 9, kk, [0, 5, 20, 37]), _out(9, nq))))
     wide = _qweight("q4_1", 80, 64, rng)  # group pairs (two full groups of 16 columns) and a tail group
     out.append(Case("matmul-q4_1-pairs", "MindserveMatMul", (_x(rng, 13, 64), wide, _out(13, 80))))
     c = 45
@@ -216,21 +238,42 @@ def cases(seed: int = 0) -> list[Case]:
                      a["rows"], gmeta, layer[14], _f32(rng, cdim), layer[15], layer[16], layer[17], _f32(rng, cdim),
                      _f32(rng, 2, d, scale=2.0), eps, _out(5, cdim))))
     out += _moe_cases(rng, layer, a, eps)
+    out += _load_cases(rng)
+    return out
+
+
+def _load_cases(rng) -> list[Case]:
+    """pack.cc: random GGUF blocks of every format (odd N: a narrow last group of columns) packed and dequantized."""
+    from backends.mindspore.kernels import PACKED_BYTES
+    from backends.mindspore.quant import FORMATS
+    from tests.support.qpack_ref import random_blocks
+
+    out = []
+    for code, fmt in enumerate(FORMATS):
+        q = random_blocks(fmt, 21, 2, rng)  # finite scales: a NaN's payload after NaN + NaN is not specified
+        meta = np.array([code], np.int32)
+        out.append(Case(f"pack-{fmt}", "MindservePackQWeight",
+                        (q.blocks, meta, np.full((1, 2 * PACKED_BYTES[fmt], 21), 0xAB, np.uint8))))
+        out.append(Case(f"dequantize-{fmt}", "MindserveDequantize", (q.blocks, meta, _out(21, q.cols))))
     return out
 
 
 def _moe_cases(rng, layer: tuple, a: dict, eps: np.ndarray) -> list[Case]:
-    """moe.cc: routed experts of each weight format (5 experts, top-2 normalised, top-3 not), and a MoE layer."""
+    """moe.cc: routed experts of each weight format and of a segmented gate/up (5 experts, top-2 normalised, top-3
+    not), and a MoE layer."""
     from backends.mindspore.kernels import prepare_weight
 
     c, f, e = 64, 32, 5
     x, nw = _f32(rng, 7, c, scale=2.0), _f32(rng, c)
     router = prepare_weight(_f32(rng, c, e))
     out = []
-    for fmt in ("fp32", "q8_0", "q4_0", "q4_1"):
+    for fmt in ("fp32", "q8_0", "q4_0", "stack", "q4_1"):
         if fmt == "fp32":
             gu = np.concatenate([prepare_weight(_f32(rng, c, 2 * f, scale=0.2)) for _ in range(e)])
             down = np.concatenate([prepare_weight(_f32(rng, f, c, scale=0.2)) for _ in range(e)])
+        elif fmt == "stack":  # each expert's gate Q4_1 beside its up Q8_0: segmented
+            gu = np.concatenate([_qstack(("q4_1", "q8_0"), (f, f), c, rng) for _ in range(e)])
+            down = np.concatenate([_qweight("q4_0", c, f, rng) for _ in range(e)])
         else:
             gu = np.concatenate([_qweight(fmt, 2 * f, c, rng) for _ in range(e)])
             down = np.concatenate([_qweight(fmt, c, f, rng) for _ in range(e)])

@@ -4,7 +4,8 @@ library (and any port of it) must match it bit for bit.
 
 Float32 fma is ``fma32`` (exact product, TwoSum, one rounding); horizontal sums are the fixed halving tree of
 GCC's ``_mm512_reduce_add_ps``; max is x86 ``maxps`` (a > b ? a : b). Weights are given unpacked: float32
-``[K, N]`` or a ``QuantWeight``.
+``[K, N]``, a ``QuantWeight``, or a tuple of ``QuantWeight`` parts stacked along their outputs (a segmented
+weight: each part in its own format).
 """
 from __future__ import annotations
 
@@ -150,12 +151,14 @@ def lora_apply(y: np.ndarray, x: np.ndarray, lora: Lora) -> np.ndarray:
 
 @dataclass(frozen=True)
 class QuantizedX:
-    """qmatmul.cc quantize_rows: q [M, nb, 32] int8 values, the int32 lanes before narrowing, d and s [M, nb]."""
+    """qmatmul.cc quantize_rows: q [M, nb, 32] int8 values, the int32 lanes before narrowing, d, s and sf [M, nb]
+    (d and sf: fp16 values in float32)."""
 
     q: np.ndarray
     lanes: np.ndarray
     d: np.ndarray
     s: np.ndarray
+    sf: np.ndarray
 
 
 def _wrap32(v: np.ndarray) -> np.ndarray:
@@ -165,7 +168,9 @@ def _wrap32(v: np.ndarray) -> np.ndarray:
 def quantize_rows(x: np.ndarray) -> QuantizedX:
     """quantize_block: amax, id = 127/amax (0 if amax is 0 or 127/amax is not finite: a block of values below
     127/FLT_MAX quantizes to zeros), lanes = round-half-even(x * id), q = the lanes (within -127..127), s = the
-    sum of the lanes, d = amax / 127."""
+    sum of the lanes; as llama.cpp's x86 quantize_row_q8_0 / q8_1 store them (block_q8_0.d, block_q8_1.s):
+    d = fp16(amax / 127), sf = fp16((amax / 127) * (float)s), NumPy's float32 -> float16 (nearest, ties to even,
+    inf beyond the fp16 range)."""
     xb = np.asarray(x, F32).reshape(x.shape[0], -1, 32)
     amax = np.abs(xb).max(-1)
     with np.errstate(all="ignore"):
@@ -173,7 +178,10 @@ def quantize_rows(x: np.ndarray) -> QuantizedX:
         inv = np.where(np.isfinite(inv), inv, F32(0)).astype(F32)
         lanes = np.rint((xb * inv[..., None]).astype(F32)).astype(np.int64)
     q = np.clip(lanes, -128, 127)
-    return QuantizedX(q, lanes, (amax / F32(127)).astype(F32), _wrap32(lanes.sum(-1)))
+    d, s = (amax / F32(127)).astype(F32), _wrap32(lanes.sum(-1))
+    with np.errstate(over="ignore"):
+        sf = (d * s.astype(F32)).astype(F32).astype(np.float16).astype(F32)
+        return QuantizedX(q, lanes, d.astype(np.float16).astype(F32), s, sf)
 
 
 @dataclass(frozen=True)
@@ -228,7 +236,7 @@ def _qmatmul_k(x: np.ndarray, w: QuantWeight) -> np.ndarray:
 
 def qmatmul(x: np.ndarray, w: QuantWeight, res: np.ndarray | None = None) -> np.ndarray:
     """qmatmul.cc: per block b in order, isum = exact int32 sum of u * qx (- 128 s for Q8_0, - 8 s for Q4_0,
-    - 16 s for Q5_0); acc = fma(d_w * dx, (float)isum, acc); Q4_1 / Q5_1 also acc = fma(m_w, dx * (float)s, acc);
+    - 16 s for Q5_0); acc = fma(d_w * dx, (float)isum, acc); Q4_1 / Q5_1 also acc = fma(m_w, sf, acc);
     the K-quants as _qmatmul_k; then + res once."""
     if w.fmt.endswith("_k"):
         acc = _qmatmul_k(x, w)
@@ -238,18 +246,28 @@ def qmatmul(x: np.ndarray, w: QuantWeight, res: np.ndarray | None = None) -> np.
     u = p.u.reshape(w.rows, -1, 32)
     isum = np.einsum("mbk,nbk->mnb", qx.q, u)
     isum = _wrap32(isum - p.offset * qx.s[:, None, :]).astype(F32)  # cvtepi32_ps: nearest even
-    sf = (qx.d * qx.s.astype(F32)).astype(F32)
     acc = np.zeros((x.shape[0], w.rows), F32)
     for b in range(qx.d.shape[1]):
         acc = fma32((p.d[None, :, b] * qx.d[:, None, b]).astype(F32), isum[:, :, b], acc)
         if p.m is not None:
-            acc = fma32(p.m[None, :, b], sf[:, None, b], acc)
+            acc = fma32(p.m[None, :, b], qx.sf[:, None, b], acc)
+    return acc if res is None else (acc + res).astype(F32)
+
+
+def qmatmul_stack(x: np.ndarray, parts: tuple[QuantWeight, ...], res: np.ndarray | None = None) -> np.ndarray:
+    """qmatmul.cc's segmented weight: each part's columns exactly as ``qmatmul`` of that part alone (its own
+    format's activation quantization and steps), side by side; then + res once."""
+    acc = np.concatenate([qmatmul(x, p) for p in parts], axis=-1)
     return acc if res is None else (acc + res).astype(F32)
 
 
 def product(x, w, res=None, lora: Lora | None = None) -> np.ndarray:
-    """The matmul entries: a float32 [K, N] or a quantized weight, (+ res), then each row's LoRA delta."""
-    y = qmatmul(x, w, res) if isinstance(w, QuantWeight) else matmul(x, w, res)
+    """The matmul entries: a float32 [K, N], a quantized weight or a stack of quantized parts, (+ res), then each
+    row's LoRA delta."""
+    if isinstance(w, tuple):
+        y = qmatmul_stack(x, w, res)
+    else:
+        y = qmatmul(x, w, res) if isinstance(w, QuantWeight) else matmul(x, w, res)
     return y if lora is None else lora_apply(y, np.asarray(x, F32), lora)
 
 

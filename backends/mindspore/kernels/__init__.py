@@ -3,8 +3,8 @@
 ``aot_ops(heads, kv_heads, head_dim)`` returns every operator the network uses (``AotOps``):
 
 * ``matmul`` -- ``fast_matmul()`` below (a float32 weight from ``prepare_weight``, or a GGUF-quantized one,
-  q8_0/q4_0/q4_1/q5_0/q5_1/q4_k/q5_k/q6_k, from ``prepare_qweight``: dequantized on the fly inside the dot
-  product, qmatmul.cc);
+  q8_0/q4_0/q4_1/q5_0/q5_1/q4_k/q5_k/q6_k, from ``prepare_qweight``, or a stack of parts in several of them,
+  from ``prepare_qstack``: dequantized on the fly inside the dot product, qmatmul.cc);
   ``matmul_add(x, w, res)`` = ``res + x @ W`` (a residual connection without a separate Add; the residual is
   added once, after the product);
   ``matmul_lora`` / ``matmul_add_lora`` take four more inputs ``(a, b, rows, segs)`` and add each row's
@@ -69,9 +69,9 @@ import numpy as np
 
 from backends.mindspore.kernels.build import VARIANTS, KernelBuildError, build_kernel, choose_variant, default_cache_dir
 
-__all__ = ["fast_matmul", "aot_ops", "AotOps", "prepare_weight", "prepare_qweight", "QGROUP", "qmatmul_isa",
-           "KERNEL_KINDS", "PANEL", "build_kernel", "set_kernel_threads", "kernel_library", "kernel_stats",
-           "KernelBuildError",
+__all__ = ["fast_matmul", "aot_ops", "AotOps", "prepare_weight", "prepare_qweight", "prepare_qstack", "QGROUP",
+           "qmatmul_isa", "KERNEL_KINDS", "PANEL", "dequantize_qweight", "packed_shape", "build_kernel",
+           "set_kernel_threads", "kernel_library", "kernel_stats", "KernelBuildError",
            "default_cache_dir", "ENTRY", "VARIANTS", "choose_variant", "kernel_variant",
            "active_library"]
 
@@ -95,11 +95,10 @@ def prepare_weight(w: np.ndarray) -> np.ndarray:
         raise ValueError(f"prepare_weight expects a [K, N] matrix, got shape {w.shape}")
     k, n = w.shape
     full = n // PANEL
+    packed = np.empty(k * n, np.float32)  # each part written once, straight from w (no intermediate copies)
     body = w[:, :full * PANEL].reshape(k, full, PANEL).transpose(1, 0, 2)  # [panels, K, PANEL]
-    tail = w[:, full * PANEL:]                                              # [K, N % PANEL]
-    packed = np.empty(k * n, np.float32)
-    packed[:body.size] = body.ravel()
-    packed[body.size:] = tail.ravel()
+    packed[:body.size].reshape(body.shape)[...] = body
+    packed[k * full * PANEL:].reshape(k, n - full * PANEL)[...] = w[:, full * PANEL:]  # the tail [K, N % PANEL]
     return packed.reshape(1, k, n)
 
 
@@ -109,78 +108,87 @@ _QFORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")  # 
 PACKED_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24, "q4_k": 148, "q5_k": 180, "q6_k": 210}
 
 
-def prepare_qweight(q) -> np.ndarray:
+def packed_shape(q) -> tuple[int, int, int]:
+    """The shape of ``prepare_qweight(q)``: ``(1, K/B * P, N)``."""
+    from backends.mindspore.quant import BLOCK_SIZE
+
+    return 1, q.cols // BLOCK_SIZE[q.fmt] * PACKED_BYTES[q.fmt], q.rows
+
+
+def prepare_qweight(q, cache_dir: str | os.PathLike | None = None, variant: str | None = None,
+                    out: np.ndarray | None = None) -> np.ndarray:
     """Pack a ``QuantWeight`` (GGUF blocks of a ``[N, K]`` matrix, HF layout) for the quantized matmul: uint8
     ``[1, K/B * P, N]`` (B the format's block size, P = ``PACKED_BYTES``), laid out as qmatmul.cc's header
     describes: groups of 16 output columns, each holding, block after block, the quants of its columns
     dword-major (one 64-byte load = one dword of each of 16 columns; q8_0 quants stored + 128) and then their
-    scales. The layout is the same on every CPU (only the kernels' instructions differ)."""
-    if q.fmt not in ("q8_0", "q4_0", "q4_1"):
-        return _prepare_q5k(q)
-    from backends.mindspore.quant import BLOCK, BLOCK_BYTES
-
-    n, k, bpb = q.rows, q.cols, BLOCK_BYTES[q.fmt]
-    nb = k // BLOCK
-    b = q.blocks.reshape(n, nb, bpb)
-    scales = b[..., :4] if q.fmt == "q4_1" else b[..., :2]  # d (and m), fp16 bytes
-    quants = b[..., scales.shape[-1]:]
-    if q.fmt == "q8_0":
-        quants = quants ^ np.uint8(0x80)  # int8 q -> q + 128, unsigned for the u8 x s8 dot product
-    dwords = quants.reshape(n, nb, -1, 4)  # [N, nb, D, 4]
-    halves = scales.reshape(n, nb, -1, 2)  # [N, nb, 1 or 2, 2]: d, m
-    out = np.empty(n * nb * bpb, np.uint8)
-    pos = 0
-    for n0 in range(0, n, QGROUP):
-        w = min(QGROUP, n - n0)
-        qd = dwords[n0:n0 + w].transpose(1, 2, 0, 3).reshape(nb, -1)  # [nb, D * w * 4]
-        sc = halves[n0:n0 + w].transpose(1, 2, 0, 3).reshape(nb, -1)  # [nb, (1|2) * w * 2]
-        group = np.concatenate([qd, sc], axis=1).ravel()
-        out[pos:pos + group.size] = group
-        pos += group.size
-    return out.reshape(1, nb * bpb, n)
+    scales. The layout is the same on every CPU (only the kernels' instructions differ). Packed by the kernel
+    library (pack.cc's MindservePackQWeight, on the kernel threads; ``kernel_library`` says which library), into
+    ``out`` if given (a C-contiguous uint8 array of ``packed_shape(q)``, e.g. a Parameter's own memory)."""
+    out = np.empty(packed_shape(q), np.uint8) if out is None else out
+    _blocks_entry(kernel_library(cache_dir, variant), "MindservePackQWeight", q, out)
+    return out
 
 
-def _prepare_q5k(q) -> np.ndarray:
-    """q5_0, q5_1 and the K-quants (qmatmul.cc's header): per block of the format, for each sub-block of 32
-    the low nibbles as q4's dwords and the high bits as 1 (5-bit) or 2 (q6_k) more dwords per column, then
-    the K-quants' integer sub-block scales (4 dwords per column), then the fp16 d and the second fp16."""
-    from backends.mindspore.quant import BLOCK_SIZE, unpack
+def dequantize_qweight(q, cache_dir: str | os.PathLike | None = None, variant: str | None = None,
+                       out: np.ndarray | None = None) -> np.ndarray:
+    """``quant.dequantize(q)`` -- the same float32 bits, ggml's operation order -- by the kernel library (pack.cc's
+    MindserveDequantize, on the kernel threads): float32 ``[rows, cols]`` (into ``out`` if given)."""
+    out = np.empty((q.rows, q.cols), np.float32) if out is None else out
+    _blocks_entry(kernel_library(cache_dir, variant), "MindserveDequantize", q, out)
+    return out
 
-    n, k, fmt = q.rows, q.cols, q.fmt
-    p = unpack(q)
-    nb = k // BLOCK_SIZE[fmt]
-    sub = p.u.reshape(n, nb, -1, 2, 4, 4)  # [N, nb, SB, half (weights 0..15 | 16..31), t, i]: weight 16h + 4t + i
-    nib = (sub[:, :, :, 0] & 15) | ((sub[:, :, :, 1] & 15) << 4)  # [N, nb, SB, t, i]
-    planes = [nib]
-    if fmt == "q6_k":
-        hi = sub >> 4  # 0..3
-        planes.append(sum(hi[:, :, :, :, t] << (2 * t) for t in range(4)))  # dword h, byte i: bits 2t, 2t + 1
-        # hold weight 16h + 4t + i's high bits
-    elif fmt != "q4_k":
-        hi = (sub >> 4) & 1
-        planes.append((sum(hi[:, :, :, 0, t] << t for t in range(4)) |
-                       sum(hi[:, :, :, 1, t] << (4 + t) for t in range(4)))[:, :, :, None, :])  # one dword
-    quants = np.concatenate(planes, 3).astype(np.uint8)  # [N, nb, SB, D, 4]
-    per_block = [quants.reshape(n, nb, -1, 4)]  # dwords, in the order the kernel reads them
-    if fmt in ("q4_k", "q5_k"):
-        per_block.append(np.concatenate([p.sc, p.mn], -1).astype(np.uint8).reshape(n, nb, 4, 4))
-    elif fmt == "q6_k":
-        per_block.append(p.sc.astype(np.int8).view(np.uint8).reshape(n, nb, 4, 4))
-    halves = [p.d] + ([p.m] if p.m is not None else [])
-    half = np.stack(halves, -1).astype(np.float16).view(np.uint8).reshape(n, nb, len(halves), 2)
-    dwords = np.concatenate(per_block, 2)  # [N, nb, D, 4]
-    pb = PACKED_BYTES[fmt]
-    assert dwords.shape[2] * 4 + half.shape[2] * 2 == pb
-    out = np.empty(n * nb * pb, np.uint8)
-    pos = 0
-    for n0 in range(0, n, QGROUP):
-        w = min(QGROUP, n - n0)
-        qd = dwords[n0:n0 + w].transpose(1, 2, 0, 3).reshape(nb, -1)
-        sc = half[n0:n0 + w].transpose(1, 2, 0, 3).reshape(nb, -1)
-        group = np.concatenate([qd, sc], axis=1).ravel()
-        out[pos:pos + group.size] = group
-        pos += group.size
-    return out.reshape(1, nb * pb, n)
+
+def _blocks_entry(lib: ctypes.CDLL, entry: str, q, out: np.ndarray) -> None:
+    """``entry(blocks, fmt, out)`` called as MindSpore calls an AOT entry (pack.cc)."""
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"{entry} writes a C-contiguous, writeable array, got one with flags {out.flags}")
+    arrays = [np.ascontiguousarray(q.blocks), np.array([_QFORMATS.index(q.fmt)], np.int32), out]
+    n = len(arrays)
+    shapes = [(ctypes.c_int64 * a.ndim)(*a.shape) for a in arrays]
+    rc = getattr(lib, entry)(n, (ctypes.c_void_p * n)(*[a.ctypes.data for a in arrays]),
+                             (ctypes.c_int * n)(*[a.ndim for a in arrays]),
+                             (ctypes.POINTER(ctypes.c_int64) * n)(*[ctypes.cast(s, ctypes.POINTER(ctypes.c_int64))
+                                                                    for s in shapes]),
+                             (ctypes.c_char_p * n)(b"uint8", b"int32", out.dtype.name.encode()), None, None)
+    if rc != 0:
+        raise ValueError(f"{entry} refused a {q.fmt} [{q.rows}, {q.cols}] weight (code {rc}, pack.cc)")
+
+
+SEGMENT_MAGIC = b"MSQS"  # a segmented weight's first bytes (qmatmul.cc kSegMagic)
+MAX_SEGMENTS = 8  # qmatmul.cc kMaxSegments
+
+
+def prepare_qstack(parts) -> np.ndarray:
+    """Pack ``QuantWeight`` parts stacked along their outputs (q, k, v -> qkv; ``quant.stack_segments`` merges
+    neighbours of one format) for the quantized matmul: one format is ``prepare_qweight``'s layout; several are a
+    segmented weight (qmatmul.cc's header): uint8 ``[1, L, N]`` with L the least odd length that holds the table
+    (magic, count, then per run its format code, columns and the 64-byte-aligned offset of its own
+    ``prepare_qweight`` packing) and the runs' packings. Each run keeps its format; the layout is ISA-neutral."""
+    from backends.mindspore.quant import QuantError, stack_segments
+
+    runs = stack_segments(parts)
+    if len(runs) == 1:
+        return prepare_qweight(runs[0])
+    if len(runs) > MAX_SEGMENTS:
+        raise QuantError(f"a stack of {len(runs)} runs of formats {[r.fmt for r in runs]}: at most {MAX_SEGMENTS}")
+    packed = [prepare_qweight(r).reshape(-1) for r in runs]
+    offsets, end = [], 8 + 16 * len(runs)
+    for p in packed:
+        offsets.append(-(-end // 64) * 64)
+        end = offsets[-1] + p.size
+    n = sum(r.rows for r in runs)
+    rows = -(-end // n)
+    rows += 1 - rows % 2  # odd: no single format's packed length is
+    out = np.zeros(rows * n, np.uint8)
+    table = [np.frombuffer(SEGMENT_MAGIC, np.uint8), np.array([len(runs)], "<i4").view(np.uint8)]
+    for r, off in zip(runs, offsets):
+        table += [np.array([_QFORMATS.index(r.fmt), r.rows], "<i4").view(np.uint8),
+                  np.array([off], "<i8").view(np.uint8)]
+    head = np.concatenate(table)
+    out[:head.size] = head
+    for p, off in zip(packed, offsets):
+        out[off:off + p.size] = p
+    return out.reshape(1, rows, n)
 
 
 def qmatmul_isa(cache_dir: str | os.PathLike | None = None) -> str:
@@ -239,6 +247,9 @@ def kernel_library(cache_dir: str | os.PathLike | None = None, variant: str | No
         lib.mindserve_qmatmul_raw.argtypes = ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 2
                                               + [ctypes.c_int64] * 3)
         lib.mindserve_qmatmul_raw.restype = ctypes.c_int
+        lib.mindserve_qmatmul_packed_raw.argtypes = ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+                                                     + [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3)
+        lib.mindserve_qmatmul_packed_raw.restype = ctypes.c_int
         lib.mindserve_quantize_rows_raw.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 3
         lib.mindserve_quantize_rows_raw.restype = ctypes.c_int
         lib.mindserve_quantize_rows_k_raw.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 3

@@ -13,7 +13,8 @@
 //             d = (swiglu(X_e @ W_gu[e])) @ W_d[e]             (MindserveMatMul, MindserveSwiGLU, MindserveMatMul)
 //         y = h + acc, acc = 0 then acc = acc + w_j * d_j over the row's experts in index order (HF's index_add_)
 //       Each expert's slice of w_gate_up / w_down is one matmul weight of matmul.cc (float32 packed by
-//       prepare_weight, [1, C, 2F] and [1, F, C], or GGUF blocks packed by prepare_qweight, uint8): only the
+//       prepare_weight, [1, C, 2F] and [1, F, C], or GGUF blocks packed by prepare_qstack, uint8, a gate and up
+//       of different formats as a segmented weight, qmatmul.cc): only the
 //       experts some row routes to are read. Every matmul computes each row the same way whatever else is in
 //       the block, so a row's result does not depend on the batch.
 //   MindserveMoEDecoderLayer(x, attn_norm, eps, wqkv, bias, cos, sin, k_cache, v_cache, write, table, pos, rows, meta,

@@ -13,12 +13,13 @@
 // (GGUF nibble byte i of a block holds weight i in its low half and weight i + 16 in its high half.)
 //
 // Activations are quantized per row and per block of 32 (as llama.cpp does for these dot products):
-//   amax = max |x_k|, dx = amax / 127, qx_k = round-half-even(x_k * (127 / amax)) in -127..127 (0 if amax is 0
-//   or 127 / amax is not finite),
-//   sx = sum qx_k. The quantization of a row depends on that row only.
+//   amax = max |x_k|, qx_k = round-half-even(x_k * (127 / amax)) in -127..127 (0 if amax is 0 or 127 / amax is
+//   not finite), sx = sum qx_k, and, as llama.cpp's x86 quantize_row_q8_0 / quantize_row_q8_1 store them in
+//   block_q8_0.d / block_q8_1.s (fp16, nearest, ties to even; the product taken before either rounding):
+//   dx = fp16(amax / 127), sfx = fp16((amax / 127) * (float)sx). The quantization of a row depends on that row only.
 // Each output element then is, over the blocks b = 0 .. K/32 - 1 in order (all float32, exact integer sums):
 //   Q8_0, Q4_0: acc = fma(d_w * dx, (float)sum_k(q_k * qx_k) [- 8 sx for Q4_0], acc)
-//   Q4_1:       acc = fma(d_w * dx, (float)sum_k(q_k * qx_k), acc);  acc = fma(m_w, dx * (float)sx, acc)
+//   Q4_1:       acc = fma(d_w * dx, (float)sum_k(q_k * qx_k), acc);  acc = fma(m_w, sfx, acc)
 // The Q5 formats take the same activations as Q4_0 / Q4_1 (offset 16 for Q5_0, m for Q5_1). The K-quants take
 // llama.cpp's Q8_K activations: per 256 values iscale = 127 / amax, q = round-half-even(x * iscale), dx = 1 / iscale,
 // and the sums of each 16 q (bsums); then per super-block (ktile below has the integer sums):
@@ -49,12 +50,23 @@
 // then the K-quants' integer scales, 4 dwords per column (Q4_K, Q5_K: sc_0..7 then mn_0..7, one byte each;
 // Q6_K: the 16 int8 sc), then d fp16, then Q5_1's m / Q4_K's and Q5_K's dmin fp16.
 //
+// A stack whose parts ship in different formats (Q4_K_M's Q4_K q and k beside a Q6_K v) is segmented: consecutive
+// output columns [n0, n0 + cols) per format, each packed as above on its own (groups of 16 restart at n0), behind a
+// table. Such a weight is [1, L, N] with L odd (a single format's L is even: every packed block size is), its
+// bytes: int32 magic "MSQS", int32 count S (2..8), then per segment int32 format code, int32 cols, int64 byte offset
+// of its packing (the end of the table or of the segment before, rounded up to 64; cols summing to N); L is the
+// least odd length that holds them (kernels.prepare_qstack), so a table read with another K is refused. Each
+// segment's columns are computed by its format's tiles from its own kind of activation quantization (Q8_K or the
+// 32-blocks', each made once per call), so every output element has the bits it has when its part is multiplied
+// alone.
+//
 // The instruction set is the build variant's (build.py): vec.h's dot_nib / dot_q8 are vpdpbusd with AVX-512
 // VNNI, vpmaddubsw + vpmaddwd with AVX-512BW or AVX2, sdot with NEON dotprod, widening multiplies on plain
 // NEON. mindserve_qmatmul_isa() says which.
 //
 // Exported: mindserve_qmatmul_raw(x, w_packed, fmt, res, y, M, K, N) (tests; fmt 0 Q8_0, 1 Q4_0, 2 Q4_1, 3 Q5_0,
-// 4 Q5_1, 5 Q4_K, 6 Q5_K, 7 Q6_K), mindserve_quantize_rows_raw(x, M, K, q, d, s),
+// 4 Q5_1, 5 Q4_K, 6 Q5_K, 7 Q6_K), mindserve_qmatmul_packed_raw(x, w_packed, L, res, y, M, K, N) (either kind
+// of weight, as the AOT entry reads it), mindserve_quantize_rows_raw(x, M, K, q, d, s),
 // mindserve_quantize_rows_k_raw(x, M, K, q, d, bsums), mindserve_qmatmul_isa(); the AOT path is qmatmul_entry()
 // (qmatmul.h), reached through MindserveMatMul / MindserveMatMulAdd with a uint8 weight.
 #include "qmatmul.h"
@@ -67,6 +79,7 @@
 #include <vector>
 
 #include "entry.h"
+#include "kv_format.h"
 #include "pool.h"
 #include "vec.h"
 #include "lora.h"
@@ -108,7 +121,7 @@ inline void store_f(float *p, VF a, int w) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Activation quantization (see the header comment): q [M, K] int8; d, sf [M, K/32] float (sf = d * sum q);
+// Activation quantization (see the header comment): q [M, K] int8; d, sf [M, K/32] float (dx and sfx: fp16 values);
 // s [M, K/32] int32 (sum q). For the K-quants (quantize_rows_k): d [M, K/256], s [M, K/16] (the bsums), nb = K/256.
 struct QX {
   std::vector<int8_t> q;
@@ -116,6 +129,19 @@ struct QX {
   std::vector<int32_t> s;
   int64_t K = 0, nb = 0;
 };
+
+// float -> the nearest fp16 (ties to even, +-inf at or above 65520, as F16C's vcvtps2ph) -> float, in integer
+// steps on the bits (the same on every ISA). In fp16's normal range the float keeps 11 significant bits,
+// rounded as kv_format.h's f32_to_f16 rounds (a carry moves into the exponent); zero, fp16 subnormals,
+// overflow and NaN take kv_format.h's conversions. (The two calls for every value cost 25% of quantize_rows.)
+inline float round_f16(float f) {
+  const uint32_t x = mindserve::kv::bits_of(f), ax = x & 0x7FFFFFFFu;
+  if (ax - 0x38800000u < 0x477FF000u - 0x38800000u) {  // 2^-14 <= |f| < 65520
+    const uint32_t r = (ax + 0xFFFu + ((ax >> 13) & 1u)) & ~0x1FFFu;
+    return mindserve::kv::float_of((x & 0x80000000u) | r);
+  }
+  return mindserve::kv::f16_to_f32(mindserve::kv::f32_to_f16(f));
+}
 
 inline void quantize_block(const float *x, int8_t *q, float *d, int32_t *s, float *sf) {
   const VF v0 = v::load(x), v1 = v::load(x + 16);
@@ -130,9 +156,9 @@ inline void quantize_block(const float *x, int8_t *q, float *d, int32_t *s, floa
   v::store_i8_sat(q + 16, q1);
   const int32_t sum = v::reduce_add_i32(v::iadd(q0, q1));
   const float dv = amax / 127.0f;
-  *d = dv;
+  *d = round_f16(dv);
   *s = sum;
-  *sf = dv * static_cast<float>(sum);
+  *sf = round_f16(dv * static_cast<float>(sum));
 }
 
 void quantize_rows(const float *x, int64_t M, int64_t K, QX *out) {
@@ -320,7 +346,7 @@ constexpr int64_t kKPrefetch = 9472;
 //   Q5_0, Q5_1:  isum = dot                        (Q5_0: - 16 sx)
 //   Q4_K, Q5_K:  isum += sc_j * dot_j,    imin += mn_j * (bsum_2j + bsum_2j+1)
 //   Q6_K:        isum += sc_2j * (dot_lo - 32 bsum_2j) + sc_2j+1 * (dot_hi - 32 bsum_2j+1)   (halves of 16)
-// and per block: acc = fma(d_w * dx, (float)isum, acc); Q5_1: acc = fma(m_w, dx * sx, acc);
+// and per block: acc = fma(d_w * dx, (float)isum, acc); Q5_1: acc = fma(m_w, sfx, acc);
 // Q4_K, Q5_K: acc = fnmadd(dmin_w * dx, (float)imin, acc).
 template <int MR, int F, bool FULL>
 void ktile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t /*group_bytes*/, int w_,
@@ -481,12 +507,14 @@ struct Tiles {
 };
 constexpr Tiles kTiles{};
 
+// The columns [0, N) of one weight (or of one segment, the output's columns [n0, n0 + N): y and res point at column
+// n0 of row 0) in one format; rows of y and res are ldy apart.
 struct Job {
   const QX *qx;
   const uint8_t *w;
   const float *res;
   float *y;
-  int64_t M, N;
+  int64_t M, N, ldy;
   int fmt;
   int64_t groups, nchunks;
 };
@@ -508,7 +536,11 @@ inline void row_blocks(int64_t M, int most, Fn &&fn) {
 // (a pair never straddles chunks). When several row blocks pass over a step's columns (a group or a pair),
 // they prefetch the next step's weights, each block its share: measured at M=16 on a model's worth of
 // weights (which never stay in cache from one step to the next), the first pass otherwise waits on memory
-// (-8% AVX2, -17% AVX-512 VNNI time); with one pass the hardware prefetcher does better alone (+15% if added).
+// (-8% AVX2, -17% AVX-512 VNNI time); with one pass of one group the hardware prefetcher does better alone
+// (+15% if added), but one pass of pairs (two weight streams) waits on memory without it: measured (AVX-512
+// VNNI, Zen 5, one thread, the default model's Q4_1 matmuls, bench/qmatmul_step.py, side by side) M=2 6.23 ->
+// 4.81 ms, M=4 6.56 -> 4.83, M=6 8.56 -> 5.77 (M=1 4.33 and M=8, two passes, 6.14 unchanged): the speculative
+// verify rows of 2 and 4 tokens and small decode batches.
 void run_chunk(const void *ctx, int64_t c) {
   const Job &j = *static_cast<const Job *>(ctx);
   const int64_t g0 = j.groups * c / j.nchunks, g1 = j.groups * (c + 1) / j.nchunks;
@@ -522,10 +554,10 @@ void run_chunk(const void *ctx, int64_t c) {
     const float *res = j.res == nullptr ? nullptr : j.res + n0;
     const int64_t next = std::min<int64_t>(step, g1 - g - step) * group_bytes;  // the next step's weight bytes
     row_blocks(j.M, pair ? kMaxMR2 : kMaxMR, [&](int64_t m, int64_t rows, int64_t pass, int64_t passes) {
-      const int64_t ahead = passes > 1 ? next : 0;
+      const int64_t ahead = passes > 1 || pair ? next : 0;
       const Ahead a{wg + step * group_bytes + ahead * pass / passes, ahead * (pass + 1) / passes - ahead * pass / passes};
       const TileFn fn = pair ? kTiles.fn[j.fmt][2][rows - 1] : kTiles.fn[j.fmt][w == kGroup][rows - 1];
-      fn(*j.qx, m, wg, group_bytes, w, res == nullptr ? nullptr : res + m * j.N, j.y + m * j.N + n0, j.N, a);
+      fn(*j.qx, m, wg, group_bytes, w, res == nullptr ? nullptr : res + m * j.ldy, j.y + m * j.ldy + n0, j.ldy, a);
     });
     g += step;
   }
@@ -549,9 +581,82 @@ void qmatmul(const float *x, const uint8_t *w, int fmt, const float *res, float 
   if (is_k(fmt)) quantize_rows_k(x, M, K, &qx);
   else quantize_rows(x, M, K, &qx);
   const int64_t groups = (N + kGroup - 1) / kGroup;
-  Job job{&qx, w, res, y, M, N, fmt, groups, 1};
+  Job job{&qx, w, res, y, M, N, N, fmt, groups, 1};
   job.nchunks = chunk_count(groups, N * qx.nb * kBlockBytes[fmt], mindserve::pool().threads());
   mindserve::pool().run(mindserve::Task{&run_chunk, &job, job.nchunks});
+}
+
+// A segmented weight's columns [n0, n0 + cols), in format fmt, packed at w (qmatmul.cc's header).
+struct Segment {
+  int fmt;
+  int64_t n0, cols;
+  const uint8_t *w;
+};
+constexpr int kMaxSegments = 8;
+constexpr int32_t kSegMagic = 0x5351534D;  // "MSQS", little-endian
+
+struct SegmentJobs {
+  Job job[kMaxSegments];
+  int64_t first[kMaxSegments + 1];  // segment s's chunks are [first[s], first[s + 1])
+};
+
+void run_segment_chunk(const void *ctx, int64_t c) {
+  const SegmentJobs &j = *static_cast<const SegmentJobs *>(ctx);
+  int s = 0;
+  while (c >= j.first[s + 1]) ++s;
+  run_chunk(&j.job[s], c - j.first[s]);
+}
+
+// y = x @ W (+ res) for a segmented W: x quantized once per kind its segments take (Q8_K for the K-quants, the
+// 32-blocks' for the others), then every segment's chunks in one pool task, each writing its own columns of y.
+// An output element sees only its segment's format's operations: the bits of its part multiplied alone.
+void qmatmul_segments(const float *x, const Segment *seg, int count, const float *res, float *y, int64_t M, int64_t K,
+                      int64_t N) {
+  if (M <= 0 || N <= 0) return;
+  mindserve::ScopeTimer timer(mindserve::kMatMul);
+  bool blocks = false, supers = false;
+  for (int s = 0; s < count; ++s) (is_k(seg[s].fmt) ? supers : blocks) = true;
+  QX q32, qk;
+  if (blocks) quantize_rows(x, M, K, &q32);
+  if (supers) quantize_rows_k(x, M, K, &qk);
+  SegmentJobs jobs;
+  jobs.first[0] = 0;
+  const int threads = mindserve::pool().threads();
+  for (int s = 0; s < count; ++s) {
+    const Segment &g = seg[s];
+    const QX *qx = is_k(g.fmt) ? &qk : &q32;
+    const int64_t groups = (g.cols + kGroup - 1) / kGroup;
+    jobs.job[s] = Job{qx, g.w, res == nullptr ? nullptr : res + g.n0, y + g.n0, M, g.cols, N, g.fmt, groups, 1};
+    jobs.job[s].nchunks = std::min<int64_t>(chunk_count(groups, g.cols * qx->nb * kBlockBytes[g.fmt], threads),
+                                            mindserve::kMaxChunks / kMaxSegments);
+    jobs.first[s + 1] = jobs.first[s] + jobs.job[s].nchunks;
+  }
+  mindserve::pool().run(mindserve::Task{&run_segment_chunk, &jobs, jobs.first[count]});
+}
+
+// The segment table of a packed weight of L * N bytes for x [.., K] (its count), or -1 if it is not a valid one.
+int segments_of(const uint8_t *w, int64_t K, int64_t L, int64_t N, Segment *seg) {
+  const int64_t size = L * N;
+  if (K <= 0 || L % 2 == 0 || size < 8) return -1;
+  int32_t head[2];
+  std::memcpy(head, w, sizeof head);
+  if (head[0] != kSegMagic || head[1] < 2 || head[1] > kMaxSegments || size < 8 + 16 * int64_t{head[1]}) return -1;
+  int64_t end = 8 + 16 * int64_t{head[1]}, n0 = 0;
+  for (int s = 0; s < head[1]; ++s) {
+    int32_t fc[2];
+    int64_t off;
+    std::memcpy(fc, w + 8 + 16 * s, sizeof fc);
+    std::memcpy(&off, w + 16 + 16 * s, sizeof off);
+    const int f = fc[0];
+    const int64_t cols = fc[1];
+    if (f < 0 || f >= kFormats || K % block_size(f) != 0 || cols <= 0 || off != (end + 63) / 64 * 64) return -1;
+    const int64_t bytes = cols * (K / block_size(f)) * kBlockBytes[f];
+    if (off > size - bytes) return -1;
+    seg[s] = Segment{f, n0, cols, w + off};
+    end = off + bytes;
+    n0 += cols;
+  }
+  return n0 == N && end > (L - 2) * N ? head[1] : -1;  // the least odd L: a table for another K does not fit
 }
 
 }  // namespace
@@ -568,6 +673,22 @@ int format_of(int64_t K, int64_t L) {
   return -1;
 }
 
+// y = x @ W (+ res) for a packed weight of either kind, [1, L, N]: 0, or 4 if L fits no format and the bytes are no
+// segment table. A single format is found from L alone, as before segments (the hot path: one branch more).
+int qmatmul_packed(const float *x, const uint8_t *w, int64_t L, const float *res, float *y, int64_t M, int64_t K,
+                   int64_t N) {
+  const int fmt = format_of(K, L);
+  if (fmt >= 0) {
+    qmatmul(x, w, fmt, res, y, M, K, N);
+    return 0;
+  }
+  Segment seg[kMaxSegments];
+  const int count = segments_of(w, K, L, N, seg);
+  if (count < 0) return 4;
+  qmatmul_segments(x, seg, count, res, y, M, K, N);
+  return 0;
+}
+
 }  // namespace
 
 int qmatmul_entry(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, bool add) {
@@ -581,8 +702,7 @@ int qmatmul_entry(int nparam, void **params, int *ndims, int64_t **shapes, const
   if (ndims[0] < 1 || ndims[1] != 3 || shapes[1][0] != 1 || ndims[out] < 1) return 3;
   const int64_t K = shapes[0][ndims[0] - 1];
   const int64_t M = rows_of(ndims[0], shapes[0]);
-  const int fmt = format_of(K, shapes[1][1]);
-  if (fmt < 0) return 4;
+  if (K <= 0) return 4;
   const int64_t N = shapes[1][2];
   if (shapes[out][ndims[out] - 1] != N) return 5;
   if (add && (ndims[2] < 1 || shapes[2][ndims[2] - 1] != N || rows_of(ndims[2], shapes[2]) != M)) return 6;
@@ -593,8 +713,9 @@ int qmatmul_entry(int nparam, void **params, int *ndims, int64_t **shapes, const
   }
   const auto *x = static_cast<const float *>(params[0]);
   auto *y = static_cast<float *>(params[out]);
-  qmatmul(x, static_cast<const uint8_t *>(params[1]), fmt, add ? static_cast<const float *>(params[2]) : nullptr, y,
-          M, K, N);
+  const int err = qmatmul_packed(x, static_cast<const uint8_t *>(params[1]), shapes[1][1],
+                                 add ? static_cast<const float *>(params[2]) : nullptr, y, M, K, N);
+  if (err != 0) return err;
   if (lora) lora_apply(l, x, M, K, y, N);
   return 0;
 }
@@ -613,7 +734,16 @@ int mindserve_qmatmul_raw(const float *x, const uint8_t *w_packed, int fmt, cons
   return 0;
 }
 
-// The activation quantization alone: q [M, K] int8, d [M, K/32] float, s [M, K/32] int32.
+// A packed weight of either kind ([1, L, N]: one format, read from L, or a segmented stack): 0 ok; 4 L fits no
+// format and w holds no valid segment table.
+int mindserve_qmatmul_packed_raw(const float *x, const uint8_t *w_packed, int64_t L, const float *res, float *y,
+                                 int64_t M, int64_t K, int64_t N) {
+  mindserve::FpScope fp;
+  if (K <= 0) return 4;
+  return mindserve::qmatmul_packed(x, w_packed, L, res, y, M, K, N);
+}
+
+// The activation quantization alone: q [M, K] int8, d [M, K/32] float (dx, an fp16 value), s [M, K/32] int32.
 int mindserve_quantize_rows_raw(const float *x, int64_t M, int64_t K, int8_t *q, float *d, int32_t *s) {
   mindserve::FpScope fp;
   if (K % 32 != 0) return 2;

@@ -17,7 +17,8 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from backends.mindspore.network.aot_layer import AotDecoderLayer
-from backends.mindspore.network.common import DTYPES, RMSNorm, aot_weight, param, rope_tables, stock_weight
+from backends.mindspore.network.common import (DTYPES, RMSNorm, aot_param, aot_weight, param, rope_tables,
+                                              stock_weight)
 from backends.mindspore.network.llama import AotLMHead, StockLMHead, _Llama
 from backends.mindspore.network.stock_layer import StockDecoderLayer
 from backends.mindspore.spec import ModelSpec
@@ -111,7 +112,7 @@ class AotGemma3(_Llama):
         super().__init__(None)
         w = gemma3_weights(spec, w)
         self.aot = aot
-        self.embed = param(w["model.embed_tokens.weight"], "embed")
+        self.embed = aot_param(w["model.embed_tokens.weight"], "embed")
         self.embed_scale = Tensor(np.float32(np.sqrt(spec.hidden_size)), ms.float32)
         head = w["model.embed_tokens.weight"] if spec.tie_word_embeddings else w["lm_head.weight"]
         self.head = aot_weight([head], "lm_head")

@@ -17,7 +17,8 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from backends.mindspore.network.aot_layer import AotDecoderLayer, AotLoraDecoderLayer, AotMoeDecoderLayer
-from backends.mindspore.network.common import DTYPES, AotRMSNorm, RMSNorm, aot_weight, param, rope_tables, stock_weight
+from backends.mindspore.network.common import (DTYPES, AotRMSNorm, RMSNorm, aot_param, aot_weight, param, rope_tables,
+                                              stock_weight)
 from backends.mindspore.network.stock_layer import StockDecoderLayer, StockMoeDecoderLayer
 from backends.mindspore.spec import ModelSpec
 
@@ -48,7 +49,7 @@ class AotLlama(_Llama):
                  max_positions: int, aot, lora: tuple[int, int] | None = None, kv_dtype: str = "float32") -> None:
         super().__init__(lora)
         self.aot = aot
-        self.embed = param(w["model.embed_tokens.weight"], "embed")
+        self.embed = aot_param(w["model.embed_tokens.weight"], "embed")
         head = w["model.embed_tokens.weight"] if spec.tie_word_embeddings else w["lm_head.weight"]
         self.head = aot_weight([head], "lm_head")  # a separate copy even when tied
         cos, sin = rope_tables(spec.head_dim, max_positions, spec.rope_theta)

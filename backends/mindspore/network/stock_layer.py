@@ -8,7 +8,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from backends.mindspore.network.common import (RMSNorm, head_norm_weights, lora_factors, param, stock_experts,
-                                              stock_weight)
+                                              stock_weight, zeros_param)
 from backends.mindspore.spec import ModelSpec
 
 
@@ -79,8 +79,8 @@ class StockDecoderLayer(nn.Cell):
         # writes it in place (ScatterNdUpdate, or any reshape of the Parameter, copies the whole cache);
         # kv-head-major, so a gather of rows is already the [kv, B, W, D] the attention multiplies.
         cache_shape = (spec.num_kv_heads * num_slots, spec.head_dim)
-        self.k_cache = param(np.zeros(cache_shape, np.float32), p + "k_cache", dtype)
-        self.v_cache = param(np.zeros(cache_shape, np.float32), p + "v_cache", dtype)
+        self.k_cache = zeros_param(cache_shape, dtype, p + "k_cache")
+        self.v_cache = zeros_param(cache_shape, dtype, p + "v_cache")
         self.scatter = ops.ScatterUpdate()
         self.bmm = ops.BatchMatMul()
         self.bmm_t = ops.BatchMatMul(transpose_b=True)

@@ -17,6 +17,7 @@ from safetensors.numpy import load_file
 
 from backends.mindspore.config import load_model
 from backends.mindspore.gguf_convert import convert_gguf
+from tests.support import act_quant_ref
 from tests.support.hf_to_gguf import write_gguf
 from tests.support.make_tiny_qwen3_moe import make_tiny_qwen3_moe
 from tests.support.paths import GOLDEN_DIR
@@ -90,20 +91,11 @@ def test_the_converted_model_generates_as_its_source_and_hf(source, converted, k
     np.testing.assert_array_equal(runs[0][1], runs[1][1])
 
 
-def _quant_dequant(x: np.ndarray) -> np.ndarray:
-    """The AOT quantized matmul's input: each row cut into blocks of 32, dx * round_half_even(x * 127 / amax)."""
-    xb = x.reshape(*x.shape[:-1], -1, 32)
-    amax = np.abs(xb).max(-1, keepdims=True)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        q = np.where(amax > 0, np.rint(xb * (127.0 / amax)), 0.0)
-    return (q * (amax / 127.0)).reshape(x.shape)
-
-
 class MoeActQuantRef(RefModel):
     """tests/support/reference_numpy.py's forward (float64) with Qwen3-MoE's routed experts written out here: the
     router's softmax, each token's top-k renormalised, the weighted sum of those experts' SwiGLU MLPs. Every matmul's
-    input is quantized per row and block of 32 as the AOT kernels' Q8_0 matmuls do, but the router's (a float32
-    matrix there). ``quantize_inputs`` False: the plain float64 forward."""
+    input is quantized per row and block of 32 as the AOT kernels' Q8_0 matmuls do (tests/support/act_quant_ref.py),
+    but the router's (a float32 matrix there). ``quantize_inputs`` False: the plain float64 forward."""
 
     quantize_inputs = True
 
@@ -111,7 +103,7 @@ class MoeActQuantRef(RefModel):
         pass
 
     def _q(self, x: np.ndarray) -> np.ndarray:
-        return _quant_dequant(x) if self.quantize_inputs else x
+        return act_quant_ref.quant_dequant(x) if self.quantize_inputs else x
 
     def _linear(self, x: np.ndarray, name: str) -> np.ndarray:
         return super()._linear(self._q(x), name)

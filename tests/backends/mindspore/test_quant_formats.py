@@ -1,6 +1,6 @@
 """quant.py's block formats against the `gguf` package (an independent reader of GGUF's layouts): dequantization of
 quantized and of random-byte blocks of every format, bit for bit; the K-quant quantizer's blocks within a step of
-the weights; stacks of mixed formats (quant.uniform_stack)."""
+the weights; stacks of mixed formats (quant.stack_segments: runs of one format, every weight as shipped)."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,9 +8,8 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize as gguf_dequantize
 
-from backends.mindspore.quant import (BLOCK_BYTES, BLOCK_SIZE, FORMATS, QuantError, QuantWeight, as_q8_0, dequantize,
-                                      quantize, uniform_stack)
-from tests.support import kernel_ref as ref
+from backends.mindspore.quant import (BLOCK_BYTES, BLOCK_SIZE, FORMATS, QuantError, QuantWeight, dequantize,
+                                      quantize, stack_segments)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -42,33 +41,20 @@ def test_a_k_quant_needs_whole_super_blocks():
         QuantWeight("q6_k", 2, 256, np.zeros((2, 144), np.uint8))
 
 
-def test_a_stack_of_mixed_formats_keeps_its_most_precise_part_as_shipped():
+def test_a_stack_of_mixed_formats_keeps_every_part_as_shipped():
+    """Q4_K_M's q, k in Q4_K beside a Q6_K v: two runs, q and k one Q4_K matrix, v its own; no bytes change."""
     rng = np.random.default_rng(0)
-    q, k, v = (quantize((rng.standard_normal((r, 256)) * 0.1).astype(np.float32), f)
-               for r, f in [(64, "q4_k"), (32, "q4_k"), (32, "q6_k")])
-    stack = uniform_stack([q, k, v])
-    assert stack.fmt == "q6_k" and stack.rows == 128
-    np.testing.assert_array_equal(stack.blocks[96:], v.blocks)  # v's bytes as shipped
-    for part, rows in [(q, slice(0, 64)), (k, slice(64, 96))]:  # requantized: within a Q6_K step of the source
-        err = np.abs(QuantWeight("q6_k", part.rows, 256, stack.blocks[rows]).dequantize() - part.dequantize())
-        assert err.max() <= 0.02 * np.abs(part.dequantize()).max()
-    np.testing.assert_array_equal(uniform_stack([q, k]).blocks, np.concatenate([q.blocks, k.blocks]))
-
-
-@pytest.mark.parametrize("fmt", ["q4_0", "q5_0"])
-def test_q4_0_and_q5_0_parts_of_a_q8_0_stack_are_rewritten_exactly(fmt):
-    """llama-quantize's Q4_K_M of a 576-wide model: Q5_0 q/k beside a Q8_0 v. The Q5_0 rows become Q8_0 blocks of
-    the same values, and the kernel arithmetic (kernel_ref) gives the same bits for them."""
-    rng = np.random.default_rng(3)
-    part = quantize((rng.standard_normal((24, 576)) * 0.1).astype(np.float32), fmt)
-    v = quantize((rng.standard_normal((8, 576)) * 0.1).astype(np.float32), "q8_0")
-    stack = uniform_stack([part, v])
-    assert stack.fmt == "q8_0"
-    np.testing.assert_array_equal(stack.blocks[24:], v.blocks)
-    rewritten = as_q8_0(part)
-    np.testing.assert_array_equal(stack.blocks[:24], rewritten.blocks)
-    np.testing.assert_array_equal(rewritten.dequantize(), part.dequantize())
-    x = (rng.standard_normal((3, 576)) * 2).astype(np.float32)
-    np.testing.assert_array_equal(ref.qmatmul(x, rewritten).view(np.int32), ref.qmatmul(x, part).view(np.int32))
-    with pytest.raises(QuantError, match="q4_1 blocks cannot be written as Q8_0 exactly"):
-        as_q8_0(quantize(np.zeros((1, 32), np.float32), "q4_1"))
+    q, k, v, u = (quantize((rng.standard_normal((r, 256)) * 0.1).astype(np.float32), f)
+                  for r, f in [(64, "q4_k"), (32, "q4_k"), (32, "q6_k"), (16, "q4_k")])
+    runs = stack_segments([q, k, v, u])
+    assert [(r.fmt, r.rows) for r in runs] == [("q4_k", 96), ("q6_k", 32), ("q4_k", 16)]
+    np.testing.assert_array_equal(runs[0].blocks, np.concatenate([q.blocks, k.blocks]))
+    np.testing.assert_array_equal(runs[1].blocks, v.blocks)
+    np.testing.assert_array_equal(runs[2].blocks, u.blocks)
+    [one] = stack_segments([q, k])
+    np.testing.assert_array_equal(one.blocks, np.concatenate([q.blocks, k.blocks]))
+    q5, k5, v8 = (quantize((rng.standard_normal((r, 576)) * 0.1).astype(np.float32), f)
+                  for r, f in [(24, "q5_0"), (8, "q5_0"), (8, "q8_0")])  # a 576-wide Q4_K_M's fallbacks
+    assert [(r.fmt, r.rows) for r in stack_segments([q5, k5, v8])] == [("q5_0", 32), ("q8_0", 8)]
+    with pytest.raises(QuantError, match="cannot stack matrices of widths \\[256, 512\\]"):
+        stack_segments([q, quantize(np.zeros((1, 512), np.float32), "q4_k")])

@@ -199,6 +199,29 @@ def test_weight_errors(tmp_path, case):
     assert str(target) in str(err.value)
 
 
+def test_safetensors_are_read_through_a_memory_map_of_the_file(tmp_path):
+    """Every dtype the converter writes comes back with its values (float16 as float32), each tensor a read-only view
+    of the file, not a copy; a header that does not match its data is refused naming the file and the tensor."""
+    path = tmp_path / "model.safetensors"
+    rng = np.random.default_rng(0)
+    want = {"a": rng.standard_normal((3, 5)).astype(np.float32), "h": rng.standard_normal(7).astype(np.float16),
+            "blocks": rng.integers(0, 256, (4, 34), dtype=np.uint8), "empty": np.zeros((0, 3), np.float32)}
+    save_file(want, str(path))
+    got = load_safetensors(path)
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value.astype(np.float32) if name == "h" else value)
+    assert isinstance(got["a"].base, np.memmap) or isinstance(got["a"], np.memmap)
+    assert not got["a"].flags.writeable
+    raw = bytearray(path.read_bytes())
+    size = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + size])
+    header["a"]["shape"] = [3, 6]  # 18 floats claimed in 15 floats' bytes
+    text = json.dumps(header, separators=(",", ":")).encode().ljust(size)
+    path.write_bytes(raw[:8] + text + raw[8 + size:])
+    with pytest.raises(WeightsError, match=r"not a safetensors file: a: data_offsets .* do not hold F32 \(3, 6\)"):
+        load_safetensors(path)
+
+
 # --- a model directory whose yaml points at a .ckpt ---
 
 def _ckpt_variant(src: Path, dst: Path) -> Path:

@@ -4,14 +4,15 @@ the `gguf` package, not by the code under test), odd sizes, residual, row determ
 
 Two references:
 * ``emulate``: the kernel's documented arithmetic (qmatmul.cc header) in NumPy -- the activations quantized
-  per row and block of 32, exact integer block sums, then acc = fma(d_w * d_x, sum, acc) (+ fma(m_w, d_x * sum
-  qx, acc) for Q4_1) block after block, the fma emulated in float64 and rounded to float32. Float64 holds
+  per row and block of 32, exact integer block sums, then acc = fma(d_w * d_x, sum, acc) (+ fma(m_w, s_x, acc)
+  for Q4_1) block after block, d_x = fp16(amax / 127) and s_x = fp16(amax / 127 * sum qx) (llama.cpp's Q8_0 /
+  Q8_1 activation blocks), the fma emulated in float64 and rounded to float32. Float64 holds
   d_w * d_x * sum exactly (24 + 20 bits), so the only difference left is a double rounding (float64 then
   float32) of the sum, at most one float32 ulp of the accumulator per block and rare; the test allows
   nb ulps of the largest partial sum's magnitude.
 * ``x @ dequant(W)`` in float64, without activation quantization: the kernel must be within the bound that
-  quantizing x implies, |sum_k (x_k - dx*qx_k) w_k| <= sum_b (dx_b / 2) * sum_{k in b} |w_k|, plus float32
-  slack (1e-5 of sum |x_k w_k|).
+  quantizing x implies, |sum_k (x_k - dx*qx_k) w_k| <= sum_b (dx_b / 2) * sum_{k in b} |w_k|, plus what the fp16
+  d_x and s_x add (``fp16_bound``) and float32 slack (1e-5 of sum |x_k w_k|).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from gguf.quants import dequantize as gguf_dequantize, quantize as gguf_quantize
 
 from backends.mindspore.kernels import prepare_qweight
 from backends.mindspore.quant import BLOCK_BYTES, QuantWeight, dequantize
+from tests.support import act_quant_ref
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
@@ -57,8 +59,12 @@ def _qmm(lib, x, q: QuantWeight, res=None, packed=None) -> np.ndarray:
     return y
 
 
+def _fp16(v: np.ndarray) -> np.ndarray:
+    return v.astype(np.float16).astype(np.float32)
+
+
 def _quantize_x(x: np.ndarray):
-    """q [M, nb, 32] int64, d [M, nb] float32: amax/127, q = rint(x * (127/amax)) in float32."""
+    """q [M, nb, 32] int64, d [M, nb] float32: amax/127 (unrounded), q = rint(x * (127/amax)) in float32."""
     xb = x.reshape(x.shape[0], -1, 32)
     amax = np.abs(xb).max(-1)
     with np.errstate(divide="ignore"):
@@ -84,10 +90,10 @@ def _blocks(q: QuantWeight):
 
 def emulate(x: np.ndarray, q: QuantWeight, res=None) -> tuple[np.ndarray, np.ndarray]:
     """The kernel's arithmetic (module docstring) and the largest |partial sum| of each element."""
-    qx, dx = _quantize_x(x)
+    qx, d = _quantize_x(x)
     qw, dw, mw = _blocks(q)
     isum = np.einsum("mbk,nbk->mnb", qx, qw)  # exact
-    sx = (dx * qx.sum(-1).astype(np.float32)).astype(np.float32)  # [M, nb]
+    dx, sx = _fp16(d), _fp16((d * qx.sum(-1).astype(np.float32)).astype(np.float32))  # [M, nb]
     acc = np.zeros((x.shape[0], q.rows), np.float32)
     peak = np.zeros_like(acc)
     for b in range(qx.shape[1]):
@@ -122,8 +128,21 @@ def test_within_the_activation_quantization_bound_of_x_at_dequantized_w(lib, fmt
     exact = x.astype(np.float64) @ wd.T
     _, dx = _quantize_x(x)
     absw = np.abs(wd).reshape(n, -1, 32).sum(-1)  # [N, nb]
-    bound = (dx.astype(np.float64) / 2) @ absw.T + 1e-5 * (np.abs(x) @ np.abs(wd).T)
+    bound = (dx.astype(np.float64) / 2) @ absw.T + fp16_bound(x, q, wd) + 1e-5 * (np.abs(x) @ np.abs(wd).T)
     assert np.all(np.abs(y - exact) <= bound)
+
+
+def fp16_bound(x: np.ndarray, q: QuantWeight, wd: np.ndarray) -> np.ndarray:
+    """What the fp16 d_x and s_x may add for a 32-block format (wd: the dequantized weight [N, K]): each rounding
+    is within 2^-11 of its value, so 2^-11 sum_b (dx_b sum_k |qx_k (w_k - m_b)| + |dx_b sum_k qx_k| |m_b|)
+    bounds it, m_b the block's min (Q4_1, Q5_1; else 0)."""
+    qx, d = _quantize_x(x)
+    m = act_quant_ref.block_mins(q.fmt, q.blocks)
+    m = np.zeros((q.rows, q.cols // 32)) if m is None else m
+    xq = np.abs(qx * d[..., None].astype(np.float64)).reshape(x.shape[0], -1)  # [M, K]
+    wq = np.abs(wd - np.repeat(m, 32, axis=1))
+    sx = np.abs(d.astype(np.float64) * qx.sum(-1))  # [M, nb]
+    return 2.0 ** -11 * (1 + 1e-6) * (xq @ wq.T + sx @ np.abs(m).T)
 
 
 KFORMATS = {"q5_0": (3, T.Q5_0), "q5_1": (4, T.Q5_1), "q4_k": (5, T.Q4_K), "q5_k": (6, T.Q5_K), "q6_k": (7, T.Q6_K)}
@@ -133,8 +152,9 @@ KFORMATS = {"q5_0": (3, T.Q5_0), "q5_1": (4, T.Q5_1), "q4_k": (5, T.Q4_K), "q5_k
 @pytest.mark.parametrize("m,k,n", [(1, 256, 1), (3, 512, 17), (16, 1536, 40), (5, 2048, 33)])
 def test_q5_and_k_quants_within_the_activation_quantization_bound(lib, fmt, m, k, n):
     """The Q5 formats and the K-quants against x @ W with W dequantized by the gguf package (an independent
-    reader of the GGUF layouts): within what quantizing x implies, per block of 32 (dx = amax / 127) or, for the
-    K-quants, per 256 (dx = 1 / (127 / amax)), |error| <= sum_b (dx_b / 2) sum_{k in b} |w_k| (+ float32 slack)."""
+    reader of the GGUF layouts): within what quantizing x implies, per block of 32 (dx = amax / 127, plus
+    fp16_bound) or, for the K-quants, per 256 (dx = 1 / (127 / amax)), |error| <= sum_b (dx_b / 2) sum_{k in b} |w_k|
+    (+ float32 slack)."""
     from backends.mindspore.quant import quantize
 
     rng = np.random.default_rng(k + n)
@@ -153,6 +173,8 @@ def test_q5_and_k_quants_within_the_activation_quantization_bound(lib, fmt, m, k
     amax = np.abs(x.astype(np.float64)).reshape(m, -1, block).max(-1)
     absw = np.abs(wd).reshape(n, -1, block).sum(-1)
     bound = (amax / 127 / 2) @ absw.T * (1 + 1e-6) + 1e-5 * (np.abs(x) @ np.abs(wd).T)
+    if block == 32:
+        bound += fp16_bound(x, q, wd)
     assert np.all(np.abs(y - exact) <= bound)
     assert np.max(np.abs(y - exact)) > 0  # the activations are quantized (the bound is not vacuous)
 
@@ -188,7 +210,7 @@ def test_activation_quantization_matches_numpy(lib):
     assert lib.mindserve_quantize_rows_raw(x.ctypes.data, 7, 160, q.ctypes.data, d.ctypes.data, s.ctypes.data) == 0
     qx, dx = _quantize_x(x)
     np.testing.assert_array_equal(q.reshape(7, 5, 32), qx)
-    np.testing.assert_array_equal(d, dx)
+    np.testing.assert_array_equal(d, _fp16(dx))  # d as llama.cpp's block_q8_0 stores it
     np.testing.assert_array_equal(s, qx.sum(-1))
 
 

@@ -1,6 +1,7 @@
 """Every kernel entry against the float32-exact NumPy reference (tests/support/kernel_ref.py), bit for bit: odd
 shapes that leave a tail in every loop (16 lanes, 48-column panels, 8-row tiles, 32-weight blocks), inputs of
-large dynamic range with exact and negative zeros and subnormals, all three quantized formats; on every build
+large dynamic range with exact and negative zeros and subnormals, every quantized format and segmented stacks of
+several; on every build
 variant of this machine's architecture, scalar included (a variant the CPU cannot run is skipped by name)."""
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from gguf.quants import quantize as gguf_quantize
 
-from backends.mindspore.kernels import prepare_qweight, prepare_weight
+from backends.mindspore.kernels import prepare_qstack, prepare_qweight, prepare_weight
 from backends.mindspore.quant import BLOCK_BYTES, BLOCK_SIZE, QuantWeight
 from backends.mindspore.quant import quantize as quant_quantize
 from tests.support.kernel_variants import HOST_VARIANTS, variant_lib
@@ -208,6 +209,32 @@ def test_qmatmul_q5_and_k_quants(lib, fmt, m, k, n, blocks):
     assert_bits(y, ref.product(x, q, res, lora))
 
 
+@pytest.mark.parametrize("fmt", list(QFORMATS))
+def test_activation_scales_are_rounded_to_fp16(lib, fmt):
+    """The 32-block formats take dx and dx * sum q as fp16 (llama.cpp's block_q8_0.d / block_q8_1.s): blocks whose
+    dx or sum is an fp16 subnormal, a tie, far above 1 or beyond the fp16 range round as NumPy's float32 ->
+    float16 (nearest, ties to even, inf)."""
+    rng = np.random.default_rng(8)
+    k = 32 * 9
+    x = qx(rng, 4, k)
+    for b, scale in enumerate([1e-9, 3e-8, 1e-7, 2e-6, 6e-5, 1e-3, 1.0, 300.0, 1e4]):
+        blk = x[:, 32 * b:32 * (b + 1)]
+        amax = np.abs(blk).max(-1, keepdims=True)
+        blk *= np.where(amax > 0, np.float32(scale) / np.where(amax > 0, amax, 1), 1).astype(F32)  # zero blocks stay
+    x[3, :32] = 0.0
+    x[3, 0] = np.float32(127 * 2.0 ** -25)  # dx = 2^-25 exactly: an fp16 tie between 0 and 2^-24, to 0
+    x[3, 32:64] = 0.0
+    x[3, 32] = np.float32(127 * 3 * 2.0 ** -25)  # dx = 3 * 2^-25: a tie between 2^-24 and 2^-23, to 2^-23
+    x[2, 224:256] = np.float32(3000)  # dx * sum q = 96000: beyond fp16, inf (so is Q4_1 / Q5_1's row, as llama.cpp's)
+    q = qweight(fmt, 21, k, seed=9)
+    y = out(4, 21)
+    assert lib.mindserve_qmatmul_raw(x.ctypes.data, prepare_qweight(q).ctypes.data, QCODES[fmt], None,
+                                     y.ctypes.data, 4, k, 21) == 0
+    assert_bits(y, ref.qmatmul(x, q))
+    want = ref.quantize_rows(x)
+    assert want.d[3, 0] == 0 and want.d[3, 1] == 2.0 ** -23 and np.isinf(want.sf[2, 7])
+
+
 def test_quantize_rows_k(lib):
     """Q8_K: per 256 values q = round-half-even(x * 127/amax), d = 1/(127/amax), the sums of each 16 q."""
     rng = np.random.default_rng(6)
@@ -248,6 +275,91 @@ def test_qmatmul_block_of_tiny_amax(lib, fmt):
     assert lib.mindserve_qmatmul_raw(x.ctypes.data, prepare_qweight(q).ctypes.data, QCODES[fmt], None,
                                      y.ctypes.data, 3, k, 17) == 0
     assert_bits(y, ref.qmatmul(x, q))
+
+
+# --- segmented stacks: parts in different formats (kernels.prepare_qstack) ------------------------------------------
+
+STACKS = [  # (the parts' formats, their rows, K)
+    (("q4_k", "q4_k", "q6_k"), (37, 5, 21), 512),  # Q4_K_M's qkv: q and k one Q4_K run, v Q6_K
+    (("q5_k", "q4_k"), (33, 16), 256),  # a gate/up of two K-quants
+    (("q4_1", "q8_0", "q5_1"), (20, 17, 1), 96),  # 32-block formats only, a one-column run
+    (("q6_k", "q5_0", "q4_k", "q8_0"), (3, 40, 16, 9), 256),  # both activation kinds, runs of odd widths
+    (("q5_0", "q5_0", "q8_0"), (24, 8, 8), 576)]  # a 576-wide Q4_K_M's fallbacks: Q5_0 q/k beside a Q8_0 v
+
+
+def qstack(fmts, rows, k: int, seed: int) -> tuple[QuantWeight, ...]:
+    return tuple(qweight(f, n, k, seed=seed + i) for i, (f, n) in enumerate(zip(fmts, rows)))
+
+
+def parts_alone(lib, x: np.ndarray, parts) -> np.ndarray:
+    """Each part multiplied alone by the kernel (its own packing), side by side."""
+    ys = []
+    for p in parts:
+        ys.append(out(x.shape[0], p.rows))
+        assert aot_call(lib, "MindserveMatMul", [x, prepare_qweight(p)], [ys[-1]]) == 0
+    return np.concatenate(ys, axis=1)
+
+
+@pytest.mark.parametrize("fmts,rows,k", STACKS)
+@pytest.mark.parametrize("m", [1, 9, 17])
+def test_qmatmul_segmented_stack(lib, fmts, rows, k, m):
+    """Every output column of a segmented weight has the bits of its part multiplied alone (by the kernel, and by
+    the reference); with the residual, and LoRA; through the raw and the AOT entries."""
+    rng = np.random.default_rng(m + k)
+    parts = qstack(fmts, rows, k, seed=k + m)
+    packed = prepare_qstack(parts)
+    n = sum(rows)
+    assert packed.shape[0] == 1 and packed.shape[1] % 2 == 1 and packed.shape[2] == n
+    x, res = qx(rng, m, k), wild(rng, (m, n))
+    y = out(m, n)
+    assert aot_call(lib, "MindserveMatMul", [x, packed], [y]) == 0
+    assert_bits(y, parts_alone(lib, x, parts))
+    assert_bits(y, ref.product(x, parts))
+    assert lib.mindserve_qmatmul_packed_raw(x.ctypes.data, packed.ctypes.data, packed.shape[1], res.ctypes.data,
+                                            y.ctypes.data, m, k, n) == 0
+    assert_bits(y, ref.product(x, parts, res))
+    lora = lora_inputs(rng, m, k, n, groups=1)
+    assert aot_call(lib, "MindserveMatMulAdd", [x, packed, res, *lora_list(lora)], [y]) == 0
+    assert_bits(y, ref.product(x, parts, res, lora))
+
+
+def test_a_segmented_row_alone_gives_its_batched_bits(lib):
+    rng = np.random.default_rng(8)
+    parts = qstack(*STACKS[3], seed=2)
+    packed, n = prepare_qstack(parts), sum(STACKS[3][1])
+    x = qx(rng, 13, 256)
+    y = out(13, n)
+    assert aot_call(lib, "MindserveMatMul", [x, packed], [y]) == 0
+    for r in (0, 6, 12):
+        one = out(1, n)
+        assert aot_call(lib, "MindserveMatMul", [x[r:r + 1], packed], [one]) == 0
+        assert_bits(one[0], y[r])
+
+
+def test_a_uniform_stack_keeps_the_single_format_layout():
+    q, k = qweight("q4_k", 20, 256, seed=1), qweight("q4_k", 12, 256, seed=2)
+    whole = QuantWeight("q4_k", 32, 256, np.concatenate([q.blocks, k.blocks]))
+    np.testing.assert_array_equal(prepare_qstack([q, k]), prepare_qweight(whole))
+
+
+def test_a_bad_segment_table_is_refused(lib):
+    """Error 4 (no format's length, no valid table) for each broken field, never a read outside the weight."""
+    parts = qstack(*STACKS[0], seed=1)
+    packed, n = prepare_qstack(parts), sum(STACKS[0][1])
+    x = qx(np.random.default_rng(1), 2, 512)
+    assert aot_call(lib, "MindserveMatMul", [x, packed], [out(2, n)]) == 0
+    table = packed.reshape(-1)[:8 + 16 * 2].copy()
+    count, (f0, c0), (f1, c1) = table[4:8].view("<i4")[0], table[8:16].view("<i4"), table[24:32].view("<i4")
+    assert (count, f0, c0, f1, c1) == (2, 5, 42, 7, 21)  # the runs: Q4_K q and k, Q6_K v
+    for at, value, dtype in [(0, 0x5351534E, "<i4"), (4, 1, "<i4"), (4, 9, "<i4"), (8, 8, "<i4"), (12, 41, "<i4"),
+                             (28, 22, "<i4"), (32, 8, "<i8"), (32, packed.size, "<i8"), (16, 7, "<i8")]:
+        bad = packed.copy()
+        bad.reshape(-1)[at:at + np.dtype(dtype).itemsize] = np.array([value], dtype).view(np.uint8)
+        assert aot_call(lib, "MindserveMatMul", [x, bad], [out(2, n)]) == 4, (at, value)
+    even = np.zeros((1, packed.shape[1] + 1, n), np.uint8)  # the table behind an even length: read as no table
+    even.reshape(-1)[:packed.size] = packed.reshape(-1)
+    assert aot_call(lib, "MindserveMatMul", [x, even], [out(2, n)]) == 4
+    assert aot_call(lib, "MindserveMatMul", [x[:, :256], packed], [out(2, n)]) == 4  # another K: the sizes differ
 
 
 # --- row kernels ----------------------------------------------------------------------------------
@@ -444,15 +556,20 @@ def test_kv_encoding_at_the_edges(lib, fmt):
 # --- fused entries --------------------------------------------------------------------------------
 
 def weight(rng, k: int, n: int, fmt: str | None):
-    """(the reference's weight, the kernel's packed one): float32 [K, N] or a quantized [N, K]."""
+    """(the reference's weight, the kernel's packed one): float32 [K, N], a quantized [N, K], or (``mixed``) a
+    stack of parts in different formats."""
     if fmt is None:
         w = wild(rng, (k, n), spread=4, scale=0.3)
         return w, prepare_weight(w)
+    if fmt == "mixed":  # a segmented stack of three 32-block formats
+        rows = (n // 2, n // 4, n - n // 2 - n // 4)
+        parts = qstack(("q4_1", "q8_0", "q5_1"), rows, k, seed=int(rng.integers(1000)))
+        return parts, prepare_qstack(parts)
     q = qweight(fmt, n, k, seed=int(rng.integers(1000)))
     return q, prepare_qweight(q)
 
 
-@pytest.mark.parametrize("fmt,lora", [(None, False), (None, True), ("q4_1", True), ("q8_0", False)])
+@pytest.mark.parametrize("fmt,lora", [(None, False), (None, True), ("q4_1", True), ("q8_0", False), ("mixed", True)])
 @pytest.mark.parametrize("m,c,n", [(1, 32, 5), (9, 64, 47), (3, 96, 130)])
 def test_norm_matmul(lib, m, c, n, fmt, lora):
     rng = np.random.default_rng(m + c + n)
@@ -464,7 +581,7 @@ def test_norm_matmul(lib, m, c, n, fmt, lora):
     assert_bits(y, ref.norm_matmul(x, nw, EPS[0], w, lo))
 
 
-@pytest.mark.parametrize("fmt,lora", [(None, False), (None, True), ("q4_0", False), ("q8_0", True)])
+@pytest.mark.parametrize("fmt,lora", [(None, False), (None, True), ("q4_0", False), ("q8_0", True), ("mixed", False)])
 @pytest.mark.parametrize("m,f,n", [(1, 32, 5), (9, 64, 47), (3, 96, 50)])
 def test_swiglu_matmul_add(lib, m, f, n, fmt, lora):
     rng = np.random.default_rng(m + f + n)
@@ -479,7 +596,7 @@ def test_swiglu_matmul_add(lib, m, f, n, fmt, lora):
 @pytest.mark.parametrize("fmt,bias,kv_fmt,norm", [
     (None, False, "float32", False), (None, True, "float32", False), ("q4_1", True, "float32", False),
     ("q4_1", True, "q8_0", False), (None, False, "float16", False), (None, False, "float32", True),
-    ("q8_0", False, "float32", True), (None, False, "float16", True)])
+    ("q8_0", False, "float32", True), (None, False, "float16", True), ("mixed", True, "float32", False)])
 def test_decoder_layer(lib, fmt, bias, kv_fmt, norm):
     h, kv, d, c, f, n = 4, 2, 24, 64, 96, 5
     rng = np.random.default_rng(11 + bias + 2 * norm)
@@ -595,6 +712,10 @@ def experts(rng, e: int, c: int, f: int, fmt: str | None):
         if fmt is None:
             gu, d = wild(rng, (c, 2 * f), spread=3, scale=0.3), wild(rng, (f, c), spread=3, scale=0.3)
             gu_ref.append(gu), d_ref.append(d), gu_p.append(prepare_weight(gu)), d_p.append(prepare_weight(d))
+        elif fmt == "mixed":  # gate Q4_1 beside up Q8_0: a segmented stack per expert
+            gu = qstack(("q4_1", "q8_0"), (f, f), c, seed=100 * i + c)
+            d = qweight("q4_0", c, f, seed=100 * i + f + 7)
+            gu_ref.append(gu), d_ref.append(d), gu_p.append(prepare_qstack(gu)), d_p.append(prepare_qweight(d))
         else:
             gu, d = qweight(fmt, 2 * f, c, seed=100 * i + c), qweight(fmt, c, f, seed=100 * i + f + 7)
             gu_ref.append(gu), d_ref.append(d), gu_p.append(prepare_qweight(gu)), d_p.append(prepare_qweight(d))
@@ -617,7 +738,7 @@ MOE = [  # (N, C, F, E, top_k, norm, expert format, router format)
     (1, 45, 23, 5, 2, True, None, None), (7, 45, 23, 5, 1, False, None, None), (13, 64, 32, 5, 3, True, None, None),
     (6, 64, 32, 5, 2, True, "q8_0", None), (9, 64, 32, 5, 2, False, "q4_0", "q8_0"), (5, 96, 64, 5, 3, True, "q4_1",
                                                                                          None),
-    (1, 64, 32, 8, 2, True, "q4_1", "q4_1")]
+    (1, 64, 32, 8, 2, True, "q4_1", "q4_1"), (7, 64, 32, 5, 2, True, "mixed", None)]
 
 
 @pytest.mark.parametrize("n,c,f,e,top_k,norm,fmt,router_fmt", MOE)

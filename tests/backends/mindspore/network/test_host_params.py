@@ -1,0 +1,80 @@
+"""The load's Parameters (network/common.py) hold what a compiled graph then reads: ``filled_param`` written in place
+through a view of MindSpore's own memory (the packed GGUF weights and the dequantized embedding), ``zeros_param``
+(the KV caches) zeros in their dtype, and a cache written by a kernel between two graph calls is read back."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow  # compiles graphs
+
+
+def _gather():
+    """A graph returning rows of a Parameter, as float32 (CPU's Gather takes no bfloat16)."""
+    import mindspore as ms
+    from mindspore import nn, ops
+
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+
+    class Gather(nn.Cell):
+        def __init__(self, w) -> None:
+            super().__init__()
+            self.w = w
+
+        def construct(self, rows):
+            return ops.gather(ops.cast(self.w, ms.float32), rows, 0)
+
+    return Gather
+
+
+def test_a_graph_reads_what_fill_wrote_and_later_writes_too():
+    import mindspore as ms
+    from mindspore import Tensor
+
+    from backends.mindspore.network.common import filled_param
+
+    want = np.random.default_rng(0).standard_normal((3000, 700)).astype(np.float32)
+    views = []
+
+    def fill(out: np.ndarray) -> None:
+        views.append(out)
+        out[...] = want
+
+    w = filled_param(want.shape, ms.float32, "w", fill)
+    net = _gather()(w)
+    rows = Tensor(np.array([0, 1234, 2999], np.int32))
+    np.testing.assert_array_equal(net(rows).asnumpy(), want[[0, 1234, 2999]])
+    views[0][1234] = -1.0  # the view is the Parameter's memory: what the AOT kernels rely on for the caches
+    np.testing.assert_array_equal(net(rows).asnumpy()[1], np.full(700, -1.0, np.float32))
+
+
+def test_the_packed_weight_is_prepare_qweights_bytes():
+    import mindspore as ms
+
+    from backends.mindspore.kernels import packed_shape, prepare_qweight
+    from backends.mindspore.network.common import aot_weight
+    from backends.mindspore.quant import concat_rows, quantize
+
+    rng = np.random.default_rng(1)
+    parts = [quantize(rng.standard_normal((n, 512)).astype(np.float32), "q4_k") for n in (40, 24)]
+    w = aot_weight(parts, "wqkv")
+    stacked = concat_rows(parts)
+    assert w.dtype == ms.uint8 and tuple(w.shape) == packed_shape(stacked)
+    np.testing.assert_array_equal(w.asnumpy(), prepare_qweight(stacked))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "q8_0"])
+def test_kv_caches_are_zeros_in_their_dtype(dtype):
+    import mindspore as ms
+    from mindspore import Tensor
+
+    from backends.mindspore.kv_dtype import row_bytes
+    from backends.mindspore.network.common import kv_cache_param
+
+    cache = kv_cache_param(dtype, 5000, 64, "k_cache")
+    width = row_bytes(dtype, 64) if dtype == "q8_0" else 64
+    assert tuple(cache.shape) == (5000, width)
+    assert cache.dtype == {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16,
+                           "q8_0": ms.uint8}[dtype]
+    got = _gather()(cache)(Tensor(np.array([0, 4999], np.int32)))
+    np.testing.assert_array_equal(got.asnumpy(), np.zeros((2, width), np.float32))
