@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from backends.mindspore.engine import Engine
-from backends.mindspore.sequence import SeqState
 from backends.settings import EngineConfig, SpeculationSettings
 from backends.types import GenerationResult, Grammar, RequestParams, TokenEvent
 from tests.support.golden import EOS_PROMPT, NUMPY_GOLDEN, PROMPT
@@ -31,20 +30,6 @@ COUNT = "one two three four five six seven eight nine ten, one two three four fi
 def engine(default_model_dir):
     with Engine(default_model_dir, CONFIG) as eng:
         yield eng
-
-
-@pytest.fixture
-def logits_log(monkeypatch):
-    """The logits each request's chooser was given, position by position: {request id: [V] arrays}."""
-    seen: dict[str, list[np.ndarray]] = {}
-    plain = SeqState.advance
-
-    def advance(self, logits):
-        seen.setdefault(self.handle.request_id, []).append(np.array(logits, copy=True))
-        return plain(self, logits)
-
-    monkeypatch.setattr(SeqState, "advance", advance)
-    return seen
 
 
 def trace(result: GenerationResult) -> list:

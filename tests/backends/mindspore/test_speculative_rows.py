@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from backends.mindspore.engine import Engine
-from backends.mindspore.sequence import SeqState
 from backends.mindspore.speculative import Speculator
 from backends.settings import EngineConfig, LoraModuleConfig, LoraSettings, SpeculationSettings
 from backends.types import GenerationResult, Grammar, RequestParams
@@ -50,20 +49,6 @@ def engine(tiny_model_dir, adapter_dirs):
     lora = LoraSettings(modules=tuple(LoraModuleConfig(n, p) for n, p in adapter_dirs.items()))
     with Engine(tiny_model_dir, replace(CONFIG, lora=lora)) as eng:
         yield eng
-
-
-@pytest.fixture
-def logits_log(monkeypatch):
-    """The logits each request's chooser was given, position by position: {request id: [V] arrays}."""
-    seen: dict[str, list[np.ndarray]] = {}
-    plain = SeqState.advance
-
-    def advance(self, logits):
-        seen.setdefault(self.handle.request_id, []).append(np.array(logits, copy=True))
-        return plain(self, logits)
-
-    monkeypatch.setattr(SeqState, "advance", advance)
-    return seen
 
 
 def run(engine: Engine, prompt: str, params: RequestParams, speculate: bool) -> tuple[GenerationResult, str]:
