@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 
 #include "fpenv.h"  // every entry below opens an FpScope
 
@@ -24,6 +25,31 @@ inline int64_t rows_of(int ndim, const int64_t *shape) {
   int64_t n = 1;
   for (int d = 0; d < ndim - 1; ++d) n *= shape[d];
   return n;
+}
+
+// An AOT entry's signature, and one argument of a call to it made by another entry (the fused layers call the
+// matmul, norm and attention entries as MindSpore would): a pointer, its shape and dtype.
+using Entry = int (*)(int, void **, int *, int64_t **, const char **, void *, void *);
+struct Arg {
+  void *p;
+  int nd;
+  int64_t *shape;
+  const char *dtype;
+};
+
+// entry(args...): the call MindSpore would make.
+inline int call(Entry entry, std::initializer_list<Arg> args) {
+  constexpr int kMaxArgs = 24;
+  void *p[kMaxArgs];
+  int nd[kMaxArgs];
+  int64_t *sh[kMaxArgs];
+  const char *dt[kMaxArgs];
+  int n = 0;
+  for (const Arg &a : args) {
+    if (n == kMaxArgs) return 41;
+    p[n] = a.p, nd[n] = a.nd, sh[n] = a.shape, dt[n] = a.dtype, ++n;
+  }
+  return entry(n, p, nd, sh, dt, nullptr, nullptr);
 }
 
 }  // namespace mindserve

@@ -277,24 +277,8 @@ float *scratch(int64_t n) {
 }
 
 
-// One argument of an AOT entry call built here: a pointer, its shape and dtype.
-struct Arg {
-  void *p;
-  int nd;
-  int64_t *shape;
-  const char *dtype;
-};
-
-// entry(args..., out): the call MindSpore would make.
-int call(int (*entry)(int, void **, int *, int64_t **, const char **, void *, void *), std::initializer_list<Arg> args) {
-  void *p[kMaxParams];
-  int nd[kMaxParams];
-  int64_t *sh[kMaxParams];
-  const char *dt[kMaxParams];
-  int n = 0;
-  for (const Arg &a : args) p[n] = a.p, nd[n] = a.nd, sh[n] = a.shape, dt[n] = a.dtype, ++n;
-  return entry(n, p, nd, sh, dt, nullptr, nullptr);
-}
+using mindserve::Arg;  // entry.h: another entry called as MindSpore would
+using mindserve::call;
 
 }  // namespace
 

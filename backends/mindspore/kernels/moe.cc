@@ -43,28 +43,12 @@ namespace v = mindserve::vec;
 
 using mindserve::is_f32;
 using mindserve::is_i32;
+using mindserve::Arg;
+using mindserve::call;
 
-using Entry = int (*)(int, void **, int *, int64_t **, const char **, void *, void *);
-
-constexpr int kMaxParams = 24;
 constexpr int64_t kMaxExperts = 1024;
 
-struct Arg {
-  void *p;
-  int nd;
-  int64_t *shape;
-  const char *dtype;
-};
 
-int call(Entry entry, std::initializer_list<Arg> args) {
-  void *p[kMaxParams];
-  int nd[kMaxParams];
-  int64_t *sh[kMaxParams];
-  const char *dt[kMaxParams];
-  int n = 0;
-  for (const Arg &a : args) p[n] = a.p, nd[n] = a.nd, sh[n] = a.shape, dt[n] = a.dtype, ++n;
-  return entry(n, p, nd, sh, dt, nullptr, nullptr);
-}
 
 // The softmax of one row of E logits into p, then its top_k experts (rank order, ties to the lower index) and
 // their weights.
