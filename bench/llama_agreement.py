@@ -10,7 +10,9 @@ llama-server (``-np 1``, 2 threads, ``POST /completion`` with ``temperature 0``,
 asked). It prints, per weight format, how many prompts agree on every token, the mean common prefix, and at
 every first divergence both sides' margins
 (mindserve: top-1 minus top-2 logit; llama.cpp: its top-2 probabilities), which tells a near tie (either
-side) from a real disagreement. Never run by the test suite.
+side) from a real disagreement. ``--control DIR`` also runs another llama.cpp build's llama-server (e.g. the
+AVX2-only one) and prints how often llama.cpp agrees with itself: the noise floor of this count (see
+docs/performance.md, "Agreement with llama-server"). Never run by the test suite.
 """
 from __future__ import annotations
 
@@ -33,11 +35,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_bench import CACHE_DIR, LLAMA_ANCHORS, PROMPTS, THREADS, free_port  # noqa: E402
 
 
-def start_llama_server(bindir: Path, gguf: Path, port: int, log_path: Path) -> subprocess.Popen:
+def start_llama_server(bindir: Path, gguf: Path, port: int, log_path: Path,
+                       extra: tuple[str, ...] = ()) -> subprocess.Popen:
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(bindir), env.get("LD_LIBRARY_PATH")]))
     cmd = [str(bindir / "llama-server"), "-m", str(gguf), "-t", str(THREADS), "-tb", str(THREADS), "-c", "4096",
-           "-np", "1", "--host", "127.0.0.1", "--port", str(port)]
+           "-np", "1", "--host", "127.0.0.1", "--port", str(port), *extra]
     proc = subprocess.Popen(cmd, env=env, stdout=log_path.open("w"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -52,6 +55,18 @@ def start_llama_server(bindir: Path, gguf: Path, port: int, log_path: Path) -> s
         time.sleep(0.5)
     proc.kill()
     raise SystemExit(f"llama-server not ready after 120 s; see {log_path}")
+
+
+def llama_run(bindir: Path, gguf: Path, prompts: list[list[int]], n: int, log_path: Path,
+              extra: tuple[str, ...]) -> list[tuple[list[int], list[list[tuple[int, float]]]]]:
+    """llama_greedy of every prompt on a llama-server of the build in ``bindir``, started for them and stopped."""
+    port = free_port()
+    server = start_llama_server(bindir, gguf, port, log_path, extra)
+    try:
+        return [llama_greedy(port, ids, n) for ids in prompts]
+    finally:
+        server.terminate()
+        server.wait(30)
 
 
 def llama_greedy(port: int, ids: list[int], n: int) -> tuple[list[int], list[list[tuple[int, float]]]]:
@@ -121,6 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-dtype", default="float32",
                     help="mindserve's KV cache format (kvCacheDtype: float32, float16, ...; llama-server keeps f16)")
     ap.add_argument("--llama-server-dir", type=Path, default=LLAMA_ANCHORS)
+    ap.add_argument("--llama-args", default="",
+                    help="extra llama-server arguments, e.g. '-fa off -ctk f32 -ctv f32' (its exact attention: no "
+                         "float16 K/V or flash-attention accumulation); default: its own defaults")
+    ap.add_argument("--control", type=Path, default=None,
+                    help="another llama.cpp build's directory (e.g. the AVX2-only one): its llama-server is run on "
+                         "the same prompts and its agreement with the first printed as the noise floor")
     ap.add_argument("--workdir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "mindserve-bench")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -136,18 +157,27 @@ def main(argv: list[str] | None = None) -> int:
     tok = Tokenizer.from_model_dir(next(iter(dirs.values())))
     prompts = [tok.encode(p) for p in PROMPTS[:args.prompts]]
 
-    port = free_port()
-    server = start_llama_server(args.llama_server_dir, gguf, port, args.workdir / "llama-agreement-server.log")
-    try:
-        theirs = [llama_greedy(port, ids, args.tokens) for ids in prompts]
-    finally:
-        server.terminate()
-        server.wait(30)
+    extra = tuple(args.llama_args.split())
+    theirs = llama_run(args.llama_server_dir, gguf, prompts, args.tokens, args.workdir / "llama-agreement-server.log",
+                       extra)
 
     record = {"gguf": gguf.name, "tokens": args.tokens, "prompts": len(prompts), "kv_dtype": args.kv_dtype,
-              "formats": {}}
+              "llama_args": args.llama_args, "formats": {}}
     print(f"Greedy ids, mindserve vs llama-server on {gguf.name}: {len(prompts)} prompts x {args.tokens} tokens, "
-          f"EOS banned, the same prompt ids on both sides, mindserve's KV cache {args.kv_dtype}")
+          f"EOS banned, the same prompt ids on both sides, mindserve's KV cache {args.kv_dtype}, "
+          f"llama-server {args.llama_args or 'with its defaults'}")
+    if args.control:
+        # The noise floor: llama.cpp against itself, another build of the same source on the same file and machine.
+        # Its kernels differ only in float order (vector width), which a quantized model's activation rounding
+        # amplifies as it would mindserve's.
+        other = llama_run(args.control, gguf, prompts, args.tokens, args.workdir / "llama-agreement-control.log",
+                          extra)
+        same = sum(a[0] == b[0] for a, b in zip(theirs, other))
+        before = sum(common_prefix(a[0], b[0]) for a, b in zip(theirs, other))
+        print(f"\ncontrol: llama-server ({args.control}) vs llama-server ({args.llama_server_dir}): "
+              f"{same}/{len(prompts)} prompts identical over all {args.tokens} tokens; "
+              f"{before}/{len(prompts) * args.tokens} tokens before the first divergence")
+        record["control"] = {"build": str(args.control), "identical": same, "tokens_before_divergence": before}
     for dtype, path in dirs.items():
         runner = make_runner(path, args.kv_dtype)
         rows = []
