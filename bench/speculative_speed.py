@@ -13,8 +13,9 @@ other jobs on the box than wall time).
 Workloads: ``quote`` (a chat asking to repeat a passage word for word: the answer copies the prompt),
 ``story`` (free story continuation, greedy: nothing to copy but what the model repeats itself), ``sampled``
 (the story sampled at temperature 0.9, seeded), ``c1-quote`` (serve_bench's c1-quote requests, one at a time,
-each to its EOS within 160 tokens: the served bar's workload at the engine), and, with --clients N, ``story``
-with N requests at once.
+each to its EOS within 160 tokens: the served bar's workload at the engine), ``c1-code`` (serve_bench's c1-code
+requests the same way: edit a source file given in the prompt, each to its EOS within 320 tokens), and, with
+--clients N, ``story`` with N requests at once.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from backends.mindspore.engine import Engine  # noqa: E402
 from backends.mindspore.step import PrefillChunk  # noqa: E402
 from backends.settings import EngineConfig, SpeculationSettings  # noqa: E402
 from backends.types import RequestParams  # noqa: E402
+from serving.code_edits import CODE_NEW_TOKENS, build_code_prompts  # noqa: E402
 from serving.scenarios import QUOTE_NEW_TOKENS, build_quote_prompts  # noqa: E402
 
 PASSAGE = ("The committee met on Tuesday to review the harbour repairs. The north wall, damaged in the March storms, "
@@ -93,7 +95,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     batch = max(16, args.clients)
     config = EngineConfig(max_seq_len=1024, max_input_tokens=512, max_batch_size=batch,
-                          max_iter_times=max(args.tokens, QUOTE_NEW_TOKENS),
+                          max_iter_times=max(args.tokens, QUOTE_NEW_TOKENS, CODE_NEW_TOKENS),
                           block_size=64, prefill_chunk=64, graph_cache=True,
                           speculation=SpeculationSettings(max_draft=args.draft, draft_model=args.draft_model))
     model = args.model or ensure_default_model(Path(__file__).resolve().parents[1] / ".cache" / "models")
@@ -101,7 +103,8 @@ def main() -> None:
     greedy = RequestParams(max_new_tokens=args.tokens, do_sample=False, ignore_eos=True)
     workloads = {"quote": ([QUOTE], greedy), "story": ([STORY], greedy),
                  "sampled": ([STORY], replace(greedy, do_sample=True, temperature=0.9, seed=7)),
-                 "c1-quote": (build_quote_prompts(), RequestParams(max_new_tokens=QUOTE_NEW_TOKENS, do_sample=False))}
+                 "c1-quote": (build_quote_prompts(), RequestParams(max_new_tokens=QUOTE_NEW_TOKENS, do_sample=False)),
+                 "c1-code": (build_code_prompts(), RequestParams(max_new_tokens=CODE_NEW_TOKENS, do_sample=False))}
     if args.clients:
         workloads[f"story_x{args.clients}"] = ([STORY] * args.clients, greedy)
     timed(engine, [STORY], replace(greedy, max_new_tokens=8))  # first-request costs out of the way
@@ -119,7 +122,8 @@ def main() -> None:
             for on in order:
                 before = engine.speculator.stats.describe()
                 cpu_before = time.process_time()
-                secs, tokens, results = timed(engine, prompts, replace(params, speculate=on), name == "c1-quote")
+                secs, tokens, results = timed(engine, prompts, replace(params, speculate=on),
+                                                name.startswith("c1-"))
                 cpu[on] = (time.process_time() - cpu_before) / tokens
                 after = engine.speculator.stats.describe()
                 rates[on], outs[on] = tokens / secs, [[t.id for t in res.tokens] for res in results]
