@@ -64,16 +64,17 @@ def timed(engine: Engine, prompts: list[str], params: RequestParams, one_by_one:
     return time.perf_counter() - started, sum(r.generated_tokens for r in results), results
 
 
-def step_costs(engine: Engine, rounds: int = 15) -> dict[int, float]:
+def step_costs(engine: Engine, rounds: int = 15, at: int | None = None) -> dict[int, float]:
     """Median seconds of one packed step of one row of 1, 2, 4, 8 and 16 tokens (a decode row and a verify
-    row of 1..15 drafts), interleaved, on the scratch block only (as the warm-up writes)."""
+    row of 1..15 drafts) from position ``at`` (None: the window's end, the most attention reads), interleaved,
+    on the scratch block only (as the warm-up writes)."""
     window = engine.runner.shapes.max_window
     blocks = [0] * (window // engine.runner.shapes.block_size)
     sizes = [n for n in (1, 2, 4, 8, 16) if n in engine.runner.shapes.prefill_sizes]
     times: dict[int, list[float]] = {n: [] for n in sizes}
     for _ in range(rounds):
         for n in sizes:
-            chunk = PrefillChunk([0] * n, window - n, blocks, logit_tokens=n)
+            chunk = PrefillChunk([0] * n, window - n if at is None else min(at, window - n), blocks, logit_tokens=n)
             started = time.perf_counter()
             engine.runner.prefill([chunk])
             times[n].append(time.perf_counter() - started)
@@ -87,6 +88,8 @@ def main() -> None:
     ap.add_argument("--draft", type=int, default=8, help="decoding_length")
     ap.add_argument("--clients", type=int, default=0, help="also N story requests at once (0: skip)")
     ap.add_argument("--only", nargs="*", help="run only these workloads")
+    ap.add_argument("--step-at", type=int, nargs="*", default=[],
+                    help="also time the one-row steps from these positions (default: the window's end only)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--draft-model", type=Path, help="a same-tokenizer model directory drafting instead of n-grams")
     ap.add_argument("--model", type=Path, help="the model directory (default: the default model's fp32 conversion; "
@@ -112,6 +115,11 @@ def main() -> None:
     print("one-row step: " + ", ".join(f"{n} tokens {1e3 * t:.1f} ms (x{t / costs[1]:.2f})" for n, t in costs.items()),
           flush=True)
     report: dict[str, dict] = {"step_ms": {n: 1e3 * t for n, t in costs.items()}}
+    for at in args.step_at:
+        there = step_costs(engine, at=at)
+        print(f"one-row step from position {at}: " + ", ".join(f"{n} tokens {1e3 * t:.1f} ms (x{t / there[1]:.2f})"
+                                                             for n, t in there.items()), flush=True)
+        report[f"step_ms_at_{at}"] = {n: 1e3 * t for n, t in there.items()}
     for name, (prompts, params) in workloads.items():
         if args.only and name not in args.only:
             continue
