@@ -24,7 +24,8 @@
 // Work is done in groups: the queries of one kv head from a run of up to kGroupQueries / G consecutive tokens of
 // the same sequence (a verify row's 1 + k tokens, a prompt chunk's) read each key and value row once, converted to
 // float32 once, and each query then does with it exactly the operations it would do alone (the same FMAs in the
-// same order), so grouping changes the cost, never the bits. A lone token (a plain decode row) runs its queries one by one.
+// same order), so grouping changes the cost, never the bits. A lone token (a plain decode row) runs its queries one
+// by one, and a batch of lone tokens only is chunked by queries as before.
 //
 // Exported entry points:
 //   int MindservePagedAttention(int nparam, void **params, int *ndims, int64_t **shapes,
@@ -150,7 +151,8 @@ inline void each_row(const Job &j, const int32_t *blocks, const uint8_t *base, i
 }
 
 // The scores of a query (scores[i] is key first + i) to softmax weights in place: max, exp, sum (vector lanes in
-// fixed order, then one reduction); returns 1 / the sum.
+// fixed order, then one reduction); returns 1 / the sum. attend()'s softmax, which keeps its own inline copy: a
+// plain decode row's attention measured 5% slower calling helpers (attend_group's runs do not mind).
 inline float softmax(float *scores, int64_t n) {
   v::F32x16 vmax = v::set1(-INFINITY);
   for (int64_t i = 0; i < n; i += 16) {
@@ -168,36 +170,66 @@ inline float softmax(float *scores, int64_t n) {
   return 1.0f / v::reduce_add(vsum);
 }
 
-// out[0, D) = the values of the span weighted by scores, summed in key order, times inv.
-template <Format F>
-void weighted_sum(const Job &j, const Span &s, const float *scores, float inv, float *out) {
-  const int64_t nv = (j.D + 15) / 16;
-  v::F32x16 acc[kMaxHeadDim / 16];
-  for (int64_t c = 0; c < nv; ++c) acc[c] = v::zero();
-  const int last = static_cast<int>(j.D - 16 * (nv - 1));
-  each_row(j, s.blocks, s.v, s.first, s.end, [&](int64_t key, const uint8_t *vr) {
-    const v::F32x16 p = v::set1(scores[key - s.first]);
-    v::F32x16 vscale = v::zero();
-    for (int64_t c = 0; c < nv; ++c) {
-      if (16 * c % kv::kQ8Block == 0) vscale = row_scale<F>(vr, 16 * c);
-      acc[c] = v::fmadd(p, load_row<F>(vr, 16 * c, c == nv - 1 ? last : 16, vscale), acc[c]);
-    }
-  });
-  const v::F32x16 vinv = v::set1(inv);
-  for (int64_t c = 0; c < nv - 1; ++c) v::store(out + 16 * c, v::mul(acc[c], vinv));
-  v::store_n(out + 16 * (nv - 1), v::mul(acc[nv - 1], vinv), last);
-}
-
 // One query: (token, head) = (index / H, index % H). scores is scratch of at least NB * bs floats.
 template <Format F>
 void attend(const Job &j, int64_t index, float *scores) {
   const int64_t h = index % j.H, token = index / j.H;
-  const Span s = span_of(j, token, h / (j.H / j.KV));
+  const int64_t kvh = h / (j.H / j.KV);
   const float *q = j.q + index * j.D;
-  const float scale = score_scale(j);
-  each_row(j, s.blocks, s.k, s.first, s.end,
-           [&](int64_t key, const uint8_t *row) { scores[key - s.first] = dot<F>(q, row, j.D) * scale; });
-  weighted_sum<F>(j, s, scores, softmax(scores, s.end - s.first), j.out + index * j.D);
+  float *out = j.out + index * j.D;
+  const int64_t end = std::clamp<int64_t>(int64_t{j.pos[token]} + 1, 1, j.NB * j.bs);
+  const int64_t first = j.window > 0 ? std::max<int64_t>(0, end - j.window) : 0;  // keys [first, end)
+  const int64_t n = end - first;
+  const int32_t *blocks = j.table + int64_t{j.rows[token]} * j.NB;
+  const int64_t rb = j.row_bytes;
+  const uint8_t *kbase = j.k + kvh * j.S * rb;
+  const uint8_t *vbase = j.v + kvh * j.S * rb;
+  const float scale = j.scale > 0.0f ? j.scale : 1.0f / std::sqrt(static_cast<float>(j.D));
+
+  // scores, block by block (rows of one block are contiguous); scores[i] is key first + i
+  for (int64_t k0 = first; k0 < end;) {
+    const int64_t off = k0 % j.bs, count = std::min(j.bs - off, end - k0);
+    const uint8_t *rows = kbase + (int64_t{blocks[k0 / j.bs]} * j.bs + off) * rb;
+    for (int64_t i = 0; i < count; ++i) scores[k0 - first + i] = dot<F>(q, rows + i * rb, j.D) * scale;
+    k0 += count;
+  }
+  // softmax: max, exp, sum (vector lanes in fixed order, then one reduction)
+  v::F32x16 vmax = v::set1(-INFINITY);
+  for (int64_t i = 0; i < n; i += 16) {
+    const int m = static_cast<int>(std::min<int64_t>(16, n - i));
+    vmax = v::max(vmax, v::fill_tail(v::load_n(scores + i, m), m, -INFINITY));
+  }
+  const v::F32x16 mx = v::set1(v::reduce_max(vmax));
+  v::F32x16 vsum = v::zero();
+  for (int64_t i = 0; i < n; i += 16) {
+    const int m = static_cast<int>(std::min<int64_t>(16, n - i));
+    const v::F32x16 e = v::exp_nonpositive(v::sub(v::load_n(scores + i, m), mx));
+    v::store_n(scores + i, e, m);
+    vsum = v::add(vsum, v::keep_first(e, m));
+  }
+  const float inv = 1.0f / v::reduce_add(vsum);
+  // weighted sum of the values, in key order
+  const int64_t nv = (j.D + 15) / 16;
+  v::F32x16 acc[kMaxHeadDim / 16];
+  for (int64_t c = 0; c < nv; ++c) acc[c] = v::zero();
+  const int last = static_cast<int>(j.D - 16 * (nv - 1));
+  for (int64_t k0 = first; k0 < end;) {
+    const int64_t off = k0 % j.bs, count = std::min(j.bs - off, end - k0);
+    const uint8_t *rows = vbase + (int64_t{blocks[k0 / j.bs]} * j.bs + off) * rb;
+    for (int64_t i = 0; i < count; ++i) {
+      const v::F32x16 p = v::set1(scores[k0 - first + i]);
+      const uint8_t *vr = rows + i * rb;
+      v::F32x16 vscale = v::zero();
+      for (int64_t c = 0; c < nv; ++c) {
+        if (16 * c % kv::kQ8Block == 0) vscale = row_scale<F>(vr, 16 * c);
+        acc[c] = v::fmadd(p, load_row<F>(vr, 16 * c, c == nv - 1 ? last : 16, vscale), acc[c]);
+      }
+    }
+    k0 += count;
+  }
+  const v::F32x16 vinv = v::set1(inv);
+  for (int64_t c = 0; c < nv - 1; ++c) v::store(out + 16 * c, v::mul(acc[c], vinv));
+  v::store_n(out + 16 * (nv - 1), v::mul(acc[nv - 1], vinv), last);
 }
 
 // Scratch of a thread: each query's scores, and q, the accumulators and a cache row as vectors (attend_group).
@@ -208,7 +240,7 @@ struct Scratch {
 
 // The G heads of kv head g.kvh for tokens [g.t0, g.t1) of one sequence, each exactly as attend() computes it
 // alone: a key row, then a value row, is converted once and used by every query that reads it, each with the
-// operations attend() does in its order (dot()'s FMAs; weighted_sum()'s, into its accumulators in scratch).
+// operations attend() does in its order (dot()'s FMAs; its weighted sum's, into accumulators in scratch).
 template <Format F>
 void attend_group(const Job &j, const Group &g, Scratch &w) {
   const int64_t G = j.H / j.KV, nq = (g.t1 - g.t0) * G, nv = (j.D + 15) / 16, stride = j.NB * j.bs + 16;
@@ -228,7 +260,7 @@ void attend_group(const Job &j, const Group &g, Scratch &w) {
       acc[a * nv + c] = v::zero();
     }
   }
-  auto load = [&](const uint8_t *r) {  // a cache row as dot() and weighted_sum() load it (lanes past D: +0.0)
+  auto load = [&](const uint8_t *r) {  // a cache row as attend() loads it (lanes past D: +0.0)
     v::F32x16 rs = v::zero();
     for (int64_t c = 0; c < nv; ++c) {
       if (16 * c % kv::kQ8Block == 0) rs = row_scale<F>(r, 16 * c);
@@ -305,7 +337,9 @@ int paged_attention(Job j) {
   // table row, times the kv heads.
   std::vector<Group> groups;
   const int64_t G = j.H / j.KV;
-  if (G <= kGroupQueries) {
+  bool runs = false;  // any two consecutive tokens of one sequence (else every query alone, as plain decoding)
+  for (int64_t i = 1; i < j.N && !runs; ++i) runs = j.rows[i] == j.rows[i - 1];
+  if (runs && G <= kGroupQueries) {
     const int64_t most = kGroupQueries / G;
     for (int64_t t0 = 0; t0 < j.N;) {
       int64_t t1 = t0 + 1;
