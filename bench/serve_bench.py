@@ -36,6 +36,9 @@ sent; fixed prompt set, fixed max_new_tokens, greedy):
 * ``c1-quote``  — 1 client, 12 chat requests each asking to copy a passage of its prompt (up to 160 new tokens,
   each answer to its EOS): the workload prompt-lookup speculation is for (issue 25's bars: ``+spec`` ÷ plain
   here ≥ 1.8× and ahead of ``llama-server+ngram``; ÷ plain on ``c1`` and ``c16`` ≥ 0.95×);
+* ``c1-code``   — 1 client, 12 chat requests each asking for an ordinary edit (rename, type hints, docstrings, a
+  bug fix, f-strings, ...) of a 16-31 line source file given in the prompt (up to 320 new tokens, each answer to
+  its EOS): issue 25's code-edit workload;
 * ``c8-prefix`` — mindserve and llama-server: 8 clients, each prompt a shared 512-token system prompt plus its own
   16-token question (the system prompt is sent once, untimed, before the scenario); with the
   ``mindserve-nocache`` target too (``ScheduleConfig.enablePrefixCaching: false``), TTFT with the prefix
@@ -90,7 +93,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "q4_1, f32 (llama-cpp-python's server) (default: mindserve, "
                     "llama-server, in that order)")
     ap.add_argument("--scenarios", default="c1,c8-32tok,c16,c16-1024",
-                    help="comma list of c1, c8-32tok, c16, c16-1024, c1-quote, c8-prefix, c1-lora, c16-lora")
+                    help="comma list of c1, c8-32tok, c16, c16-1024, c1-quote, c1-code, c8-prefix, c1-lora, c16-lora")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default 64 (16 with --quick)")
     ap.add_argument("--requests-per-client", type=int, default=None,
                     help="requests per scenario = this × concurrency, at least 8 (default 3; 1 with --quick)")

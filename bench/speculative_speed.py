@@ -13,8 +13,9 @@ other jobs on the box than wall time).
 Workloads: ``quote`` (a chat asking to repeat a passage word for word: the answer copies the prompt),
 ``story`` (free story continuation, greedy: nothing to copy but what the model repeats itself), ``sampled``
 (the story sampled at temperature 0.9, seeded), ``c1-quote`` (serve_bench's c1-quote requests, one at a time,
-each to its EOS within 160 tokens: the served bar's workload at the engine), and, with --clients N, ``story``
-with N requests at once.
+each to its EOS within 160 tokens: the served bar's workload at the engine), ``c1-code`` (serve_bench's c1-code
+requests the same way: edit a source file given in the prompt, each to its EOS within 320 tokens), and, with
+--clients N, ``story`` with N requests at once.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from backends.mindspore.engine import Engine  # noqa: E402
 from backends.mindspore.step import PrefillChunk  # noqa: E402
 from backends.settings import EngineConfig, SpeculationSettings  # noqa: E402
 from backends.types import RequestParams  # noqa: E402
+from serving.code_edits import CODE_NEW_TOKENS, build_code_prompts  # noqa: E402
 from serving.scenarios import QUOTE_NEW_TOKENS, build_quote_prompts  # noqa: E402
 
 PASSAGE = ("The committee met on Tuesday to review the harbour repairs. The north wall, damaged in the March storms, "
@@ -62,16 +64,17 @@ def timed(engine: Engine, prompts: list[str], params: RequestParams, one_by_one:
     return time.perf_counter() - started, sum(r.generated_tokens for r in results), results
 
 
-def step_costs(engine: Engine, rounds: int = 15) -> dict[int, float]:
+def step_costs(engine: Engine, rounds: int = 15, at: int | None = None) -> dict[int, float]:
     """Median seconds of one packed step of one row of 1, 2, 4, 8 and 16 tokens (a decode row and a verify
-    row of 1..15 drafts), interleaved, on the scratch block only (as the warm-up writes)."""
+    row of 1..15 drafts) from position ``at`` (None: the window's end, the most attention reads), interleaved,
+    on the scratch block only (as the warm-up writes)."""
     window = engine.runner.shapes.max_window
     blocks = [0] * (window // engine.runner.shapes.block_size)
     sizes = [n for n in (1, 2, 4, 8, 16) if n in engine.runner.shapes.prefill_sizes]
     times: dict[int, list[float]] = {n: [] for n in sizes}
     for _ in range(rounds):
         for n in sizes:
-            chunk = PrefillChunk([0] * n, window - n, blocks, logit_tokens=n)
+            chunk = PrefillChunk([0] * n, window - n if at is None else min(at, window - n), blocks, logit_tokens=n)
             started = time.perf_counter()
             engine.runner.prefill([chunk])
             times[n].append(time.perf_counter() - started)
@@ -85,6 +88,8 @@ def main() -> None:
     ap.add_argument("--draft", type=int, default=8, help="decoding_length")
     ap.add_argument("--clients", type=int, default=0, help="also N story requests at once (0: skip)")
     ap.add_argument("--only", nargs="*", help="run only these workloads")
+    ap.add_argument("--step-at", type=int, nargs="*", default=[],
+                    help="also time the one-row steps from these positions (default: the window's end only)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--draft-model", type=Path, help="a same-tokenizer model directory drafting instead of n-grams")
     ap.add_argument("--model", type=Path, help="the model directory (default: the default model's fp32 conversion; "
@@ -93,7 +98,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     batch = max(16, args.clients)
     config = EngineConfig(max_seq_len=1024, max_input_tokens=512, max_batch_size=batch,
-                          max_iter_times=max(args.tokens, QUOTE_NEW_TOKENS),
+                          max_iter_times=max(args.tokens, QUOTE_NEW_TOKENS, CODE_NEW_TOKENS),
                           block_size=64, prefill_chunk=64, graph_cache=True,
                           speculation=SpeculationSettings(max_draft=args.draft, draft_model=args.draft_model))
     model = args.model or ensure_default_model(Path(__file__).resolve().parents[1] / ".cache" / "models")
@@ -101,7 +106,8 @@ def main() -> None:
     greedy = RequestParams(max_new_tokens=args.tokens, do_sample=False, ignore_eos=True)
     workloads = {"quote": ([QUOTE], greedy), "story": ([STORY], greedy),
                  "sampled": ([STORY], replace(greedy, do_sample=True, temperature=0.9, seed=7)),
-                 "c1-quote": (build_quote_prompts(), RequestParams(max_new_tokens=QUOTE_NEW_TOKENS, do_sample=False))}
+                 "c1-quote": (build_quote_prompts(), RequestParams(max_new_tokens=QUOTE_NEW_TOKENS, do_sample=False)),
+                 "c1-code": (build_code_prompts(), RequestParams(max_new_tokens=CODE_NEW_TOKENS, do_sample=False))}
     if args.clients:
         workloads[f"story_x{args.clients}"] = ([STORY] * args.clients, greedy)
     timed(engine, [STORY], replace(greedy, max_new_tokens=8))  # first-request costs out of the way
@@ -109,6 +115,11 @@ def main() -> None:
     print("one-row step: " + ", ".join(f"{n} tokens {1e3 * t:.1f} ms (x{t / costs[1]:.2f})" for n, t in costs.items()),
           flush=True)
     report: dict[str, dict] = {"step_ms": {n: 1e3 * t for n, t in costs.items()}}
+    for at in args.step_at:
+        there = step_costs(engine, at=at)
+        print(f"one-row step from position {at}: " + ", ".join(f"{n} tokens {1e3 * t:.1f} ms (x{t / there[1]:.2f})"
+                                                             for n, t in there.items()), flush=True)
+        report[f"step_ms_at_{at}"] = {n: 1e3 * t for n, t in there.items()}
     for name, (prompts, params) in workloads.items():
         if args.only and name not in args.only:
             continue
@@ -119,7 +130,8 @@ def main() -> None:
             for on in order:
                 before = engine.speculator.stats.describe()
                 cpu_before = time.process_time()
-                secs, tokens, results = timed(engine, prompts, replace(params, speculate=on), name == "c1-quote")
+                secs, tokens, results = timed(engine, prompts, replace(params, speculate=on),
+                                                name.startswith("c1-"))
                 cpu[on] = (time.process_time() - cpu_before) / tokens
                 after = engine.speculator.stats.describe()
                 rates[on], outs[on] = tokens / secs, [[t.id for t in res.tokens] for res in results]

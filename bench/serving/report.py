@@ -173,7 +173,8 @@ def print_speculation_bars(run: Run, ms_names: list[str]) -> None:
     print(f"Bars (issue 25: prompt-lookup speculation on ÷ off, same server and weights; "
           f"{bandwidth_note(run.bandwidth)})")
     for off, on in pairs:
-        for sc, bar, what in (("c1-quote", 1.8, "quote-heavy single stream"), ("c1", 0.95, "no overlap, 1 client"),
+        for sc, bar, what in (("c1-quote", 1.8, "quote-heavy single stream"), ("c1-code", 1.8, "code edit, 1 client"),
+                              ("c1", 0.95, "no overlap, 1 client"),
                               ("c16", 0.95, "no overlap, 16 clients")):
             r = results.get(sc, {})
             if on in r and off in r:

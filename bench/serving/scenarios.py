@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 import psutil
 
+from .code_edits import CODE, CODE_EDITS, CODE_NEW_TOKENS, build_code_prompts
 from .meters import CpuMeter
 from .paths import MODEL_DIR, REPO
 
@@ -229,6 +230,8 @@ def scenario_table(per_client: int, min_requests: int) -> dict[str, Scenario]:
         # Speculative decoding (issue 25): answers that copy their prompt, each to its own end (EOS).
         "c1-quote": Scenario("c1-quote", 1, max(min_requests, len(PASSAGES) * len(QUOTE_ASKS)), QUOTE,
                              QUOTE_NEW_TOKENS, stop_at_eos=True),
+        "c1-code": Scenario("c1-code", 1, max(min_requests, len(CODE_EDITS)), CODE, CODE_NEW_TOKENS,
+                            stop_at_eos=True),
         "c8-prefix": Scenario("c8-prefix", 8, max(min_requests, 8 * per_client), PREFIX,
                               only=("mindserve", "llama-server")),
         # LoRA (issue 11), on mindserve-lora only; its base-only load is c1/c16 on that same server.
@@ -265,9 +268,9 @@ def build_prompts(tok) -> PromptSets:
     system_prompt, prefix_prompts = build_prefix_prompts(tok)
     if len(prefix_prompts) < 8:
         raise SystemExit(f"only {len(prefix_prompts)} questions keep the system prompt's tokens")
-    quote = build_quote_prompts()
+    quote, code = build_quote_prompts(), build_code_prompts()
     prompts = {None: varied, PROMPT_32_TOKENS: fixed32, LONG_PROMPT_TOKENS: long_prompts, PREFIX: prefix_prompts,
-               QUOTE: quote}
+               QUOTE: quote, CODE: code}
     desc = {None: f"{len(varied)} varied prompts of {min(varied_lens)}-{max(varied_lens)} tokens "
                   f"(mean {statistics.mean(varied_lens):.0f})",
             PROMPT_32_TOKENS: f"{len(fixed32)} prompts of exactly {PROMPT_32_TOKENS} tokens",
@@ -275,7 +278,9 @@ def build_prompts(tok) -> PromptSets:
             PREFIX: f"{len(prefix_prompts)} prompts: one {SYSTEM_PROMPT_TOKENS}-token system prompt + a "
                     f"{QUESTION_TOKENS}-token question each",
             QUOTE: f"{len(quote)} chat requests to copy one of {len(PASSAGES)} passages of 45-60 words, each "
-                   f"answer to its end (EOS)"}
+                   f"answer to its end (EOS)",
+            CODE: f"{len(code)} chat requests to edit a source file of 16-31 lines (Python, JavaScript, Go, SQL) "
+                  f"given in the prompt, each answer to its end (EOS)"}
     return PromptSets(prompts, desc, system_prompt)
 
 

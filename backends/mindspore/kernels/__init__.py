@@ -259,6 +259,9 @@ def kernel_library(cache_dir: str | os.PathLike | None = None, variant: str | No
         lib.mindserve_attention_raw.restype = ctypes.c_int
         lib.mindserve_attention_kv_raw.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 8 + [ctypes.c_int]
         lib.mindserve_attention_kv_raw.restype = ctypes.c_int
+        lib.mindserve_attention_window_raw.argtypes = ([ctypes.c_void_p] * 7 + [ctypes.c_int64] * 8
+                                                       + [ctypes.c_int, ctypes.c_int64, ctypes.c_float])
+        lib.mindserve_attention_window_raw.restype = ctypes.c_int
         lib.mindserve_kernel_stats.argtypes = [ctypes.c_int] + [ctypes.POINTER(ctypes.c_uint64)] * 2 + [ctypes.c_int]
         _lib[path] = lib
     return _lib[path]

@@ -452,6 +452,36 @@ def test_paged_attention_kv_formats(lib, fmt, n, h, kv, d, bs, nb, blocks):
     assert_bits(y, want)
 
 
+# Tokens in runs of one sequence at consecutive positions, as verify rows and prompt chunks come (the kernel attends
+# a run's queries of one kv head together): (H, KV, D, run lengths); G = 3 (SmolLM2), 4, 1, and 32 (over a group).
+VERIFY_RUNS = [(9, 3, 64, (8, 3, 1, 9, 2)), (8, 2, 40, (7, 1, 6)), (2, 2, 24, (16, 5)), (32, 1, 8, (3, 2))]
+
+
+@pytest.mark.parametrize("fmt", ["float32", "float16", "q8_0"])
+@pytest.mark.parametrize("h,kv,d,runs", VERIFY_RUNS)
+def test_paged_attention_runs_of_one_sequence(lib, fmt, h, kv, d, runs):
+    """Runs of consecutive positions of one table row (verify rows: 1 + k tokens; prompt chunks), alternating
+    between two rows, some crossing a block boundary, with and without a sliding window: each query's bits are
+    the reference's, as when it comes alone."""
+    rng = np.random.default_rng(h * d + len(runs))
+    bs, nb, blocks = 16, 6, 14
+    q, k, v, table, _, _ = paged_case(rng, sum(runs), h, kv, d, bs, nb, blocks)
+    pos = np.concatenate([rng.integers(0, nb * bs - r) + np.arange(r) for r in runs]).astype(np.int32)
+    rows = np.concatenate([np.full(r, i % 2) for i, r in enumerate(runs)]).astype(np.int32)
+    code = 0 if fmt == "float32" else kv_ref.CODES[fmt]
+    if fmt != "float32":
+        k, v = kv_ref.encode(k, fmt), kv_ref.encode(v, fmt)
+    kd, vd = (k, v) if fmt == "float32" else (kv_ref.decode(k, fmt, d), kv_ref.decode(v, fmt, d))
+    n = len(pos)
+    for window in (0, 21):
+        want = ref.attention(q, kd, vd, table, pos, rows, kv, bs, window=window)
+        y = out(n, h * d)
+        assert lib.mindserve_attention_window_raw(q.ctypes.data, k.ctypes.data, v.ctypes.data, table.ctypes.data,
+                                                  pos.ctypes.data, rows.ctypes.data, y.ctypes.data, n, table.shape[0],
+                                                  h, d, kv, blocks * bs, nb, bs, code, window, 0.0) == 0
+        assert_bits(y, want)
+
+
 def qkv_case(rng, n, h, kv, d, bs, nb, blocks, bias: bool):
     _, k, v, table, pos, rows = paged_case(rng, n, h, kv, d, bs, nb, blocks)
     qkv = wild(rng, (n, (h + 2 * kv) * d), spread=3)
