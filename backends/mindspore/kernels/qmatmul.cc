@@ -122,11 +122,15 @@ inline void store_f(float *p, VF a, int w) {
 
 // ---------------------------------------------------------------------------------------------
 // Activation quantization (see the header comment): q [M, K] int8; d, sf [M, K/32] float (dx and sfx: fp16 values);
-// s [M, K/32] int32 (sum q). For the K-quants (quantize_rows_k): d [M, K/256], s [M, K/16] (the bsums), nb = K/256.
+// s [M, K/32] int32 (sum q). For the K-quants (quantize_rows_k): d [M, K/256], s [M, K/16] (the bsums), nb = K/256,
+// and bp [M, K/256, kPairs]: the bsums again as int16 pairs (low, high half of an int32) for vec.h's dot_i16, in the
+// order ktile's scale bytes come: 4 for Q4_K's / Q5_K's mins (bsum_2j + bsum_2j+1 for j = 0, 2 | 1, 3 | 4, 6 | 5, 7),
+// then 8 for Q6_K's (-bsum_i for i = 4d, 4d + 2 | 4d + 1, 4d + 3, d = 0..3). |bsum| <= 16 * 127: they fit.
+constexpr int kPairs = 12;
 struct QX {
   std::vector<int8_t> q;
   std::vector<float> d, sf;
-  std::vector<int32_t> s;
+  std::vector<int32_t> s, bp;
   int64_t K = 0, nb = 0;
 };
 
@@ -191,7 +195,10 @@ void quantize_rows(const float *x, int64_t M, int64_t K, QX *out) {
 // (0 if amax is 0 or 127 / amax is not finite), q = round-half-even(x * iscale), d = 1 / iscale (0 with iscale 0),
 // bsums = the sums of each 16 q. (ggml takes iscale = -127 / the signed extreme: the same |iscale|, and the
 // negated q and d give the same products.)
-inline void quantize_superblock(const float *x, int8_t *q, float *d, int32_t *bs) {
+inline int32_t pair16(int32_t lo, int32_t hi) {
+  return static_cast<int32_t>((static_cast<uint32_t>(lo) & 0xFFFFu) | (static_cast<uint32_t>(hi) << 16));
+}
+inline void quantize_superblock(const float *x, int8_t *q, float *d, int32_t *bs, int32_t *bp) {
   VF m = v::abs(v::load(x));
   for (int c = 1; c < 16; ++c) m = v::max(m, v::abs(v::load(x + 16 * c)));
   const float amax = v::reduce_max(m);
@@ -204,6 +211,16 @@ inline void quantize_superblock(const float *x, int8_t *q, float *d, int32_t *bs
     bs[c] = v::reduce_add_i32(qc);
   }
   *d = id != 0.0f ? 1.0f / id : 0.0f;
+  int32_t p[8];
+  for (int j = 0; j < 8; ++j) p[j] = bs[2 * j] + bs[2 * j + 1];
+  for (int h = 0; h < 2; ++h) {
+    bp[2 * h] = pair16(p[4 * h], p[4 * h + 2]);
+    bp[2 * h + 1] = pair16(p[4 * h + 1], p[4 * h + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    bp[4 + 2 * c] = pair16(-bs[4 * c], -bs[4 * c + 2]);
+    bp[5 + 2 * c] = pair16(-bs[4 * c + 1], -bs[4 * c + 3]);
+  }
 }
 
 void quantize_rows_k(const float *x, int64_t M, int64_t K, QX *out) {
@@ -213,6 +230,7 @@ void quantize_rows_k(const float *x, int64_t M, int64_t K, QX *out) {
   out->q.resize(static_cast<size_t>(M * K));
   out->d.resize(static_cast<size_t>(M * nb));
   out->s.resize(static_cast<size_t>(M * nb * 16));
+  out->bp.resize(static_cast<size_t>(M * nb * kPairs));
   out->sf.clear();
   struct Ctx {
     const float *x;
@@ -227,7 +245,7 @@ void quantize_rows_k(const float *x, int64_t M, int64_t K, QX *out) {
                                               const int64_t i = m * j.nb + b;
                                               quantize_superblock(j.x + m * j.K + 256 * b,
                                                                   j.o->q.data() + m * j.K + 256 * b, &j.o->d[i],
-                                                                  &j.o->s[16 * i]);
+                                                                  &j.o->s[16 * i], &j.o->bp[kPairs * i]);
                                             }
                                         },
                                         &ctx, ctx.chunks});
@@ -359,7 +377,12 @@ void ktile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t /*grou
   constexpr int DS = 4 + HB;                                      // dwords per sub-block
   constexpr int SC = is_k(F) ? 4 : 0;                             // integer scale dwords per block
   constexpr int B = kBlockBytes[F];
-  constexpr int RUN = HB == 0 ? 4 : 2;  // quant dwords summed in int16 before widening (vec.h: NibAcc)
+  constexpr int RUN = HB == 0 || v::kNibI32 ? 4 : 2;  // quant dwords summed in int16 before widening (vec.h: NibAcc)
+  // Where NibAcc is int32 (VNNI, NEON, scalar), the K-quants' scales multiply the sums as they widen (Q6_K: once per
+  // half of 16, RUN 4) and Q6_K's -32 bsum term comes once per super-block (int16 pair products, vec.h's dot_i16).
+  // With AVX2's int16 pairs both were slower (measured M=16, 1.7B shapes: Q4_K +9%, Q6_K +13% against the scales
+  // after widening and the bsum per half), so there they stay so.
+  constexpr bool SCALED = is_k(F) && v::kNibI32;
   const int64_t K = qx.K, nb = qx.nb;
   const bool fetch = ahead.bytes == 0;  // one pass over these columns (see kKPrefetch)
   VF facc[MR];
@@ -381,6 +404,17 @@ void ktile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t /*grou
       VI h0 = v::izero(), h1 = v::izero();
       if constexpr (HB >= 1) h0 = load_q<FULL>(sb + 16 * w, w);
       if constexpr (HB == 2) h1 = load_q<FULL>(sb + 20 * w, w);
+      VI s_lo = v::izero(), s_hi = v::izero();  // the sub-block's scales (Q6_K: of its halves)
+      const auto scales = [&]() __attribute__((always_inline)) {
+        if constexpr (F == kQ6_K) {
+          const VI sd = load_q<FULL>(scl + (j / 2) * 4 * w, w);
+          s_lo = v::lane_i8(sd, 2 * (j % 2));
+          s_hi = v::lane_i8(sd, 2 * (j % 2) + 1);
+        } else if constexpr (F == kQ4_K || F == kQ5_K) {
+          s_lo = v::lane_i8(load_q<FULL>(scl + (j / 4) * 4 * w, w), j % 4);
+        }
+      };
+      if constexpr (SCALED) scales();  // else after the sums (AVX2: 4 ymm fewer live across them)
       VI dlo[MR], dhi[MR];
       v::NibAcc nlo[MR], nhi[MR];
       _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
@@ -410,10 +444,12 @@ void ktile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t /*grou
         }
         if ((t + 1) % RUN == 0) {
           _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
-            dlo[r] = v::nib_widen(dlo[r], nlo[r]);
+            if constexpr (SCALED) isum[r] = v::nib_widen_scaled(isum[r], nlo[r], s_lo);
+            else dlo[r] = v::nib_widen(dlo[r], nlo[r]);
             nlo[r] = v::nib_zero();
             if constexpr (F == kQ6_K) {
-              dhi[r] = v::nib_widen(dhi[r], nhi[r]);
+              if constexpr (SCALED) isum[r] = v::nib_widen_scaled(isum[r], nhi[r], s_hi);
+              else dhi[r] = v::nib_widen(dhi[r], nhi[r]);
               nhi[r] = v::nib_zero();
             }
           }
@@ -421,23 +457,30 @@ void ktile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t /*grou
       }
       if constexpr (F == kQ5_0 || F == kQ5_1) {
         _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) isum[r] = dlo[r];
-      } else if constexpr (F == kQ6_K) {
-        const VI sd = load_q<FULL>(scl + (j / 2) * 4 * w, w);
-        const VI s_lo = v::lane_i8(sd, 2 * (j % 2)), s_hi = v::lane_i8(sd, 2 * (j % 2) + 1);
+      } else if constexpr (F == kQ6_K && !SCALED) {
+        scales();
         _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
           const int32_t *bs = qx.s.data() + ((m0 + r) * nb + b) * 16 + 2 * j;
           isum[r] = v::iadd(isum[r], v::imul(s_lo, v::isub(dlo[r], 32 * bs[0])));
           isum[r] = v::iadd(isum[r], v::imul(s_hi, v::isub(dhi[r], 32 * bs[1])));
         }
-      } else {
-        const VI sc = v::lane_i8(load_q<FULL>(scl + (j / 4) * 4 * w, w), j % 4);
-        _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) isum[r] = v::iadd(isum[r], v::imul(sc, dlo[r]));
+      } else if constexpr (!SCALED) {
+        scales();
+        _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) isum[r] = v::iadd(isum[r], v::imul(s_lo, dlo[r]));
       }
     };
     // The loop over sub-blocks stays rolled for any row count (M=16: 3.2 ms rolled, 4.4 unrolled). At M=1, with
     // a full group's constant width, measured on AVX2 (bench/qmatmul_step.py, 1.7B shapes, 2 layers): rolled Q6_K
     // 10.5 -> 7.8 ms, Q4_K 5.5 -> 5.2 ms (unrolled, GCC hoists every sub-block's scales and spills them).
     _Pragma("GCC unroll 1") for (int j = 0; j < SB; ++j) sub(j);
+    if constexpr (F == kQ6_K && SCALED) {  // + sum_i (32 sc_i) (-bsum_i), int16 pairs (|32 sc_i| <= 4096): 8 pair products per row
+      const int32_t *bp = qx.bp.data() + (m0 * nb + b) * kPairs + 4;
+      _Pragma("GCC unroll 8") for (int k = 0; k < 8; ++k) {  // one scale pair at a time: AVX2 holds no 8 of them
+        const VI sp = v::pairs_i8x32(load_q<FULL>(scl + (k / 2) * 4 * w, w), k % 2);
+        _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)
+          isum[r] = v::dot_i16(isum[r], sp, v::iset1(bp[r * nb * kPairs + k]));
+      }
+    }
     const uint8_t *halves = scl + SC * 4 * w;
     const VF dw = load_h<FULL>(halves, w);
     _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
@@ -455,11 +498,11 @@ void ktile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t /*grou
     if constexpr (F == kQ4_K || F == kQ5_K) {
       const VF dmin = load_h<FULL>(halves + 2 * w, w);
       const VI mlo = load_q<FULL>(scl + 8 * w, w), mhi = load_q<FULL>(scl + 12 * w, w);
+      const VI mp[4] = {v::pairs_u8(mlo, 0), v::pairs_u8(mlo, 1), v::pairs_u8(mhi, 0), v::pairs_u8(mhi, 1)};
       _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
-        const int32_t *bs = qx.s.data() + ((m0 + r) * nb + b) * 16;
+        const int32_t *bp = qx.bp.data() + ((m0 + r) * nb + b) * kPairs;
         VI imin = v::izero();
-        _Pragma("GCC unroll 8") for (int j = 0; j < 8; ++j)
-          imin = v::iadd(imin, v::imul(v::lane_i8(j < 4 ? mlo : mhi, j % 4), v::iset1(bs[2 * j] + bs[2 * j + 1])));
+        _Pragma("GCC unroll 4") for (int k = 0; k < 4; ++k) imin = v::dot_i16(imin, mp[k], v::iset1(bp[k]));
         facc[r] = v::fnmadd(v::mul(dmin, v::set1(qx.d[(m0 + r) * nb + b])), v::to_f(imin), facc[r]);
       }
     }
