@@ -97,6 +97,8 @@ constexpr int kGroup = 16;  // output columns per group (one vector of lanes)
 namespace v = mindserve::vec;
 constexpr int kMaxMR = v::kQRows;    // rows per tile of one group of columns
 constexpr int kMaxMR2 = v::kQRows2;  // rows per tile of two groups (0: the backend has no pair tiles)
+constexpr int kMaxKMR2 = v::kKRows2;  // ... of two groups of a K-quant (0: none)
+static_assert(kMaxMR2 <= kMaxMR && kMaxKMR2 <= kMaxMR, "a tile table row holds kMaxMR");
 using VI = v::I32x16;
 using VF = v::F32x16;
 template <bool FULL>
@@ -516,6 +518,128 @@ void ktile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t /*grou
   }
 }
 
+// The K-quants two full groups at a time where the backend has such tiles (v::kKRows2 > 0: AVX-512 VNNI), so each
+// broadcast activation dword, each row's bsum pairs and d feed two groups: ktile's operations per output element,
+// in its order (its SCALED form: NibAcc is int32 there). Group n's bytes start at g + n * group_bytes. Measured
+// (bench/qmatmul_step.py --rows 16 --threads 1 --shape 2048,8192 --layers 2, v4-vnni, fastest step, one group of 8
+// rows -> two groups of 4): Q4_K 7.77 -> 6.16 ms, Q6_K 10.55 -> 9.48 (main before both changes: 8.43, 12.01).
+template <int MR, int F>
+void ktile2(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t group_bytes, int /*w*/,
+            const float *__restrict res, float *__restrict y, int64_t ldy, Ahead ahead) {
+  static_assert(is_k(F) && v::kNibI32, "pair K-quant tiles take the scales as the sums widen");
+  constexpr int w = kGroup;
+  constexpr int NG = 2;
+  constexpr int HB = F == kQ4_K ? 0 : (F == kQ6_K ? 2 : 1);
+  constexpr int DS = 4 + HB, B = kBlockBytes[F];
+  const int64_t K = qx.K, nb = qx.nb;
+  VF facc[MR][NG];
+  _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)
+    _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) facc[r][n] = v::zero();
+  for (int64_t b = 0; b < nb; ++b) {
+    ahead.touch(b, nb);
+    const uint8_t *blk = g + b * w * B;
+    const uint8_t *scl = blk + 8 * DS * 4 * w;
+    VI isum[MR][NG];
+    _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)
+      _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) isum[r][n] = v::izero();
+    const auto sub = [&](int j) __attribute__((always_inline)) {
+      const uint8_t *sb = blk + j * DS * 4 * w;
+      const int8_t *xq = qx.q.data() + m0 * K + b * 256 + 32 * j;
+      VI s_lo[NG], s_hi[NG], h0[NG], h1[NG];
+      _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) {
+        if constexpr (F == kQ6_K) {
+          const VI sd = load_q<true>(scl + n * group_bytes + (j / 2) * 4 * w, w);
+          s_lo[n] = v::lane_i8(sd, 2 * (j % 2));
+          s_hi[n] = v::lane_i8(sd, 2 * (j % 2) + 1);
+        } else {
+          s_lo[n] = v::lane_i8(load_q<true>(scl + n * group_bytes + (j / 4) * 4 * w, w), j % 4);
+          s_hi[n] = v::izero();
+        }
+        h0[n] = h1[n] = v::izero();
+        if constexpr (HB >= 1) h0[n] = load_q<true>(sb + n * group_bytes + 16 * w, w);
+        if constexpr (HB == 2) h1[n] = load_q<true>(sb + n * group_bytes + 20 * w, w);
+      }
+      v::NibAcc nlo[MR][NG], nhi[MR][NG];
+      _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)
+        _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) nlo[r][n] = nhi[r][n] = v::nib_zero();
+      _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {
+        VI lo[NG], hi[NG];
+        _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) {
+          const VI raw = load_q<true>(sb + n * group_bytes + t * 4 * w, w);
+          lo[n] = v::nib_lo(raw);
+          hi[n] = v::nib_hi(raw);
+          if constexpr (HB == 1) {
+            lo[n] = v::bor(lo[n], v::shl_and(h0[n], 4 - t, 0x10));
+            hi[n] = v::bor(hi[n], v::shr_and(h0[n], t, 0x10));
+          } else if constexpr (HB == 2) {
+            if (t < 2) {
+              lo[n] = v::bor(lo[n], v::shl_and(h0[n], 4 - 2 * t, 0x30));
+              hi[n] = v::bor(hi[n], v::shl_and(h1[n], 4 - 2 * t, 0x30));
+            } else {
+              lo[n] = v::bor(lo[n], v::shr_and(h0[n], 2 * t - 4, 0x30));
+              hi[n] = v::bor(hi[n], v::shr_and(h1[n], 2 * t - 4, 0x30));
+            }
+          }
+        }
+        _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
+          const VI xl = v::bcast4(xq + r * K + 4 * t), xh = v::bcast4(xq + r * K + 16 + 4 * t);
+          _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) {
+            nlo[r][n] = v::nib_add(nlo[r][n], lo[n], xl);
+            if constexpr (F == kQ6_K) nhi[r][n] = v::nib_add(nhi[r][n], hi[n], xh);
+            else nlo[r][n] = v::nib_add(nlo[r][n], hi[n], xh);
+          }
+        }
+      }
+      _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)
+        _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) {
+          isum[r][n] = v::nib_widen_scaled(isum[r][n], nlo[r][n], s_lo[n]);
+          if constexpr (F == kQ6_K) isum[r][n] = v::nib_widen_scaled(isum[r][n], nhi[r][n], s_hi[n]);
+        }
+    };
+    _Pragma("GCC unroll 1") for (int j = 0; j < 8; ++j) sub(j);
+    if constexpr (F == kQ6_K) {
+      const int32_t *bp = qx.bp.data() + (m0 * nb + b) * kPairs + 4;
+      _Pragma("GCC unroll 8") for (int k = 0; k < 8; ++k) {
+        VI sp[NG];
+        _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n)
+          sp[n] = v::pairs_i8x32(load_q<true>(scl + n * group_bytes + (k / 2) * 4 * w, w), k % 2);
+        _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
+          const VI q = v::iset1(bp[r * nb * kPairs + k]);
+          _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) isum[r][n] = v::dot_i16(isum[r][n], sp[n], q);
+        }
+      }
+    }
+    const uint8_t *halves = scl + 16 * w;
+    VF dw[NG];
+    _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) dw[n] = load_h<true>(halves + n * group_bytes, w);
+    _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
+      const VF dx = v::set1(qx.d[(m0 + r) * nb + b]);
+      _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n)
+        facc[r][n] = v::fmadd(v::mul(dw[n], dx), v::to_f(isum[r][n]), facc[r][n]);
+    }
+    if constexpr (F == kQ4_K || F == kQ5_K) {
+      _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) {
+        const VF dmin = load_h<true>(halves + n * group_bytes + 2 * w, w);
+        const VI mlo = load_q<true>(scl + n * group_bytes + 8 * w, w), mhi = load_q<true>(scl + n * group_bytes + 12 * w, w);
+        const VI mp[4] = {v::pairs_u8(mlo, 0), v::pairs_u8(mlo, 1), v::pairs_u8(mhi, 0), v::pairs_u8(mhi, 1)};
+        _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
+          const int32_t *bp = qx.bp.data() + ((m0 + r) * nb + b) * kPairs;
+          VI imin = v::izero();
+          _Pragma("GCC unroll 4") for (int k = 0; k < 4; ++k) imin = v::dot_i16(imin, mp[k], v::iset1(bp[k]));
+          facc[r][n] = v::fnmadd(v::mul(dmin, v::set1(qx.d[(m0 + r) * nb + b])), v::to_f(imin), facc[r][n]);
+        }
+      }
+    }
+  }
+  _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
+    _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) {
+      VF a = facc[r][n];
+      if (res != nullptr) a = v::add(a, v::load(res + r * ldy + kGroup * n));
+      v::store(y + r * ldy + kGroup * n, a);
+    }
+  }
+}
+
 using TileFn = void (*)(const QX &, int64_t, const uint8_t *, int64_t, int, const float *, float *, int64_t, Ahead);
 
 template <int NG, int F, bool FULL, int... MRs>
@@ -526,15 +650,20 @@ template <int F, bool FULL, int... MRs>
 constexpr void fill_krows(TileFn *row, std::integer_sequence<int, MRs...>) {
   ((row[MRs] = &ktile<MRs + 1, F, FULL>), ...);
 }
+template <int F, int... MRs>
+constexpr void fill_kpairs(TileFn *row, std::integer_sequence<int, MRs...>) {
+  ((row[MRs] = &ktile2<MRs + 1, F>), ...);
+}
 template <int F>
 constexpr void fill_format(TileFn (*t)[kMaxMR]) {
   if constexpr (F <= kQ4_1) {
     fill_rows<1, F, false>(t[0], std::make_integer_sequence<int, kMaxMR>{});
     fill_rows<1, F, true>(t[1], std::make_integer_sequence<int, kMaxMR>{});
     fill_rows<2, F, true>(t[2], std::make_integer_sequence<int, kMaxMR2>{});
-  } else {  // one group at a time
+  } else {  // one group at a time; the K-quants two where the backend has such tiles
     fill_krows<F, false>(t[0], std::make_integer_sequence<int, kMaxMR>{});
     fill_krows<F, true>(t[1], std::make_integer_sequence<int, kMaxMR>{});
+    if constexpr (is_k(F) && kMaxKMR2 > 0) fill_kpairs<F>(t[2], std::make_integer_sequence<int, kMaxKMR2>{});
   }
 }
 struct Tiles {
@@ -593,12 +722,13 @@ void run_chunk(const void *ctx, int64_t c) {
   for (int64_t g = g0; g < g1;) {
     const int64_t n0 = g * kGroup;
     const int w = static_cast<int>(std::min<int64_t>(kGroup, j.N - n0));
-    const bool pair = kMaxMR2 > 0 && j.fmt <= kQ4_1 && j.M > 1 && g + 1 < g1 && j.N - n0 >= 2 * kGroup;  // no gain for one row
+    const int most2 = is_k(j.fmt) ? kMaxKMR2 : j.fmt <= kQ4_1 ? kMaxMR2 : 0;  // rows of a pair tile (0: none)
+    const bool pair = most2 > 0 && j.M > 1 && g + 1 < g1 && j.N - n0 >= 2 * kGroup;  // no gain for one row
     const int step = pair ? 2 : 1;
     const uint8_t *wg = j.w + g * group_bytes;
     const float *res = j.res == nullptr ? nullptr : j.res + n0;
     const int64_t next = std::min<int64_t>(step, g1 - g - step) * group_bytes;  // the next step's weight bytes
-    row_blocks(j.M, pair ? kMaxMR2 : kMaxMR, [&](int64_t m, int64_t rows, int64_t pass, int64_t passes) {
+    row_blocks(j.M, pair ? most2 : kMaxMR, [&](int64_t m, int64_t rows, int64_t pass, int64_t passes) {
       const int64_t ahead = passes > 1 || pair ? next : 0;
       const Ahead a{wg + step * group_bytes + ahead * pass / passes, ahead * (pass + 1) / passes - ahead * pass / passes};
       const TileFn fn = pair ? kTiles.fn[j.fmt][2][rows - 1] : kTiles.fn[j.fmt][w == kGroup][rows - 1];

@@ -18,6 +18,7 @@ constexpr const char *kIsa = "neon";
 constexpr int kMatMulRows = 2;  // fp32 tile rows: 2 x 12 q accumulators + the weights in 32 q registers
 constexpr int kQRows = 2;
 constexpr int kQRows2 = 1;
+constexpr int kKRows2 = 0;  // no two-group K-quant tiles (not measured on an ARM core)
 constexpr int kQRolledRows = 1 << 20;  // quantized tiles unroll their loop over a block's quant dwords
 constexpr int kQ8Bias = 0;  // dot_q8 flips u = q + 128 back to the signed q: sum q * x directly
 

@@ -14,6 +14,7 @@ constexpr const char *kIsa = "scalar";
 constexpr int kMatMulRows = 2;
 constexpr int kQRows = 2;
 constexpr int kQRows2 = 1;
+constexpr int kKRows2 = 0;  // no two-group K-quant tiles
 constexpr int kQRolledRows = 1 << 20;  // quantized tiles unroll their loop over a block's quant dwords
 constexpr int kQ8Bias = 128;
 
