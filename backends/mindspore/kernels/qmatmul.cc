@@ -477,7 +477,8 @@ void ktile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t /*grou
     // a full group's constant width, measured on AVX2 (bench/qmatmul_step.py, 1.7B shapes, 2 layers): rolled Q6_K
     // 10.5 -> 7.8 ms, Q4_K 5.5 -> 5.2 ms (unrolled, GCC hoists every sub-block's scales and spills them).
     _Pragma("GCC unroll 1") for (int j = 0; j < SB; ++j) sub(j);
-    if constexpr (F == kQ6_K && SCALED) {  // + sum_i (32 sc_i) (-bsum_i), int16 pairs (|32 sc_i| <= 4096): 8 pair products per row
+    // + sum_i (32 sc_i) (-bsum_i), int16 pairs (|32 sc_i| <= 4096): 8 pair products a row
+    if constexpr (F == kQ6_K && SCALED) {
       const int32_t *bp = qx.bp.data() + (m0 * nb + b) * kPairs + 4;
       _Pragma("GCC unroll 8") for (int k = 0; k < 8; ++k) {  // one scale pair at a time: AVX2 holds no 8 of them
         const VI sp = v::pairs_i8x32(load_q<FULL>(scl + (k / 2) * 4 * w, w), k % 2);
@@ -620,7 +621,8 @@ void ktile2(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t group
     if constexpr (F == kQ4_K || F == kQ5_K) {
       _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) {
         const VF dmin = load_h<true>(halves + n * group_bytes + 2 * w, w);
-        const VI mlo = load_q<true>(scl + n * group_bytes + 8 * w, w), mhi = load_q<true>(scl + n * group_bytes + 12 * w, w);
+        const uint8_t *sn = scl + n * group_bytes;
+        const VI mlo = load_q<true>(sn + 8 * w, w), mhi = load_q<true>(sn + 12 * w, w);
         const VI mp[4] = {v::pairs_u8(mlo, 0), v::pairs_u8(mlo, 1), v::pairs_u8(mhi, 0), v::pairs_u8(mhi, 1)};
         _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
           const int32_t *bp = qx.bp.data() + ((m0 + r) * nb + b) * kPairs;
