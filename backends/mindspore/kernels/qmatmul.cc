@@ -724,7 +724,12 @@ void run_chunk(const void *ctx, int64_t c) {
   for (int64_t g = g0; g < g1;) {
     const int64_t n0 = g * kGroup;
     const int w = static_cast<int>(std::min<int64_t>(kGroup, j.N - n0));
-    const int most2 = is_k(j.fmt) ? kMaxKMR2 : j.fmt <= kQ4_1 ? kMaxMR2 : 0;  // rows of a pair tile (0: none)
+    // Rows of a pair tile (0: none). A K-quant pair only when it takes several passes: in one pass (M <= 4) the
+    // two weight streams wait on memory (measured v4-vnni, 1.7B shapes, main's one group -> pairs: M=2 Q4_K 2.07 ->
+    // 2.94 ms, Q6_K 2.91 -> 4.24; M=4 2.99 -> 3.49, 3.70 -> 5.93; M=8 4.43 -> 3.61, 6.53 -> 6.15); Q6_K's only from
+    // M=8 (passes of 3 rows lose: M=6 4.81 -> 5.09 ms, Q4_K 3.52 -> 3.22).
+    const int64_t kmin = j.fmt == kQ6_K ? 2 * kMaxKMR2 : kMaxKMR2 + 1;  // the fewest rows a K-quant pair takes
+    const int most2 = is_k(j.fmt) ? (j.M >= kmin ? kMaxKMR2 : 0) : j.fmt <= kQ4_1 ? kMaxMR2 : 0;
     const bool pair = most2 > 0 && j.M > 1 && g + 1 < g1 && j.N - n0 >= 2 * kGroup;  // no gain for one row
     const int step = pair ? 2 : 1;
     const uint8_t *wg = j.w + g * group_bytes;
