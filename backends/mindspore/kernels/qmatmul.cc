@@ -97,6 +97,8 @@ constexpr int kGroup = 16;  // output columns per group (one vector of lanes)
 namespace v = mindserve::vec;
 constexpr int kMaxMR = v::kQRows;    // rows per tile of one group of columns
 constexpr int kMaxMR2 = v::kQRows2;  // rows per tile of two groups (0: the backend has no pair tiles)
+constexpr int kMaxKMR2 = v::kKRows2;  // ... of two groups of a K-quant (0: none)
+static_assert(kMaxMR2 <= kMaxMR && kMaxKMR2 <= kMaxMR, "a tile table row holds kMaxMR");
 using VI = v::I32x16;
 using VF = v::F32x16;
 template <bool FULL>
@@ -122,11 +124,15 @@ inline void store_f(float *p, VF a, int w) {
 
 // ---------------------------------------------------------------------------------------------
 // Activation quantization (see the header comment): q [M, K] int8; d, sf [M, K/32] float (dx and sfx: fp16 values);
-// s [M, K/32] int32 (sum q). For the K-quants (quantize_rows_k): d [M, K/256], s [M, K/16] (the bsums), nb = K/256.
+// s [M, K/32] int32 (sum q). For the K-quants (quantize_rows_k): d [M, K/256], s [M, K/16] (the bsums), nb = K/256,
+// and bp [M, K/256, kPairs]: the bsums again as int16 pairs (low, high half of an int32) for vec.h's dot_i16, in the
+// order ktile's scale bytes come: 4 for Q4_K's / Q5_K's mins (bsum_2j + bsum_2j+1 for j = 0, 2 | 1, 3 | 4, 6 | 5, 7),
+// then 8 for Q6_K's (-bsum_i for i = 4d, 4d + 2 | 4d + 1, 4d + 3, d = 0..3). |bsum| <= 16 * 127: they fit.
+constexpr int kPairs = 12;
 struct QX {
   std::vector<int8_t> q;
   std::vector<float> d, sf;
-  std::vector<int32_t> s;
+  std::vector<int32_t> s, bp;
   int64_t K = 0, nb = 0;
 };
 
@@ -191,7 +197,10 @@ void quantize_rows(const float *x, int64_t M, int64_t K, QX *out) {
 // (0 if amax is 0 or 127 / amax is not finite), q = round-half-even(x * iscale), d = 1 / iscale (0 with iscale 0),
 // bsums = the sums of each 16 q. (ggml takes iscale = -127 / the signed extreme: the same |iscale|, and the
 // negated q and d give the same products.)
-inline void quantize_superblock(const float *x, int8_t *q, float *d, int32_t *bs) {
+inline int32_t pair16(int32_t lo, int32_t hi) {
+  return static_cast<int32_t>((static_cast<uint32_t>(lo) & 0xFFFFu) | (static_cast<uint32_t>(hi) << 16));
+}
+inline void quantize_superblock(const float *x, int8_t *q, float *d, int32_t *bs, int32_t *bp) {
   VF m = v::abs(v::load(x));
   for (int c = 1; c < 16; ++c) m = v::max(m, v::abs(v::load(x + 16 * c)));
   const float amax = v::reduce_max(m);
@@ -204,6 +213,16 @@ inline void quantize_superblock(const float *x, int8_t *q, float *d, int32_t *bs
     bs[c] = v::reduce_add_i32(qc);
   }
   *d = id != 0.0f ? 1.0f / id : 0.0f;
+  int32_t p[8];
+  for (int j = 0; j < 8; ++j) p[j] = bs[2 * j] + bs[2 * j + 1];
+  for (int h = 0; h < 2; ++h) {
+    bp[2 * h] = pair16(p[4 * h], p[4 * h + 2]);
+    bp[2 * h + 1] = pair16(p[4 * h + 1], p[4 * h + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    bp[4 + 2 * c] = pair16(-bs[4 * c], -bs[4 * c + 2]);
+    bp[5 + 2 * c] = pair16(-bs[4 * c + 1], -bs[4 * c + 3]);
+  }
 }
 
 void quantize_rows_k(const float *x, int64_t M, int64_t K, QX *out) {
@@ -213,6 +232,7 @@ void quantize_rows_k(const float *x, int64_t M, int64_t K, QX *out) {
   out->q.resize(static_cast<size_t>(M * K));
   out->d.resize(static_cast<size_t>(M * nb));
   out->s.resize(static_cast<size_t>(M * nb * 16));
+  out->bp.resize(static_cast<size_t>(M * nb * kPairs));
   out->sf.clear();
   struct Ctx {
     const float *x;
@@ -227,7 +247,7 @@ void quantize_rows_k(const float *x, int64_t M, int64_t K, QX *out) {
                                               const int64_t i = m * j.nb + b;
                                               quantize_superblock(j.x + m * j.K + 256 * b,
                                                                   j.o->q.data() + m * j.K + 256 * b, &j.o->d[i],
-                                                                  &j.o->s[16 * i]);
+                                                                  &j.o->s[16 * i], &j.o->bp[kPairs * i]);
                                             }
                                         },
                                         &ctx, ctx.chunks});
@@ -359,7 +379,14 @@ void ktile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t /*grou
   constexpr int DS = 4 + HB;                                      // dwords per sub-block
   constexpr int SC = is_k(F) ? 4 : 0;                             // integer scale dwords per block
   constexpr int B = kBlockBytes[F];
-  constexpr int RUN = HB == 0 ? 4 : 2;  // quant dwords summed in int16 before widening (vec.h: NibAcc)
+  constexpr int RUN = HB == 0 || v::kNibI32 ? 4 : 2;  // quant dwords summed in int16 before widening (vec.h: NibAcc)
+  // Where NibAcc is int32 (VNNI, NEON, scalar), the K-quants' scales multiply the sums as they widen (Q6_K: once per
+  // half of 16, RUN 4) and Q6_K's -32 bsum term comes once per super-block (int16 pair products, vec.h's dot_i16).
+  // With AVX2's int16 pairs both were slower (measured M=16, 1.7B shapes: Q4_K +9%, Q6_K +13% against the scales
+  // after widening and the bsum per half), so there they stay so. With the mins as pair products too (below),
+  // bench/qmatmul_step.py --rows 16 --shape 2048,8192 --layers 2, one thread, fastest step before -> after:
+  // v4-vnni Q4_K 8.79 -> 7.77 ms, Q6_K 12.96 -> 10.55; v3 Q4_K 22.21 -> 21.18, Q6_K 26.49 -> 26.36; M=1 unchanged.
+  constexpr bool SCALED = is_k(F) && v::kNibI32;
   const int64_t K = qx.K, nb = qx.nb;
   const bool fetch = ahead.bytes == 0;  // one pass over these columns (see kKPrefetch)
   VF facc[MR];
@@ -381,6 +408,17 @@ void ktile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t /*grou
       VI h0 = v::izero(), h1 = v::izero();
       if constexpr (HB >= 1) h0 = load_q<FULL>(sb + 16 * w, w);
       if constexpr (HB == 2) h1 = load_q<FULL>(sb + 20 * w, w);
+      VI s_lo = v::izero(), s_hi = v::izero();  // the sub-block's scales (Q6_K: of its halves)
+      const auto scales = [&]() __attribute__((always_inline)) {
+        if constexpr (F == kQ6_K) {
+          const VI sd = load_q<FULL>(scl + (j / 2) * 4 * w, w);
+          s_lo = v::lane_i8(sd, 2 * (j % 2));
+          s_hi = v::lane_i8(sd, 2 * (j % 2) + 1);
+        } else if constexpr (F == kQ4_K || F == kQ5_K) {
+          s_lo = v::lane_i8(load_q<FULL>(scl + (j / 4) * 4 * w, w), j % 4);
+        }
+      };
+      if constexpr (SCALED) scales();  // else after the sums (AVX2: 4 ymm fewer live across them)
       VI dlo[MR], dhi[MR];
       v::NibAcc nlo[MR], nhi[MR];
       _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
@@ -410,10 +448,12 @@ void ktile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t /*grou
         }
         if ((t + 1) % RUN == 0) {
           _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
-            dlo[r] = v::nib_widen(dlo[r], nlo[r]);
+            if constexpr (SCALED) isum[r] = v::nib_widen_scaled(isum[r], nlo[r], s_lo);
+            else dlo[r] = v::nib_widen(dlo[r], nlo[r]);
             nlo[r] = v::nib_zero();
             if constexpr (F == kQ6_K) {
-              dhi[r] = v::nib_widen(dhi[r], nhi[r]);
+              if constexpr (SCALED) isum[r] = v::nib_widen_scaled(isum[r], nhi[r], s_hi);
+              else dhi[r] = v::nib_widen(dhi[r], nhi[r]);
               nhi[r] = v::nib_zero();
             }
           }
@@ -421,23 +461,31 @@ void ktile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t /*grou
       }
       if constexpr (F == kQ5_0 || F == kQ5_1) {
         _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) isum[r] = dlo[r];
-      } else if constexpr (F == kQ6_K) {
-        const VI sd = load_q<FULL>(scl + (j / 2) * 4 * w, w);
-        const VI s_lo = v::lane_i8(sd, 2 * (j % 2)), s_hi = v::lane_i8(sd, 2 * (j % 2) + 1);
+      } else if constexpr (F == kQ6_K && !SCALED) {
+        scales();
         _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
           const int32_t *bs = qx.s.data() + ((m0 + r) * nb + b) * 16 + 2 * j;
           isum[r] = v::iadd(isum[r], v::imul(s_lo, v::isub(dlo[r], 32 * bs[0])));
           isum[r] = v::iadd(isum[r], v::imul(s_hi, v::isub(dhi[r], 32 * bs[1])));
         }
-      } else {
-        const VI sc = v::lane_i8(load_q<FULL>(scl + (j / 4) * 4 * w, w), j % 4);
-        _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) isum[r] = v::iadd(isum[r], v::imul(sc, dlo[r]));
+      } else if constexpr (!SCALED) {
+        scales();
+        _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) isum[r] = v::iadd(isum[r], v::imul(s_lo, dlo[r]));
       }
     };
     // The loop over sub-blocks stays rolled for any row count (M=16: 3.2 ms rolled, 4.4 unrolled). At M=1, with
     // a full group's constant width, measured on AVX2 (bench/qmatmul_step.py, 1.7B shapes, 2 layers): rolled Q6_K
     // 10.5 -> 7.8 ms, Q4_K 5.5 -> 5.2 ms (unrolled, GCC hoists every sub-block's scales and spills them).
     _Pragma("GCC unroll 1") for (int j = 0; j < SB; ++j) sub(j);
+    // + sum_i (32 sc_i) (-bsum_i), int16 pairs (|32 sc_i| <= 4096): 8 pair products a row
+    if constexpr (F == kQ6_K && SCALED) {
+      const int32_t *bp = qx.bp.data() + (m0 * nb + b) * kPairs + 4;
+      _Pragma("GCC unroll 8") for (int k = 0; k < 8; ++k) {  // one scale pair at a time: AVX2 holds no 8 of them
+        const VI sp = v::pairs_i8x32(load_q<FULL>(scl + (k / 2) * 4 * w, w), k % 2);
+        _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)
+          isum[r] = v::dot_i16(isum[r], sp, v::iset1(bp[r * nb * kPairs + k]));
+      }
+    }
     const uint8_t *halves = scl + SC * 4 * w;
     const VF dw = load_h<FULL>(halves, w);
     _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
@@ -452,14 +500,14 @@ void ktile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t /*grou
       _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)
         facc[r] = v::fmadd(mw, v::set1(qx.sf[(m0 + r) * nb + b]), facc[r]);
     }
-    if constexpr (F == kQ4_K || F == kQ5_K) {
+    if constexpr (F == kQ4_K || F == kQ5_K) {  // the mins: 4 int16 pair products a row (were 8 vpmulld + 8 adds)
       const VF dmin = load_h<FULL>(halves + 2 * w, w);
       const VI mlo = load_q<FULL>(scl + 8 * w, w), mhi = load_q<FULL>(scl + 12 * w, w);
+      const VI mp[4] = {v::pairs_u8(mlo, 0), v::pairs_u8(mlo, 1), v::pairs_u8(mhi, 0), v::pairs_u8(mhi, 1)};
       _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
-        const int32_t *bs = qx.s.data() + ((m0 + r) * nb + b) * 16;
+        const int32_t *bp = qx.bp.data() + ((m0 + r) * nb + b) * kPairs;
         VI imin = v::izero();
-        _Pragma("GCC unroll 8") for (int j = 0; j < 8; ++j)
-          imin = v::iadd(imin, v::imul(v::lane_i8(j < 4 ? mlo : mhi, j % 4), v::iset1(bs[2 * j] + bs[2 * j + 1])));
+        _Pragma("GCC unroll 4") for (int k = 0; k < 4; ++k) imin = v::dot_i16(imin, mp[k], v::iset1(bp[k]));
         facc[r] = v::fnmadd(v::mul(dmin, v::set1(qx.d[(m0 + r) * nb + b])), v::to_f(imin), facc[r]);
       }
     }
@@ -468,6 +516,129 @@ void ktile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t /*grou
     VF a = facc[r];
     if (res != nullptr) a = v::add(a, load_f<FULL>(res + r * ldy, w));
     store_f<FULL>(y + r * ldy, a, w);
+  }
+}
+
+// The K-quants two full groups at a time where the backend has such tiles (v::kKRows2 > 0: AVX-512 VNNI), so each
+// broadcast activation dword, each row's bsum pairs and d feed two groups: ktile's operations per output element,
+// in its order (its SCALED form: NibAcc is int32 there). Group n's bytes start at g + n * group_bytes. Measured
+// (bench/qmatmul_step.py --rows 16 --threads 1 --shape 2048,8192 --layers 2, v4-vnni, fastest step, one group of 8
+// rows -> two groups of 4): Q4_K 7.77 -> 6.16 ms, Q6_K 10.55 -> 9.48 (main before both changes: 8.43, 12.01).
+template <int MR, int F>
+void ktile2(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t group_bytes, int /*w*/,
+            const float *__restrict res, float *__restrict y, int64_t ldy, Ahead ahead) {
+  static_assert(is_k(F) && v::kNibI32, "pair K-quant tiles take the scales as the sums widen");
+  constexpr int w = kGroup;
+  constexpr int NG = 2;
+  constexpr int HB = F == kQ4_K ? 0 : (F == kQ6_K ? 2 : 1);
+  constexpr int DS = 4 + HB, B = kBlockBytes[F];
+  const int64_t K = qx.K, nb = qx.nb;
+  VF facc[MR][NG];
+  _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)
+    _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) facc[r][n] = v::zero();
+  for (int64_t b = 0; b < nb; ++b) {
+    ahead.touch(b, nb);
+    const uint8_t *blk = g + b * w * B;
+    const uint8_t *scl = blk + 8 * DS * 4 * w;
+    VI isum[MR][NG];
+    _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)
+      _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) isum[r][n] = v::izero();
+    const auto sub = [&](int j) __attribute__((always_inline)) {
+      const uint8_t *sb = blk + j * DS * 4 * w;
+      const int8_t *xq = qx.q.data() + m0 * K + b * 256 + 32 * j;
+      VI s_lo[NG], s_hi[NG], h0[NG], h1[NG];
+      _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) {
+        if constexpr (F == kQ6_K) {
+          const VI sd = load_q<true>(scl + n * group_bytes + (j / 2) * 4 * w, w);
+          s_lo[n] = v::lane_i8(sd, 2 * (j % 2));
+          s_hi[n] = v::lane_i8(sd, 2 * (j % 2) + 1);
+        } else {
+          s_lo[n] = v::lane_i8(load_q<true>(scl + n * group_bytes + (j / 4) * 4 * w, w), j % 4);
+          s_hi[n] = v::izero();
+        }
+        h0[n] = h1[n] = v::izero();
+        if constexpr (HB >= 1) h0[n] = load_q<true>(sb + n * group_bytes + 16 * w, w);
+        if constexpr (HB == 2) h1[n] = load_q<true>(sb + n * group_bytes + 20 * w, w);
+      }
+      v::NibAcc nlo[MR][NG], nhi[MR][NG];
+      _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)
+        _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) nlo[r][n] = nhi[r][n] = v::nib_zero();
+      _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {
+        VI lo[NG], hi[NG];
+        _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) {
+          const VI raw = load_q<true>(sb + n * group_bytes + t * 4 * w, w);
+          lo[n] = v::nib_lo(raw);
+          hi[n] = v::nib_hi(raw);
+          if constexpr (HB == 1) {
+            lo[n] = v::bor(lo[n], v::shl_and(h0[n], 4 - t, 0x10));
+            hi[n] = v::bor(hi[n], v::shr_and(h0[n], t, 0x10));
+          } else if constexpr (HB == 2) {
+            if (t < 2) {
+              lo[n] = v::bor(lo[n], v::shl_and(h0[n], 4 - 2 * t, 0x30));
+              hi[n] = v::bor(hi[n], v::shl_and(h1[n], 4 - 2 * t, 0x30));
+            } else {
+              lo[n] = v::bor(lo[n], v::shr_and(h0[n], 2 * t - 4, 0x30));
+              hi[n] = v::bor(hi[n], v::shr_and(h1[n], 2 * t - 4, 0x30));
+            }
+          }
+        }
+        _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
+          const VI xl = v::bcast4(xq + r * K + 4 * t), xh = v::bcast4(xq + r * K + 16 + 4 * t);
+          _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) {
+            nlo[r][n] = v::nib_add(nlo[r][n], lo[n], xl);
+            if constexpr (F == kQ6_K) nhi[r][n] = v::nib_add(nhi[r][n], hi[n], xh);
+            else nlo[r][n] = v::nib_add(nlo[r][n], hi[n], xh);
+          }
+        }
+      }
+      _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)
+        _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) {
+          isum[r][n] = v::nib_widen_scaled(isum[r][n], nlo[r][n], s_lo[n]);
+          if constexpr (F == kQ6_K) isum[r][n] = v::nib_widen_scaled(isum[r][n], nhi[r][n], s_hi[n]);
+        }
+    };
+    _Pragma("GCC unroll 1") for (int j = 0; j < 8; ++j) sub(j);
+    if constexpr (F == kQ6_K) {
+      const int32_t *bp = qx.bp.data() + (m0 * nb + b) * kPairs + 4;
+      _Pragma("GCC unroll 8") for (int k = 0; k < 8; ++k) {
+        VI sp[NG];
+        _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n)
+          sp[n] = v::pairs_i8x32(load_q<true>(scl + n * group_bytes + (k / 2) * 4 * w, w), k % 2);
+        _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
+          const VI q = v::iset1(bp[r * nb * kPairs + k]);
+          _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) isum[r][n] = v::dot_i16(isum[r][n], sp[n], q);
+        }
+      }
+    }
+    const uint8_t *halves = scl + 16 * w;
+    VF dw[NG];
+    _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) dw[n] = load_h<true>(halves + n * group_bytes, w);
+    _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
+      const VF dx = v::set1(qx.d[(m0 + r) * nb + b]);
+      _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n)
+        facc[r][n] = v::fmadd(v::mul(dw[n], dx), v::to_f(isum[r][n]), facc[r][n]);
+    }
+    if constexpr (F == kQ4_K || F == kQ5_K) {
+      _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) {
+        const VF dmin = load_h<true>(halves + n * group_bytes + 2 * w, w);
+        const uint8_t *sn = scl + n * group_bytes;
+        const VI mlo = load_q<true>(sn + 8 * w, w), mhi = load_q<true>(sn + 12 * w, w);
+        const VI mp[4] = {v::pairs_u8(mlo, 0), v::pairs_u8(mlo, 1), v::pairs_u8(mhi, 0), v::pairs_u8(mhi, 1)};
+        _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
+          const int32_t *bp = qx.bp.data() + ((m0 + r) * nb + b) * kPairs;
+          VI imin = v::izero();
+          _Pragma("GCC unroll 4") for (int k = 0; k < 4; ++k) imin = v::dot_i16(imin, mp[k], v::iset1(bp[k]));
+          facc[r][n] = v::fnmadd(v::mul(dmin, v::set1(qx.d[(m0 + r) * nb + b])), v::to_f(imin), facc[r][n]);
+        }
+      }
+    }
+  }
+  _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
+    _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) {
+      VF a = facc[r][n];
+      if (res != nullptr) a = v::add(a, v::load(res + r * ldy + kGroup * n));
+      v::store(y + r * ldy + kGroup * n, a);
+    }
   }
 }
 
@@ -481,15 +652,20 @@ template <int F, bool FULL, int... MRs>
 constexpr void fill_krows(TileFn *row, std::integer_sequence<int, MRs...>) {
   ((row[MRs] = &ktile<MRs + 1, F, FULL>), ...);
 }
+template <int F, int... MRs>
+constexpr void fill_kpairs(TileFn *row, std::integer_sequence<int, MRs...>) {
+  ((row[MRs] = &ktile2<MRs + 1, F>), ...);
+}
 template <int F>
 constexpr void fill_format(TileFn (*t)[kMaxMR]) {
   if constexpr (F <= kQ4_1) {
     fill_rows<1, F, false>(t[0], std::make_integer_sequence<int, kMaxMR>{});
     fill_rows<1, F, true>(t[1], std::make_integer_sequence<int, kMaxMR>{});
     fill_rows<2, F, true>(t[2], std::make_integer_sequence<int, kMaxMR2>{});
-  } else {  // one group at a time
+  } else {  // one group at a time; the K-quants two where the backend has such tiles
     fill_krows<F, false>(t[0], std::make_integer_sequence<int, kMaxMR>{});
     fill_krows<F, true>(t[1], std::make_integer_sequence<int, kMaxMR>{});
+    if constexpr (is_k(F) && kMaxKMR2 > 0) fill_kpairs<F>(t[2], std::make_integer_sequence<int, kMaxKMR2>{});
   }
 }
 struct Tiles {
@@ -548,12 +724,18 @@ void run_chunk(const void *ctx, int64_t c) {
   for (int64_t g = g0; g < g1;) {
     const int64_t n0 = g * kGroup;
     const int w = static_cast<int>(std::min<int64_t>(kGroup, j.N - n0));
-    const bool pair = kMaxMR2 > 0 && j.fmt <= kQ4_1 && j.M > 1 && g + 1 < g1 && j.N - n0 >= 2 * kGroup;  // no gain for one row
+    // Rows of a pair tile (0: none). A K-quant pair only when it takes several passes: in one pass (M <= 4) the
+    // two weight streams wait on memory (measured v4-vnni, 1.7B shapes, main's one group -> pairs: M=2 Q4_K 2.07 ->
+    // 2.94 ms, Q6_K 2.91 -> 4.24; M=4 2.99 -> 3.49, 3.70 -> 5.93; M=8 4.43 -> 3.61, 6.53 -> 6.15); Q6_K's only from
+    // M=8 (passes of 3 rows lose: M=6 4.81 -> 5.09 ms, Q4_K 3.52 -> 3.22).
+    const int64_t kmin = j.fmt == kQ6_K ? 2 * kMaxKMR2 : kMaxKMR2 + 1;  // the fewest rows a K-quant pair takes
+    const int most2 = is_k(j.fmt) ? (j.M >= kmin ? kMaxKMR2 : 0) : j.fmt <= kQ4_1 ? kMaxMR2 : 0;
+    const bool pair = most2 > 0 && j.M > 1 && g + 1 < g1 && j.N - n0 >= 2 * kGroup;  // no gain for one row
     const int step = pair ? 2 : 1;
     const uint8_t *wg = j.w + g * group_bytes;
     const float *res = j.res == nullptr ? nullptr : j.res + n0;
     const int64_t next = std::min<int64_t>(step, g1 - g - step) * group_bytes;  // the next step's weight bytes
-    row_blocks(j.M, pair ? kMaxMR2 : kMaxMR, [&](int64_t m, int64_t rows, int64_t pass, int64_t passes) {
+    row_blocks(j.M, pair ? most2 : kMaxMR, [&](int64_t m, int64_t rows, int64_t pass, int64_t passes) {
       const int64_t ahead = passes > 1 || pair ? next : 0;
       const Ahead a{wg + step * group_bytes + ahead * pass / passes, ahead * (pass + 1) / passes - ahead * pass / passes};
       const TileFn fn = pair ? kTiles.fn[j.fmt][2][rows - 1] : kTiles.fn[j.fmt][w == kGroup][rows - 1];

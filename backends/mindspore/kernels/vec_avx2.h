@@ -12,6 +12,7 @@ namespace mindserve::vec {
 constexpr const char *kIsa = "avx2";
 constexpr int kMatMulRows = 2;  // fp32 tile rows: 2 x 6 ymm accumulators + the weights in 16 ymm
 constexpr int kQRows = 4;   // quantized tile rows (measured: 2 -> 4 cut M=16 q4_1 time ~40%, spills and all)
+constexpr int kKRows2 = 0;  // no two-group K-quant tiles either
 constexpr int kQRows2 = 0;  // no two-group tiles: measured at M=16, one group of 4 rows is 7% faster (fewer spills)
 // Tiles of 2+ rows keep their loop over a block's quant dwords rolled: unrolled, GCC hoists the nibble unpacks of
 // all four dwords and spills the rows' int16 sums (16 ymm registers); measured at M=16, 7% faster rolled (and one
@@ -160,6 +161,14 @@ inline I32x16 nib_widen(I32x16 acc, NibAcc n) {
   const __m256i one = _mm256_set1_epi16(1);
   return {_mm256_add_epi32(acc.a, _mm256_madd_epi16(n.a, one)), _mm256_add_epi32(acc.b, _mm256_madd_epi16(n.b, one))};
 }
+// kNibI32: NibAcc is int32 already (no run limit); nib_widen_scaled(acc, n, sc) acc + sc * (the sums), exact for
+// the K-quants' scales.
+constexpr bool kNibI32 = false;
+inline I32x16 nib_widen_scaled(I32x16 acc, NibAcc n, I32x16 sc) {
+  const __m256i one = _mm256_set1_epi16(1);
+  return {_mm256_add_epi32(acc.a, _mm256_mullo_epi32(_mm256_madd_epi16(n.a, one), sc.a)),
+          _mm256_add_epi32(acc.b, _mm256_mullo_epi32(_mm256_madd_epi16(n.b, one), sc.b))};
+}
 inline I32x16 isub(I32x16 v, int32_t c) {
   const __m256i b = _mm256_set1_epi32(c);
   return {_mm256_sub_epi32(v.a, b), _mm256_sub_epi32(v.b, b)};
@@ -186,6 +195,24 @@ inline I32x16 imul(I32x16 x, I32x16 y) { return {_mm256_mullo_epi32(x.a, y.a), _
 inline I32x16 iset1(int32_t c) {
   const __m256i b = _mm256_set1_epi32(c);
   return {b, b};
+}
+// The K-quants' min and bsum terms as int16 pair products (vec.h): pairs_u8 (k 0 or 1) the bytes k and k + 2 of each
+// lane zero-extended into its low and high int16, pairs_i8x32 the same sign-extended times 32; dot_i16 acc + lo(a) *
+// lo(b) + hi(a) * hi(b), the int16 halves signed.
+inline I32x16 pairs_u8(I32x16 v, int k) {
+  if (k == 0) {
+    const __m256i m = _mm256_set1_epi16(0x00FF);
+    return {_mm256_and_si256(v.a, m), _mm256_and_si256(v.b, m)};
+  }
+  return {_mm256_srli_epi16(v.a, 8), _mm256_srli_epi16(v.b, 8)};
+}
+inline I32x16 pairs_i8x32(I32x16 v, int k) {
+  if (k == 0) return {_mm256_srai_epi16(_mm256_slli_epi16(v.a, 8), 3), _mm256_srai_epi16(_mm256_slli_epi16(v.b, 8), 3)};
+  const __m256i m = _mm256_set1_epi16(-256);
+  return {_mm256_srai_epi16(_mm256_and_si256(v.a, m), 3), _mm256_srai_epi16(_mm256_and_si256(v.b, m), 3)};
+}
+inline I32x16 dot_i16(I32x16 acc, I32x16 x, I32x16 y) {
+  return {_mm256_add_epi32(acc.a, _mm256_madd_epi16(x.a, y.a)), _mm256_add_epi32(acc.b, _mm256_madd_epi16(x.b, y.b))};
 }
 inline F32x16 to_f(I32x16 v) { return {_mm256_cvtepi32_ps(v.a), _mm256_cvtepi32_ps(v.b)}; }
 inline I32x16 cvt_round(F32x16 v) {  // vcvtps2dq under the default MXCSR: nearest, ties to even

@@ -18,6 +18,7 @@ constexpr const char *kIsa = "neon";
 constexpr int kMatMulRows = 2;  // fp32 tile rows: 2 x 12 q accumulators + the weights in 32 q registers
 constexpr int kQRows = 2;
 constexpr int kQRows2 = 1;
+constexpr int kKRows2 = 0;  // no two-group K-quant tiles (not measured on an ARM core)
 constexpr int kQRolledRows = 1 << 20;  // quantized tiles unroll their loop over a block's quant dwords
 constexpr int kQ8Bias = 0;  // dot_q8 flips u = q + 128 back to the signed q: sum q * x directly
 
@@ -153,11 +154,34 @@ inline I32x16 bor(I32x16 a, I32x16 b) { MINDSERVE_EACH(vorrq_s32(a.v[i], b.v[i])
 inline I32x16 lane_i8(I32x16 a, int k) { MINDSERVE_EACH(vshrq_n_s32(vshlq_s32(a.v[i], vdupq_n_s32(24 - 8 * k)), 24)); }
 inline I32x16 imul(I32x16 a, I32x16 b) { MINDSERVE_EACH(vmulq_s32(a.v[i], b.v[i])); }
 inline I32x16 iset1(int32_t c) { MINDSERVE_EACH(vdupq_n_s32(c)); }
+// The K-quants' min and bsum terms as int16 pair products (vec.h): pairs_u8 (k 0 or 1) the bytes k and k + 2 of each
+// lane zero-extended into its low and high int16, pairs_i8x32 the same sign-extended times 32; dot_i16 acc + lo(a) *
+// lo(b) + hi(a) * hi(b), the int16 halves signed.
+inline I32x16 pairs_u8(I32x16 a, int k) {
+  if (k == 0) {
+    MINDSERVE_EACH(vandq_s32(a.v[i], vdupq_n_s32(0x00FF00FF)));
+  }
+  MINDSERVE_EACH(vreinterpretq_s32_u16(vshrq_n_u16(vreinterpretq_u16_s32(a.v[i]), 8)));
+}
+inline I32x16 pairs_i8x32(I32x16 a, int k) {
+  if (k == 0) {
+    MINDSERVE_EACH(vreinterpretq_s32_s16(vshrq_n_s16(vshlq_n_s16(vreinterpretq_s16_s32(a.v[i]), 8), 3)));
+  }
+  MINDSERVE_EACH(vreinterpretq_s32_s16(vshrq_n_s16(vandq_s16(vreinterpretq_s16_s32(a.v[i]), vdupq_n_s16(-256)), 3)));
+}
+inline I32x16 dot_i16(I32x16 acc, I32x16 a, I32x16 b) {
+  MINDSERVE_EACH(vmlaq_s32(vmlaq_s32(acc.v[i], vshrq_n_s32(vshlq_n_s32(a.v[i], 16), 16), vshrq_n_s32(vshlq_n_s32(b.v[i], 16), 16)),
+                           vshrq_n_s32(a.v[i], 16), vshrq_n_s32(b.v[i], 16)));
+}
 // Up to 8 nibble dot products before one widening (vec.h): here they sum in int32 directly.
 using NibAcc = I32x16;
 inline NibAcc nib_zero() { return izero(); }
 inline NibAcc nib_add(NibAcc acc, I32x16 u, I32x16 x) { return dot_nib(acc, u, x); }
 inline I32x16 nib_widen(I32x16 acc, NibAcc n) { return iadd(acc, n); }
+// kNibI32: NibAcc is int32 already (no run limit); nib_widen_scaled(acc, n, sc) acc + sc * (the sums), exact for
+// the K-quants' scales.
+constexpr bool kNibI32 = true;
+inline I32x16 nib_widen_scaled(I32x16 acc, NibAcc n, I32x16 sc) { return iadd(acc, imul(n, sc)); }
 inline I32x16 cvt_round(F32x16 a) { MINDSERVE_EACH(vcvtnq_s32_f32(a.v[i])); }
 #undef MINDSERVE_EACH
 inline F32x16 to_f(I32x16 a) {

@@ -14,6 +14,7 @@ constexpr const char *kIsa = "scalar";
 constexpr int kMatMulRows = 2;
 constexpr int kQRows = 2;
 constexpr int kQRows2 = 1;
+constexpr int kKRows2 = 0;  // no two-group K-quant tiles
 constexpr int kQRolledRows = 1 << 20;  // quantized tiles unroll their loop over a block's quant dwords
 constexpr int kQ8Bias = 128;
 
@@ -147,11 +148,32 @@ inline I32x16 imul(I32x16 a, I32x16 b) {
   MINDSERVE_EACH(I32x16, static_cast<int32_t>(static_cast<uint32_t>(a.v[i]) * static_cast<uint32_t>(b.v[i])));
 }
 inline I32x16 iset1(int32_t c) { MINDSERVE_EACH(I32x16, c); }
+// The K-quants' min and bsum terms as int16 pair products (vec.h): pairs_u8 (k 0 or 1) the bytes k and k + 2 of each
+// lane zero-extended into its low and high int16, pairs_i8x32 the same sign-extended times 32; dot_i16 acc + lo(a) *
+// lo(b) + hi(a) * hi(b), the int16 halves signed.
+inline int32_t half_i16(int32_t a, int h) { return static_cast<int16_t>(static_cast<uint32_t>(a) >> (16 * h)); }
+inline I32x16 pairs_u8(I32x16 a, int k) {
+  MINDSERVE_EACH(I32x16, static_cast<int32_t>((static_cast<uint32_t>(a.v[i]) >> (8 * k)) & 0x00FF00FFu));
+}
+inline I32x16 pairs_i8x32(I32x16 a, int k) {
+  MINDSERVE_EACH(I32x16, static_cast<int32_t>(
+                             (static_cast<uint32_t>(32 * static_cast<int8_t>(static_cast<uint32_t>(a.v[i]) >> (8 * k))) & 0xFFFFu) |
+                             (static_cast<uint32_t>(32 * static_cast<int8_t>(static_cast<uint32_t>(a.v[i]) >> (8 * k + 16))) << 16)));
+}
+inline I32x16 dot_i16(I32x16 acc, I32x16 a, I32x16 b) {
+  MINDSERVE_EACH(I32x16, static_cast<int32_t>(static_cast<uint32_t>(acc.v[i]) +
+                                              static_cast<uint32_t>(int64_t{half_i16(a.v[i], 0)} * half_i16(b.v[i], 0) +
+                                                                    int64_t{half_i16(a.v[i], 1)} * half_i16(b.v[i], 1))));
+}
 // Up to 8 nibble dot products before one widening (vec.h): here they sum in int32 directly.
 using NibAcc = I32x16;
 inline NibAcc nib_zero() { return izero(); }
 inline NibAcc nib_add(NibAcc acc, I32x16 u, I32x16 x) { return dot_nib(acc, u, x); }
 inline I32x16 nib_widen(I32x16 acc, NibAcc n) { return iadd(acc, n); }
+// kNibI32: NibAcc is int32 already (no run limit); nib_widen_scaled(acc, n, sc) acc + sc * (the sums), exact for
+// the K-quants' scales.
+constexpr bool kNibI32 = true;
+inline I32x16 nib_widen_scaled(I32x16 acc, NibAcc n, I32x16 sc) { return iadd(acc, imul(n, sc)); }
 inline I32x16 cvt_round(F32x16 a) { MINDSERVE_EACH(I32x16, static_cast<int32_t>(std::nearbyint(a.v[i]))); }
 inline F32x16 to_f(I32x16 a) { MINDSERVE_EACH(F32x16, static_cast<float>(a.v[i])); }
 #undef MINDSERVE_EACH

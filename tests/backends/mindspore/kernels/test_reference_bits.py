@@ -132,7 +132,8 @@ def test_matmul_with_lora_tail(lib, m, k, n, groups, rank):
 # --- quantized matmul -----------------------------------------------------------------------------
 
 QMATMUL = [(1, 32, 1), (3, 64, 17), (9, 96, 33), (10, 160, 47)]
-KQMATMUL = [(1, 256, 1), (3, 512, 17), (9, 768, 33), (10, 256, 47), (17, 512, 20)]  # K a multiple of 256
+KQMATMUL = [(1, 256, 1), (3, 512, 17), (9, 768, 33), (10, 256, 47), (17, 512, 20),  # K a multiple of 256
+            (2, 256, 64), (5, 512, 96), (16, 256, 80)]  # VNNI: one group at M=2, pairs of 2-4 rows (Q6_K: M >= 8)
 
 
 def qweight(fmt: str, n: int, k: int, seed: int) -> QuantWeight:
