@@ -4,13 +4,13 @@ round, so both see the same load on a shared box.
 
     python bench/step_overhead.py --tree before=/work/main --tree after=. [--rounds 3] [--json out.json]
 
-Each child loads the default model from its tree with the engine_speed configuration (max_seq_len 2048,
-block 128, batch 16) but a small cache (33 blocks), compiles the two decode graphs, then alternates B=1 and
-B=16 (one 128-token block each, position 100) for ``--reps`` repetitions of ``--steps`` ``runner.decode`` calls,
-reading the AOT kernels' own counters (``kernel_stats``: calls and time inside each kernel kind) around each; the
-rest of a step is MindSpore's dispatch of its ops, its stock ops and the host side. A last pass under the MindSpore
-CPU profiler counts the ops launched per step by type. Each measurement records the cores other processes used
-meanwhile and the 1-minute load average.
+Each child loads the default model from its tree (or ``--model-dir``'s) with the engine_speed configuration
+(max_seq_len 2048, block 128, batch 16) but a small cache (33 blocks), compiles the two decode graphs, then alternates
+B=1 and B=16 (one 128-token block each, position 100) for ``--reps`` repetitions of ``--steps`` ``runner.decode``
+calls, reading the AOT kernels' own counters (``kernel_stats``: calls and time inside each kernel kind) around each;
+the rest of a step is MindSpore's dispatch of its ops, its stock ops and the host side. A last pass under the
+MindSpore CPU profiler counts the ops launched per step by type. Each measurement records the cores other processes
+used meanwhile and the 1-minute load average.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def child(tree: Path, steps: int, reps: int, profile_steps: int) -> dict:
+def child(tree: Path, steps: int, reps: int, profile_steps: int, model_dir: str | None = None) -> dict:
     sys.path.insert(0, str(tree))
     sys.path.insert(1, str(HERE))
     from engine_speed import CpuMeter, _parse_profile  # noqa: E402  (the measurement helpers)
@@ -42,7 +42,8 @@ def child(tree: Path, steps: int, reps: int, profile_steps: int) -> dict:
 
     cfg = EngineConfig(max_seq_len=2048, max_input_tokens=1536, max_batch_size=16, block_size=128, prefill_chunk=64,
                        num_blocks=33, kernels="aot")
-    engine = Engine(ensure_default_model(tree / ".cache" / "models"), cfg, warmup=False, progress=False)
+    model = Path(model_dir) if model_dir else ensure_default_model(tree / ".cache" / "models")
+    engine = Engine(model, cfg, warmup=False, progress=False)
     runner = engine.runner
     batches = {b: [DecodeRow(7, 100, engine.allocator.allocate(128)) for _ in range(b)] for b in (1, 16)}
     for rows in batches.values():
@@ -108,11 +109,15 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--profile-steps", type=int, default=5)
+    ap.add_argument("--model-dir", default=None,
+                    help="a converted model directory (e.g. convert-gguf of the 1.7B Q4_K_M file) instead of the "
+                         "default model")
     ap.add_argument("--json")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(Path(args.child).resolve(), args.steps, args.reps, args.profile_steps)))
+        print(json.dumps(child(Path(args.child).resolve(), args.steps, args.reps, args.profile_steps,
+                               args.model_dir)))
         return
     trees = dict(t.split("=", 1) for t in args.tree)
     if not trees:
@@ -123,7 +128,8 @@ def main() -> None:
         for name in order:
             t = time.perf_counter()
             proc = subprocess.run([sys.executable, __file__, "--child", trees[name], "--steps", str(args.steps),
-                                   "--reps", str(args.reps), "--profile-steps", str(args.profile_steps)],
+                                   "--reps", str(args.reps), "--profile-steps", str(args.profile_steps),
+                                   *(["--model-dir", args.model_dir] if args.model_dir else [])],
                                   cwd=trees[name], capture_output=True, text=True)
             if proc.returncode != 0:
                 sys.exit(f"{name} failed:\n{proc.stderr[-3000:]}")

@@ -233,8 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default=None, help="model name used for the yaml file (default: from the file name)")
     p.add_argument("--dtype", choices=("fp32", "q8_0", "as-shipped"), default="fp32",
                    help="how the matrices are stored: fp32 (dequantized, the default), q8_0 (Q8_0 blocks; a Q4 GGUF "
-                   "is requantized from its own weights) or as-shipped (the GGUF's Q8_0/Q4_0/Q4_1 blocks kept as "
-                   "they are); see docs/configuration.md")
+                   "is requantized from its own weights) or as-shipped (the GGUF's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, "
+                   "Q4_K, Q5_K and Q6_K blocks kept as they are, a stack of mixed formats as segments); see "
+                   "docs/configuration.md")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_convert)
     p = sub.add_parser("validate-config", help="check a server config file as serve would, without loading "

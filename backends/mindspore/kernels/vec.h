@@ -24,6 +24,8 @@
 //   lane_i8(v, k) byte k of each int32 lane sign-extended, imul the low 32 bits of int32 lane products, iset1 a
 //   broadcast. NibAcc also holds the 5-bit (u <= 31: 4 dot_nib sums) and 6-bit (u <= 63: 2 sums) quants.
 // * load_f16, load_bf16 and load_i8 (16 halves, bfloat16s or int8 to float32) are exact, so every backend agrees.
+//   store_f16 (16 float32 to binary16: round to nearest even, a NaN stays a quiet NaN) gives
+//   kv_format.h's f32_to_f16 bits on every backend (F16C / AVX-512 vcvtps2ph, AArch64 fcvtn, or that function).
 // Every backend defines, in namespace mindserve::vec: the two types and the functions used below; kernels
 // use nothing else (tile sizes come from the kMatMulRows / kQRows / kQRows2 constants of the backend, kQRows2 0:
 // no two-group quantized tiles; kQRolledRows: from this many rows a quantized tile keeps its loop over a block's

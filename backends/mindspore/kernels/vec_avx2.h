@@ -107,6 +107,10 @@ inline F32x16 load_f16(const uint8_t *p) {
   return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))),
           _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p + 16)))};
 }
+inline void store_f16(uint8_t *p, F32x16 x) {
+  _mm_storeu_si128(reinterpret_cast<__m128i *>(p), _mm256_cvtps_ph(x.a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  _mm_storeu_si128(reinterpret_cast<__m128i *>(p + 16), _mm256_cvtps_ph(x.b, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
 inline F32x16 load_f16_part(const uint8_t *p, int n) {
   alignas(32) uint8_t buf[32] = {};
   std::memcpy(buf, p, 2 * n);

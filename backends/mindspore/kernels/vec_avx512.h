@@ -74,6 +74,9 @@ inline float reduce_max(F32x16 a) { return _mm512_reduce_max_ps(a.v); }
 inline F32x16 load_f16(const uint8_t *p) {
   return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)))};
 }
+inline void store_f16(uint8_t *p, F32x16 x) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i *>(p), _mm512_cvtps_ph(x.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
 inline F32x16 load_f16_part(const uint8_t *p, int n) { return {_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(first(n), p))}; }
 
 inline I32x16 izero() { return {_mm512_setzero_si512()}; }

@@ -93,6 +93,10 @@ inline float reduce_max(F32x16 a) {
 inline F32x16 load_f16(const uint8_t *p) {
   MINDSERVE_EACH(vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const uint16_t *>(p) + 4 * i))));
 }
+inline void store_f16(uint8_t *p, F32x16 x) {  // FPCR's rounding: to nearest even (fpenv.h)
+  for (int i = 0; i < 4; ++i)
+    vst1_u16(reinterpret_cast<uint16_t *>(p) + 4 * i, vreinterpret_u16_f16(vcvt_f16_f32(x.v[i])));
+}
 inline F32x16 load_f16_part(const uint8_t *p, int n) {
   uint8_t buf[32] = {};
   std::memcpy(buf, p, 2 * n);

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kv_format.h"
+
 namespace mindserve::vec {
 
 constexpr const char *kIsa = "scalar";
@@ -92,6 +94,12 @@ inline F32x16 load_f16(const uint8_t *p) {
     r.v[i] = half_to_float(h);
   }
   return r;
+}
+inline void store_f16(uint8_t *p, F32x16 x) {
+  for (int i = 0; i < 16; ++i) {
+    const uint16_t h = kv::f32_to_f16(x.v[i]);
+    std::memcpy(p + 2 * i, &h, 2);
+  }
 }
 inline F32x16 load_f16_part(const uint8_t *p, int n) {
   uint8_t buf[32] = {};
