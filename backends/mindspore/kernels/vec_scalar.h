@@ -70,28 +70,12 @@ inline float reduce_max(F32x16 a) {
   for (int i = 1; i < 16; ++i) m = a.v[i] > m ? a.v[i] : m;
   return m;
 }
-inline float half_to_float(uint16_t h) {  // IEEE binary16 -> binary32, exact (subnormals, inf, NaN)
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
-  uint32_t bits;
-  if (exp == 0x1F) {
-    bits = sign | 0x7F800000u | (man << 13);
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112) << 23) | (man << 13);
-  } else {
-    const float f = std::ldexp(static_cast<float>(man), -24);  // exact: man < 2^10
-    std::memcpy(&bits, &f, 4);
-    bits |= sign;
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
 inline F32x16 load_f16(const uint8_t *p) {
   F32x16 r;
   for (int i = 0; i < 16; ++i) {
     uint16_t h;
     std::memcpy(&h, p + 2 * i, 2);
-    r.v[i] = half_to_float(h);
+    r.v[i] = kv::f16_to_f32(h);  // exact (subnormals, inf, NaN)
   }
   return r;
 }
