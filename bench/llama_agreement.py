@@ -58,21 +58,22 @@ def start_llama_server(bindir: Path, gguf: Path, port: int, log_path: Path,
 
 
 def llama_run(bindir: Path, gguf: Path, prompts: list[list[int]], n: int, log_path: Path,
-              extra: tuple[str, ...]) -> list[tuple[list[int], list[list[tuple[int, float]]]]]:
+              extra: tuple[str, ...], probs: int = 2) -> list[tuple[list[int], list[list[tuple[int, float]]]]]:
     """llama_greedy of every prompt on a llama-server of the build in ``bindir``, started for them and stopped."""
     port = free_port()
     server = start_llama_server(bindir, gguf, port, log_path, extra)
     try:
-        return [llama_greedy(port, ids, n) for ids in prompts]
+        return [llama_greedy(port, ids, n, probs) for ids in prompts]
     finally:
         server.terminate()
         server.wait(30)
 
 
-def llama_greedy(port: int, ids: list[int], n: int) -> tuple[list[int], list[list[tuple[int, float]]]]:
-    """(generated ids, per step the top-2 (id, prob) llama.cpp reports)."""
+def llama_greedy(port: int, ids: list[int], n: int,
+                 probs: int = 2) -> tuple[list[int], list[list[tuple[int, float]]]]:
+    """(generated ids, per step the top-``probs`` (id, prob) llama.cpp reports)."""
     body = {"prompt": ids, "n_predict": n, "temperature": 0.0, "top_k": 1, "repeat_penalty": 1.0,
-            "ignore_eos": True, "cache_prompt": False, "return_tokens": True, "n_probs": 2,
+            "ignore_eos": True, "cache_prompt": False, "return_tokens": True, "n_probs": probs,
             "post_sampling_probs": False}
     req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
@@ -82,19 +83,37 @@ def llama_greedy(port: int, ids: list[int], n: int) -> tuple[list[int], list[lis
     for step in out.get("completion_probabilities", []):
         cands = step.get("top_logprobs") or step.get("top_probs") or step.get("probs") or []
         tops.append([(int(c["id"]), float(np.exp(c["logprob"])) if "logprob" in c else float(c.get("prob", np.nan)))
-                     for c in cands[:2] if "id" in c])
+                     for c in cands[:probs] if "id" in c])
     return [int(t) for t in out["tokens"]], tops
+
+
+def mindserve_prefill(runner, ids: list[int], blocks: list[int]) -> np.ndarray:
+    """The logits after the prompt ``ids`` (prefilled in the runner's chunks into cache blocks ``blocks``)."""
+    from backends.mindspore.runner import PrefillChunk
+
+    chunk = runner.shapes.prefill_chunk
+    for start in range(0, len(ids), chunk):
+        logits, _ = runner.prefill([PrefillChunk(ids[start:start + chunk], start, blocks)])
+    return logits[0]
+
+
+def first_token_gaps(runner, prompts: list[list[int]], theirs) -> np.ndarray:
+    """Per prompt and per token of llama.cpp's top list after the prompt: mindserve's log-probability minus
+    llama.cpp's (float64 log-softmax of mindserve's logits)."""
+    gaps = []
+    for ids, (_, tops) in zip(prompts, theirs):
+        logits = mindserve_prefill(runner, ids, list(range(1, 1 + (len(ids) + 63) // 64))).astype(np.float64)
+        lp = logits - (logits.max() + np.log(np.exp(logits - logits.max()).sum()))
+        gaps.append([lp[t] - np.log(p) for t, p in tops[0]])
+    return np.array(gaps)
 
 
 def mindserve_greedy(runner, ids: list[int], n: int) -> tuple[list[int], list[float]]:
     """(generated ids, per step the top-1 minus top-2 logit)."""
-    from backends.mindspore.runner import DecodeRow, PrefillChunk
+    from backends.mindspore.runner import DecodeRow
 
     blocks = list(range(1, 1 + (len(ids) + n + 63) // 64))
-    chunk = runner.shapes.prefill_chunk
-    for start in range(0, len(ids), chunk):
-        logits, _ = runner.prefill([PrefillChunk(ids[start:start + chunk], start, blocks)])
-    logits = logits[0]
+    logits = mindserve_prefill(runner, ids, blocks)
     seq, out, margins = list(ids), [], []
     for _ in range(n):
         top2 = np.sort(logits)[-2:]
@@ -139,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--llama-args", default="",
                     help="extra llama-server arguments, e.g. '-fa off -ctk f32 -ctv f32' (its exact attention: no "
                          "float16 K/V or flash-attention accumulation); default: its own defaults")
+    ap.add_argument("--first-token", action="store_true",
+                    help="instead of greedy ids: after each prompt, mindserve's log-probabilities against "
+                         "llama-server's at its top 10 tokens (with an F32 GGUF and --llama-args '-fa off -ctk f32 "
+                         "-ctv f32': how exact the architecture is)")
     ap.add_argument("--control", type=Path, default=None,
                     help="another llama.cpp build's directory (e.g. the AVX2-only one): its llama-server is run on "
                          "the same prompts and its agreement with the first printed as the noise floor")
@@ -158,6 +181,19 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [tok.encode(p) for p in PROMPTS[:args.prompts]]
 
     extra = tuple(args.llama_args.split())
+    if args.first_token:
+        theirs = llama_run(args.llama_server_dir, gguf, prompts, 1, args.workdir / "llama-agreement-server.log",
+                           extra, probs=10)
+        print(f"First-token log-probabilities, mindserve - llama-server at llama.cpp's top 10, {gguf.name}, "
+              f"{len(prompts)} prompts, mindserve's KV cache {args.kv_dtype}, llama-server "
+              f"{args.llama_args or 'with its defaults'}")
+        for dtype, path in dirs.items():
+            runner = make_runner(path, args.kv_dtype)
+            gaps = first_token_gaps(runner, prompts, theirs)
+            print(f"  {dtype}: mean |difference| {np.abs(gaps).mean():.4f}, max {np.abs(gaps).max():.4f}, "
+                  f"mean {gaps.mean():+.4f}")
+            del runner
+        return 0
     theirs = llama_run(args.llama_server_dir, gguf, prompts, args.tokens, args.workdir / "llama-agreement-server.log",
                        extra)
 
