@@ -1,16 +1,17 @@
-"""Per-step overhead of the AOT path, before and after: one decode step at B=1 and B=16 (context ~100) of two
-source trees (e.g. main and a branch), measured in child processes that alternate tree by tree, round by
-round, so both see the same load on a shared box.
+"""Per-step overhead of the AOT path, before and after: one decode step at B=1 and B=16 (context ~100), and 15
+rows beside a 64-token prompt chunk (the step that prefills under load), of two source trees (e.g. main and a
+branch), measured in child processes that alternate tree by tree, round by round, so both see the same load on a
+shared box.
 
     python bench/step_overhead.py --tree before=/work/main --tree after=. [--rounds 3] [--json out.json]
 
 Each child loads the default model from its tree (or ``--model-dir``'s) with the engine_speed configuration
-(max_seq_len 2048, block 128, batch 16) but a small cache (33 blocks), compiles the two decode graphs, then alternates
-B=1 and B=16 (one 128-token block each, position 100) for ``--reps`` repetitions of ``--steps`` ``runner.decode``
-calls, reading the AOT kernels' own counters (``kernel_stats``: calls and time inside each kernel kind) around each;
-the rest of a step is MindSpore's dispatch of its ops, its stock ops and the host side. A last pass under the
-MindSpore CPU profiler counts the ops launched per step by type. Each measurement records the cores other processes
-used meanwhile and the 1-minute load average.
+(max_seq_len 2048, block 128, batch 16) but a small cache (33 blocks), compiles the three graphs, then alternates
+B=1, B=16 (one 128-token block each, position 100) and 15+64 (15 of those rows and a prompt chunk of 64 tokens
+from position 0) for ``--reps`` repetitions of ``--steps`` steps, reading the AOT kernels' own counters
+(``kernel_stats``: calls and time inside each kernel kind) around each; the rest of a step is MindSpore's dispatch
+of its ops, its stock ops and the host side. A last pass under the MindSpore CPU profiler counts the ops launched
+per step by type. Each measurement records the cores other processes used meanwhile and the 1-minute load average.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+MIXED = 79  # the key of the mixed step: 15 decode rows and a 64-token prompt chunk
 
 
 def child(tree: Path, steps: int, reps: int, profile_steps: int, model_dir: str | None = None) -> dict:
@@ -37,7 +39,7 @@ def child(tree: Path, steps: int, reps: int, profile_steps: int, model_dir: str 
     from backends.mindspore.default_model import ensure_default_model
     from backends.mindspore.engine import Engine
     from backends.mindspore.kernels import KERNEL_KINDS, kernel_stats
-    from backends.mindspore.runner import DecodeRow
+    from backends.mindspore.runner import DecodeRow, PrefillChunk
     from backends.settings import EngineConfig
 
     cfg = EngineConfig(max_seq_len=2048, max_input_tokens=1536, max_batch_size=16, block_size=128, prefill_chunk=64,
@@ -46,28 +48,32 @@ def child(tree: Path, steps: int, reps: int, profile_steps: int, model_dir: str 
     engine = Engine(model, cfg, warmup=False, progress=False)
     runner = engine.runner
     batches = {b: [DecodeRow(7, 100, engine.allocator.allocate(128)) for _ in range(b)] for b in (1, 16)}
-    for rows in batches.values():
-        runner.decode(rows)  # compile
-    out: dict = {"tree": str(tree), "git": _git(tree), "samples": {1: [], 16: []}, "ops": {}}
+    # 15 of those rows beside a 64-token prompt chunk (position 0, its own block): a step that prefills under load
+    prompt = PrefillChunk([7 + i % 50 for i in range(64)], 0, engine.allocator.allocate(128))
+    step_calls = {1: lambda: runner.decode(batches[1]), 16: lambda: runner.decode(batches[16]),
+             MIXED: lambda: runner.prefill([r.chunk() for r in batches[16][:15]] + [prompt])}
+    for call in step_calls.values():
+        call()  # compile
+    out: dict = {"tree": str(tree), "git": _git(tree), "samples": {b: [] for b in step_calls}, "ops": {}}
     for _ in range(reps):
-        for b, rows in batches.items():
+        for b, call in step_calls.items():
             for kind in KERNEL_KINDS:
                 kernel_stats(reset=True, kind=kind)
             with CpuMeter() as m:
                 for _ in range(steps):
-                    runner.decode(rows)
+                    call()
             kinds = {}
             for kind in KERNEL_KINDS:
                 calls, sec = kernel_stats(kind=kind)
                 kinds[kind] = {"ms": sec / steps * 1e3, "calls": calls / steps}
             out["samples"][b].append({"step_ms": m.wall / steps * 1e3, "kinds": kinds, "other_cores": m.other_cores,
                                       "loadavg": os.getloadavg()[0]})
-    for b, rows in batches.items():
+    for b, call in step_calls.items():
         with tempfile.TemporaryDirectory(prefix="ms_prof_") as d:
             with mindspore.profiler.profile(activities=[ProfilerActivity.CPU],
                                             on_trace_ready=mindspore.profiler.tensorboard_trace_handler(d)):
                 for _ in range(profile_steps):
-                    runner.decode(rows)
+                    call()
             out["ops"][b] = _parse_profile(d, profile_steps).get("by_type", {})
     return out
 
@@ -82,7 +88,7 @@ def _git(tree: Path) -> str:
 
 def summarize(name: str, runs: list[dict]) -> list[str]:
     lines = [f"{name}: {runs[0]['git']}"]
-    for b in ("1", "16"):
+    for b in ("1", "16", str(MIXED)):
         samples = [s for r in runs for s in r["samples"][b]]
         step = statistics.median(s["step_ms"] for s in samples)
         kinds = {k: statistics.median(s["kinds"][k]["ms"] for s in samples) for k in samples[0]["kinds"]}
@@ -90,7 +96,8 @@ def summarize(name: str, runs: list[dict]) -> list[str]:
         rest = statistics.median(s["step_ms"] - sum(v["ms"] for v in s["kinds"].values()) for s in samples)
         ops = runs[-1]["ops"].get(b, {})
         total_ops = sum(v["calls_per_step"] for v in ops.values())
-        lines.append(f"  B={b:>2}: step {step:6.2f} ms (median of {len(samples)}, min "
+        label = "15+64" if b == str(MIXED) else f"B={b:>2}"
+        lines.append(f"  {label}: step {step:6.2f} ms (median of {len(samples)}, min "
                      f"{min(s['step_ms'] for s in samples):.2f}); inside kernels: "
                      + ", ".join(f"{k} {kinds[k]:.2f} ({calls[k]:.0f} calls)" for k in kinds)
                      + f"; rest {rest:.2f} ms")
