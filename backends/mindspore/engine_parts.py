@@ -114,6 +114,7 @@ def _build_parts(spec: ModelSpec, config: EngineConfig, model_name: str | None) 
     scheduler = Scheduler(allocator, config.max_batch_size, config.max_waiting,
                           prefill_rows=runner.shapes.prefill_batch_buckets[-1],
                           prefill_tokens=runner.prefill_budget(config), chunk=runner.shapes.prefill_chunk,
+                          step_tokens=runner.step_tokens(),
                           prefill_first=runner.prefill_first, max_loras=config.lora.max_loras)
     eos_ids = frozenset(spec.eos_token_ids) | frozenset(tokenizer.eos_token_ids)
     vocab_size = spec.config_vocab_size or spec.vocab_size

@@ -54,7 +54,10 @@ class Scheduler:
     """FIFO admission under ``max_batch`` sequences and the cache budget.
 
     Each step prefills one chunk of up to ``prefill_rows`` prompts (at most ``prefill_tokens`` tokens in
-    all) and decodes one token for every running sequence. With separate prefill and decode calls,
+    all, each prompt at most ``chunk``) and decodes one token for every running sequence. ``step_tokens`` (the
+    packed runner's largest graph; 0: none) is the most tokens one step holds, decode and prompt together:
+    while prompt tokens wait, the prompts fill it past ``prefill_tokens`` (a step that would be padded to that
+    graph computes prompt tokens in the padding instead). With separate prefill and decode calls,
     prompts go first: while prompts wait, up to ``prefill_first`` steps in a row prefill without
     decoding (new requests get their first token sooner; the running ones pause for at most that many
     chunks), then a step decodes too. The AOT engine packs both into one forward, with
@@ -76,7 +79,7 @@ class Scheduler:
     """
 
     def __init__(self, allocator: BlockAllocator, max_batch: int, max_waiting: int, *,
-                 prefill_rows: int = 1, prefill_tokens: int = 64, chunk: int = 64,
+                 prefill_rows: int = 1, prefill_tokens: int = 64, chunk: int = 64, step_tokens: int = 0,
                  prefill_first: int = PREFILL_FIRST, max_loras: int = 0, patience: int = 16,
                  priority_patience: int = PRIORITY_PATIENCE) -> None:
         self.allocator, self.max_batch, self.max_waiting = allocator, max_batch, max_waiting
@@ -87,6 +90,7 @@ class Scheduler:
         self._overtaken: dict[SeqState, int] = {}  # times later arrivals went first (to a slot or a chunk)
         self._arrivals = itertools.count()
         self.prefill_rows, self.prefill_tokens, self.chunk = prefill_rows, prefill_tokens, chunk
+        self.step_tokens = step_tokens
         self.prefill_first = prefill_first
         self._prefill_streak = 0  # steps in a row that prefilled without decoding
         self.waiting: collections.deque[SeqState] = collections.deque()
@@ -173,7 +177,7 @@ class Scheduler:
         for seq in self.prefilling:
             self._register(seq)
         self._admit()
-        work, budget = [], self.prefill_tokens
+        work, budget = [], max(self.prefill_tokens, self.step_tokens - len(self.running))
         self.prefilling = collections.deque(sorted(self.prefilling, key=self._urgency))
         for seq in itertools.islice(self.prefilling, self.prefill_rows):
             n = min(self.chunk, len(seq.prompt_ids) - seq.prefilled, budget)

@@ -83,6 +83,11 @@ class ModelRunner(ABC):
     def prefill_budget(self, config: EngineConfig) -> int:
         """Prompt tokens the scheduler may plan per step."""
 
+    def step_tokens(self) -> int:
+        """The most tokens one step holds, decode and prompt together, that prompts may fill (0: no such
+        limit; the scheduler keeps to ``prefill_budget``)."""
+        return 0
+
     @abstractmethod
     def run(self, batch: StepBatch) -> Iterable[RowOutput]:
         """The forward passes of one step: one output per row of ``batch``, each as soon as it exists."""

@@ -16,7 +16,8 @@ from backends.mindspore.step import DecodeRow, PrefillChunk, RowOutput, StepBatc
 from backends.mindspore.shapes import Shapes
 from backends.settings import EngineConfig
 
-PACKED_SIZES = (16, 32, 64, 128, 256, 512)  # packed token counts compiled below the prompt chunk
+PACKED_STEP, PACKED_STEPS = 16, 8  # packed token counts compiled every 16 tokens up to the largest (or 32, 48, ...:
+#                                    at most 8 such sizes, so a large batch does not multiply the warm-up)
 
 
 def packed_inputs(ids: np.ndarray, pos: np.ndarray, slots: np.ndarray, table: np.ndarray, last_rows: np.ndarray,
@@ -46,14 +47,19 @@ class PackedRunner(ModelRunner):
         return AotLlama(spec, weights, num_blocks, s.block_size, s.max_window, aot, lora, self.kv_dtype)
 
     def compiled_shapes(self, shapes: Shapes) -> Shapes:
-        """One window (the largest); graphs per packed token count: the decode batch buckets, 16, 32, ...
-        below the prompt chunk, the chunk, and the chunk plus a full decode batch (the most one step holds)."""
+        """One window (the largest); graphs per packed token count: the decode batch buckets, the prompt chunk,
+        the chunk plus a full decode batch (the most one step holds), and every 16 tokens below that (a step's
+        tokens are padded to the next size: a prompt's last chunk beside the decode rows pads 15 at most)."""
         batch, chunk = shapes.batch_buckets[-1], shapes.prefill_chunk
-        sizes = {*shapes.batch_buckets, *(n for n in PACKED_SIZES if n < chunk), chunk, chunk + batch}
+        step = PACKED_STEP * -(-(chunk + batch) // (PACKED_STEP * PACKED_STEPS))
+        sizes = {*shapes.batch_buckets, *range(step, chunk + batch, step), chunk, chunk + batch}
         return dataclasses.replace(shapes, window_buckets=(shapes.max_window,), prefill_sizes=tuple(sorted(sizes)))
 
     def prefill_budget(self, config: EngineConfig) -> int:
         return self.shapes.prefill_chunk
+
+    def step_tokens(self) -> int:
+        return self.shapes.prefill_sizes[-1]
 
     def run(self, batch: StepBatch) -> list[RowOutput]:
         """Decode tokens (chunks of one token, or 1 + k with drafts) and prompt chunks in one packed forward;

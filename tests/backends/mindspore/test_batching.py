@@ -93,10 +93,10 @@ def test_no_graph_compiles_after_warmup_over_a_mixed_workload(engine):
     assert len(results) == 3 + 6 + 12 + 3
     assert max(r.prompt_tokens for r in results) > 3 * CONFIG.prefill_chunk  # long prompts took several chunks
     assert engine.runner.compiled == plan, f"compiled after warm-up: {engine.runner.compiled - plan}"
-    # packed steps of 1, 4, 8 (the decode buckets), 16, 32, 64 (the chunk) and 72 (chunk + batch)
+    # packed steps of 1, 4, 8 (the decode buckets), 16, 32, 48 (every 16), 64 (the chunk) and 72 (chunk + batch)
     # tokens, and the prompt-logits head
-    assert engine.runner.shapes.prefill_sizes == (1, 4, 8, 16, 32, 64, 72)
-    assert len(plan) == 7 + 1
+    assert engine.runner.shapes.prefill_sizes == (1, 4, 8, 16, 32, 48, 64, 72)
+    assert len(plan) == 8 + 1
 
 
 # --- every KV cache format (kvCacheDtype): the engine above runs float32 (the Python API's default) -----------

@@ -52,6 +52,30 @@ def test_a_long_prompt_takes_whole_chunks_then_packs_with_the_next():
     assert [(s, n) for s, n in plan.prefill] == [(a, 36), (b, 20)]
 
 
+@pytest.mark.parametrize("step_tokens, running, chunks", [
+    (0, 3, [64]),            # no step limit: the prefill budget alone
+    (80, 0, [64, 16]),       # the largest packed graph holds 80: the second prompt fills past the budget
+    (80, 3, [64, 13]),       # ... beside the 3 decode rows
+    (80, 16, [64]),          # never below the prefill budget
+    (72, 3, [64, 5]),
+])
+def test_prompts_fill_the_step_up_to_step_tokens_each_at_most_a_chunk(step_tokens, running, chunks):
+    sched = Scheduler(BlockAllocator(400, 16), 32, 100, prefill_rows=8, prefill_tokens=64, chunk=64,
+                      step_tokens=step_tokens, prefill_first=0)
+    for _ in range(running):
+        s = seq(4)
+        sched.add(s)
+        run_prefill(sched, sched.plan())
+    assert len(sched.running) == running
+    a, b = seq(100), seq(100)
+    sched.add(a)
+    sched.add(b)
+    plan = sched.plan()
+    assert [n for _, n in plan.prefill] == chunks
+    assert len(plan.decode) == running
+    assert sum(chunks) + running <= max(step_tokens, 64 + running)
+
+
 def test_prompts_go_first_for_at_most_prefill_first_steps_then_the_running_batch_decodes():
     sched = make(max_batch=16, prefill_first=3)
     first = seq(64)
