@@ -533,9 +533,9 @@ void ktile2(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t group
   constexpr int HB = F == kQ4_K ? 0 : (F == kQ6_K ? 2 : 1);
   constexpr int DS = 4 + HB, B = kBlockBytes[F];
   const int64_t K = qx.K, nb = qx.nb;
-  VF facc[MR][NG];
+  alignas(64) float facc[MR][NG][kGroup];  // in L1, touched once per super-block: its registers go to the sums
   _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)
-    _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) facc[r][n] = v::zero();
+    _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) v::store(facc[r][n], v::zero());
   for (int64_t b = 0; b < nb; ++b) {
     ahead.touch(b, nb);
     const uint8_t *blk = g + b * w * B;
@@ -546,56 +546,55 @@ void ktile2(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t group
     const auto sub = [&](int j) __attribute__((always_inline)) {
       const uint8_t *sb = blk + j * DS * 4 * w;
       const int8_t *xq = qx.q.data() + m0 * K + b * 256 + 32 * j;
-      VI s_lo[NG], s_hi[NG], h0[NG], h1[NG];
-      _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) {
-        if constexpr (F == kQ6_K) {
-          const VI sd = load_q<true>(scl + n * group_bytes + (j / 2) * 4 * w, w);
-          s_lo[n] = v::lane_i8(sd, 2 * (j % 2));
-          s_hi[n] = v::lane_i8(sd, 2 * (j % 2) + 1);
-        } else {
-          s_lo[n] = v::lane_i8(load_q<true>(scl + n * group_bytes + (j / 4) * 4 * w, w), j % 4);
-          s_hi[n] = v::izero();
-        }
-        h0[n] = h1[n] = v::izero();
-        if constexpr (HB >= 1) h0[n] = load_q<true>(sb + n * group_bytes + 16 * w, w);
-        if constexpr (HB == 2) h1[n] = load_q<true>(sb + n * group_bytes + 20 * w, w);
-      }
-      v::NibAcc nlo[MR][NG], nhi[MR][NG];
-      _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)
-        _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) nlo[r][n] = nhi[r][n] = v::nib_zero();
-      _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {
-        VI lo[NG], hi[NG];
+      // Q6_K's halves of 16 (their own scales) one after the other, each through the 4 quant dwords again (L1), so
+      // one set of MR x NG accumulators is live instead of two (with two, GCC spilled them); the same integer sums.
+      // With facc in L1 as well, bench/qmatmul_step.py --threads 1 --shape 2048,8192 --layers 2 (v4-vnni, fastest
+      // step, alternated with the one-pass tile): Q6_K M=8 5.62 -> 5.40 ms, M=16 9.64 -> 9.25, M=80 51.9 -> 49.0;
+      // Q4_K M=16 6.42 -> 6.39, M=80 34.5 -> 32.6. (Also tried, no gain: separate sums for the low and high
+      // nibbles, the scale as vpdpwssd on half sub-blocks instead of vpmulld, four groups a tile, one group of 8
+      // rows for Q6_K; removing the scale multiply altogether would save 12% of Q4_K's M=80 time.)
+      _Pragma("GCC unroll 2") for (int half = 0; half < (F == kQ6_K ? 2 : 1); ++half) {
+        VI sc[NG], hb[NG];  // the half's scales (Q4_K, Q5_K: the sub-block's) and Q5_K's / Q6_K's high bits
         _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) {
-          const VI raw = load_q<true>(sb + n * group_bytes + t * 4 * w, w);
-          lo[n] = v::nib_lo(raw);
-          hi[n] = v::nib_hi(raw);
-          if constexpr (HB == 1) {
-            lo[n] = v::bor(lo[n], v::shl_and(h0[n], 4 - t, 0x10));
-            hi[n] = v::bor(hi[n], v::shr_and(h0[n], t, 0x10));
-          } else if constexpr (HB == 2) {
-            if (t < 2) {
-              lo[n] = v::bor(lo[n], v::shl_and(h0[n], 4 - 2 * t, 0x30));
-              hi[n] = v::bor(hi[n], v::shl_and(h1[n], 4 - 2 * t, 0x30));
+          if constexpr (F == kQ6_K)
+            sc[n] = v::lane_i8(load_q<true>(scl + n * group_bytes + (j / 2) * 4 * w, w), 2 * (j % 2) + half);
+          else
+            sc[n] = v::lane_i8(load_q<true>(scl + n * group_bytes + (j / 4) * 4 * w, w), j % 4);
+          hb[n] = v::izero();
+          if constexpr (HB >= 1) hb[n] = load_q<true>(sb + n * group_bytes + (16 + 4 * half) * w, w);
+        }
+        v::NibAcc acc[MR][NG];
+        _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)
+          _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) acc[r][n] = v::nib_zero();
+        _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {
+          VI lo[NG], hi[NG];  // Q6_K: lo is the half's quants (weights 4t.. or 16 + 4t..), hi unused
+          _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) {
+            const VI raw = load_q<true>(sb + n * group_bytes + t * 4 * w, w);
+            if constexpr (F == kQ6_K) {  // hb byte i: bits 2t, 2t + 1 = bits 4, 5 of the half's weight 4t + i
+              lo[n] = half == 0 ? v::nib_lo(raw) : v::nib_hi(raw);
+              lo[n] = v::bor(lo[n], t < 2 ? v::shl_and(hb[n], 4 - 2 * t, 0x30) : v::shr_and(hb[n], 2 * t - 4, 0x30));
             } else {
-              lo[n] = v::bor(lo[n], v::shr_and(h0[n], 2 * t - 4, 0x30));
-              hi[n] = v::bor(hi[n], v::shr_and(h1[n], 2 * t - 4, 0x30));
+              lo[n] = v::nib_lo(raw);
+              hi[n] = v::nib_hi(raw);
+              if constexpr (HB == 1) {  // byte i: bit t = weight 4t + i, bit 4 + t = weight 16 + 4t + i
+                lo[n] = v::bor(lo[n], v::shl_and(hb[n], 4 - t, 0x10));
+                hi[n] = v::bor(hi[n], v::shr_and(hb[n], t, 0x10));
+              }
+            }
+          }
+          _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
+            const VI xl = v::bcast4(xq + r * K + 16 * half + 4 * t);
+            _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) acc[r][n] = v::nib_add(acc[r][n], lo[n], xl);
+            if constexpr (F != kQ6_K) {
+              const VI xh = v::bcast4(xq + r * K + 16 + 4 * t);
+              _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) acc[r][n] = v::nib_add(acc[r][n], hi[n], xh);
             }
           }
         }
-        _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
-          const VI xl = v::bcast4(xq + r * K + 4 * t), xh = v::bcast4(xq + r * K + 16 + 4 * t);
-          _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) {
-            nlo[r][n] = v::nib_add(nlo[r][n], lo[n], xl);
-            if constexpr (F == kQ6_K) nhi[r][n] = v::nib_add(nhi[r][n], hi[n], xh);
-            else nlo[r][n] = v::nib_add(nlo[r][n], hi[n], xh);
-          }
-        }
+        _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)
+          _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n)
+            isum[r][n] = v::nib_widen_scaled(isum[r][n], acc[r][n], sc[n]);
       }
-      _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)
-        _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) {
-          isum[r][n] = v::nib_widen_scaled(isum[r][n], nlo[r][n], s_lo[n]);
-          if constexpr (F == kQ6_K) isum[r][n] = v::nib_widen_scaled(isum[r][n], nhi[r][n], s_hi[n]);
-        }
     };
     _Pragma("GCC unroll 1") for (int j = 0; j < 8; ++j) sub(j);
     if constexpr (F == kQ6_K) {
@@ -616,7 +615,7 @@ void ktile2(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t group
     _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
       const VF dx = v::set1(qx.d[(m0 + r) * nb + b]);
       _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n)
-        facc[r][n] = v::fmadd(v::mul(dw[n], dx), v::to_f(isum[r][n]), facc[r][n]);
+        v::store(facc[r][n], v::fmadd(v::mul(dw[n], dx), v::to_f(isum[r][n]), v::load(facc[r][n])));
     }
     if constexpr (F == kQ4_K || F == kQ5_K) {
       _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) {
@@ -628,14 +627,15 @@ void ktile2(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t group
           const int32_t *bp = qx.bp.data() + ((m0 + r) * nb + b) * kPairs;
           VI imin = v::izero();
           _Pragma("GCC unroll 4") for (int k = 0; k < 4; ++k) imin = v::dot_i16(imin, mp[k], v::iset1(bp[k]));
-          facc[r][n] = v::fnmadd(v::mul(dmin, v::set1(qx.d[(m0 + r) * nb + b])), v::to_f(imin), facc[r][n]);
+          v::store(facc[r][n], v::fnmadd(v::mul(dmin, v::set1(qx.d[(m0 + r) * nb + b])), v::to_f(imin),
+                                         v::load(facc[r][n])));
         }
       }
     }
   }
   _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
     _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) {
-      VF a = facc[r][n];
+      VF a = v::load(facc[r][n]);
       if (res != nullptr) a = v::add(a, v::load(res + r * ldy + kGroup * n));
       v::store(y + r * ldy + kGroup * n, a);
     }
