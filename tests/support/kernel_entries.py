@@ -187,6 +187,13 @@ def cases(seed: int = 0) -> list[Case]:
         out.append(Case(f"paged-attention-{fmt}", "MindservePagedAttention",
                         (_f32(rng, 6, 4, 40), k, v, a["table"], a["pos"], a["rows"], np.array([2, 3], np.int32),
                          _out(6, 4 * 40))))
+    # two prompt-chunk runs of 8 tokens over 64 keys (two of attention.cc's tiles) at the head dims it unrolls
+    for h, kv, d in [(2, 2, 64), (2, 1, 128)]:
+        a = _attention_inputs(rng, 16, h, kv, d, 16, 4, False)
+        k, v = kv_ref.encode(a["k"], "float16"), kv_ref.encode(a["v"], "float16")
+        out.append(Case(f"paged-attention-runs-d{d}", "MindservePagedAttention",
+                        (_f32(rng, 16, h, d), k, v, a["table"], a["pos"], a["rows"], np.array([kv, 16], np.int32),
+                         _out(16, h * d))))
     # a whole decoder layer (q4_1 qkv and down, fp32 o, q8_0 gate/up), and the embedding and head entries
     h, kv, d, ffn = 3, 1, 16, 40
     a = _attention_inputs(rng, 5, h, kv, d, 4, 5, True)

@@ -118,6 +118,7 @@ struct Job {
   float scale = 0.0f;  // > 0: the score scale (Gemma's query_pre_attn_scalar^-1/2); 0: 1 / sqrt(D)
   const Group *groups = nullptr;  // the work units, or none: each query alone (attend)
   int64_t ngroups = 0;
+  const int64_t *bounds = nullptr;  // chunk c runs units (groups, or queries) [bounds[c], bounds[c + 1])
 };
 
 // A query's keys: [first, end) of its sequence, and where its kv head's rows are.
@@ -132,6 +133,12 @@ inline Span span_of(const Job &j, int64_t token, int64_t kvh) {
   const int64_t first = j.window > 0 ? std::max<int64_t>(0, end - j.window) : 0;
   return Span{first, end, j.table + int64_t{j.rows[token]} * j.NB, j.k + kvh * j.S * j.row_bytes,
               j.v + kvh * j.S * j.row_bytes};
+}
+
+// How many keys a token's queries read.
+inline int64_t key_count(const Job &j, int64_t token) {
+  const int64_t end = std::clamp<int64_t>(int64_t{j.pos[token]} + 1, 1, j.NB * j.bs);
+  return j.window > 0 ? std::min(end, j.window) : end;
 }
 
 inline float score_scale(const Job &j) {
@@ -218,61 +225,89 @@ void attend(const Job &j, int64_t index, float *scores) {
   v::store_n(out + 16 * (nv - 1), v::mul(acc[nv - 1], vinv), last);
 }
 
-// Scratch of a thread: each query's scores, and q, the accumulators and a cache row as vectors (attend_group).
+// Scratch of a thread: the queries' scores, and q, the accumulators and a tile of cache rows as vectors
+// (attend_group).
 struct Scratch {
   std::vector<float> scores;
   std::vector<v::F32x16> vecs;
 };
 
+constexpr int64_t kTile = 32;  // cache rows converted at a time by attend_group
+
 // The G heads of kv head g.kvh for tokens [g.t0, g.t1) of one sequence, each exactly as attend() computes it
-// alone: a key row, then a value row, is converted once and used by every query that reads it, each with the
-// operations attend() does in its order (dot()'s FMAs; its weighted sum's, into accumulators in scratch).
-template <Format F>
+// alone. The keys, then the values, are converted to float32 a tile of kTile rows at a time, once for all the
+// queries; each query then does over the tile's rows it reads exactly the operations attend() does, in its order
+// (dot()'s FMAs and fixed reduction for a score; its weighted sum's FMAs into its accumulators, kept in scratch
+// between tiles). NV is the head's vector count D / 16 rounded up when it is a compile-time constant (its loops
+// unrolled and q and the accumulators in registers), or 0: taken from D at run time.
+template <Format F, int NV>
 void attend_group(const Job &j, const Group &g, Scratch &w) {
-  const int64_t G = j.H / j.KV, nq = (g.t1 - g.t0) * G, nv = (j.D + 15) / 16, stride = j.NB * j.bs + 16;
+  constexpr int64_t kMaxVecs = kMaxHeadDim / 16;
+  const int64_t G = j.H / j.KV, nq = (g.t1 - g.t0) * G, nv = NV > 0 ? NV : (j.D + 15) / 16;
   const int last = static_cast<int>(j.D - 16 * (nv - 1));
-  if (static_cast<int64_t>(w.scores.size()) < nq * stride) w.scores.resize(nq * stride);
-  if (static_cast<int64_t>(w.vecs.size()) < (2 * nq + 1) * nv) w.vecs.resize((2 * nq + 1) * nv);
-  v::F32x16 *qv = w.vecs.data(), *acc = qv + nq * nv, *row = acc + nq * nv;
   Span spans[kGroupQueries];
   int64_t lo = j.NB * j.bs, hi = 0;
   for (int64_t a = 0; a < nq; ++a) {
     spans[a] = span_of(j, g.t0 + a / G, g.kvh);
     lo = std::min(lo, spans[a].first);
     hi = std::max(hi, spans[a].end);
+  }
+  const int64_t stride = hi - lo + 16;  // of a query's scores: scores[a * stride + key - spans[a].first]
+  if (static_cast<int64_t>(w.scores.size()) < nq * stride) w.scores.resize(nq * stride);
+  if (static_cast<int64_t>(w.vecs.size()) < (2 * nq + kTile) * nv) w.vecs.resize((2 * nq + kTile) * nv);
+  v::F32x16 *qv = w.vecs.data(), *acc = qv + nq * nv, *tile = acc + nq * nv;
+  for (int64_t a = 0; a < nq; ++a) {
     const float *q = j.q + ((g.t0 + a / G) * j.H + g.kvh * G + a % G) * j.D;
     for (int64_t c = 0; c < nv; ++c) {
       qv[a * nv + c] = v::load_n(q + 16 * c, j.D - 16 * c);
       acc[a * nv + c] = v::zero();
     }
   }
-  auto load = [&](const uint8_t *r) {  // a cache row as attend() loads it (lanes past D: +0.0)
-    v::F32x16 rs = v::zero();
-    for (int64_t c = 0; c < nv; ++c) {
-      if (16 * c % kv::kQ8Block == 0) rs = row_scale<F>(r, 16 * c);
-      row[c] = load_row<F>(r, 16 * c, j.D - 16 * c, rs);
-    }
+  // rows [k0, k1) of `base` into tile, each as attend() loads it (lanes past D: +0.0)
+  auto convert = [&](const uint8_t *base, int64_t k0, int64_t k1) {
+    each_row(j, spans[0].blocks, base, k0, k1, [&](int64_t key, const uint8_t *r) {
+      v::F32x16 *row = tile + (key - k0) * nv, rs = v::zero();
+      for (int64_t c = 0; c < nv; ++c) {
+        if (16 * c % kv::kQ8Block == 0) rs = row_scale<F>(r, 16 * c);
+        row[c] = load_row<F>(r, 16 * c, j.D - 16 * c, rs);
+      }
+    });
   };
   const float scale = score_scale(j);
-  each_row(j, spans[0].blocks, spans[0].k, lo, hi, [&](int64_t key, const uint8_t *kr) {
-    load(kr);
+  for (int64_t k0 = lo; k0 < hi; k0 += kTile) {
+    const int64_t k1 = std::min(hi, k0 + kTile);
+    convert(spans[0].k, k0, k1);
     for (int64_t a = 0; a < nq; ++a) {
-      if (key < spans[a].first || key >= spans[a].end) continue;
-      v::F32x16 s = v::zero();
-      for (int64_t c = 0; c < nv; ++c) s = v::fmadd(qv[a * nv + c], row[c], s);
-      w.scores[a * stride + key - spans[a].first] = v::reduce_add(s) * scale;
+      const int64_t from = std::max(k0, spans[a].first), to = std::min(k1, spans[a].end);
+      v::F32x16 q[NV > 0 ? NV : kMaxVecs];
+      for (int64_t c = 0; c < nv; ++c) q[c] = qv[a * nv + c];
+      float *sc = w.scores.data() + a * stride + (from - spans[a].first);
+      for (int64_t key = from; key < to; ++key) {
+        const v::F32x16 *row = tile + (key - k0) * nv;
+        v::F32x16 s = v::zero();
+        for (int64_t c = 0; c < nv; ++c) s = v::fmadd(q[c], row[c], s);
+        sc[key - from] = v::reduce_add(s) * scale;
+      }
     }
-  });
+  }
   float inv[kGroupQueries];
   for (int64_t a = 0; a < nq; ++a) inv[a] = softmax(w.scores.data() + a * stride, spans[a].end - spans[a].first);
-  each_row(j, spans[0].blocks, spans[0].v, lo, hi, [&](int64_t key, const uint8_t *vr) {
-    load(vr);
+  for (int64_t k0 = lo; k0 < hi; k0 += kTile) {
+    const int64_t k1 = std::min(hi, k0 + kTile);
+    convert(spans[0].v, k0, k1);
     for (int64_t a = 0; a < nq; ++a) {
-      if (key < spans[a].first || key >= spans[a].end) continue;
-      const v::F32x16 p = v::set1(w.scores[a * stride + key - spans[a].first]);
-      for (int64_t c = 0; c < nv; ++c) acc[a * nv + c] = v::fmadd(p, row[c], acc[a * nv + c]);
+      const int64_t from = std::max(k0, spans[a].first), to = std::min(k1, spans[a].end);
+      if (from >= to) continue;
+      v::F32x16 r[NV > 0 ? NV : kMaxVecs];
+      for (int64_t c = 0; c < nv; ++c) r[c] = acc[a * nv + c];
+      const float *sc = w.scores.data() + a * stride + (from - spans[a].first);
+      for (int64_t key = from; key < to; ++key) {
+        const v::F32x16 p = v::set1(sc[key - from]), *row = tile + (key - k0) * nv;
+        for (int64_t c = 0; c < nv; ++c) r[c] = v::fmadd(p, row[c], r[c]);
+      }
+      for (int64_t c = 0; c < nv; ++c) acc[a * nv + c] = r[c];
     }
-  });
+  }
   for (int64_t a = 0; a < nq; ++a) {
     float *out = j.out + ((g.t0 + a / G) * j.H + g.kvh * G + a % G) * j.D;
     const v::F32x16 vinv = v::set1(inv[a]);
@@ -281,18 +316,28 @@ void attend_group(const Job &j, const Group &g, Scratch &w) {
   }
 }
 
+// attend_group with the head's vector count unrolled where a served model's head dim has it (64, 128).
+template <Format F>
+void attend_group(const Job &j, const Group &g, Scratch &w) {
+  switch ((j.D + 15) / 16) {
+    case 4: return attend_group<F, 4>(j, g, w);
+    case 8: return attend_group<F, 8>(j, g, w);
+    default: return attend_group<F, 0>(j, g, w);
+  }
+}
+
 template <Format F>
 void run_chunk(const void *ctx, int64_t c) {
   const Job &j = *static_cast<const Job *>(ctx);
   thread_local Scratch w;
-  if (static_cast<int64_t>(w.scores.size()) < j.NB * j.bs + 16) w.scores.resize(j.NB * j.bs + 16);
+  if (static_cast<int64_t>(w.scores.size()) < j.NB * j.bs + 16) w.scores.resize(j.NB * j.bs + 16);  // attend's
+  const int64_t u0 = j.bounds[c], u1 = j.bounds[c + 1];
   if (j.groups == nullptr) {
-    const int64_t q0 = j.queries * c / j.nchunks, q1 = j.queries * (c + 1) / j.nchunks;
-    for (int64_t i = q0; i < q1; ++i) attend<F>(j, i, w.scores.data());
+    for (int64_t i = u0; i < u1; ++i) attend<F>(j, i, w.scores.data());
     return;
   }
-  const int64_t g0 = j.ngroups * c / j.nchunks, g1 = j.ngroups * (c + 1) / j.nchunks, G = j.H / j.KV;
-  for (int64_t i = g0; i < g1; ++i) {
+  const int64_t G = j.H / j.KV;
+  for (int64_t i = u0; i < u1; ++i) {
     const Group &g = j.groups[i];
     if (g.t1 - g.t0 > 1) {
       attend_group<F>(j, g, w);
@@ -300,6 +345,26 @@ void run_chunk(const void *ctx, int64_t c) {
       for (int64_t h = g.kvh * G; h < (g.kvh + 1) * G; ++h) attend<F>(j, g.t0 * j.H + h, w.scores.data());
     }
   }
+}
+
+// A query's cost in keys: the keys it reads and this much for its softmax and output (a rough fit; it only
+// balances the chunks).
+constexpr int64_t kQueryCost = 16;
+
+// Chunk boundaries over n units of costs cost(i): chunk c is [b[c], b[c + 1]), the units whose cost starts in
+// [total c / nchunks, total (c + 1) / nchunks), so every chunk holds about the same work (a unit is never split;
+// a chunk may be empty). Splitting by count instead left most of a prompt chunk's queries, which read many keys,
+// in the last chunk or two, on one thread.
+template <typename Cost>
+std::vector<int64_t> balanced_bounds(int64_t n, int64_t nchunks, Cost &&cost) {
+  std::vector<int64_t> start(n + 1, 0);
+  for (int64_t i = 0; i < n; ++i) start[i + 1] = start[i] + cost(i);
+  std::vector<int64_t> b(nchunks + 1, n);
+  for (int64_t c = 0; c < nchunks; ++c) {
+    const int64_t at = start[n] * c / nchunks;
+    b[c] = std::lower_bound(start.begin(), start.begin() + n, at) - start.begin();
+  }
+  return b;
 }
 
 // 0 on success; the error codes of the AOT entry otherwise.
@@ -337,6 +402,18 @@ int paged_attention(Job j) {
     j.ngroups = static_cast<int64_t>(groups.size());
     j.nchunks = std::max<int64_t>(1, std::min<int64_t>(j.ngroups, threads * 4));
   }
+  std::vector<int64_t> bounds;
+  if (j.groups == nullptr) {
+    bounds = balanced_bounds(j.queries, j.nchunks, [&](int64_t i) { return key_count(j, i / j.H) + kQueryCost; });
+  } else {
+    bounds = balanced_bounds(j.ngroups, j.nchunks, [&](int64_t i) {
+      const Group &g = j.groups[i];
+      int64_t cost = 0;
+      for (int64_t t = g.t0; t < g.t1; ++t) cost += G * (key_count(j, t) + kQueryCost);
+      return cost;
+    });
+  }
+  j.bounds = bounds.data();
   void (*chunk)(const void *, int64_t) = nullptr;
   switch (j.fmt) {
     case Format::kF32: chunk = &run_chunk<Format::kF32>; break;

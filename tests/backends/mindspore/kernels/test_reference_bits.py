@@ -454,8 +454,10 @@ def test_paged_attention_kv_formats(lib, fmt, n, h, kv, d, bs, nb, blocks):
 
 
 # Tokens in runs of one sequence at consecutive positions, as verify rows and prompt chunks come (the kernel attends
-# a run's queries of one kv head together): (H, KV, D, run lengths); G = 3 (SmolLM2), 4, 1, and 32 (over a group).
-VERIFY_RUNS = [(9, 3, 64, (8, 3, 1, 9, 2)), (8, 2, 40, (7, 1, 6)), (2, 2, 24, (16, 5)), (32, 1, 8, (3, 2))]
+# a run's queries of one kv head together, converting the rows kTile at a time): (H, KV, D, run lengths); G = 3
+# (SmolLM2), 4, 1, and 32 (over a group); head dims of the unrolled paths (64, 128) and of the run-time one.
+VERIFY_RUNS = [(9, 3, 64, (8, 3, 1, 9, 2)), (8, 2, 40, (7, 1, 6)), (2, 2, 24, (16, 5)), (32, 1, 8, (3, 2)),
+               (2, 1, 128, (24, 30, 1)), (2, 2, 64, (24, 24, 16))]
 
 
 @pytest.mark.parametrize("fmt", ["float32", "float16", "q8_0"])
