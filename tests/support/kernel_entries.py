@@ -194,6 +194,13 @@ def cases(seed: int = 0) -> list[Case]:
         out.append(Case(f"paged-attention-runs-d{d}", "MindservePagedAttention",
                         (_f32(rng, 16, h, d), k, v, a["table"], a["pos"], a["rows"], np.array([kv, 16], np.int32),
                          _out(16, h * d))))
+    # 16 tokens of 4 kv heads (enough to write the heads' rows in parallel), the last two padding (slot 0)
+    a = _attention_inputs(rng, 16, 8, 4, 24, 4, 8, False)
+    write = a["write"].reshape(16, 4)
+    write[-2:] = np.arange(4) * (2 * 8 + 3) * 4  # slot 0 of each head (its rows: num_blocks * bs = (2 nb + 3) bs)
+    out.append(Case("qkv-attention-heads-parallel", "MindserveQKVAttention",
+                    (a["qkv"], a["bias"], a["cos"], a["sin"], a["k"], a["v"], write.reshape(-1).copy(), a["table"],
+                     a["pos"], a["rows"], a["meta"], _out(16, 8 * 24))))
     # a whole decoder layer (q4_1 qkv and down, fp32 o, q8_0 gate/up), and the embedding and head entries
     h, kv, d, ffn = 3, 1, 16, 40
     a = _attention_inputs(rng, 5, h, kv, d, 4, 5, True)

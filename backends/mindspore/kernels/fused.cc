@@ -217,39 +217,81 @@ struct QKVWrite {
 // the row's last D % 16 values take that function itself). Measured on the SmolLM2-1.7B shape (24 layers, 32 kv
 // heads of 64, 16 decode rows at position 100, Zen 5 v4-vnni, bench/step_overhead.py --model-dir): the qkv_rope stage
 // 4.48 -> 2.02 ms a step (1 row: 0.33 -> 0.18), the step 70.3 -> 65.6 ms; the scalar conversion was most of it.
-inline void encode_cache_row(mindserve::kv::Format f, const float *x, int64_t D, uint8_t *dst) {
+__attribute__((always_inline)) inline void encode_cache_row(mindserve::kv::Format f, const float *x, int64_t D, uint8_t *dst) {
   if (f != mindserve::kv::Format::kF16) return mindserve::kv::encode_row(f, x, D, dst);
   int64_t i = 0;
   for (; i + 16 <= D; i += 16) v::store_f16(dst + 2 * i, v::load(x + i));
   mindserve::kv::encode_row(f, x + i, D - i, dst + 2 * i);
 }
 
-// The new K/V rows into the caches (in token order, on this thread), then every query head roped into q.
+// Heads [h0, h1) of token r into their rows of each cache (row write[r KV + h], rb bytes a row), in its format.
+template <bool kBias, bool kNorm>
+__attribute__((always_inline)) inline void write_kv_rows(const QKVWrite &a, int64_t rb, int64_t r, int64_t h0,
+                                                         int64_t h1) {
+  const int64_t width = (a.H + 2 * a.KV) * a.D;
+  const float *kn = a.qk_norm + (kNorm ? a.D : 0);
+  float kt[2 * kMaxHeadDim], *vt = kt + kMaxHeadDim;  // a row before its encoding
+  const float *row = a.qkv + r * width, *c = a.cos + r * a.D, *s = a.sin + r * a.D;
+  for (int64_t h = h0; h < h1; ++h) {
+    const int64_t kc = (a.H + h) * a.D, vc = (a.H + a.KV + h) * a.D, at = int64_t{a.write[r * a.KV + h]} * rb;
+    norm_rope_head<kBias, kNorm>(row + kc, a.bias + (kBias ? kc : 0), kn, a.eps, c, s, kt, a.D);
+    copy_biased<kBias>(row + vc, a.bias + (kBias ? vc : 0), vt, a.D);
+    encode_cache_row(a.fmt, kt, a.D, a.k + at);
+    encode_cache_row(a.fmt, vt, a.D, a.v + at);
+  }
+}
+
+// The new K/V rows into the caches, and every query head roped into q. The engine writes head h of a token to
+// row h S + slot (S = rows / KV), inside that head's rows [h S, (h + 1) S): then each kv head's rows are written
+// by one thread in token order, head by head (a prompt chunk's rows of a head are contiguous), chunks of heads in
+// parallel, so where tokens share a row (padding tokens all write slot 0) the last one still wins, as in one
+// serial pass; one pool task runs those chunks and the query rows'. Writes that leave their head's rows (never
+// from the engine), one kernel thread, or a decode step's few rows (under 64: two pool chunks would cost more
+// than they save) are written in that one serial pass, token by token, on this thread first.
 template <bool kBias, bool kNorm>
 int write_and_rope(const QKVWrite &a) {
   const int64_t width = (a.H + 2 * a.KV) * a.D;
-  const float *qn = a.qk_norm, *kn = a.qk_norm + (kNorm ? a.D : 0);
-  for (int64_t i = 0; i < a.N * a.KV; ++i)
-    if (a.write[i] < 0 || a.write[i] >= a.rows) return 8;  // never write outside the cache
-  const int64_t rb = mindserve::kv::row_bytes(a.fmt, a.D);
-  float kt[2 * 512], *vt = kt + 512;  // a row before its encoding (D <= 512: attention.cc's kMaxHeadDim)
-  if (a.D > 512) return 6;
-  for (int64_t r = 0; r < a.N; ++r) {
-    const float *row = a.qkv + r * width, *c = a.cos + r * a.D, *s = a.sin + r * a.D;
+  const float *qn = a.qk_norm;
+  const int64_t S = a.rows / a.KV;
+  bool per_head = a.KV > 1 && a.rows % a.KV == 0 && mindserve::pool().threads() > 1 && a.N * a.KV >= 64;
+  for (int64_t r = 0; r < a.N; ++r)
     for (int64_t h = 0; h < a.KV; ++h) {
-      const int64_t kc = (a.H + h) * a.D, vc = (a.H + a.KV + h) * a.D, at = int64_t{a.write[r * a.KV + h]} * rb;
-      norm_rope_head<kBias, kNorm>(row + kc, a.bias + (kBias ? kc : 0), kn, a.eps, c, s, kt, a.D);
-      copy_biased<kBias>(row + vc, a.bias + (kBias ? vc : 0), vt, a.D);
-      encode_cache_row(a.fmt, kt, a.D, a.k + at);
-      encode_cache_row(a.fmt, vt, a.D, a.v + at);
+      const int32_t at = a.write[r * a.KV + h];
+      if (at < 0 || at >= a.rows) return 8;  // never write outside the cache
+      per_head = per_head && at >= h * S && at < (h + 1) * S;
     }
-  }
-  for_rows(a.N, 16, [&](int64_t r) {
+  if (a.D > kMaxHeadDim) return 6;
+  const int64_t rb = mindserve::kv::row_bytes(a.fmt, a.D);
+  auto write_heads = [&a, rb](int64_t r, int64_t h0, int64_t h1) { write_kv_rows<kBias, kNorm>(a, rb, r, h0, h1); };
+  auto rope_queries = [&](int64_t r) {
     const float *row = a.qkv + r * width, *c = a.cos + r * a.D, *s = a.sin + r * a.D;
     for (int64_t h = 0; h < a.H; ++h)
       norm_rope_head<kBias, kNorm>(row + h * a.D, a.bias + (kBias ? h * a.D : 0), qn, a.eps, c, s,
                                    a.q + (r * a.H + h) * a.D, a.D);
-  });
+  };
+  if (!per_head)
+    for (int64_t r = 0; r < a.N; ++r) write_heads(r, 0, a.KV);
+  // chunks: [0, kchunks) the kv heads (when per_head), then [kchunks, kchunks + qchunks) the query rows
+  const int64_t most = 2 * mindserve::pool().threads();
+  const int64_t kchunks = per_head ? std::clamp<int64_t>(a.N * a.KV / 32, 2, std::min(a.KV, most)) : 0;
+  const int64_t qchunks = std::clamp<int64_t>(a.N / 16, 1, most);
+  struct Ctx {
+    decltype(write_heads) *write;
+    decltype(rope_queries) *rope;
+    int64_t N, KV, kchunks, qchunks;
+  } ctx{&write_heads, &rope_queries, a.N, a.KV, kchunks, qchunks};
+  mindserve::pool().run(mindserve::Task{
+      [](const void *p, int64_t c) {
+        const Ctx &x = *static_cast<const Ctx *>(p);
+        if (c < x.kchunks) {
+          for (int64_t h = x.KV * c / x.kchunks; h < x.KV * (c + 1) / x.kchunks; ++h)
+            for (int64_t r = 0; r < x.N; ++r) (*x.write)(r, h, h + 1);
+        } else {
+          c -= x.kchunks;
+          for (int64_t r = x.N * c / x.qchunks; r < x.N * (c + 1) / x.qchunks; ++r) (*x.rope)(r);
+        }
+      },
+      &ctx, kchunks + qchunks});
   return 0;
 }
 

@@ -552,6 +552,31 @@ def test_qkv_attention_window(lib, n, h, kv, d, bs, nb, blocks, window, scalar):
         assert not np.array_equal(y, full)
 
 
+@pytest.mark.parametrize("fmt", ["float32", "float16", "q8_0"])
+@pytest.mark.parametrize("n,kv", [(40, 4), (33, 2), (12, 3)])
+def test_qkv_attention_rows_of_each_head(lib, n, kv, fmt):
+    """The engine's write rows (head h of a token at row h S + its slot) with padding tokens that all write
+    slot 0 of every head: the kernel writes the heads in parallel (enough tokens: several threads), and the last
+    padding token's rows must still be the ones stored, and every query's bits the reference's."""
+    h, d, bs, nb, blocks = 2 * kv, 24, 4, 12, 26
+    rng = np.random.default_rng(n + kv)
+    qkv, _, cos, sin, cache, meta = qkv_case(rng, n, h, kv, d, bs, nb, blocks, False)
+    slot = rng.choice(np.arange(1, blocks * bs), n, replace=False)
+    slot[n // 2::5] = 0  # padding tokens, in between and at the end: each writes slot 0 of every head
+    slot[-1] = 0
+    write = (slot[:, None] + np.arange(kv) * blocks * bs).reshape(-1).astype(np.int32)
+    cache = dataclasses.replace(cache, write=write, k=kv_ref.encode(cache.k, fmt), v=kv_ref.encode(cache.v, fmt),
+                                fmt=fmt)
+    want, want_k, want_v = ref.qkv_attention(qkv, None, cos, sin, cache, h)
+    k, v = cache.k.copy(), cache.v.copy()
+    y = out(n, h * d)
+    assert aot_call(lib, "MindserveQKVAttention", [qkv, np.zeros(1, F32), cos, sin, k, v, cache.write, cache.table,
+                                                   cache.pos, cache.rows, meta], [y]) == 0
+    assert_bits(y, want)
+    assert_same(k, want_k)
+    assert_same(v, want_v)
+
+
 def assert_same(got: np.ndarray, want: np.ndarray) -> None:
     """Stored caches, byte for byte."""
     assert got.shape == want.shape and got.dtype == want.dtype
