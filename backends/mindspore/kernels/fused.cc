@@ -20,9 +20,9 @@
 //       MindserveQKVRope, the new K/V rows written into the cache Parameters in place (row write[r KV + h]
 //       gets head h of token r, encoded as kv_format.h says), then the paged
 //       attention of attention.cc over the updated cache. H comes from the output shape. The writes
-//       happen on the calling thread before any key is read, so a token always sees itself and the
-//       earlier tokens of its own chunk; duplicate rows (padding tokens all write the scratch slot 0)
-//       are written in token order, the last one wins.
+//       all happen before any key is read, so a token always sees itself and the earlier tokens of its
+//       own chunk; duplicate rows (padding tokens all write the scratch slot 0) are written in token
+//       order, the last one wins (write_and_rope: each kv head's rows by one thread of the pool).
 //   MindserveNormMatMul(x [N, C], w [C], eps [1], W, (LoRA inputs)) -> y = MindserveMatMul(rmsnorm(x), W, ...)
 //   MindserveSwiGLUMatMulAdd(gu [N, 2F], W, res, (LoRA inputs)) -> y = MindserveMatMulAdd(swiglu(gu), W, res, ...)
 //       the row-wise kernel above written into a scratch buffer, then the matmul entry (matmul.cc: any
