@@ -25,7 +25,8 @@
 // the same sequence (a verify row's 1 + k tokens, a prompt chunk's) read each key and value row once, converted to
 // float32 once, and each query then does with it exactly the operations it would do alone (the same FMAs in the
 // same order), so grouping changes the cost, never the bits. A lone token (a plain decode row) runs its queries one
-// by one, and a batch of lone tokens only is chunked by queries as before.
+// by one, and a batch of lone tokens only is chunked by queries. The pool's chunks hold about equal numbers of keys
+// read (balanced_bounds), whatever the units.
 //
 // Exported entry points:
 //   int MindservePagedAttention(int nparam, void **params, int *ndims, int64_t **shapes,
