@@ -51,7 +51,7 @@ def child(tree: Path, steps: int, reps: int, profile_steps: int, model_dir: str 
     # 15 of those rows beside a 64-token prompt chunk (position 0, its own block): a step that prefills under load
     prompt = PrefillChunk([7 + i % 50 for i in range(64)], 0, engine.allocator.allocate(128))
     step_calls = {1: lambda: runner.decode(batches[1]), 16: lambda: runner.decode(batches[16]),
-             MIXED: lambda: runner.prefill([r.chunk() for r in batches[16][:15]] + [prompt])}
+                  MIXED: lambda: runner.prefill([r.chunk() for r in batches[16][:15]] + [prompt])}
     for call in step_calls.values():
         call()  # compile
     out: dict = {"tree": str(tree), "git": _git(tree), "samples": {b: [] for b in step_calls}, "ops": {}}

@@ -138,8 +138,8 @@ inline Span span_of(const Job &j, int64_t token, int64_t kvh) {
 
 // How many keys a token's queries read.
 inline int64_t key_count(const Job &j, int64_t token) {
-  const int64_t end = std::clamp<int64_t>(int64_t{j.pos[token]} + 1, 1, j.NB * j.bs);
-  return j.window > 0 ? std::min(end, j.window) : end;
+  const Span s = span_of(j, token, 0);
+  return s.end - s.first;
 }
 
 inline float score_scale(const Job &j) {

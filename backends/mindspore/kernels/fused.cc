@@ -217,7 +217,8 @@ struct QKVWrite {
 // the row's last D % 16 values take that function itself). Measured on the SmolLM2-1.7B shape (24 layers, 32 kv
 // heads of 64, 16 decode rows at position 100, Zen 5 v4-vnni, bench/step_overhead.py --model-dir): the qkv_rope stage
 // 4.48 -> 2.02 ms a step (1 row: 0.33 -> 0.18), the step 70.3 -> 65.6 ms; the scalar conversion was most of it.
-__attribute__((always_inline)) inline void encode_cache_row(mindserve::kv::Format f, const float *x, int64_t D, uint8_t *dst) {
+__attribute__((always_inline)) inline void encode_cache_row(mindserve::kv::Format f, const float *x, int64_t D,
+                                                            uint8_t *dst) {
   if (f != mindserve::kv::Format::kF16) return mindserve::kv::encode_row(f, x, D, dst);
   int64_t i = 0;
   for (; i + 16 <= D; i += 16) v::store_f16(dst + 2 * i, v::load(x + i));
