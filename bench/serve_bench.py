@@ -88,7 +88,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--targets", default="mindserve,llama-server",
                     help="comma list of mindserve, mindserve-nocache (enablePrefixCaching: false), mindserve-lora "
                     "(four LoRA adapters loaded), mindserve-fp32, mindserve-q8_0, mindserve-as-shipped (the default "
-                    "GGUF converted with that --dtype), any of those four with +spec (speculative decoding on), "
+                    "GGUF converted with that --dtype), any of those four with +spec (speculative decoding on) or "
+                    "-nocache (enablePrefixCaching: false), "
                     "llama-server (llama.cpp's batching server), llama-server+ngram (its n-gram speculation), "
                     "q4_1, f32 (llama-cpp-python's server) (default: mindserve, "
                     "llama-server, in that order)")
@@ -148,6 +149,11 @@ def make_server(t: str, args: argparse.Namespace, q4: Path | None) -> Server:
                              f"mindserve-as-shipped")
         server = make_server(base, args, q4)
         return MindServe(workdir, server.model_dir, args.mindserve_config, name=t, speculation=True)
+    if t.endswith("-nocache") and t != "mindserve-nocache":  # e.g. mindserve-as-shipped-nocache
+        server = make_server(t.removesuffix("-nocache"), args, q4)
+        if not isinstance(server, MindServe):
+            raise SystemExit(f"unknown target {t!r}: -nocache goes with a mindserve target")
+        return MindServe(workdir, server.model_dir, args.mindserve_config, prefix_caching=False, name=t)
     if t in ("mindserve", "mindserve-nocache"):
         return MindServe(workdir, args.model_dir, args.mindserve_config, t == "mindserve")
     if t in ("mindserve-fp32", "mindserve-q8_0", "mindserve-as-shipped"):

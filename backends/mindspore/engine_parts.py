@@ -19,7 +19,7 @@ from backends.mindspore.device import set_device
 from backends.mindspore.draft_model import KEY as DRAFT_KEY
 from backends.mindspore.draft_model import DraftModel, DraftModelError, check_draft_spec, check_tokenizer
 from backends.mindspore.graph_cache import enable_graph_cache, graph_key
-from backends.mindspore.kv_cache import BlockAllocator
+from backends.mindspore.kv_cache import PART_TOKENS, BlockAllocator
 from backends.mindspore.kv_dtype import cache_dtype
 from backends.mindspore.load_clock import LoadClock, phase
 from backends.mindspore.memory import Footprint, available_memory, plan_cache
@@ -110,12 +110,13 @@ def _build_parts(spec: ModelSpec, config: EngineConfig, model_name: str | None) 
     draft = _draft_model(draft_spec, tokenizer, shapes, num_blocks, config, kv_dtype, vocab_size=
                          spec.config_vocab_size or spec.vocab_size) if draft_spec is not None else None
     lora.attach(runner.write_lora)
-    allocator = BlockAllocator(num_blocks, runner.shapes.block_size, config.prefix_caching)
+    allocator = BlockAllocator(num_blocks, runner.shapes.block_size, config.prefix_caching, PART_TOKENS)
     scheduler = Scheduler(allocator, config.max_batch_size, config.max_waiting,
                           prefill_rows=runner.shapes.prefill_batch_buckets[-1],
                           prefill_tokens=runner.prefill_budget(config), chunk=runner.shapes.prefill_chunk,
                           step_tokens=runner.step_tokens(),
-                          prefill_first=runner.prefill_first, max_loras=config.lora.max_loras)
+                          prefill_first=runner.prefill_first, max_loras=config.lora.max_loras,
+                          copy_rows=runner.copy_cache_rows)
     eos_ids = frozenset(spec.eos_token_ids) | frozenset(tokenizer.eos_token_ids)
     vocab_size = spec.config_vocab_size or spec.vocab_size
     return EngineParts(spec=spec, config=config, model_name=model_name or spec.model_dir.name, device=device,

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from backends.mindspore.kv_cache import BlockAllocator, block_hashes
+from backends.mindspore.kv_cache import BlockAllocator, block_hashes, part_hashes
 from backends.mindspore.lora_slots import adapter_fits
 from backends.mindspore.sequence import SeqState
 from backends.mindspore.step import StepBatch
@@ -65,7 +65,12 @@ class Scheduler:
 
     With the allocator's prefix caching, a prompt whose first full blocks are cached shares them and starts
     its prefill after them (always leaving at least its last token to compute); its own full prompt blocks
-    are registered once written.
+    are registered once written. With the allocator's parts and ``copy_rows(source, block, rows)`` (the
+    runner's: the first ``rows`` K/V rows of block ``source`` copied into ``block``, every layer), the block
+    after those is matched part by part too: the cached block whose first parts are the most of it lends
+    them, copied into the prompt's own block at admission (or, when nobody uses that block and holding it
+    for the copy would leave too few blocks, the block itself becomes the prompt's), and the prefill starts
+    after them.
 
     Priority (``SeqState.priority``, vLLM's convention: lower is more urgent) orders both the line and the
     prompt chunks: more urgent first, then by arrival. Starvation is bounded the way the LoRA window bounds
@@ -81,8 +86,10 @@ class Scheduler:
     def __init__(self, allocator: BlockAllocator, max_batch: int, max_waiting: int, *,
                  prefill_rows: int = 1, prefill_tokens: int = 64, chunk: int = 64, step_tokens: int = 0,
                  prefill_first: int = PREFILL_FIRST, max_loras: int = 0, patience: int = 16,
-                 priority_patience: int = PRIORITY_PATIENCE) -> None:
+                 priority_patience: int = PRIORITY_PATIENCE,
+                 copy_rows: Callable[[int, int, int], None] | None = None) -> None:
         self.allocator, self.max_batch, self.max_waiting = allocator, max_batch, max_waiting
+        self.copy_rows = copy_rows if allocator.part_size else None
         self.max_loras, self.patience = max_loras, patience
         self._passed: dict[SeqState, int] = {}  # waiting sequences held back by max_loras -> times overtaken
         self.priority_patience = priority_patience
@@ -96,7 +103,8 @@ class Scheduler:
         self.waiting: collections.deque[SeqState] = collections.deque()
         self.prefilling: collections.deque[SeqState] = collections.deque()
         self.running: list[SeqState] = []
-        self._hashes: dict[SeqState, list[bytes]] = {}  # each admitted sequence's full prompt blocks
+        # each admitted sequence's full prompt blocks' hashes and each block's parts' (_hashes_of)
+        self._hashes: dict[SeqState, tuple[list[bytes], list[list[bytes]]]] = {}
         self.prompt_tokens = 0  # prompt tokens admitted (with prefix caching on)
         self.hit_tokens = 0  # of which found in the cache, not prefilled
 
@@ -137,11 +145,13 @@ class Scheduler:
                 continue
             if any(n >= self.patience for held, n in self._passed.items() if held is not seq):
                 break  # a held-back request has waited long enough: the others wait for it
-            hashes = (block_hashes(seq.prompt_ids, self.allocator.block_size, seq.lora.key if seq.lora else None,
-                                   seq.media_spans())
-                      if self.allocator.prefix_caching else [])
+            hashes, parts = self._hashes_of(seq)
             cached = self._cached(seq, hashes)
-            if not self.allocator.can_allocate(seq.capacity, cached):
+            lent = self._lent(seq, parts, len(cached))
+            source = lent[0] if lent else None
+            # Holding an idle source while it is copied would leave too few blocks: the sequence adopts it.
+            adopt = source is not None and not self.allocator.can_allocate(seq.capacity, cached, source)
+            if not self.allocator.can_allocate(seq.capacity, cached, source, adopt):
                 break  # FIFO: wait for blocks rather than overtaking
             del self.waiting[i]
             for held in itertools.islice(self.waiting, i):  # the ones it overtook
@@ -151,15 +161,37 @@ class Scheduler:
             if seq.adapter is not None:
                 active.add(seq.adapter)
             # Reserve the whole (prompt + max_new_tokens) up front: no preemption needed mid-generation.
-            seq.blocks = self.allocator.allocate(seq.capacity, cached)
+            seq.blocks = self.allocator.allocate(seq.capacity, cached, source, adopt)
             seq.prefilled = len(cached) * self.allocator.block_size
-            self._hashes[seq] = hashes
+            if lent:
+                if not adopt:
+                    self.copy_rows(source, seq.blocks[len(cached)], lent[1])
+                    self.allocator.release([source])
+                seq.prefilled += lent[1]
+            self._hashes[seq] = hashes, parts
             if self.allocator.prefix_caching:
                 self.prompt_tokens += len(seq.prompt_ids)
                 self.hit_tokens += seq.prefilled
             self.prefilling.append(seq)
         for seq in admitted:  # overtaking is getting a slot before an earlier arrival still waiting
             self._went_first(seq, list(self.waiting))
+
+    def _hashes_of(self, seq: SeqState) -> tuple[list[bytes], list[list[bytes]]]:
+        """``seq``'s prompt's full-block hashes and, for its parts, each block's part hashes (none without)."""
+        if not self.allocator.prefix_caching:
+            return [], []
+        adapter, media, size = seq.lora.key if seq.lora else None, seq.media_spans(), self.allocator.block_size
+        full = block_hashes(seq.prompt_ids, size, adapter, media)
+        part = self.allocator.part_size if self.copy_rows else 0
+        return full, part_hashes(seq.prompt_ids, size, part, full, adapter, media)
+
+    def _lent(self, seq: SeqState, parts: list[list[bytes]], cached: int) -> tuple[int, int] | None:
+        """(source block, rows) for the block after ``seq``'s ``cached`` shared ones: the cached block whose first
+        rows are the most of it, short of the prompt's last token; None if none (or it wants every logprob)."""
+        if seq.want_prefill or cached >= len(parts):
+            return None
+        rows = len(seq.prompt_ids) - 1 - cached * self.allocator.block_size
+        return self.allocator.match_part(parts[cached][:rows // self.allocator.part_size])
 
     def _cached(self, seq: SeqState, hashes: list[bytes]) -> list[int]:
         """The cached blocks ``seq`` may share: the longest cached run of its full prompt blocks, short of its
@@ -169,9 +201,15 @@ class Scheduler:
         return self.allocator.match(hashes[:(len(seq.prompt_ids) - 1) // self.allocator.block_size])
 
     def _register(self, seq: SeqState) -> None:
-        """Make ``seq``'s prompt blocks written so far findable by the next prompts."""
-        for digest, block in zip(self._hashes.get(seq, ())[:seq.prefilled // self.allocator.block_size], seq.blocks):
+        """Make ``seq``'s prompt blocks (and their parts) written so far findable by the next prompts."""
+        full, parts = self._hashes.get(seq, ((), ()))
+        size = self.allocator.block_size
+        for digest, block in zip(full[:seq.prefilled // size], seq.blocks):
             self.allocator.register(block, digest)
+        for i, (digests, block) in enumerate(zip(parts, seq.blocks)):
+            written = (seq.prefilled - i * size) // self.allocator.part_size
+            for digest in digests[:max(written, 0)]:
+                self.allocator.register_part(block, digest)
 
     def plan(self) -> StepPlan:
         for seq in self.prefilling:

@@ -53,6 +53,7 @@ class ModelRunner(ABC):
         self.net = self.network(spec, weights, num_blocks, aot, dtype, lora, vl)
         self.net.set_train(False)
         self._lora_host: dict[tuple[int, str, str], np.ndarray] = {}  # host copies of the slot arrays
+        self._caches: list[tuple[ms.Parameter, np.ndarray | None]] | None = None  # copy_cache_rows's views
         self.head = self.net.lm_head()
         self.compiled: set[tuple] = set()
         # {"variant", "isa"} of the AOT kernels' build (the library aot_ops() loaded last), None on stock ops
@@ -187,6 +188,27 @@ class ModelRunner(ABC):
             host = self._lora_host[key]
             host[slot] = value
             param.set_data(ms.Tensor(host, param.dtype))
+
+    def copy_cache_rows(self, source: int, block: int, rows: int) -> None:
+        """Copy the first ``rows`` K/V rows of cache block ``source`` into block ``block``, every layer and kv
+        head (the prefix cache's partial blocks, scheduler.py). Through NumPy views of the caches' own memory,
+        the memory the kernels and graphs write and read (network/common.py's ``filled_param``); where this
+        MindSpore hands out a copy instead, the copy is written back whole (correct, slow: logged)."""
+        if self._caches is None:
+            self._caches = []
+            for name, param in self.net.parameters_and_names():
+                if name.endswith(("k_cache", "v_cache")):
+                    first, again = param.asnumpy(), param.asnumpy()
+                    self._caches.append((param, first if first.ctypes.data == again.ctypes.data else None))
+                    if self._caches[-1][1] is None:
+                        log.warning("KV cache %s is not a view of its Parameter: copies write it back whole", name)
+        size = self.shapes.block_size
+        for param, memory in self._caches:
+            host = param.asnumpy() if memory is None else memory
+            view = host.reshape(-1, self.num_slots, host.shape[-1])  # [kv head, slot, row]: row h * slots + s
+            view[:, block * size:block * size + rows] = view[:, source * size:source * size + rows]
+            if memory is None:
+                param.set_data(ms.Tensor(host, param.dtype))
 
     def prompt_logits(self, hidden: np.ndarray) -> np.ndarray:
         """Logits [t, V] for normed hidden rows of one prefill chunk (padded to the chunk shape)."""

@@ -48,6 +48,23 @@ def test_tiny_outputs_are_bit_identical_with_and_without_the_cache(tiny_model_di
     assert 0 < info[True]["prefix_cache_hit_rate"] < 1 and info[True]["prefix_cache_blocks"] >= prompt // 16
 
 
+@pytest.mark.parametrize("kernels, kv, together", [("aot", "float32", False), ("aot", "float16", True),
+                                                   ("aot", "bfloat16", False), ("aot", "q8_0", True),
+                                                   ("stock", "float32", False)])
+def test_tiny_rows_copied_from_a_cached_block_give_bit_identical_outputs(tiny_model_dir, kernels, kv, together):
+    """Blocks of 128 tokens, longer than the system prompt: what the questions reuse is the system prompt's
+    parts of 16 rows, copied from its block into theirs (every KV format's rows, both strategies' caches)."""
+    config = replace(TINY, kernels=kernels, kv_cache_dtype=kv, block_size=128)
+    results, info = {}, {}
+    for caching in (False, True):
+        with Engine(tiny_model_dir, replace(config, prefix_caching=caching)) as engine:
+            results[caching] = run_all(engine, together)
+            info[caching] = engine.info()
+    assert results[True] == results[False]
+    prompt = len(engine.tokenizer.encode(SYSTEM))
+    assert prompt < 128 and info[True]["prefix_cache_hit_tokens"] >= len(QUESTIONS) * ((prompt - 1) // 16 * 16) > 0
+
+
 def test_default_model_outputs_are_bit_identical_with_the_prefix_skipped(default_engine):
     """A request asking for every prompt token's logprob prefills its whole prompt (no cache read): the same
     prompt answered from the cache gives the very same tokens and logprobs."""
