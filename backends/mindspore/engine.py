@@ -80,6 +80,7 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout=30)
         self.masks.close()
+        self.runner.close()
 
     def __enter__(self) -> "Engine":
         return self.start()

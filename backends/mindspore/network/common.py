@@ -1,10 +1,11 @@
 """What both kernel paths' networks share: parameters from host arrays, the rotary tables, RMSNorm."""
 from __future__ import annotations
 
-import concurrent.futures
 import ctypes
 import logging
 import mmap
+import threading
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -126,8 +127,7 @@ def kv_cache_param(kv_dtype: str, rows: int, head_dim: int, name: str) -> Parame
 @timed("KV cache")
 def cache_memory(net: nn.Cell, name: str = "KV caches") -> list[tuple[Parameter, np.ndarray | None]]:
     """Each KV cache Parameter of ``net`` (``*k_cache``, ``*v_cache``) with a NumPy view of its memory, the memory
-    the kernels and graphs write and read (None where this MindSpore hands out a copy), its pages mapped now
-    (``populate``, two threads) rather than one fault at a time in the middle of the first requests' steps."""
+    the kernels and graphs write and read (None where this MindSpore hands out a copy)."""
     caches = []
     for key, cache in net.parameters_and_names():
         if key.endswith(("k_cache", "v_cache")):
@@ -136,28 +136,71 @@ def cache_memory(net: nn.Cell, name: str = "KV caches") -> list[tuple[Parameter,
             caches.append((cache, first if first.ctypes.data == again.ctypes.data else None))
             if caches[-1][1] is None:
                 log.warning("KV cache %s: MindSpore hands out copies of it; its pages fault in as written", key)
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # madvise leaves the GIL: the two cores map pages
-        list(pool.map(populate, [memory for _, memory in caches if memory is not None]))
     return caches
+
+
+class CacheWarmer:
+    """Maps the KV caches' pages (``populate``) in the background from the moment they exist, block by block in the
+    order the allocator hands blocks out (lowest first), two threads (each half of the caches), while the weights
+    load and the graphs compile; the runner's warm-up waits for it to finish, so a server is ready with its cache
+    in memory, as the memory budget planned. On these VMs a page's first write faults for ~36 us: a fresh 128-token
+    block of the 1.7B shape's float16 cache cost ~220 ms inside the step that first wrote it; mapping the whole
+    3 GiB cache ahead took 1-25 s (the VM's host maps memory it had taken back slowly). A block is rows
+    [h * slots + block * size, + size) of every kv head h of every cache."""
+
+    def __init__(self, memories: list[np.ndarray], num_slots: int, block_size: int, blocks_at_once: int = 8,
+                 threads: int = 2) -> None:
+        self.num_slots, self.step = num_slots, blocks_at_once * block_size
+        self.total = sum(m.nbytes for m in memories)
+        self.mapped = [0] * threads  # bytes so far, per thread
+        self.stopped = threading.Event()
+        self._threads = [threading.Thread(target=self._map, args=(i, memories[i::threads]), daemon=True,
+                                          name=f"mindserve-cache-warmer-{i}") for i in range(threads)]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def _map(self, i: int, memories: list[np.ndarray]) -> None:
+        for first in range(0, self.num_slots, self.step):
+            for memory in memories:
+                for head in memory.reshape(-1, self.num_slots, memory.shape[-1]):
+                    if self.stopped.is_set():
+                        return
+                    span = head[first:first + self.step]
+                    if not populate(span):
+                        return  # the kernel has no MADV_POPULATE_WRITE: the pages fault in as written
+                    self.mapped[i] += span.nbytes
+
+    def is_alive(self) -> bool:
+        return any(thread.is_alive() for thread in self._threads)
+
+    def wait(self) -> None:
+        """Until every page is mapped, a progress line every 5 s."""
+        started = time.perf_counter()
+        while self.is_alive():
+            for thread in self._threads:
+                thread.join(5 / len(self._threads))
+            if self.is_alive():
+                log.info("mapping KV cache pages: %.2f of %.2f GiB", sum(self.mapped) / 2**30, self.total / 2**30)
+        log.info("KV cache pages mapped: %.2f GiB (%.1fs waited after the warm-up)", sum(self.mapped) / 2**30,
+                 time.perf_counter() - started)
 
 
 _MADV_POPULATE_WRITE = 23  # Linux 5.14+
 
 
 def populate(memory: np.ndarray) -> bool:
-    """Map the pages of ``memory`` (zeros, writable) in one call, ``madvise(MADV_POPULATE_WRITE)``, rather than
-    one fault per 4 KiB page at the first write. Measured on this project's firecracker VMs (1 GiB, one thread):
-    about 3 s a GiB, where the faults of first writes took 9.5 s (36 us a page): each KV cache block's first use
-    cost the 1.7B shape ~220 ms in the middle of a step. False where the kernel refuses (older than 5.14, not
-    Linux): the faults stay."""
-    start = memory.ctypes.data
-    first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
-    length = (start + memory.nbytes - first) // mmap.PAGESIZE * mmap.PAGESIZE
-    if length <= 0:
+    """Map the pages of ``memory`` (contiguous, writable; the pages it shares at either end too) in one call,
+    ``madvise(MADV_POPULATE_WRITE)``: the contents stay, no fault is left for the first writes. False where
+    the kernel refuses (older than 5.14, not Linux)."""
+    start = memory.ctypes.data // mmap.PAGESIZE * mmap.PAGESIZE
+    length = -(-(memory.ctypes.data + memory.nbytes - start) // mmap.PAGESIZE) * mmap.PAGESIZE
+    if not memory.nbytes:
         return True
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(length), _MADV_POPULATE_WRITE) == 0
+        return libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), _MADV_POPULATE_WRITE) == 0
     except (OSError, AttributeError):
         return False
 

@@ -18,7 +18,7 @@ from typing import ClassVar
 import numpy as np
 import mindspore as ms
 
-from backends.mindspore.network.common import cache_memory
+from backends.mindspore.network.common import CacheWarmer, cache_memory
 from backends.mindspore.spec import ModelSpec
 from backends.mindspore.shapes import Shapes
 from backends.mindspore.step import DecodeRow, PrefillChunk, RowOutput, StepBatch
@@ -54,7 +54,10 @@ class ModelRunner(ABC):
         self.net = self.network(spec, weights, num_blocks, aot, dtype, lora, vl)
         self.net.set_train(False)
         self._lora_host: dict[tuple[int, str, str], np.ndarray] = {}  # host copies of the slot arrays
-        self._caches = cache_memory(self.net)  # each KV cache and a view of its memory, its pages mapped
+        self._caches = cache_memory(self.net)  # each KV cache and a view of its memory
+        self.warmer = CacheWarmer([memory for _, memory in self._caches if memory is not None], self.num_slots,
+                                  shapes.block_size)
+        self.warmer.start()  # maps the caches' pages while the graphs compile; warmup() waits for it
         self.head = self.net.lm_head()
         self.compiled: set[tuple] = set()
         # {"variant", "isa"} of the AOT kernels' build (the library aot_ops() loaded last), None on stock ops
@@ -231,3 +234,8 @@ class ModelRunner(ABC):
             else:
                 self._warm(key)
         log.info("warm-up done: %d graphs in %.1fs", len(plan), time.perf_counter() - started)
+        self.warmer.wait()
+
+    def close(self) -> None:
+        """Stop mapping cache pages (the engine is closing)."""
+        self.warmer.stopped.set()

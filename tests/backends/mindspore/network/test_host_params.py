@@ -110,3 +110,24 @@ def test_the_runners_cache_views_are_the_caches_memory(tiny_model_dir):
         before = [np.count_nonzero(memory) for _, memory in caches]  # the warm-up wrote the scratch block
         engine.generate("hello there", RequestParams(max_new_tokens=2, do_sample=False))
         assert all(np.count_nonzero(memory) > n for (_, memory), n in zip(caches, before))
+
+
+def test_the_cache_warmer_maps_every_block_of_every_cache():
+    from backends.mindspore.network.common import CacheWarmer, populate
+
+    if not populate(np.zeros(4096, np.uint8)):
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux 5.14+)")
+    slots, size = 8 * 256, 256  # 8 blocks of 256 slots, 3 kv heads, rows of 16 KiB: 96 MiB a cache
+    caches = [np.zeros((3 * slots, 16384), np.uint8) for _ in range(2)]
+    before = _resident_mib()
+    warmer = CacheWarmer(caches, slots, size, blocks_at_once=3)
+    warmer.start()
+    warmer.wait()
+    assert not warmer.is_alive() and sum(warmer.mapped) == warmer.total and _resident_mib() - before > 180
+    assert not any(c.any() for c in caches)
+    stopped = CacheWarmer([np.zeros((3 * slots, 16384), np.uint8)], slots, size)
+    stopped.stopped.set()
+    before = _resident_mib()
+    stopped.start()
+    stopped.wait()
+    assert _resident_mib() - before < 10  # stopped before its first span
