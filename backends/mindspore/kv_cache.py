@@ -150,10 +150,6 @@ class BlockAllocator:
         first = [source] if adopt else []
         return [*cached, *first, *(self._take() for _ in range(self.blocks_for(tokens) - len(cached) - len(first)))]
 
-    def idle(self, block: int) -> bool:
-        """Whether ``block`` is cached and nobody uses it."""
-        return block in self._idle
-
     def register(self, block: int, digest: bytes) -> None:
         """Make a full block findable by ``digest`` (once its K/V are written); a digest already cached keeps
         its block, and this one stays private."""

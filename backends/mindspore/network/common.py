@@ -118,7 +118,7 @@ def filled_param(shape: tuple[int, ...], dtype, name: str, fill: Callable[[np.nd
 def kv_cache_param(kv_dtype: str, rows: int, head_dim: int, name: str) -> Parameter:
     """An empty KV cache of ``rows`` rows in ``kv_dtype`` (kv_dtype.py; the AOT attention kernel takes the format
     from its dtype): float32 / float16 / bfloat16 [rows, head_dim], or q8_0 blocks as uint8 [rows, row bytes].
-    The runner maps its pages once the network is built (``cache_memory``)."""
+    The runner maps its pages in the background once the network is built (``CacheWarmer``)."""
     if kv_dtype == "q8_0":
         return zeros_param((rows, row_bytes(kv_dtype, head_dim)), ms.uint8, name)
     return zeros_param((rows, head_dim), DTYPES[kv_dtype], name)
