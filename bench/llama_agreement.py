@@ -151,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtypes", default="fp32,q8_0,as-shipped", help="convert-gguf --dtype values to compare")
     ap.add_argument("--tokens", type=int, default=32, help="greedy tokens per prompt (default 32)")
     ap.add_argument("--prompts", type=int, default=len(PROMPTS), help=f"how many of the {len(PROMPTS)} prompts")
+    ap.add_argument("--cuts", default="1",
+                    help="fractions of each prompt's tokens to start from, e.g. '1,0.6': every prompt whole and cut "
+                         "to its first 60%% (twice the prompts; each cut is its own context)")
     ap.add_argument("--gguf", type=Path, default=None, help="the GGUF (default: the default model's Q4_1)")
     ap.add_argument("--kv-dtype", default="float32",
                     help="mindserve's KV cache format (kvCacheDtype: float32, float16, ...; llama-server keeps f16)")
@@ -178,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     dirs = {d: convert_gguf(gguf, args.workdir / "models" / d, model_name=MODEL_NAME, progress=False, dtype=d)
             for d in args.dtypes.split(",")}
     tok = Tokenizer.from_model_dir(next(iter(dirs.values())))
-    prompts = [tok.encode(p) for p in PROMPTS[:args.prompts]]
+    whole = [tok.encode(p) for p in PROMPTS[:args.prompts]]
+    prompts = [ids[:max(1, round(len(ids) * float(cut)))] for cut in args.cuts.split(",") for ids in whole]
 
     extra = tuple(args.llama_args.split())
     if args.first_token:
