@@ -104,5 +104,8 @@ class EngineConfig:
     # per everything that shapes them (graph_cache.py): a restart loads them instead of compiling. Only for a process
     # whose first compiled graphs are the engine's (the server config's graphCache): the cache numbers graphs by order
     graph_cache: bool = False
+    # map the KV cache's pages before the warm-up ends (network/common.py CacheWarmer): the server config's
+    # mapKvCache (true by default there). An engine of the Python API lets them fault in as written unless asked
+    map_kv_cache: bool = False
     lora: LoraSettings = field(default_factory=LoraSettings)
     speculation: SpeculationSettings = field(default_factory=SpeculationSettings)

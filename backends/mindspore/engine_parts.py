@@ -109,6 +109,9 @@ def _build_parts(spec: ModelSpec, config: EngineConfig, model_name: str | None) 
     del weights
     draft = _draft_model(draft_spec, tokenizer, shapes, num_blocks, config, kv_dtype, vocab_size=
                          spec.config_vocab_size or spec.vocab_size) if draft_spec is not None else None
+    if config.map_kv_cache:  # while the graphs compile; the warm-up waits for them
+        for warmer in (runner.warmer, *((draft.runner.warmer,) if draft is not None else ())):
+            warmer.start()
     lora.attach(runner.write_lora)
     allocator = BlockAllocator(num_blocks, runner.shapes.block_size, config.prefix_caching, PART_TOKENS)
     scheduler = Scheduler(allocator, config.max_batch_size, config.max_waiting,

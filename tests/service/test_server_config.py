@@ -100,6 +100,7 @@ APPLIED = {
     ("ModelDeployConfig", "kernels"): lambda c: c.engine.kernels,
     ("ModelDeployConfig", "kernelIsa"): lambda c: c.engine.kernel_isa,
     ("ModelDeployConfig", "graphCache"): lambda c: c.engine.graph_cache,
+    ("ModelDeployConfig", "mapKvCache"): lambda c: c.engine.map_kv_cache,
     ("ModelDeployConfig", "speculationGamma"): lambda c: c.engine.speculation.max_draft,
     ("ModelDeployConfig", "allowRuntimeLoraUpdating"): lambda c: c.engine.lora.runtime_updates,
 }
@@ -136,7 +137,8 @@ OTHER = {
     "maxIterTimes": (100, {}), "npuMemSize": (0.5, {}), "kvCacheDtype": ("q8_0", {}),
     "enablePrefixCaching": (False, {}),
     "maxLoras": (2, {}), "maxLoraRank": (32, {}), "maxLoadedLoras": (3, {}), "kernelIsa": ("x86-64-v3", {}),
-    "kernels": ("stock", {}), "graphCache": (False, {}), "speculationGamma": (4, {}),
+    "kernels": ("stock", {}), "graphCache": (False, {}), "mapKvCache": (False, {}),
+    "speculationGamma": (4, {}),
     "allowRuntimeLoraUpdating": (True, {"ModelDeployConfig.loraRoot": "/tmp"}),
 }
 

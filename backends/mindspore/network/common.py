@@ -140,10 +140,10 @@ def cache_memory(net: nn.Cell, name: str = "KV caches") -> list[tuple[Parameter,
 
 
 class CacheWarmer:
-    """Maps the KV caches' pages (``populate``) in the background from the moment they exist, block by block in the
-    order the allocator hands blocks out (lowest first), two threads (each half of the caches), while the weights
-    load and the graphs compile; the runner's warm-up waits for it to finish, so a server is ready with its cache
-    in memory, as the memory budget planned. On these VMs a page's first write faults for ~36 us: a fresh 128-token
+    """Maps the KV caches' pages (``populate``) in the background once started (the engine does, with
+    ``EngineConfig.map_kv_cache``: a server config's ``mapKvCache``), block by block in the order the allocator
+    hands blocks out (lowest first), two threads (each half of the caches), while the graphs compile; the runner's
+    warm-up waits for it to finish, so a server is ready with its cache in memory, as the memory budget planned. On these VMs a page's first write faults for ~36 us: a fresh 128-token
     block of the 1.7B shape's float16 cache cost ~220 ms inside the step that first wrote it; mapping the whole
     3 GiB cache ahead took 1-25 s (the VM's host maps memory it had taken back slowly). A block is rows
     [h * slots + block * size, + size) of every kv head h of every cache."""
@@ -154,10 +154,12 @@ class CacheWarmer:
         self.total = sum(m.nbytes for m in memories)
         self.mapped = [0] * threads  # bytes so far, per thread
         self.stopped = threading.Event()
+        self.started = False
         self._threads = [threading.Thread(target=self._map, args=(i, memories[i::threads]), daemon=True,
                                           name=f"mindserve-cache-warmer-{i}") for i in range(threads)]
 
     def start(self) -> None:
+        self.started = True
         for thread in self._threads:
             thread.start()
 
@@ -176,7 +178,9 @@ class CacheWarmer:
         return any(thread.is_alive() for thread in self._threads)
 
     def wait(self) -> None:
-        """Until every page is mapped, a progress line every 5 s."""
+        """Until every page is mapped, a progress line every 5 s (at once if never started)."""
+        if not self.started:
+            return
         started = time.perf_counter()
         while self.is_alive():
             for thread in self._threads:

@@ -57,7 +57,7 @@ class ModelRunner(ABC):
         self._caches = cache_memory(self.net)  # each KV cache and a view of its memory
         self.warmer = CacheWarmer([memory for _, memory in self._caches if memory is not None], self.num_slots,
                                   shapes.block_size)
-        self.warmer.start()  # maps the caches' pages while the graphs compile; warmup() waits for it
+        # maps the caches' pages once started (engine_parts: EngineConfig.map_kv_cache); warmup() waits for it
         self.head = self.net.lm_head()
         self.compiled: set[tuple] = set()
         # {"variant", "isa"} of the AOT kernels' build (the library aot_ops() loaded last), None on stock ops

@@ -103,8 +103,10 @@ def test_the_runners_cache_views_are_the_caches_memory(tiny_model_dir):
     from backends.types import RequestParams
 
     config = EngineConfig(max_seq_len=64, max_input_tokens=32, max_batch_size=1, max_iter_times=8, block_size=16,
-                          prefill_chunk=16, window_buckets=(64,), batch_buckets=(1,))
+                          prefill_chunk=16, window_buckets=(64,), batch_buckets=(1,), map_kv_cache=True)
     with Engine(tiny_model_dir, config) as engine:
+        warmer = engine.runner.warmer  # mapKvCache: started at load, waited for by the warm-up
+        assert warmer.started and not warmer.is_alive() and sum(warmer.mapped) == warmer.total > 0
         caches = engine.runner._caches
         assert caches and all(memory is not None for _, memory in caches)
         before = [np.count_nonzero(memory) for _, memory in caches]  # the warm-up wrote the scratch block
