@@ -143,10 +143,11 @@ class CacheWarmer:
     """Maps the KV caches' pages (``populate``) in the background once started (the engine does, with
     ``EngineConfig.map_kv_cache``: a server config's ``mapKvCache``), block by block in the order the allocator
     hands blocks out (lowest first), two threads (each half of the caches), while the graphs compile; the runner's
-    warm-up waits for it to finish, so a server is ready with its cache in memory, as the memory budget planned. On these VMs a page's first write faults for ~36 us: a fresh 128-token
-    block of the 1.7B shape's float16 cache cost ~220 ms inside the step that first wrote it; mapping the whole
-    3 GiB cache ahead took 1-25 s (the VM's host maps memory it had taken back slowly). A block is rows
-    [h * slots + block * size, + size) of every kv head h of every cache."""
+    warm-up waits for it to finish, so a server is ready with its cache in memory, as the memory budget planned.
+    On these VMs a page's first write faults for ~36 us: a fresh 128-token block of the 1.7B shape's float16 cache
+    cost ~220 ms inside the step that first wrote it; mapping the whole 3 GiB cache ahead took 1-25 s (the VM's
+    host maps memory it had taken back slowly). A block is rows [h * slots + block * size, + size) of every kv
+    head h of every cache."""
 
     def __init__(self, memories: list[np.ndarray], num_slots: int, block_size: int, blocks_at_once: int = 8,
                  threads: int = 2) -> None:
