@@ -244,9 +244,12 @@ class PoisonedRunner:
         # With the AOT kernels decode rows come here too, as 1-token chunks of the sequence's blocks.
         if any(chunk.blocks is blocks for chunk in chunks for blocks in self.poisoned):
             raise RuntimeError("injected fault in the decode kernel")
-        for chunk in chunks:
-            if chunk.start == 0 and list(chunk.ids) == self.poison_ids:
-                self.poisoned.append(chunk.blocks)
+        for chunk in chunks:  # any chunk of the poisoned prompt: when seven prompts arrive at once the step's
+            # prompt budget can split it (a first chunk of 5 of its 11 tokens), and the prefix cache can start it past 0
+            if chunk.start < len(self.poison_ids) and \
+                    list(chunk.ids) == self.poison_ids[chunk.start:chunk.start + len(chunk.ids)]:
+                if not any(chunk.blocks is blocks for blocks in self.poisoned):
+                    self.poisoned.append(chunk.blocks)
         return self.prefill(chunks)
 
     def decode_(self, rows: list[Any]) -> Any:
