@@ -127,6 +127,10 @@ class DraftModel:
     def warmup(self, progress: bool = False) -> None:
         self.runner.warmup(progress)
 
+    def close(self) -> None:
+        """Stop mapping its cache's pages (the engine is closing)."""
+        self.runner.close()
+
     def graph_parts(self) -> list[str]:
         """What shapes the draft network's graphs, for the graph cache's key (``graph_cache.graph_key``): they
         are compiled after the target's, into the same directory."""

@@ -81,6 +81,8 @@ class Engine:
             self._thread.join(timeout=30)
         self.masks.close()
         self.runner.close()
+        if self.speculator.model is not None:  # the draft model (engine_parts.warm_up warms it the same way)
+            self.speculator.model.close()
 
     def __enter__(self) -> "Engine":
         return self.start()

@@ -103,7 +103,7 @@ class Scheduler:
         self.waiting: collections.deque[SeqState] = collections.deque()
         self.prefilling: collections.deque[SeqState] = collections.deque()
         self.running: list[SeqState] = []
-        # each admitted sequence's full prompt blocks' hashes and each block's parts' (_hashes_of)
+        # each sequence's full prompt blocks' hashes and each block's parts' (_hashes_of), from its first try
         self._hashes: dict[SeqState, tuple[list[bytes], list[list[bytes]]]] = {}
         self.prompt_tokens = 0  # prompt tokens admitted (with prefix caching on)
         self.hit_tokens = 0  # of which found in the cache, not prefilled
@@ -145,7 +145,9 @@ class Scheduler:
                 continue
             if any(n >= self.patience for held, n in self._passed.items() if held is not seq):
                 break  # a held-back request has waited long enough: the others wait for it
-            hashes, parts = self._hashes_of(seq)
+            if seq not in self._hashes:  # once per sequence, not at every step it waits for blocks
+                self._hashes[seq] = self._hashes_of(seq)
+            hashes, parts = self._hashes[seq]
             cached = self._cached(seq, hashes)
             lent = self._lent(seq, parts, len(cached))
             source = lent[0] if lent else None
@@ -168,7 +170,6 @@ class Scheduler:
                     self.copy_rows(source, seq.blocks[len(cached)], lent[1])
                     self.allocator.release([source])
                 seq.prefilled += lent[1]
-            self._hashes[seq] = hashes, parts
             if self.allocator.prefix_caching:
                 self.prompt_tokens += len(seq.prompt_ids)
                 self.hit_tokens += seq.prefilled

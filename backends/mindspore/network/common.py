@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import mmap
 import threading
@@ -106,12 +107,22 @@ def filled_param(shape: tuple[int, ...], dtype, name: str, fill: Callable[[np.nd
     1.5 GB of packed weights and embedding, most of the load's CPU on a VM whose first touch of memory is slow). If
     this MindSpore hands out a copy rather than a view, the filled copy is set as the data."""
     p = zeros_param(shape, dtype, name)
-    p.init_data()
-    view = p.asnumpy()
+    view = memory_view(p)
+    if view is None:
+        host = p.asnumpy()
+        fill(host)
+        p.set_data(Tensor(host))
+        return p
     fill(view)
-    if p.asnumpy().ctypes.data != view.ctypes.data:
-        p.set_data(Tensor(view))
     return p
+
+
+def memory_view(p: Parameter) -> np.ndarray | None:
+    """A NumPy view of ``p``'s own memory (allocated now if it was not), the memory the kernels and graphs write
+    and read; None where this MindSpore's ``asnumpy`` hands out a copy instead."""
+    p.init_data()
+    first, again = p.asnumpy(), p.asnumpy()
+    return first if first.ctypes.data == again.ctypes.data else None
 
 
 @timed("KV cache")
@@ -131,9 +142,7 @@ def cache_memory(net: nn.Cell, name: str = "KV caches") -> list[tuple[Parameter,
     caches = []
     for key, cache in net.parameters_and_names():
         if key.endswith(("k_cache", "v_cache")):
-            cache.init_data()
-            first, again = cache.asnumpy(), cache.asnumpy()
-            caches.append((cache, first if first.ctypes.data == again.ctypes.data else None))
+            caches.append((cache, memory_view(cache)))
             if caches[-1][1] is None:
                 log.warning("KV cache %s: MindSpore hands out copies of it; its pages fault in as written", key)
     return caches
@@ -199,15 +208,24 @@ def populate(memory: np.ndarray) -> bool:
     """Map the pages of ``memory`` (contiguous, writable; the pages it shares at either end too) in one call,
     ``madvise(MADV_POPULATE_WRITE)``: the contents stay, no fault is left for the first writes. False where
     the kernel refuses (older than 5.14, not Linux)."""
-    start = memory.ctypes.data // mmap.PAGESIZE * mmap.PAGESIZE
-    length = -(-(memory.ctypes.data + memory.nbytes - start) // mmap.PAGESIZE) * mmap.PAGESIZE
     if not memory.nbytes:
         return True
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), _MADV_POPULATE_WRITE) == 0
-    except (OSError, AttributeError):
+    madvise = _madvise()
+    if madvise is None:
         return False
+    start = memory.ctypes.data // mmap.PAGESIZE * mmap.PAGESIZE
+    length = -(-(memory.ctypes.data + memory.nbytes - start) // mmap.PAGESIZE) * mmap.PAGESIZE
+    return madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), _MADV_POPULATE_WRITE) == 0
+
+
+@functools.cache
+def _madvise():
+    """libc's ``madvise``, looked up once (a warmer calls ``populate`` once per kv head per 8 blocks of every
+    cache), or None where there is none."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
 
 
 def head_norm_weights(spec, w: dict, p: str) -> np.ndarray | None:
