@@ -64,25 +64,39 @@ def url(live_servers, default_engine):
     return live_servers.start(default_engine)
 
 
+def _metrics_by_priority(text: str, model_name: str) -> dict[int, int]:
+    """Requests per priority in a /metrics scrape (waiting + running), each series labelled with the model."""
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    counts: dict[int, int] = {}
+    for name in ("num_requests_waiting_by_priority", "num_requests_running_by_priority"):
+        for sample in families[name].samples:
+            assert sample.labels["model_name"] == model_name
+            priority = int(sample.labels["priority"])
+            counts[priority] = counts.get(priority, 0) + int(sample.value)
+    return counts
+
+
 def test_info_and_metrics_count_the_requests_per_priority(url, default_engine):
     submitted = {-1: 1, 0: 2, 5: 1}
-    body = {"model": default_engine.model_name, "prompt": "Once upon a time", "max_tokens": 64, "ignore_eos": True}
+    body = {"model": default_engine.model_name, "prompt": "Once upon a time", "max_tokens": 128, "ignore_eos": True}
     threads = [threading.Thread(target=requests.post, args=(url + "/v1/completions",),
                                 kwargs={"json": {**body, "priority": p}, "timeout": 120})
                for p, n in submitted.items() for _ in range(n)]
     for thread in threads:
         thread.start()
-    seen, metrics = {}, ""
-    while sum(seen.values()) < sum(submitted.values()) and any(t.is_alive() for t in threads):
-        metrics = requests.get(url + "/metrics", timeout=10).text  # just before /info: all four are in by then
-        info = requests.get(url + "/info", timeout=10).json()["mindserve"]["priorities"]
-        seen = {int(p): c["waiting"] + c["running"] for p, c in info.items()}
+    # /info and /metrics are scraped separately, so each is polled until it has shown all four requests at once
+    # (a scrape taken before the last request arrived or after the first finished shows fewer)
+    seen_info, seen_metrics = {}, {}
+    while (seen_info != submitted or seen_metrics != submitted) and any(t.is_alive() for t in threads):
+        if seen_metrics != submitted:
+            seen_metrics = _metrics_by_priority(requests.get(url + "/metrics", timeout=10).text,
+                                                default_engine.model_name)
+        if seen_info != submitted:
+            info = requests.get(url + "/info", timeout=10).json()["mindserve"]["priorities"]
+            seen_info = {int(p): c["waiting"] + c["running"] for p, c in info.items()}
     for thread in threads:
         thread.join(120)
-    assert seen == submitted
-    families = {f.name: f for f in text_string_to_metric_families(metrics)}
-    samples = [s for name in ("num_requests_waiting_by_priority", "num_requests_running_by_priority")
-               for s in families[name].samples]
-    assert samples and all(s.labels["model_name"] == default_engine.model_name for s in samples)
-    assert {int(s.labels["priority"]) for s in samples} <= set(submitted)
+    assert seen_info == submitted
+    assert seen_metrics == submitted
     assert requests.get(url + "/info", timeout=10).json()["mindserve"]["priorities"] == {}
+    assert _metrics_by_priority(requests.get(url + "/metrics", timeout=10).text, default_engine.model_name) == {}
