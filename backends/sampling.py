@@ -44,7 +44,9 @@ def vocab_log_softmax(logits: np.ndarray, vocab_size: int | None) -> np.ndarray:
 
 @dataclass(frozen=True, slots=True)
 class RepetitionPenalty:
-    """Tokens already in the history: logit > 0 is divided by ``penalty``, else multiplied."""
+    """Tokens already in the history: logit > 0 is divided by ``penalty``, else multiplied. A product past the
+    dtype's range stays at its most negative finite value (the token is as unlikely as a logit can say, and a
+    row whose every token was penalised still has a distribution)."""
 
     penalty: float
 
@@ -52,7 +54,12 @@ class RepetitionPenalty:
         if history.size:
             ids = np.unique(history)
             seen = logits[ids]
-            logits[ids] = np.where(seen > 0, seen / self.penalty, seen * self.penalty)
+            positive = seen > 0
+            with np.errstate(over="ignore"):
+                lowered = np.maximum(seen[~positive] * self.penalty, np.finfo(logits.dtype).min)
+            seen[positive] /= self.penalty
+            seen[~positive] = lowered
+            logits[ids] = seen
         return logits
 
 

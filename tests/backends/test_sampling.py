@@ -1,5 +1,6 @@
 """Logits processors, the per-request chooser and the watermark detector (TGI-style tables)."""
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -92,6 +93,16 @@ def kept(logits: np.ndarray) -> set[int]:
 def test_repetition_penalty(penalty, logits, history, expected):
     out = RepetitionPenalty(penalty)(f64(logits), np.array(history, dtype=np.int64))
     np.testing.assert_allclose(out, expected)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_repetition_penalty_past_the_float_range_stays_finite_and_warns_nothing(dtype):
+    big = np.finfo(dtype).max / 4
+    logits = np.array([big, -big, -1.0, 5.0], dtype=dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = RepetitionPenalty(8.0)(logits, np.array([0, 1, 2], dtype=np.int64))
+    assert out.tolist() == [big / 8, np.finfo(dtype).min, -8.0, 5.0]
 
 
 @pytest.mark.parametrize("temperature, logits, expected", [
