@@ -5,6 +5,7 @@ import ctypes
 import functools
 import logging
 import mmap
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -152,19 +153,27 @@ class CacheWarmer:
     """Maps the KV caches' pages (``populate``) in the background once started (the engine does, with
     ``EngineConfig.map_kv_cache``: a server config's ``mapKvCache``), block by block in the order the allocator
     hands blocks out (lowest first), two threads (each half of the caches), while the graphs compile; the runner's
-    warm-up waits for it to finish, so a server is ready with its cache in memory, as the memory budget planned.
-    On these VMs a page's first write faults for ~36 us: a fresh 128-token block of the 1.7B shape's float16 cache
-    cost ~220 ms inside the step that first wrote it; mapping the whole 3 GiB cache ahead took 1-25 s (the VM's
-    host maps memory it had taken back slowly). A block is rows [h * slots + block * size, + size) of every kv
-    head h of every cache."""
+    warm-up waits for the first ``wait_bytes`` of blocks (all of a cache up to that size), so a server is ready
+    with the blocks its first requests take in memory. The blocks past those go on mapping after the server is
+    ready, at idle priority (``SCHED_IDLE``: only on a core nothing else wants; a block written before its turn
+    faults in as written). On these VMs a page's first write faults for ~36 us: a fresh 128-token block of the
+    1.7B shape's float16 cache cost ~220 ms inside the step that first wrote it; mapping the whole 3 GiB cache
+    ahead took 1-25 s (the VM's host maps memory it had taken back slowly). A block is rows
+    [h * slots + block * size, + size) of every kv head h of every cache."""
+
+    WAIT_BYTES = 4 << 30  # what the warm-up waits for: 3-8 s a GiB on these VMs
 
     def __init__(self, memories: list[np.ndarray], num_slots: int, block_size: int, blocks_at_once: int = 8,
-                 threads: int = 2) -> None:
+                 threads: int = 2, wait_bytes: int = WAIT_BYTES) -> None:
         self.num_slots, self.step = num_slots, blocks_at_once * block_size
         self.total = sum(m.nbytes for m in memories)
+        # the first slots (whole steps of blocks) the warm-up waits for: every slot when the caches fit wait_bytes
+        fits = int(num_slots * wait_bytes / self.total) if self.total > wait_bytes else num_slots
+        self.wait_slots = num_slots if fits >= num_slots else min(num_slots, max(self.step, fits - fits % self.step))
         self.mapped = [0] * threads  # bytes so far, per thread
         self.stopped = threading.Event()
         self.started = False
+        self._first = [threading.Event() for _ in range(threads)]  # set once a thread has mapped its wait_slots
         self._threads = [threading.Thread(target=self._map, args=(i, memories[i::threads]), daemon=True,
                                           name=f"mindserve-cache-warmer-{i}") for i in range(threads)]
 
@@ -174,31 +183,53 @@ class CacheWarmer:
             thread.start()
 
     def _map(self, i: int, memories: list[np.ndarray]) -> None:
-        for first in range(0, self.num_slots, self.step):
-            for memory in memories:
-                for head in memory.reshape(-1, self.num_slots, memory.shape[-1]):
-                    if self.stopped.is_set():
-                        return
-                    span = head[first:first + self.step]
-                    if not populate(span):
-                        return  # the kernel has no MADV_POPULATE_WRITE: the pages fault in as written
-                    self.mapped[i] += span.nbytes
+        try:
+            for first in range(0, self.num_slots, self.step):
+                if first == self.wait_slots:  # the rest: after the server is ready, on idle cores only
+                    self._first[i].set()
+                    _idle_priority()
+                for memory in memories:
+                    for head in memory.reshape(-1, self.num_slots, memory.shape[-1]):
+                        if self.stopped.is_set():
+                            return
+                        span = head[first:first + self.step]
+                        if not populate(span):
+                            return  # the kernel has no MADV_POPULATE_WRITE: the pages fault in as written
+                        self.mapped[i] += span.nbytes
+        finally:
+            self._first[i].set()
 
     def is_alive(self) -> bool:
         return any(thread.is_alive() for thread in self._threads)
 
     def wait(self) -> None:
-        """Until every page is mapped, a progress line every 5 s (at once if never started)."""
+        """Until the first ``wait_slots`` of every cache are mapped (every page of a cache up to ``wait_bytes``),
+        a progress line every 5 s (at once if never started)."""
         if not self.started:
             return
         started = time.perf_counter()
-        while self.is_alive():
-            for thread in self._threads:
-                thread.join(5 / len(self._threads))
-            if self.is_alive():
-                log.info("mapping KV cache pages: %.2f of %.2f GiB", sum(self.mapped) / 2**30, self.total / 2**30)
-        log.info("KV cache pages mapped: %.2f GiB (%.1fs waited after the warm-up)", sum(self.mapped) / 2**30,
-                 time.perf_counter() - started)
+        waited = self.total * self.wait_slots / self.num_slots
+        while not all(event.is_set() for event in self._first):
+            for event in self._first:
+                event.wait(5 / len(self._first))
+            if not all(event.is_set() for event in self._first):
+                log.info("mapping KV cache pages: %.2f of %.2f GiB", sum(self.mapped) / 2**30, waited / 2**30)
+        if self.wait_slots == self.num_slots:
+            for thread in self._threads:  # past their last span
+                thread.join()
+        rest = "" if self.wait_slots == self.num_slots else (
+            f"; the other {(self.total - waited) / 2**30:.2f} GiB map at idle priority while the server runs")
+        log.info("KV cache pages mapped: %.2f GiB (%.1fs waited after the warm-up)%s", sum(self.mapped) / 2**30,
+                 time.perf_counter() - started, rest)
+
+
+def _idle_priority() -> None:
+    """The calling thread runs only when a core has nothing else to run (Linux ``SCHED_IDLE``; elsewhere, as
+    before)."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        pass
 
 
 _MADV_POPULATE_WRITE = 23  # Linux 5.14+

@@ -133,3 +133,39 @@ def test_the_cache_warmer_maps_every_block_of_every_cache():
     stopped.start()
     stopped.wait()
     assert _resident_mib() - before < 10  # stopped before its first span
+
+
+def test_the_warm_up_waits_for_the_first_blocks_and_the_rest_map_at_idle_priority(monkeypatch):
+    """Caches past ``wait_bytes``: ``wait`` returns once the first blocks (whole steps of them) of every cache are
+    mapped, while the others are held back; those then map in threads at SCHED_IDLE."""
+    import os
+    import threading
+    import time
+
+    from backends.mindspore.network import common
+
+    if not common.populate(np.zeros(4096, np.uint8)):
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux 5.14+)")
+    slots, size, width = 16 * 64, 64, 4096  # 16 blocks of 64 slots, 2 kv heads, rows of 4 KiB: 8 MiB a cache
+    caches = [np.zeros((2 * slots, width), np.uint8) for _ in range(3)]
+    warmer = common.CacheWarmer(caches, slots, size, blocks_at_once=2, wait_bytes=sum(c.nbytes for c in caches) // 3)
+    assert warmer.wait_slots == 4 * 64  # a third of 16 blocks is 5.3: whole steps of 2 blocks, 4
+    gate, policies, real = threading.Event(), set(), common.populate
+
+    def held(span):
+        base = next(c for c in caches if c.ctypes.data <= span.ctypes.data < c.ctypes.data + c.nbytes)
+        if (span.ctypes.data - base.ctypes.data) // width % slots >= warmer.wait_slots:
+            policies.add(os.sched_getscheduler(0))
+            gate.wait(30)  # a warmer that waited for these too would sit here 30 s, then count them all
+        return real(span)
+
+    monkeypatch.setattr(common, "populate", held)
+    warmer.start()
+    warmer.wait()  # returns with the gate shut: it did not wait for the blocks past wait_slots
+    assert sum(warmer.mapped) == sum(c.nbytes for c in caches) * 4 // 16 and warmer.is_alive()
+    gate.set()
+    deadline = time.monotonic() + 60
+    while warmer.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not warmer.is_alive() and sum(warmer.mapped) == warmer.total
+    assert policies == {os.SCHED_IDLE}
