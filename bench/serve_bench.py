@@ -47,7 +47,9 @@ sent; fixed prompt set, fixed max_new_tokens, greedy):
 Per scenario and server it reports generated tokens/s (all tokens received ÷ wall time of the
 scenario), time to first token (TTFT) p50/p95, inter-token latency (ITL, gap between consecutive
 streamed tokens) p50/p95, requests completed/failed, the most streams seen generating at the same
-time, the server's peak RSS, and how many cores *other* processes used meanwhile (the box is shared).
+time, the server's peak RSS, and how many cores *other* processes used meanwhile (the box is shared); for
+mindserve also its engine steps by kind (decode / with a prompt chunk: how many, mean ms and tokens each, share of
+the wall time; from the ``engine_step_*`` histograms of its /metrics, scraped before and after the scenario).
 Then the ratios mindserve ÷ llama.cpp and the issue's bars, with the machine's memory bandwidth (a numpy copy
 and read, measured before the servers start) beside them. ``--chart`` also draws throughput and TTFT
 against the number of clients, one line per target (bench/charts.py, matplotlib). It never runs in the
@@ -218,6 +220,9 @@ async def run_scenarios(server: Server, session: aiohttp.ClientSession, run: Run
         run.results[sc.name][server.name] = r
         log(f"  {r['tok_per_s']:.1f} tok/s, TTFT p50 {r['ttft_p50_ms']:.0f} ms, "
             f"{r['completed']} ok / {r['failed']} failed, others used {r['other_cores']:.2f} cores")
+        for kind, f in (r.get("steps") or {}).items():  # mindserve's /metrics (docs/api.md engine_step_*)
+            log(f"  {kind} steps: {f['steps']:.0f}, {f['mean_ms']:.1f} ms and {f['mean_tokens']:.1f} tokens each, "
+                f"{f['wall_share']:.0%} of the wall time")
 
 
 async def drive(run: Run, golden: dict, ready_timeout: float) -> None:

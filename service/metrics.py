@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from backends.types import GenerationResult, TokenEvent
 from service.access_log import CLIENT_GONE
@@ -74,6 +74,7 @@ class EngineCollector:
                 family.add_metric([self._model_name], spec[key])
                 yield family
         yield from self._by_priority(info.get("priorities") or {})
+        yield from self._steps(info.get("steps") or {})
 
     def _by_priority(self, priorities: dict[int, dict[str, int]]) -> Iterable[Metric]:
         """Requests per priority (a series per priority that has requests now)."""
@@ -83,6 +84,26 @@ class EngineCollector:
             for priority, counts in priorities.items():
                 family.add_metric([self._model_name, str(priority)], counts[where])
             yield family
+
+    def _steps(self, steps: dict[str, dict[str, dict[str, Any]]]) -> Iterable[Metric]:
+        """The engine's steps by ``kind`` (backends/step_stats.py): their wall time and the tokens each computed."""
+        if not steps:
+            return
+        for name, key, doc in (("engine_step_duration_seconds", "seconds", "Wall time of each engine step (plan, "
+                                "forward pass, sampling), by kind: decode rows only, or with a prompt chunk."),
+                               ("engine_step_tokens", "tokens", "Tokens each engine step computed (decode rows, their "
+                                "drafts, prompt-chunk tokens), by kind.")):
+            family = HistogramMetricFamily(name, doc, labels=(*LABELS, "kind"))
+            for kind, histograms in steps.items():
+                h = histograms[key]
+                family.add_metric([self._model_name, kind], [*((_edge(le), n) for le, n in h["buckets"]),
+                                                             ("+Inf", h["count"])], h["sum"])
+            yield family
+
+
+def _edge(le: float) -> str:
+    """A bucket edge as Prometheus's clients write it (``0.5``, ``16.0``)."""
+    return repr(float(le))
 
 
 class HttpCollector:

@@ -27,6 +27,7 @@ from backends.mindspore.step import RowOutput
 from backends.mindspore.sequence import SeqState
 from backends.sampling import vocab_log_softmax
 from backends.settings import EngineConfig
+from backends.step_stats import StepStats
 from backends.stopping import StepOutcome
 from backends.types import FinishReason, GenerationResult, Grammar, MediaInput, RequestParams, Token, TokenEvent
 
@@ -48,6 +49,7 @@ class Engine:
         self.lora, self.runner = parts.lora, parts.runner
         self.allocator, self.scheduler, self.speculator = parts.allocator, parts.scheduler, parts.speculator
         self.masks = MaskWorker()  # grammar masks, computed while the forward pass runs
+        self.step_stats = StepStats()
         self.intake = Intake(self)
         self._inbox: queue.SimpleQueue[SeqState] = queue.SimpleQueue()
         self._tasks: queue.SimpleQueue[tuple[Any, Future]] = queue.SimpleQueue()  # run between steps
@@ -196,9 +198,11 @@ class Engine:
         self._fail_active(EngineUnavailable("the engine shut down"))
 
     def step(self) -> bool:
-        """One iteration: admit, drop the cancelled, plan, draft, run, then each row in turn. False if idle."""
+        """One iteration: admit, drop the cancelled, plan, draft, run, then each row in turn (its wall time and
+        tokens go to ``step_stats``; the tasks run before it do not count). False if idle."""
         while not self._tasks.empty():
             _run_task(*self._tasks.get())
+        started = time.perf_counter()
         self._admit()
         self._drop_cancelled()
         plan = self.scheduler.plan()
@@ -211,7 +215,11 @@ class Engine:
         seqs = plan.sequences()
         for out in self.runner.run(plan.batch(drafts)):
             self._advance(seqs[out.row], out, masks)
-        return not plan.empty
+        if plan.empty:
+            return False
+        self.step_stats.record("prefill" if plan.prefill else "decode", time.perf_counter() - started,
+                               plan.tokens + sum(len(d) for d in drafts.values()))
+        return True
 
     def _admit(self) -> None:
         while not self._inbox.empty():

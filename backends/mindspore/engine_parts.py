@@ -184,4 +184,4 @@ def engine_info(self) -> dict:  # self: the Engine
             "prefix_caching": self.allocator.prefix_caching, "prefix_cache_blocks": self.allocator.cached_blocks,
             "prefix_cache_hit_rate": self.scheduler.hit_tokens / max(self.scheduler.prompt_tokens, 1),
             "prefix_cache_hit_tokens": self.scheduler.hit_tokens, "adapters": self.adapters(),
-            "lora": self.lora.info(), "speculation": self.speculator.info()}
+            "lora": self.lora.info(), "speculation": self.speculator.info(), "steps": self.step_stats.snapshot()}

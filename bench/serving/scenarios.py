@@ -284,6 +284,21 @@ def build_prompts(tok) -> PromptSets:
     return PromptSets(prompts, desc, system_prompt)
 
 
+def step_figures(before: dict | None, after: dict | None, wall: float) -> dict[str, dict[str, float]] | None:
+    """The engine's steps during a scenario, by kind (``Server.step_totals`` before and after it): how many, their
+    mean wall time and tokens, and the share of the scenario's wall time they took (the rest: the engine idle or
+    between steps)."""
+    if not before or not after:
+        return None
+    out = {}
+    for kind, (n1, s1, t1) in after.items():
+        n0, s0, t0 = before.get(kind, (0.0, 0.0, 0.0))
+        if n1 > n0:
+            out[kind] = {"steps": n1 - n0, "mean_ms": (s1 - s0) / (n1 - n0) * 1e3,
+                         "mean_tokens": (t1 - t0) / (n1 - n0), "wall_share": (s1 - s0) / wall}
+    return out
+
+
 async def run_scenario(server: Server, session: aiohttp.ClientSession, sc: Scenario, prompts: list[str],
                        max_new: int) -> dict:
     """``sc`` against ``server``: its clients share the request count; the figures of the scenario's table row."""
@@ -307,11 +322,13 @@ async def run_scenario(server: Server, session: aiohttp.ClientSession, sc: Scena
 
     meter = CpuMeter(psutil.Process(server.proc.pid) if server.proc else None)
     server.rss.reset_window()
+    steps_before = await server.step_totals(session)
     meter.start()
     t0 = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(sc.concurrency)))
     wall = time.perf_counter() - t0
     cpu = meter.stop()
+    steps = step_figures(steps_before, await server.step_totals(session), wall)
     ok = [r for r in results if r.ok]
     tokens = sum(r.tokens for r in ok)
     ttft = [r.first_token - r.start for r in ok if r.first_token is not None]
@@ -335,6 +352,6 @@ async def run_scenario(server: Server, session: aiohttp.ClientSession, sc: Scena
         "ttft_p50_ms": pct(ttft, 50) * 1e3, "ttft_p95_ms": pct(ttft, 95) * 1e3,
         "itl_p50_ms": pct(itl, 50) * 1e3, "itl_p95_ms": pct(itl, 95) * 1e3,
         "e2e_p50_s": pct(e2e, 50), "max_streams_generating": most,
-        "peak_rss_mib": server.rss.window_peak / 2**20, **cpu,
+        "peak_rss_mib": server.rss.window_peak / 2**20, **cpu, **({"steps": steps} if steps else {}),
         "texts": [texts.get(i) for i in range(len(prompts))],
     }

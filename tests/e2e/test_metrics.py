@@ -22,6 +22,7 @@ COUNTERS = ("request_received_total", "request_success_total", "request_failed_t
             "generation_tokens_total")
 HISTOGRAMS = ("time_to_first_token_seconds", "time_per_output_token_seconds", "e2e_request_latency_seconds",
               "request_prompt_tokens", "request_generation_tokens")
+STEP_HISTOGRAMS = ("engine_step_duration_seconds", "engine_step_tokens")
 GAUGES = ("num_requests_running", "num_requests_waiting", "cpu_cache_usage_perc", "prefix_cache_hit_rate",
           "prefix_cache_blocks")
 
@@ -46,6 +47,10 @@ def test_every_reference_metric_is_exposed_with_the_model_name(metrics_url, defa
         assert families[name.removesuffix("_total")].type == "counter", name
     for name in HISTOGRAMS:
         assert families[name].type == "histogram", name
+    for name in STEP_HISTOGRAMS:
+        assert families[name].type == "histogram", name
+        assert {(s.labels["model_name"], s.labels["kind"]) for s in families[name].samples} == {
+            (default_engine.model_name, kind) for kind in ("decode", "prefill")}
     for name in GAUGES:
         assert families[name].type == "gauge", name
         (sample,) = families[name].samples
@@ -83,6 +88,54 @@ def test_counters_move_by_exactly_what_the_requests_did(metrics_url):
     assert delta(before, after, "time_to_first_token_seconds_count") == 2
     assert delta(before, after, "time_per_output_token_seconds_count") == generated - 2
     assert after["num_requests_running"] == 0 and after["num_requests_waiting"] == 0
+
+
+def _step_counts(figures: dict[str, float]) -> tuple[float, ...]:
+    return tuple(figures.get(f"engine_step_{name}_count{{kind={kind}}}", 0.0)
+                 for name in ("duration_seconds", "tokens") for kind in ("prefill", "decode"))
+
+
+def _settled(url: str, deadline: float, moved=lambda figures: True) -> dict[str, float]:
+    """A scrape once ``moved`` holds of it and the step counts stay put for 50 ms: the engine thread records a
+    step after that step's results went out, so a scrape right after a reply may not have its last step yet."""
+    last = None
+    while True:
+        figures = scrape(url)
+        if last is not None and moved(figures) and _step_counts(figures) == _step_counts(last):
+            return figures
+        assert time.monotonic() < deadline, "the engine's step counts never settled"
+        last = figures
+        time.sleep(0.05)
+
+
+def test_engine_steps_are_counted_by_kind(metrics_url):
+    """One request alone: its prompt (under one chunk and one cache part) is one prefill step of its tokens, each
+    later token one decode step of one token; every step has a wall time."""
+    deadline = time.monotonic() + 60
+    while (info := requests.get(metrics_url + "/info", timeout=10).json()["mindserve"])["running"] + info["waiting"]:
+        assert time.monotonic() < deadline, "the engine never went idle"
+        time.sleep(0.05)
+    before = _settled(metrics_url, deadline)
+    reply = requests.post(metrics_url + "/", json={"inputs": PROMPT, "parameters": {
+        "max_new_tokens": 6, "details": True}}, timeout=TIMEOUT)
+    assert reply.status_code == 200, reply.text
+    details = reply.json()[0]["details"]
+    want = {"prefill": 1, "decode": details["generated_tokens"] - 1}
+
+    def steps(figures: dict[str, float]) -> dict[str, float]:
+        return {kind: delta(before, figures, f"engine_step_duration_seconds_count{{kind={kind}}}") for kind in want}
+
+    after = _settled(metrics_url, time.monotonic() + 30, lambda figures: steps(figures) == want)
+    assert steps(after) == want
+    assert delta(before, after, "engine_step_tokens_sum{kind=prefill}") == details["prompt_tokens"]
+    assert delta(before, after, "engine_step_tokens_sum{kind=decode}") == details["generated_tokens"] - 1
+    for kind in ("prefill", "decode"):
+        assert delta(before, after, f"engine_step_tokens_count{{kind={kind}}}") == want[kind]
+        assert delta(before, after, f"engine_step_duration_seconds_sum{{kind={kind}}}") > 0
+        buckets = sorted((float(key.split("{le=")[1][:-1]), value) for key, value in after.items()
+                         if key.startswith(f"engine_step_duration_seconds_bucket{{kind={kind}}}"))
+        assert [n for _, n in buckets] == sorted(n for _, n in buckets)  # cumulative
+        assert buckets[-1] == (float("inf"), after[f"engine_step_duration_seconds_count{{kind={kind}}}"])
 
 
 def test_prompt_rejected_by_the_engine_counts_as_failed(metrics_url):

@@ -8,7 +8,8 @@ from prometheus_client.parser import text_string_to_metric_families
 def scrape(url: str) -> dict[str, float]:
     """Sample name → value for the samples labelled with the model (a histogram bucket keeps its ``le``, an HTTP
     timeout or refusal counter its ``kind`` or ``reason``, the failures by type their ``error_type``, the
-    per-adapter counters their ``adapter`` (and ``outcome``), the requests by priority their ``priority``)."""
+    per-adapter counters their ``adapter`` (and ``outcome``), the requests by priority their ``priority``, the engine
+    steps their ``kind``)."""
     reply = requests.get(url + "/metrics", timeout=10)
     assert reply.status_code == 200
     assert reply.headers["Content-Type"].startswith("text/plain")
@@ -17,7 +18,7 @@ def scrape(url: str) -> dict[str, float]:
         for sample in family.samples:
             extra = set(sample.labels) - {"model_name"}
             assert "model_name" in sample.labels, sample
-            assert len(extra) <= 1 or extra == {"adapter", "outcome"}, sample
+            assert len(extra) <= 1 or extra in ({"adapter", "outcome"}, {"kind", "le"}), sample
             assert extra <= {"le", "kind", "reason", "error_type", "adapter", "outcome", "priority"}, sample
             key = sample.name + "".join(f"{{{name}={sample.labels[name]}}}" for name in sorted(extra))
             out[key] = sample.value
