@@ -18,7 +18,8 @@ from service.admission import Admission, Deadlines
 from service.config import ServerSettings
 from service.errors import IncompleteGeneration, ServiceUnavailable, TooManyRequests
 from service.state import ServerState
-from tests.support.fake_backend import FakeBackend, Pace
+from tests.support.fake_backend import FakeBackend, GatedBackend, Pace
+from tests.support.http import until
 
 TIMEOUT = 30
 BODY = {"inputs": "hello", "parameters": {"max_new_tokens": 5}}
@@ -116,56 +117,78 @@ def test_deadlines_pick_the_nearer_limit_and_name_it():
 
 # --- 429 over HTTP ------------------------------------------------------------------------------------
 
-def _post_all(url: str, bodies: list[tuple[str, dict]]) -> list[tuple[float, requests.Response]]:
-    def one(item: tuple[str, dict]) -> tuple[float, requests.Response]:
-        path, body = item
-        started = time.monotonic()
-        reply = requests.post(url + path, json=body, timeout=TIMEOUT)
-        return time.monotonic() - started, reply
+def _post(url: str, path: str, body: dict) -> tuple[float, requests.Response]:
+    """(seconds it took, reply) of one POST."""
+    started = time.monotonic()
+    reply = requests.post(url + path, json=body, timeout=TIMEOUT)
+    return time.monotonic() - started, reply
 
-    with ThreadPoolExecutor(len(bodies)) as pool:
-        futures = []
-        for item in bodies:
-            futures.append(pool.submit(one, item))
-            time.sleep(0.05)  # arrive in order
-        return [f.result() for f in futures]
+
+def _slots(url: str) -> tuple[int, int]:
+    """(requests in flight, requests waiting for a slot), from /info."""
+    gauges = requests.get(url + "/info", headers={"Connection": "close"}, timeout=TIMEOUT).json()["mindserve"]["http"]
+    return gauges["slots_in_use"], gauges["waiting_for_slot"]
+
+
+def _wait_for_slots(url: str, in_flight: int, waiting: int) -> None:
+    """Until ``in_flight`` requests hold a slot and ``waiting`` wait for one (the gate keeps them there)."""
+    assert until(lambda: _slots(url) == (in_flight, waiting), TIMEOUT), _slots(url)
 
 
 @pytest.mark.parametrize("path, body", [("/", BODY), ("/generate_stream", BODY),
                                         ("/v1/completions", {"model": "fake", "prompt": "hi", "max_tokens": 5})])
 def test_one_in_flight_two_waiting_then_429(live_servers, path, body):
-    backend = FakeBackend(Pace(tokens=5, delay=0.1))
+    backend = GatedBackend(Pace(tokens=5))  # nothing ends before the gate opens
     url = live_servers.start(backend, replace(ServerSettings(), max_link_num=1))
-    results = _post_all(url, [(path, body)] * 5)
-    statuses = [reply.status_code for _, reply in results]
-    assert statuses == [200, 200, 200, 429, 429], statuses
-    for took, reply in results[3:]:
-        assert took < 0.4, took  # refused at once, not after a wait
-        if path.startswith("/v1/"):
-            assert reply.json()["error"]["type"] == "rate_limit_error"
-        else:
-            assert "maxLinkNum 1" in error_of(reply, 429, "Too Many Requests")
+    with ThreadPoolExecutor(3) as pool:
+        try:
+            held = [pool.submit(_post, url, path, body) for _ in range(3)]
+            _wait_for_slots(url, in_flight=1, waiting=2)
+            for _ in range(2):
+                took, reply = _post(url, path, body)
+                assert took < 5, took  # refused at once, not after a wait (a wait would last until the gate opens)
+                if path.startswith("/v1/"):
+                    assert reply.status_code == 429 and reply.json()["error"]["type"] == "rate_limit_error"
+                else:
+                    assert "maxLinkNum 1" in error_of(reply, 429, "Too Many Requests")
+            assert _slots(url) == (1, 2) and len(backend.handles) <= 1  # the refused ones changed nothing
+        finally:
+            backend.open()
+        assert [f.result()[1].status_code for f in held] == [200, 200, 200]
     assert len(backend.handles) == 3  # the refused ones never reached the backend
+    assert backend.capped == 0
     assert requests.post(url + path, json=body, timeout=TIMEOUT).status_code == 200  # room again
 
 
 def test_in_flight_limit_is_shared_by_all_generation_routes(live_servers):
-    backend = FakeBackend(Pace(tokens=5, delay=0.1))
+    backend = GatedBackend(Pace(tokens=5))
     url = live_servers.start(backend, replace(ServerSettings(), max_link_num=1))
-    results = _post_all(url, [("/generate", BODY), ("/v1/chat/completions",
-                                                    {"model": "fake", "messages": [{"role": "user", "content": "x"}]}),
-                              ("/", BODY), ("/generate_stream", BODY)])
-    assert [r.status_code for _, r in results] == [200, 200, 200, 429]
+    chat = {"model": "fake", "messages": [{"role": "user", "content": "x"}]}
+    with ThreadPoolExecutor(3) as pool:
+        try:
+            held = [pool.submit(_post, url, path, body)
+                    for path, body in [("/generate", BODY), ("/v1/chat/completions", chat), ("/", BODY)]]
+            _wait_for_slots(url, in_flight=1, waiting=2)
+            assert _post(url, "/generate_stream", BODY)[1].status_code == 429
+        finally:
+            backend.open()
+        assert [f.result()[1].status_code for f in held] == [200, 200, 200]
     assert requests.post(url + "/v1/tokenizer", json={"inputs": "a b"}, timeout=TIMEOUT).status_code == 200
 
 
 def test_queue_wait_counts_against_e2e_timeout(live_servers):
-    backend = FakeBackend(Pace(tokens=10, delay=0.1))  # 1 s per request
-    url = live_servers.start(backend, replace(ServerSettings(), max_link_num=1, e2e_timeout=0.3))
-    (_, first), (took, second) = _post_all(url, [("/", BODY), ("/", BODY)])
-    assert "e2eTimeout (0.3 s)" in error_of(first, 500, "Incomplete Generation")
-    assert "e2eTimeout (0.3 s)" in error_of(second, 500, "Incomplete Generation")  # waiting counted
-    assert took < 0.6, took
+    backend = GatedBackend(Pace(tokens=10))  # the gate stays shut: the request in flight never gets a token
+    url = live_servers.start(backend, replace(ServerSettings(), max_link_num=1, e2e_timeout=1.0))
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(_post, url, "/", BODY)
+        _wait_for_slots(url, in_flight=1, waiting=0)
+        took, second = _post(url, "/", BODY)  # waits for the slot the first holds until its e2eTimeout
+        first_reply = first.result()[1]
+    assert "e2eTimeout (1 s)" in error_of(first_reply, 500, "Incomplete Generation")
+    message = error_of(second, 500, "Incomplete Generation")
+    assert "e2eTimeout (1 s)" in message or "for a free slot (e2eTimeout)" in message, message
+    # waiting counted: ~1 s in all; not counted: ~2 s (about 1 s for the slot, then 1 s in flight)
+    assert took < 1.6, took
 
 
 def test_draining_server_answers_503_to_new_generation_requests(live_servers):
@@ -247,19 +270,22 @@ def test_big_body_from_a_normal_client_gets_413(small_body_url, path):
 
 def test_refusals_decided_before_the_body_keep_the_connection(live_servers):
     """A 429 or 415 is sent after the body is read (and dropped), so the connection stays usable."""
-    backend = FakeBackend(Pace(tokens=20, delay=0.05))
+    backend = GatedBackend(Pace(tokens=20))  # the three busy requests hold the slot and the line until the end
     url = live_servers.start(backend, replace(ServerSettings(), max_link_num=1))
     parts = urlsplit(url)
     long_body = {"inputs": "x", "parameters": {"max_new_tokens": 20}}
     with ThreadPoolExecutor(3) as pool:
-        busy = [pool.submit(requests.post, url + "/", json=long_body, timeout=TIMEOUT) for _ in range(3)]
-        time.sleep(0.3)
-        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=TIMEOUT)
-        for content_type, status in [("application/json", 429), ("text/plain", 415), ("application/json", 429)]:
-            conn.request("POST", "/", body=json.dumps(BODY), headers={"Content-Type": content_type})
-            reply = conn.getresponse()
-            assert reply.status == status and set(json.loads(reply.read())) == {"error", "error_type"}
-            assert reply.getheader("Connection") != "close"
-        conn.close()
+        try:
+            busy = [pool.submit(requests.post, url + "/", json=long_body, timeout=TIMEOUT) for _ in range(3)]
+            _wait_for_slots(url, in_flight=1, waiting=2)
+            conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=TIMEOUT)
+            for content_type, status in [("application/json", 429), ("text/plain", 415), ("application/json", 429)]:
+                conn.request("POST", "/", body=json.dumps(BODY), headers={"Content-Type": content_type})
+                reply = conn.getresponse()
+                assert reply.status == status and set(json.loads(reply.read())) == {"error", "error_type"}
+                assert reply.getheader("Connection") != "close"
+            conn.close()
+        finally:
+            backend.open()
         assert all(f.result().status_code == 200 for f in busy)
     assert requests.post(url + "/", json=BODY, timeout=TIMEOUT).status_code == 200

@@ -88,7 +88,11 @@ def _wait_ready(proc: subprocess.Popen, log: list[str]) -> str:
         if url is None:
             found = [re.search(r"listening on (http://\S+) ", line) for line in list(log)]
             url = next((m.group(1) for m in found if m), None)
-        elif requests.get(url + "/health", timeout=10).status_code == 200:
-            return url
+        else:
+            try:
+                if requests.get(url + "/health", timeout=10).status_code == 200:
+                    return url
+            except requests.RequestException:  # a busy server (compiling) may not answer in time: ask again
+                pass
         time.sleep(0.2)
     raise AssertionError("server did not turn ready:\n" + "".join(log)[-3000:])

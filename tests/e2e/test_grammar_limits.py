@@ -19,6 +19,7 @@ from backends.types import Grammar
 from service.admission import Admission
 from service.config import ServerSettings
 from tests.support.fake_backend import FakeBackend
+from tests.support.http import until
 from tests.support.tiny_model import EOS, train_tokenizer
 
 HUGE_REGEX = {"type": "regex", "value": "a{1000000}"}
@@ -39,9 +40,12 @@ class CheckingBackend(FakeBackend):
         tok = train_tokenizer(384)
         self.grammars = GrammarCompiler(tok.to_str(), tok.get_vocab_size(), [tok.token_to_id(EOS)])
         self.checked: list[Grammar] = []
+        self.hold: threading.Event | None = None  # set up by a test: each check waits for it (at most 30 s)
 
     def check_grammar(self, grammar: Grammar) -> None:
         self.checked.append(grammar)
+        if self.hold is not None:
+            self.hold.wait(30)
         self.grammars.check(grammar)
 
 
@@ -91,18 +95,18 @@ def test_a_normal_grammar_passes_the_check_and_generates(server):
 def test_the_check_runs_off_the_event_loop(server):
     """While the 1,000,000-repetition regex is being checked (seconds of CPU), the server answers others."""
     url, backend, _ = server
-    order: list[str] = []
     checks = len(backend.checked)
-
-    def huge():
-        requests.post(url + "/generate", json={"inputs": "x", "parameters": {"grammar": HUGE_REGEX}}, timeout=60)
-        order.append("grammar")
-
-    thread = threading.Thread(target=huge)
-    thread.start()
-    while len(backend.checked) == checks:  # the check has started on its thread
-        thread.join(0.01)
-    assert requests.get(url + "/v2/health/live", timeout=10).status_code == 200
-    order.append("live")
+    replies: list[requests.Response] = []
+    backend.hold = threading.Event()  # the check stays under way until the test has its answer
+    try:
+        thread = threading.Thread(target=lambda: replies.append(requests.post(
+            url + "/generate", json={"inputs": "x", "parameters": {"grammar": HUGE_REGEX}}, timeout=60)))
+        thread.start()
+        assert until(lambda: len(backend.checked) > checks, 30)  # the check has started on its thread
+        assert requests.get(url + "/v2/health/live", timeout=10).status_code == 200
+        assert not replies and not backend.hold.is_set()  # answered while the check was still held
+    finally:
+        backend.hold.set()
+        backend.hold = None
     thread.join(60)
-    assert order == ["live", "grammar"]
+    assert [r.status_code for r in replies] == [422], [r.text for r in replies]

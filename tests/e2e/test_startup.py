@@ -87,13 +87,19 @@ def write(tmp_path: Path, model_dir: Path, **server) -> Path:
 def poll_health(url: str, timeout: float = TIMEOUT) -> list[int]:
     """/health statuses, polled until the first 200."""
     seen: list[int] = []
+    error: requests.RequestException | None = None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        seen.append(requests.get(url + "/health", timeout=10).status_code)
+        try:
+            seen.append(requests.get(url + "/health", timeout=10).status_code)
+        except requests.RequestException as exc:  # a busy server (compiling) may not answer in time: ask again
+            error = exc
+            time.sleep(0.1)
+            continue
         if seen[-1] == 200:
             return seen
         time.sleep(0.1)
-    raise AssertionError(f"/health never turned 200: {seen[-5:]}")
+    raise AssertionError(f"/health never turned 200: {seen[-5:]}; last error: {error!r}")
 
 
 def test_health_is_503_during_load_and_warm_up_then_200(tmp_path, tiny_model_dir):

@@ -73,7 +73,7 @@ class FakeBackend:
             wait = pace.delay if i or pace.first_delay is None else pace.first_delay
             if pace.stall_after is not None and i == pace.stall_after:
                 wait += pace.stall
-            if not _sleep_unless_cancelled(handle, wait):
+            if not self._hold(handle, i) or not _sleep_unless_cancelled(handle, wait):
                 handle.emit(GenerationResult("a" * i, FinishReason.STOP_SEQUENCE, 1, i, 1))
                 return
             if pace.fail_after is not None and i == pace.fail_after:
@@ -81,6 +81,10 @@ class FakeBackend:
                 return
             handle.emit(TokenEvent(Token(i, "a", -0.5, False), i, "a", last=i == n - 1))
         handle.emit(GenerationResult("a" * n, FinishReason.LENGTH, 1, n, 1))
+
+    def _hold(self, handle: RequestHandle, index: int) -> bool:
+        """Called before token ``index`` is made; False: the request was cancelled meanwhile (GatedBackend)."""
+        return True
 
     def count_tokens(self, text: str) -> int:
         return max(1, len(text.split()))
@@ -115,6 +119,41 @@ class FakeBackend:
 
     def cancelled(self) -> list[bool]:
         return [h.cancelled for h in self.handles]
+
+
+class GatedBackend(FakeBackend):
+    """The fake backend whose requests wait at a gate before token ``hold_at`` (0: before any token) until the
+    test opens it (``open()``), the request is cancelled, or ``cap`` s pass (``capped`` counts those: a test that
+    hung on the gate). A test waits for a state (requests held, slots taken), never for a time."""
+
+    def __init__(self, pace: Pace = Pace(), hold_at: int = 0, cap: float = 30.0) -> None:
+        super().__init__(pace)
+        self.hold_at, self.cap = hold_at, cap
+        self.gate = threading.Event()
+        self.at_gate = 0  # requests waiting at the gate now
+        self.capped = 0  # requests the cap let through
+
+    def open(self) -> None:
+        self.gate.set()
+
+    def _hold(self, handle: RequestHandle, index: int) -> bool:
+        if index != self.hold_at:
+            return True
+        deadline = time.monotonic() + self.cap
+        with self._lock:
+            self.at_gate += 1
+        try:
+            while not self.gate.wait(0.005):
+                if handle.cancelled:
+                    return False
+                if time.monotonic() >= deadline:
+                    with self._lock:
+                        self.capped += 1
+                    break
+            return True
+        finally:
+            with self._lock:
+                self.at_gate -= 1
 
 
 def _sleep_unless_cancelled(handle: RequestHandle, seconds: float) -> bool:
