@@ -154,18 +154,19 @@ def test_openai_routes_time_out_too(live_servers, stream):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_token_timeout_frees_the_engine_slot_and_cache(live_servers, engine, slow, stream):
-    slow(delay=0.001, stall_after=5, stall=0.8)
+    wrapper = slow(delay=0.001, stall_after=5, stall=0.8)
     url = live_servers.start(engine, replace(ServerSettings(), token_timeout=0.3))
-    reply = requests.post(url + "/", json=gen_body(stream), timeout=TIMEOUT)
-    timed_out = time.monotonic()
+    reply = requests.post(url + "/", json=gen_body(stream, max_new_tokens=90), timeout=TIMEOUT)
+    at_timeout = wrapper.calls
     if stream:
         assert reply.status_code == 200
         events = sse_events(reply.text)
         assert len(events) >= 3 and events[-1]["error_type"] == "Incomplete Generation"
     else:
         assert reply.status_code == 500 and "tokenTimeout (0.3 s)" in reply.json()["error"]
-    wait_idle(engine, 2.0)  # the stalled step ends (<= 0.8 s), the next one drops the request
-    assert time.monotonic() - timed_out < 2.0
+    wait_idle(engine, 10.0)  # the stalled step ends (<= 0.8 s), the next one drops the request
+    # cancelled at the timeout: dropped at the engine's next step; not cancelled: its ~84 other tokens, a step each
+    assert wrapper.calls - at_timeout <= STEPS_AFTER_CANCEL, (at_timeout, wrapper.calls)
 
 
 def test_e2e_timeout_frees_the_engine_slot_and_cache(live_servers, engine, slow):
