@@ -184,20 +184,27 @@ class CacheWarmer:
 
     def _map(self, i: int, memories: list[np.ndarray]) -> None:
         try:
-            for first in range(0, self.num_slots, self.step):
-                if first == self.wait_slots:  # the rest: after the server is ready, on idle cores only
-                    self._first[i].set()
-                    _idle_priority()
-                for memory in memories:
-                    for head in memory.reshape(-1, self.num_slots, memory.shape[-1]):
-                        if self.stopped.is_set():
-                            return
-                        span = head[first:first + self.step]
-                        if not populate(span):
-                            return  # the kernel has no MADV_POPULATE_WRITE: the pages fault in as written
-                        self.mapped[i] += span.nbytes
+            for first in range(0, self.wait_slots, self.step):
+                if not self._populate(i, memories, first, min(first + self.step, self.wait_slots)):
+                    return
+            self._first[i].set()
+            if self.wait_slots < self.num_slots:  # the rest: after the server is ready, on idle cores only, one
+                _idle_priority()  # call per kv head of each cache (the fewest returns to Python: each takes the GIL)
+                self._populate(i, memories, self.wait_slots, self.num_slots)
         finally:
             self._first[i].set()
+
+    def _populate(self, i: int, memories: list[np.ndarray], start: int, stop: int) -> bool:
+        """Slots [start, stop) of every kv head of ``memories``; False once stopped or refused by the kernel."""
+        for memory in memories:
+            for head in memory.reshape(-1, self.num_slots, memory.shape[-1]):
+                if self.stopped.is_set():
+                    return False
+                span = head[start:stop]
+                if not populate(span):
+                    return False  # the kernel has no MADV_POPULATE_WRITE: the pages fault in as written
+                self.mapped[i] += span.nbytes
+        return True
 
     def is_alive(self) -> bool:
         return any(thread.is_alive() for thread in self._threads)
