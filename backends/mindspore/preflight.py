@@ -58,9 +58,11 @@ def is_default_model(path: Path) -> bool:
 
 def check_model(path: Path, engine: EngineConfig) -> ModelCheck:
     """The model directory and everything the engine reads from it before loading weights. The default
-    model's directory may be absent: serve prepares it."""
+    model's directory may be absent, and a GGUF, an HF directory or a package stand for one: serve prepares it."""
     if not is_model_dir(path):
-        if is_default_model(path):
+        from backends.mindspore.model_sources import is_model_source
+
+        if is_default_model(path) or is_model_source(path):  # serve prepares it, then the engine checks it
             _check_windows(engine, None)
             return ModelCheck(path)
         raise PreflightError(MODEL, f": {path} is not a model directory (no .yaml inside)")
