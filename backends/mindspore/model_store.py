@@ -189,7 +189,9 @@ class ModelStore:
                 convert_gguf(gguf, out, progress=progress, dtype=dtype)
             except UnsupportedGguf as exc:
                 raise ModelStoreError(f"{gguf}: {exc}") from None
-            except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+            except OSError as exc:
+                raise ModelStoreError(f"{gguf}: the conversion failed: {exc}") from None
+            except (ValueError, KeyError, IndexError, TypeError) as exc:
                 raise ModelStoreError(f"{gguf}: not a readable GGUF file (truncated or corrupt?): "
                                       f"{type(exc).__name__}: {exc}") from None
             return json.loads((out / "config.json").read_text())["architectures"][0]
