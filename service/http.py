@@ -34,6 +34,7 @@ class BaseHandler(tornado.web.RequestHandler):
 
     client_gone = False
     public: ClassVar[bool] = False  # answered without the API key (service/auth.py)
+    openai_401: ClassVar[bool] = False  # an OpenAI route: its 401 in OpenAI's shape (its clients read it so)
 
     def initialize(self, ctx: AppContext) -> None:
         self.ctx = ctx
@@ -76,8 +77,8 @@ class BaseHandler(tornado.web.RequestHandler):
 
     def render_error(self, error: ServiceError) -> tuple[int, Any]:
         """(status, JSON body) of an error on this route: POST /'s ``{"error", "error_type"}``; a 401 on an OpenAI
-        route (``/v1/...``) in OpenAI's shape, which its clients read as an authentication error."""
-        if isinstance(error, Unauthorized) and self.request.path.startswith("/v1/"):
+        route (``openai_401``) in OpenAI's shape, which its clients read as an authentication error."""
+        if isinstance(error, Unauthorized) and self.openai_401:
             from service.dialects.openai import openai_error  # the dialect imports this module
 
             return openai_error(error)

@@ -60,11 +60,15 @@ class TokenizerHandler(JsonBodyHandler):
 
 
 class ModelsHandler(GetHandler):
+    openai_401 = True
+
     def get(self) -> None:
         self.write_json(model_list(self.ctx))
 
 
 class ModelHandler(GetHandler):
+    openai_401 = True
+
     def get(self, model_id: str) -> None:
         if model_id == self.ctx.backend.model_name:
             self.write_json(model_card(self.ctx))
