@@ -43,8 +43,6 @@ class ModelSource:
 
 def resolve_source(reference: str | Path) -> ModelSource:
     """The source ``reference`` names. An existing path wins over a package of the same name."""
-    from backends.mindspore.preflight import is_model_dir  # preflight asks is_model_source: imported here
-
     text = str(reference)
     package = _package_name(Path(text))
     if package is not None:
@@ -63,6 +61,11 @@ def resolve_source(reference: str | Path) -> ModelSource:
     if "/" in text or text.startswith((".", "~")) or text.endswith(".gguf") or not is_project_name(text):
         raise ModelSourceError(f"{text}: no such file or directory (nor a package name)")
     return _package(text)
+
+
+def is_model_dir(path: Path) -> bool:
+    """A converted model directory: a predict yaml inside."""
+    return path.is_dir() and any(path.glob("*.yaml"))
 
 
 def is_model_source(path: Path) -> bool:
