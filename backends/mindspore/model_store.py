@@ -227,8 +227,8 @@ class ModelStore:
         return [(entry, record) for entry, record in found if record is not None]
 
     def clean_stale(self) -> None:
-        """Remove the staging directories of processes that are gone (a crash, a kill)."""
-        for stale in self.root.glob(".staging-*"):
+        """Remove the staging directories, and entries half removed, of processes that are gone (a crash, a kill)."""
+        for stale in [*self.root.glob(".staging-*"), *self.root.glob(".removing-*")]:
             pid = stale.name.split("-")[1]
             if pid.isdigit() and not _alive(int(pid)):
                 shutil.rmtree(stale, ignore_errors=True)
