@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -178,6 +179,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cfg = load_server_config(args.config)
     if args.port is not None:
         cfg = with_port(cfg, args.port)
+    if args.threads is not None:
+        cfg = replace(cfg, engine=replace(cfg.engine, threads=args.threads))
     try:
         asyncio.run(serve(cfg))
     except StartupFailed:
@@ -215,6 +218,19 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def thread_count(text: str) -> int:
+    """``--threads``: a whole number from 1 to the kernel pool's limit."""
+    from backends.cpus import MAX_THREADS
+
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_THREADS}, got {text!r}")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mindserve", description="MindSpore LLM inference server "
                                      "(TGI 0.9.4-compatible POST /).")
@@ -225,6 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="server config, YAML or the reference config.json shape (default: the shipped "
                    f"configs/server.yaml, installed as {DEFAULT_CONFIG})")
     p.add_argument("--port", type=int, default=None, help="override ServerConfig.port")
+    p.add_argument("--threads", type=thread_count, default=None, metavar="N",
+                   help="CPU threads of the engine, overriding the threads key (default: the CPUs this process may "
+                   "run on: affinity mask, physical cores, cgroup CPU quota)")
     p.set_defaults(func=cmd_serve)
     p = sub.add_parser("convert-gguf", help="turn a GGUF file into a model directory (safetensors, "
                        "tokenizer, config.json, predict yaml)")
