@@ -13,6 +13,7 @@ import pytest
 import requests
 import yaml
 
+from service.validation import default_schemas
 from tests.support.cli import CLI, server_config
 from tests.support.paths import REPO
 
@@ -39,6 +40,7 @@ def _serve(tmp_path, model_dir, threads_key: int | None, args: tuple[str, ...] =
             url = next((m.group(1) for m in found if m), None)
         assert url, "".join(log)[-3000:]
         info = requests.get(url + "/info", timeout=10).json()
+        default_schemas().validate("info", info)  # the schema describes the threads field
         reply = requests.post(url + "/", json={"inputs": "hello", "parameters": {"max_new_tokens": 3}}, timeout=120)
         assert reply.status_code == 200, reply.text
         proc.send_signal(signal.SIGTERM)
