@@ -87,7 +87,9 @@ class EngineConfig:
     num_blocks: int | None = None  # default: enough for max_batch_size full sequences (+ scratch), within cache_gb
     cache_gb: float = -1.0  # npuMemSize: GB (2**30 bytes) the KV cache may take; -1: derived from the free memory
     prefix_caching: bool = True  # share cached full prompt blocks between requests (enablePrefixCaching)
-    threads: int = 2
+    # the kernel pool's and MindSpore's CPU threads (the server config's threads key, serve --threads); None: the
+    # CPUs this process may run on (backends/cpus.py: affinity mask, physical cores, cgroup quota)
+    threads: int | None = None
     # "aot": the AOT matmul + paged attention kernels (rows batch-independent; attention reads only each
     # row's real keys, so one window serves every length); "stock": MindSpore MatMul and ops attention over
     # bucketed windows; "auto": aot if the kernels build (g++; a variant for every x86-64 and AArch64 CPU), else

@@ -198,7 +198,7 @@ def _engine(data: dict, base: Path) -> EngineConfig:
         cache_gb=float(model["npuMemSize"]), kv_cache_dtype=model["kvCacheDtype"],
         prefix_caching=sched["enablePrefixCaching"],
         lora=_lora(deploy, base), kernels=deploy["kernels"], kernel_isa=deploy["kernelIsa"],
-        graph_cache=deploy["graphCache"], map_kv_cache=deploy["mapKvCache"],
+        graph_cache=deploy["graphCache"], map_kv_cache=deploy["mapKvCache"], threads=deploy["threads"],
         speculation=_speculation(deploy, model, base),
     )
 

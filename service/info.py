@@ -56,6 +56,7 @@ def server_info(ctx: AppContext) -> dict[str, Any]:
             "priorities": {str(p): n for p, n in (engine.get("priorities") or {}).items()},
             "compiled_graphs": engine.get("compiled_graphs"),
             "device": engine.get("device"),
+            "threads": engine.get("threads"),
             "kernels": engine.get("kernels"),
             "kernel_variant": engine.get("kernel_variant"),
             "weight_dtype": engine.get("weight_dtype"),

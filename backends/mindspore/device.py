@@ -11,11 +11,13 @@ from backends.mindspore.spec import ModelSpec
 from backends.mindspore.yaml_tree import DEVICE_TARGETS, ConfigError
 
 
-_threads_set: list[int] = []
+_threads_set: list[int] = []  # MindSpore's CPU threads as first set in this process (0: left at its default)
+log = logging.getLogger("mindserve.engine")
 
 
-def set_mode(mode: int, device_target: str, threads: int | None) -> None:
-    """Global MindSpore context: GRAPH_MODE (0) or PYNATIVE_MODE (1); CPU threads (settable once per process)."""
+def set_mode(mode: int, device_target: str, threads: int | None) -> int:
+    """Global MindSpore context: GRAPH_MODE (0) or PYNATIVE_MODE (1); CPU threads (settable once per process:
+    a later engine asking another count is told so). Returns MindSpore's thread count in effect (0: unknown)."""
     ms.set_context(mode=ms.GRAPH_MODE if mode == 0 else ms.PYNATIVE_MODE)
     if not _threads_set:
         try:
@@ -23,10 +25,20 @@ def set_mode(mode: int, device_target: str, threads: int | None) -> None:
             if threads:
                 ms.device_context.cpu.op_tuning.threads_num(threads)
         except RuntimeError as exc:  # the runtime already started (some op ran first): keep its settings
-            logging.getLogger("mindserve.engine").warning("MindSpore device/threads left as they are: %s", exc)
+            log.warning("MindSpore device/threads left as they are: %s", exc)
+            threads = 0
         _threads_set.append(threads or 0)
+    elif threads and _threads_set[0] and threads != _threads_set[0]:
+        log.warning("MindSpore's CPU threads stay at %d in this process (set once); the AOT kernels take %d",
+                    _threads_set[0], threads)
     if mode == 1:
         ms.runtime.launch_blocking()  # PyNative's async dispatch costs ~1 ms per op on CPU
+    return _threads_set[0]
+
+
+def mindspore_threads() -> int:
+    """MindSpore's CPU thread count as set in this process (0: not set, its own default)."""
+    return _threads_set[0] if _threads_set else 0
 
 
 def set_device(spec: ModelSpec, threads: int | None) -> str:

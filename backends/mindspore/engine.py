@@ -42,6 +42,7 @@ class Engine:
         started = time.perf_counter()
         parts = build_parts(model_dir, config, model_name)
         self.spec, self.config, self.model_name, self.device = parts.spec, parts.config, parts.model_name, parts.device
+        self.threads = parts.threads
         self.vl, self.media_kinds, self.vision = parts.spec.vision, parts.media_kinds, parts.vision
         self.tokenizer, self.chat_template, self.grammars = parts.tokenizer, parts.chat_template, parts.grammars
         self.eos_ids, self.vocab_size = parts.eos_ids, parts.vocab_size

@@ -2,20 +2,22 @@
 (read once), the adapters (their slots count in the memory budget), the device, the kernel path (the strategy,
 chosen once: it changes what the budget counts), the cache within its budget, the tokenizer, the shapes, the
 weights, the runner, the vision tower,
-the block allocator, the scheduler and the speculator. ``engine_info`` is what ``/info`` reports of a running engine."""
+the block allocator, the scheduler and the speculator; the thread count (backends/cpus.py) applied to MindSpore
+and the kernel pool. ``engine_info`` is what ``/info`` reports of a running engine."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
+from backends.cpus import ThreadCount, engine_threads
 from backends.grammar import GrammarCompiler
 from backends.limits import PromptLimit, longest_sequence, prompt_token_limit
 from backends.mindspore.adapters import EngineAdapters
 from backends.mindspore.config import load_model, torch_dtype
-from backends.mindspore.device import set_device
+from backends.mindspore.device import mindspore_threads, set_device
 from backends.mindspore.draft_model import KEY as DRAFT_KEY
 from backends.mindspore.draft_model import DraftModel, DraftModelError, check_draft_spec, check_tokenizer
 from backends.mindspore.graph_cache import enable_graph_cache, graph_key
@@ -44,6 +46,7 @@ class EngineParts:
     config: EngineConfig  # as applied: the batch capped at what the cache holds
     model_name: str
     device: str
+    threads: ThreadCount  # the kernel pool's and MindSpore's CPU threads, and why that many
     tokenizer: Tokenizer
     chat_template: str | None
     grammars: GrammarCompiler
@@ -74,11 +77,14 @@ def build_parts(model_dir: Path | str, config: EngineConfig, model_name: str | N
 def _build_parts(spec: ModelSpec, config: EngineConfig, model_name: str | None) -> EngineParts:
     vl = spec.vision
     lora = EngineAdapters(spec, config.lora)  # read and checked now: their slots count in the budget
-    device = set_device(spec, config.threads)
+    threads = engine_threads(config.threads)
+    config = replace(config, threads=threads.count)
+    device = set_device(spec, threads.count)
     # The execution strategy, chosen once and before the budget: the AOT kernels (the packed step), or None
     # for stock ops (the split step), which hold float32 weights and every compiled graph's activations.
     with phase("kernels"):
         aot = choose_kernels(spec, config.kernels, device, config.kernel_isa)
+    _apply_threads(threads, aot is not None)
     kv_dtype = cache_dtype(config.kv_cache_dtype, stock=aot is None)  # kvCacheDtype on that path
     # The cache within its memory budget (npuMemSize), the batch capped at what it holds.
     # A draft model (speculation's plugin_type draft_model) runs on the AOT path only; its weights and a cache of
@@ -123,12 +129,27 @@ def _build_parts(spec: ModelSpec, config: EngineConfig, model_name: str | None) 
     eos_ids = frozenset(spec.eos_token_ids) | frozenset(tokenizer.eos_token_ids)
     vocab_size = spec.config_vocab_size or spec.vocab_size
     return EngineParts(spec=spec, config=config, model_name=model_name or spec.model_dir.name, device=device,
+                       threads=threads,
                        tokenizer=tokenizer, chat_template=chat_template,
                        grammars=GrammarCompiler(tokenizer.to_json(), vocab_size, eos_ids), eos_ids=eos_ids,
                        vocab_size=vocab_size, max_seq_len=longest_sequence(config, spec.max_position_embeddings),
                        prompt_limit=prompt_token_limit(config, spec.max_position_embeddings), lora=lora,
                        runner=runner, vision=vision, allocator=allocator, scheduler=scheduler,
                        speculator=Speculator(config.speculation, runner.draft_budget(1, 0) > 0, draft))
+
+
+def _apply_threads(threads: ThreadCount, aot: bool) -> None:
+    """The AOT kernels' pool takes ``threads`` (MindSpore's CPU ops took them in ``set_device``); the log says
+    how many and why."""
+    if aot:
+        from backends.mindspore.kernels import set_kernel_threads
+
+        set_kernel_threads(threads.count)
+    ms_threads = mindspore_threads()
+    where = "the AOT kernels' pool and " if aot else ""
+    where += "MindSpore's CPU ops" if ms_threads in (0, threads.count) else \
+        f"MindSpore's CPU ops (which keep the {ms_threads} of this process's first engine)"
+    log.info("threads: %d (%s) for %s", threads.count, threads.reason, where)
 
 
 def _draft_model(spec: ModelSpec, tokenizer: Tokenizer, shapes, num_blocks: int, config: EngineConfig,
@@ -178,7 +199,8 @@ def engine_info(self) -> dict:  # self: the Engine
             "vocab_size": self.tokenizer.vocab_size,
             "dtype": torch_dtype(self.spec.model_dir) or self.spec.compute_dtype,
             "max_prefill_tokens": self.config.max_prefill_tokens, "block_size": self.runner.shapes.block_size,
-            "device": self.device, "kernels": self.runner.kernels, "kernel_variant": self.runner.kernel_variant,
+            "device": self.device, "threads": {"count": self.threads.count, "reason": self.threads.reason},
+            "kernels": self.runner.kernels, "kernel_variant": self.runner.kernel_variant,
             "compute_dtype": self.runner.dtype,
             "weight_dtype": self.spec.weight_dtype, "kv_cache_dtype": self.runner.kv_dtype,
             "prefix_caching": self.allocator.prefix_caching, "prefix_cache_blocks": self.allocator.cached_blocks,

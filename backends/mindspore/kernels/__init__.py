@@ -281,7 +281,8 @@ def kernel_stats(reset: bool = False, cache_dir: str | os.PathLike | None = None
 
 
 def set_kernel_threads(n: int, cache_dir: str | os.PathLike | None = None) -> int:
-    """Kernel threads (the calling runtime thread included; the library starts with 2)."""
+    """Kernel threads (the calling runtime thread included; the library starts with 2): the count in effect
+    (at most pool.h's kMaxThreads). Which thread computes a chunk never changes a result bit."""
     return kernel_library(cache_dir).mindserve_matmul_set_threads(int(n))
 
 

@@ -22,6 +22,10 @@
 namespace mindserve {
 
 constexpr int64_t kMaxChunks = 4096;  // must fit the ticket's 20-bit fields
+// Most threads of the pool (backends/cpus.py MAX_THREADS, the threads key's maximum). The kernels cut a task
+// into at most 8 chunks a thread, so 8 * kMaxThreads stays within kMaxChunks.
+constexpr int kMaxThreads = 256;
+static_assert(8 * kMaxThreads <= kMaxChunks);
 
 // run(ctx, chunk) for chunk in [0, nchunks).
 struct Task {
@@ -35,7 +39,7 @@ class Pool {
   void set_threads(int n) {
     std::lock_guard<std::mutex> g(busy_);
     stop();
-    n = std::max(1, std::min(n, 64));
+    n = std::max(1, std::min(n, kMaxThreads));
     nthreads_ = n;
     quit_.store(false);
     // Workers start from the current wake generation: a task published before a worker first
@@ -140,7 +144,7 @@ class Pool {
 inline Pool &pool() {
   static Pool *p = [] {
     auto *q = new Pool();  // leaked on purpose: no teardown ordering issues at process exit
-    q->set_threads(2);     // the default; fast_matmul(threads=...) / set_kernel_threads change it
+    q->set_threads(2);     // until the engine sets its count (EngineConfig.threads) with set_kernel_threads
     return q;
   }();
   return *p;
