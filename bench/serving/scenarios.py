@@ -105,10 +105,15 @@ PASSAGES = [
 QUOTE_ASKS = ["Repeat the following passage exactly, word for word.",
               "Copy this text exactly as it is written.",
               "Rewrite the passage below without changing any words."]
+# A base model (no chat template) is not asked: it continues a document followed by a line announcing its copy.
+QUOTE_LEADS = ["The same text again:", "The same notice, copied exactly:", "Again, word for word:"]
 
 
-def build_quote_prompts() -> list[str]:
-    """Every ask with every passage: a user turn and the opening of the assistant's."""
+def build_quote_prompts(base: bool = False) -> list[str]:
+    """Every ask with every passage: a user turn and the opening of the assistant's (ChatML); ``base``: the passage
+    and a lead line for a base model to continue."""
+    if base:
+        return [f"{passage}\n\n{lead}\n\n" for passage in PASSAGES for lead in QUOTE_LEADS]
     return [f"<|im_start|>user\n{ask}\n\n{passage}<|im_end|>\n<|im_start|>assistant\n"
             for passage in PASSAGES for ask in QUOTE_ASKS]
 
@@ -135,11 +140,12 @@ def pct(values: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def load_tokenizer():
-    """The default model's tokenizer: the prompt sets are cut to token counts with it."""
+def load_tokenizer(model_dir: Path = MODEL_DIR):
+    """A model directory's tokenizer (default: the default model's): the prompt sets are cut to token counts with
+    it."""
     from tokenizers import Tokenizer
 
-    return Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json"))
+    return Tokenizer.from_file(str(model_dir / "tokenizer.json"))
 
 
 def build_prompt_sets(tok) -> tuple[list[str], list[str], list[int]]:
@@ -259,8 +265,9 @@ class PromptSets:
         return self.prompts[PROMPT_32_TOKENS]
 
 
-def build_prompts(tok) -> PromptSets:
-    """Every prompt set; exits if fewer than 8 prompts of a fixed length could be cut."""
+def build_prompts(tok, base: bool = False) -> PromptSets:
+    """Every prompt set; exits if fewer than 8 prompts of a fixed length could be cut. ``base``: the quote and code
+    prompts are documents a base model continues (no chat turns)."""
     varied, fixed32, varied_lens = build_prompt_sets(tok)
     if len(fixed32) < 8:
         raise SystemExit(f"only {len(fixed32)} prompts could be cut to exactly {PROMPT_32_TOKENS} tokens")
@@ -268,7 +275,8 @@ def build_prompts(tok) -> PromptSets:
     system_prompt, prefix_prompts = build_prefix_prompts(tok)
     if len(prefix_prompts) < 8:
         raise SystemExit(f"only {len(prefix_prompts)} questions keep the system prompt's tokens")
-    quote, code = build_quote_prompts(), build_code_prompts()
+    quote, code = build_quote_prompts(base), build_code_prompts(base)
+    kind = "documents (a base model's prompts)" if base else "chat requests"
     prompts = {None: varied, PROMPT_32_TOKENS: fixed32, LONG_PROMPT_TOKENS: long_prompts, PREFIX: prefix_prompts,
                QUOTE: quote, CODE: code}
     desc = {None: f"{len(varied)} varied prompts of {min(varied_lens)}-{max(varied_lens)} tokens "
@@ -277,10 +285,10 @@ def build_prompts(tok) -> PromptSets:
             LONG_PROMPT_TOKENS: f"{len(long_prompts)} prompts of exactly {LONG_PROMPT_TOKENS} tokens",
             PREFIX: f"{len(prefix_prompts)} prompts: one {SYSTEM_PROMPT_TOKENS}-token system prompt + a "
                     f"{QUESTION_TOKENS}-token question each",
-            QUOTE: f"{len(quote)} chat requests to copy one of {len(PASSAGES)} passages of 45-60 words, each "
-                   f"answer to its end (EOS)",
-            CODE: f"{len(code)} chat requests to edit a source file of 16-31 lines (Python, JavaScript, Go, SQL) "
-                  f"given in the prompt, each answer to its end (EOS)"}
+            QUOTE: f"{len(quote)} {kind} to copy one of {len(PASSAGES)} passages of 45-60 words, each "
+                   f"answer to its end (EOS) or its token cap",
+            CODE: f"{len(code)} {kind} to edit a source file of 16-31 lines (Python, JavaScript, Go, SQL) "
+                  f"given in the prompt, each answer to its end (EOS) or its token cap"}
     return PromptSets(prompts, desc, system_prompt)
 
 

