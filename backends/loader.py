@@ -1,6 +1,7 @@
 """The one door from ``service/`` into a backend: build the backend a server config names, check its model
-directory before anything is loaded, prepare the default model, convert a GGUF file, and the config-only
-shape rules. Imports the heavy framework only when a backend is built."""
+directory before anything is loaded, prepare the default model, convert a GGUF file, the model cache (a MODEL
+reference resolved, fetched and converted; listed; removed), and the config-only shape rules. Imports the heavy
+framework only when a backend is built."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,12 +9,18 @@ from pathlib import Path
 from backends.base import Backend
 from backends.mindspore.preflight import (ADAPTERS, KV_CACHE, MEMORY, MODEL, SCHEDULE, SPECULATION, ModelCheck,
                                           PreflightError, is_default_model, is_model_dir)
+from backends.mindspore.model_cache_index import CachedModel, cached_models, downloads_size, remove_models
+from backends.mindspore.model_sources import ModelSource, ModelSourceError, SourceKind, resolve_source
+from backends.mindspore.model_store import ModelStore, ModelStoreError
+from backends.mindspore.model_store import default_root as default_models_root
 from backends.mindspore.shapes import ShapeError, check_buckets
 from backends.settings import EngineConfig
 
-__all__ = ["ADAPTERS", "KV_CACHE", "MEMORY", "MODEL", "SCHEDULE", "SPECULATION", "ModelCheck", "PreflightError",
-           "ShapeError", "check_backend", "check_buckets", "convert_gguf", "default_model_dtype", "is_default_model",
-           "is_model_dir", "load_backend", "prepare_default_model"]
+__all__ = ["ADAPTERS", "KV_CACHE", "MEMORY", "MODEL", "SCHEDULE", "SPECULATION", "CachedModel", "ModelCheck",
+           "ModelSource", "ModelSourceError", "ModelStore", "ModelStoreError", "PreflightError", "ShapeError",
+           "SourceKind", "cached_models", "check_backend", "check_buckets", "convert_gguf", "default_model_dtype",
+           "default_models_root", "downloads_size", "is_default_model", "is_model_dir", "load_backend",
+           "prepare_default_model", "remove_models", "resolve_source"]
 
 
 def _backend(backend_type: str) -> None:

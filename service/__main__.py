@@ -1,4 +1,4 @@
-"""The ``mindserve`` command line: serve, convert-gguf, validate-config."""
+"""The ``mindserve`` command line: serve, pull, models, rm, convert-gguf, validate-config."""
 from __future__ import annotations
 
 import argparse
@@ -11,14 +11,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from service.config import ConfigFileError, ServerConfig, load_server_config, with_port
+from service.config import ConfigFileError, ServerConfig, load_server_config
 from service.install_check import import_name_conflict
 from service.loading import LOAD_THREAD
-from service.package_data import DEFAULT_CONFIG
+from service.model_commands import add_model_commands
+from service.serve_args import add_serve_arguments, models_dir_default
 
 if TYPE_CHECKING:
     import ssl
@@ -33,26 +33,21 @@ def setup_logging(level: str = "INFO") -> None:
                         format="%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s")
 
 
-def prepare_model(cfg: ServerConfig) -> Path:
-    """The model directory; the default model is downloaded and converted on first use."""
-    from backends.loader import default_model_dtype, is_default_model, is_model_dir, prepare_default_model
-    from service.preflight import MODEL_KEY
+ModelPreparer = Callable[[ServerConfig], Path]  # the served model's directory, converted first if need be
 
-    path = cfg.model.weight_path
-    if is_model_dir(path):
-        return path
-    if is_default_model(path):
-        log.info("default model not found at %s: preparing it (download + conversion --dtype %s)", path,
-                 default_model_dtype(path))
-        return prepare_default_model(path)
-    raise ConfigFileError(f"{cfg.path}: {MODEL_KEY}: {path} is not a model directory (no .yaml inside)")
+
+def _prepare(cfg: ServerConfig) -> Path:
+    """The model directory of a config's entry with the defaults (no --dtype, the default model cache)."""
+    from service.model_prep import prepare_model
+
+    return prepare_model(cfg.model, models_dir=models_dir_default(os.environ))
 
 
 class StartupFailed(Exception):
     """The model could not be loaded or warmed up (logged already); ``serve`` exits 1."""
 
 
-async def serve(cfg: ServerConfig) -> None:
+async def serve(cfg: ServerConfig, prepare: ModelPreparer = _prepare) -> None:
     """Check what can be checked, bind every listener (``/health`` 503, ``/v2/health/live`` 200), load and
     warm up the model in the background, then turn ready; on SIGTERM/SIGINT drain and stop."""
     from service.preflight import check_model, check_tls
@@ -85,7 +80,7 @@ async def serve(cfg: ServerConfig) -> None:
     # graphCache: the serve process compiles nothing before the engine's warm-up, so MindSpore's compile cache
     # (numbered by the order of compilation in the process) keeps the same graphs under the same numbers.
     engine = cfg.engine
-    loading = load_in_background(lambda: load_backend(cfg.model.backend_type, prepare_model(cfg), engine,
+    loading = load_in_background(lambda: load_backend(cfg.model.backend_type, prepare(cfg), engine,
                                                       model_name=cfg.model.name, progress=True), into=backend)
     stop, force = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -176,13 +171,13 @@ async def _wait_until(done, *, seconds: float, poll: float = 0.05) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    cfg = load_server_config(args.config)
-    if args.port is not None:
-        cfg = with_port(cfg, args.port)
-    if args.threads is not None:
-        cfg = replace(cfg, engine=replace(cfg.engine, threads=args.threads))
+    from service.model_prep import model_entries, prepare_model
+    from service.serve_args import serve_config
+
+    entries = model_entries(args.models, models_dir=args.models_dir, dtype=args.dtype) if args.models else None
+    cfg = serve_config(args, entries)
     try:
-        asyncio.run(serve(cfg))
+        asyncio.run(serve(cfg, lambda c: prepare_model(c.model, models_dir=args.models_dir, dtype=args.dtype)))
     except StartupFailed:
         return 1
     if any(thread.name == LOAD_THREAD and thread.is_alive() for thread in threading.enumerate()):
@@ -218,33 +213,26 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def thread_count(text: str) -> int:
-    """``--threads``: a whole number from 1 to the kernel pool's limit."""
-    from backends.cpus import MAX_THREADS
+class _Parser(argparse.ArgumentParser):
+    """A bad argument is one line naming it (no usage block), exit 2."""
 
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if not 1 <= n <= MAX_THREADS:
-        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_THREADS}, got {text!r}")
-    return n
+    def error(self, message: str) -> None:
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mindserve", description="MindSpore LLM inference server "
-                                     "(TGI 0.9.4-compatible POST /).")
+    parser = _Parser(prog="mindserve", description="MindSpore LLM inference server "
+                     "(TGI 0.9.4-compatible POST /, OpenAI /v1 routes).")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("serve", help="load the model from the server config and serve it")
-    p.add_argument("--config", type=Path, default=DEFAULT_CONFIG,
-                   help="server config, YAML or the reference config.json shape (default: the shipped "
-                   f"configs/server.yaml, installed as {DEFAULT_CONFIG})")
-    p.add_argument("--port", type=int, default=None, help="override ServerConfig.port")
-    p.add_argument("--threads", type=thread_count, default=None, metavar="N",
-                   help="CPU threads of the engine, overriding the threads key (default: the CPUs this process may "
-                   "run on: affinity mask, physical cores, cgroup CPU quota)")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    models_dir = models_dir_default(os.environ)
+    p = sub.add_parser("serve", help="serve MODEL (a GGUF, an HF directory, a model directory or a package), or "
+                       "the model of a server config", description="Serve MODEL ... (converted into the model cache "
+                       "on first use), or without MODEL the model the config names. No config file is needed: the "
+                       "shipped one supplies every setting the flags do not.")
+    add_serve_arguments(p, models_dir)
     p.set_defaults(func=cmd_serve)
+    add_model_commands(sub, models_dir)
     p = sub.add_parser("convert-gguf", help="turn a GGUF file into a model directory (safetensors, "
                        "tokenizer, config.json, predict yaml)")
     p.add_argument("gguf", help="the .gguf file")
@@ -280,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, FileExistsError, ValueError) as exc:
         print(f"mindserve: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("mindserve: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

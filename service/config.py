@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,7 @@ class ServerSettings:
     media_root: str = "/data/multimodal_inputs/"  # local media files must be under it
     max_media_loads: int = 8  # requests loading media at once; beyond, 429 at once
     max_media_buffer_bytes: int = 2048 * 1024 * 1024  # media bytes requests may hold at once; beyond, 429
+    api_key: str | None = field(default=None, repr=False)  # business routes want it (service/auth.py); never shown
 
     @property
     def management_address(self) -> str:
@@ -148,7 +149,7 @@ def _server(data: dict, base: Path) -> ServerSettings:
         max_reading_requests=int(s["maxReadingRequests"]),
         max_buffered_body_bytes=int(s["maxBufferedBodyMB"]) * 1024 * 1024, listen_backlog=int(s["listenBacklog"]),
         media_root=s["mediaRoot"], max_media_loads=int(s["maxMediaLoads"]),
-        max_media_buffer_bytes=int(s["maxMediaBufferMB"]) * 1024 * 1024,
+        max_media_buffer_bytes=int(s["maxMediaBufferMB"]) * 1024 * 1024, api_key=s["apiKey"],
     )
 
 
@@ -335,11 +336,18 @@ def load_server_config(path: Path | str) -> ServerConfig:
     """Read, schema-check and convert a server config, then check the rules across keys; raises
     ConfigFileError naming the file and the key. Checks that need other files are in ``preflight``."""
     path = Path(path)
-    data = read_config_file(path)
+    return server_config_from_data(read_config_file(path), path)
+
+
+def server_config_from_data(data: dict[str, Any], path: Path, *, label: str | None = None) -> ServerConfig:
+    """A config already read into ``data`` (``read_config_file``, maybe with the command line's overrides
+    applied: ``service/serve_args.py``), checked and converted as ``load_server_config`` does; relative paths
+    resolve against ``path``'s directory, and errors name ``label`` (default: ``path``)."""
+    label = label or str(path)
     try:
         default_schemas().validate("server_config", data, root="config")
     except ValidationError as exc:
-        raise ConfigFileError(f"{path}: {exc.message}") from None
+        raise ConfigFileError(f"{label}: {exc.message}") from None
     model = data["BackendConfig"]["ModelDeployConfig"]["ModelConfig"][0]
     model_cfg = ServerSection("ModelConfig", model)
     base = path.resolve().parent
@@ -352,5 +360,5 @@ def load_server_config(path: Path | str) -> ServerConfig:
         check_engine(config.engine)
         check_listeners(config.server)
     except ValueError as exc:
-        raise ConfigFileError(f"{path}: {exc}") from None
+        raise ConfigFileError(f"{label}: {exc}") from None
     return config

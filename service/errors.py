@@ -15,6 +15,7 @@ class ErrorType(str, enum.Enum):
     """The ``error_type`` strings on the wire (the reference server's status-code table)."""
 
     BAD_REQUEST = "Bad Request"
+    UNAUTHORIZED = "Unauthorized"
     NOT_FOUND = "NotFoundError"
     METHOD_NOT_ALLOWED = "Method Not Allowed"
     REQUEST_TIMEOUT = "Request Timeout"
@@ -42,6 +43,14 @@ class ServiceError(Exception):
 class BadRequest(ServiceError):
     status = 400
     error_type = ErrorType.BAD_REQUEST
+
+
+class Unauthorized(ServiceError):
+    """No API key, or not the server's (``ServerConfig.apiKey``); OpenAI's ``code`` for it."""
+
+    status = 401
+    error_type = ErrorType.UNAUTHORIZED
+    code = "invalid_api_key"
 
 
 class NotFound(ServiceError):
@@ -107,9 +116,9 @@ class ServiceUnavailable(ServiceError):
 
 _BY_STATUS: dict[int, type[ServiceError]] = {
     cls.status: cls
-    for cls in (BadRequest, NotFound, MethodNotAllowed, RequestTimeout, PayloadTooLarge, UnsupportedMediaType,
-                ValidationError, GenerationFailed, TooManyRequests, HeaderTooLarge, IncompleteGeneration,
-                ServiceUnavailable)
+    for cls in (BadRequest, Unauthorized, NotFound, MethodNotAllowed, RequestTimeout, PayloadTooLarge,
+                UnsupportedMediaType, ValidationError, GenerationFailed, TooManyRequests, HeaderTooLarge,
+                IncompleteGeneration, ServiceUnavailable)
 }
 
 # Most specific first: subclasses before BackendError itself.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any
+from typing import Any, ClassVar
 
 import tornado.ioloop
 import tornado.routing
@@ -18,10 +18,11 @@ import tornado.web
 from backends.errors import BackendError
 from service import sse
 from service.access_log import REQUEST_ID_HEADER, log_request, request_id_for
+from service.auth import SCHEME, key_refusal
 from service.body import BodyBuffer, check_content_type, declared_length, too_large
 from service.context import AppContext
 from service.errors import (MethodNotAllowed, NotFound, RequestTimeout, ServiceError, ServiceUnavailable,
-                            TooManyRequests, error_body, for_status, from_backend_error)
+                            TooManyRequests, Unauthorized, error_body, for_status, from_backend_error)
 from service.validation import parse_json_body
 
 log = logging.getLogger("mindserve.http")
@@ -32,10 +33,23 @@ class BaseHandler(tornado.web.RequestHandler):
     and ends on its connection; logs a request whose client left before it ended as ``CLIENT_GONE``."""
 
     client_gone = False
+    public: ClassVar[bool] = False  # answered without the API key (service/auth.py)
+    openai_401: ClassVar[bool] = False  # an OpenAI route: its 401 in OpenAI's shape (its clients read it so)
 
     def initialize(self, ctx: AppContext) -> None:
         self.ctx = ctx
         self.ctx.connections.request_started(self.request.connection.stream)
+
+    def prepare(self) -> Any:
+        refusal = self.key_refusal()
+        if refusal is not None:
+            raise refusal
+
+    def key_refusal(self) -> Unauthorized | None:
+        """The 401 of a request without the server's API key on a route that is not public."""
+        if self.public:
+            return None
+        return key_refusal(self.ctx.settings.api_key, self.request.headers.get("Authorization"))
 
     def set_default_headers(self) -> None:
         self.set_header("Content-Type", "application/json")
@@ -62,13 +76,20 @@ class BaseHandler(tornado.web.RequestHandler):
         return from_backend_error(exc if isinstance(exc, Exception) else RuntimeError())
 
     def render_error(self, error: ServiceError) -> tuple[int, Any]:
-        """(status, JSON body) of an error on this route: POST /'s ``{"error", "error_type"}``."""
+        """(status, JSON body) of an error on this route: POST /'s ``{"error", "error_type"}``; a 401 on an OpenAI
+        route (``openai_401``) in OpenAI's shape, which its clients read as an authentication error."""
+        if isinstance(error, Unauthorized) and self.openai_401:
+            from service.dialects.openai import openai_error  # the dialect imports this module
+
+            return openai_error(error)
         return error.status, error_body(error)
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         status, body = self.render_error(self.as_service_error(status_code, kwargs.get("exc_info", (None,) * 3)[1]))
         if status == 405:  # RFC 9110: a 405 lists the methods the path is served with
             self.set_header("Allow", ", ".join(allowed_methods(self.application, self.request.path)))
+        if status == 401:
+            self.set_header("WWW-Authenticate", SCHEME)
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
         self.finish(sse.dumps(body))
@@ -116,6 +137,8 @@ class GetHandler(BaseHandler):
 
 
 class NotFoundHandler(BaseHandler):
+    public = True
+
     def prepare(self) -> None:
         raise NotFound(f"no route for {self.request.method} {self.request.path}")
 
@@ -151,6 +174,9 @@ class JsonBodyHandler(BaseHandler):
                                   "retry later")
         self._reading = True
         self._buffer = BodyBuffer(limit)
+        unauthorized = self.key_refusal()
+        if unauthorized is not None:
+            self.refuse(unauthorized)
         self._body_timer = tornado.ioloop.IOLoop.current().call_later(self.ctx.settings.body_timeout,
                                                                       self._body_timed_out)
         try:

@@ -41,6 +41,7 @@ def adapter_dir(lora: LoraSettings, requested: str) -> Path:
 
 class _LoraAdminHandler(JsonBodyHandler):
     schema = ""
+    openai_401 = True
 
     @property
     def lora(self) -> LoraSettings:

@@ -14,6 +14,8 @@ from service.openapi import Served, build_openapi
 
 
 class _EmptyOkHandler(GetHandler):
+    public = True
+
     def ok(self) -> None:
         """200 with an empty body (no Content-Type), as TGI's ``/health``."""
         self.clear_header("Content-Type")
@@ -37,6 +39,8 @@ class LiveHandler(_EmptyOkHandler):
 
 
 class InfoHandler(GetHandler):
+    public = True
+
     def get(self) -> None:
         self.write_json(server_info(self.ctx))
 
@@ -56,11 +60,15 @@ class TokenizerHandler(JsonBodyHandler):
 
 
 class ModelsHandler(GetHandler):
+    openai_401 = True
+
     def get(self) -> None:
         self.write_json(model_list(self.ctx))
 
 
 class ModelHandler(GetHandler):
+    openai_401 = True
+
     def get(self, model_id: str) -> None:
         if model_id == self.ctx.backend.model_name:
             self.write_json(model_card(self.ctx))
@@ -73,12 +81,16 @@ class ModelHandler(GetHandler):
 
 
 class MetricsHandler(GetHandler):
+    public = True
+
     def get(self) -> None:
         self.set_header("Content-Type", METRICS_CONTENT_TYPE)
         self.write(self.ctx.metrics.exposition())
 
 
 class OpenAPIHandler(GetHandler):
+    public = True
+
     def get(self) -> None:
         served = Served((self.ctx.backend.model_name, *(a["name"] for a in self.ctx.backend.adapters())),
                         tuple(self.ctx.accepted_part_types()), self.ctx.backend.info().get("vocab_size"))

@@ -87,6 +87,8 @@ class BrowserRoot(tornado.routing.PathMatches):
 class PlaygroundHandler(GetHandler):
     """The page (no ``asset``) or one of its files."""
 
+    public = True  # open without the API key (service/auth.py)
+
     def initialize(self, ctx: AppContext, assets: dict[str, Asset]) -> None:  # type: ignore[override]
         super().initialize(ctx)
         self.assets = assets

@@ -30,6 +30,8 @@ class RootGet(tornado.routing.PathMatches):
 
 
 class RootHandler(GetHandler):
+    public = True  # open without the API key (service/auth.py)
+
     def get(self) -> None:
         self.write_json(root_document(self.ctx.backend.model_name, self.ctx.settings.playground_enabled))
 

@@ -83,6 +83,12 @@ def default_gguf_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def model_cache_dir() -> Path:
+    """The model cache ``mindserve serve MODEL`` converts into, kept between runs as the default model is."""
+    return _default_model_cache() / "store"
+
+
+@pytest.fixture(scope="session")
 def default_engine(default_model_dir):
     """The real default model on a small engine config (few graphs to compile), shared by the session."""
     from backends.mindspore.engine import Engine

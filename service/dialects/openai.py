@@ -44,6 +44,7 @@ ENGINE_PARAMS = {"grammar": "response_format", "adapter_id": "model"}
 # which the official client raises as BadRequestError (422 would be UnprocessableEntityError).
 _OPENAI_STATUS: dict[int, tuple[int, str]] = {
     400: (400, "invalid_request_error"),
+    401: (401, "invalid_request_error"),
     404: (404, "invalid_request_error"),
     405: (405, "invalid_request_error"),
     413: (413, "invalid_request_error"),

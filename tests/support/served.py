@@ -29,8 +29,10 @@ sys.exit(main(sys.argv[2:]))
 class Served:
     """A ``mindserve serve`` subprocess; ``url`` once it listens, ``log`` its stderr lines."""
 
-    def __init__(self, config_path: Path, slow_decode: float = 0.0) -> None:
-        cmd = [sys.executable, "-c", BOOTSTRAP, str(slow_decode), "serve", "--config", str(config_path)]
+    def __init__(self, config_path: Path | None, slow_decode: float = 0.0, serve_args: tuple[str, ...] = ()) -> None:
+        """``serve --config config_path`` (None: no --config), then ``serve_args`` (MODEL ..., flags)."""
+        config = ["--config", str(config_path)] if config_path is not None else []
+        cmd = [sys.executable, "-c", BOOTSTRAP, str(slow_decode), "serve", *config, *serve_args]
         self.proc = subprocess.Popen(cmd, cwd=REPO, stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self.log: list[str] = []
