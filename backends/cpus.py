@@ -24,6 +24,8 @@ def engine_threads(setting: int | None, root: Path = Path("/")) -> ThreadCount:
     """``setting`` (the config's ``threads`` key or ``--threads``) if given, else ``usable_cpus``."""
     if setting is not None:
         return ThreadCount(setting, "set by the threads key / --threads")
+    if not hasattr(os, "sched_getaffinity"):  # no affinity masks here (macOS): every CPU
+        return usable_cpus(range(os.cpu_count() or 1), root)
     return usable_cpus(os.sched_getaffinity(0), root)
 
 

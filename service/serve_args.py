@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from backends.cpus import MAX_THREADS
 from service.config import ConfigFileError, ServerConfig, read_config_file, schema_defaults, server_config_from_data
 from service.package_data import DEFAULT_CONFIG
 
@@ -90,7 +91,7 @@ def add_serve_arguments(p: argparse.ArgumentParser, models_dir_default: Path) ->
                         help="sequences decoded together (ScheduleConfig.maxBatchSize)")
     engine.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=None,
                         help="the KV cache's format (ModelConfig kvCacheDtype)")
-    engine.add_argument("--threads", "-t", type=int_in(1, 4096), default=None, metavar="N",
+    engine.add_argument("--threads", "-t", type=int_in(1, MAX_THREADS), default=None, metavar="N",
                         help="CPU threads (ModelDeployConfig.threads; default: the CPUs the process may run on)")
     engine.add_argument("--speculative", choices=tuple(SPECULATIVE), default=None,
                         help="ngram: prompt-lookup speculative decoding (plugin_params memory_decoding); off")

@@ -239,6 +239,7 @@ class MindServe(Server):
             cfg["ServerConfig"].pop(key, None)  # everything on one port
         deploy = cfg["BackendConfig"]["ModelDeployConfig"]
         deploy["ModelConfig"][0]["modelWeightPath"] = str(model_dir)
+        deploy.setdefault("threads", THREADS)  # as llama-server's -t, whatever the box (a config's own key wins)
         if speculation:  # prompt lookup (docs/speculative.md), the reference server's keys
             deploy["speculationGamma"] = SPEC_DRAFT
             deploy["ModelConfig"][0]["plugin_params"] = json.dumps(

@@ -64,7 +64,7 @@ def _kernel_threads() -> int:
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")  # the "threads: N (why)" line
     model_dir, threads, out = Path(argv[0]), int(argv[1]), Path(argv[2])
-    kernels = argv[3] if len(argv) > 3 else "auto"
+    kernels = argv[3] if len(argv) > 3 else "auto"  # auto, aot or stock
     np.savez(out, **run(model_dir, threads, kernels))
     return 0
 

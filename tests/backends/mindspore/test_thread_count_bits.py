@@ -2,7 +2,8 @@
 is oversubscribed) gives the same greedy token ids and the same logits bit for bit, alone and batched. Each count
 runs in a process of its own (tests/support/thread_bits.py): MindSpore's CPU threads are set once per process.
 The kernels cut their work by output rows and columns, never along a reduction (pool.h, matmul.cc, attention.cc),
-so a chunk computes the same bits whoever runs it and however many chunks there are."""
+so a chunk computes the same bits whoever runs it and however many chunks there are; MindSpore's stock ops keep
+their bits too (measured: they are checked here as well)."""
 from __future__ import annotations
 
 import os
@@ -20,8 +21,9 @@ from tests.support.thread_bits import BATCH, NEW_TOKENS
 pytestmark = pytest.mark.slow
 
 
-def _run(model_dir: Path, threads: int, out: Path) -> dict[str, np.ndarray]:
-    done = subprocess.run([sys.executable, "-m", "tests.support.thread_bits", str(model_dir), str(threads), str(out)],
+def _run(model_dir: Path, threads: int, out: Path, kernels: str) -> dict[str, np.ndarray]:
+    done = subprocess.run([sys.executable, "-m", "tests.support.thread_bits", str(model_dir), str(threads), str(out),
+                           kernels],
                           cwd=REPO, capture_output=True, text=True, timeout=1200,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert done.returncode == 0, done.stderr[-4000:]
@@ -30,15 +32,17 @@ def _run(model_dir: Path, threads: int, out: Path) -> dict[str, np.ndarray]:
         return dict(data)
 
 
-@pytest.mark.parametrize("dtype, counts", [("Q4_1", (1, 2, 3)), ("fp32", (1, 3))])
-def test_ids_and_logits_are_the_same_bits_at_every_thread_count(tmp_path, default_model_dir, dtype, counts):
-    """The served default (the Q4_1 GGUF as shipped: the quantized matmuls) at 1, 2 and 3 threads, the float32
-    conversion (the float32 matmuls) at 1 and 3."""
+@pytest.mark.parametrize("dtype, kernels, counts", [("Q4_1", "aot", (1, 2, 3)), ("fp32", "aot", (1, 3)),
+                                                    ("fp32", "stock", (1, 3))])
+def test_ids_and_logits_are_the_same_bits_at_every_thread_count(tmp_path, default_model_dir, dtype, kernels, counts):
+    """The served default (the Q4_1 GGUF as shipped: the quantized matmuls) at 1, 2 and 3 threads; the float32
+    conversion (the float32 matmuls) at 1 and 3, and on the stock MindSpore ops (their CPU threads only)."""
     model_dir = default_model_dir if dtype == "fp32" else ensure_default_model(
         default_model_dir.parent, progress=False, name=f"{MODEL_DIR_NAME}-{dtype}")
-    runs = {n: _run(model_dir, n, tmp_path / f"{n}.npz") for n in counts}
-    for n, run in runs.items():  # the count reached the engine, MindSpore and the kernels' pool
-        assert (int(run["engine_threads"]), int(run["mindspore_threads"]), int(run["kernel_threads"])) == (n, n, n)
+    runs = {n: _run(model_dir, n, tmp_path / f"{n}.npz", kernels) for n in counts}
+    for n, run in runs.items():  # the count reached the engine, MindSpore and the kernels' pool (0: stock ops)
+        pool = n if kernels == "aot" else 0
+        assert (int(run["engine_threads"]), int(run["mindspore_threads"]), int(run["kernel_threads"])) == (n, n, pool)
     first, base = counts[0], runs[counts[0]]
     names = ["long", *(f"batch{i}" for i in range(len(BATCH)))]
     for n in counts[1:]:
