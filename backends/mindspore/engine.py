@@ -124,8 +124,9 @@ class Engine:
         chat_template_kwargs)."""
         template = self.chat_template
         if template is None:
-            raise InputRejected(f"model {self.model_name} has no chat template; "
-                                "send a plain prompt to /v1/completions instead")
+            raise InputRejected(f"model {self.model_name!r} has no chat template (a base model: its tokenizer "
+                                "config carries none), so chat messages cannot be turned into its prompt; send the "
+                                "text to continue as a plain prompt to /v1/completions (or as inputs to POST /)")
         return render_chat_template(template, messages, bos_token=self.tokenizer.bos_token or "",
                                     eos_token=self.tokenizer.eos_token or "",
                                     add_generation_prompt=add_generation_prompt, **variables)

@@ -62,7 +62,6 @@ def enable_graph_cache(key: str, root: Path | None = None) -> Path | None:
     """Turn MindSpore's compile cache on in ``root``/``key`` (default under ~/.cache/mindserve/graphs) for the
     graphs compiled from now on; returns the directory. None, with the cache left off, when the process has no
     entry script file (``python -c``, an interactive session): MindSpore reads that file for its cache."""
-    import mindspore as ms
 
     script = sys.argv[0] if sys.argv else ""
     if not script or not os.path.isfile(os.path.realpath(script)):
@@ -72,6 +71,8 @@ def enable_graph_cache(key: str, root: Path | None = None) -> Path | None:
     where = (root or default_graph_cache_root()) / key
     where.mkdir(parents=True, exist_ok=True)
     cached = len(list(where.rglob("*.mindir")))
-    ms.set_context(enable_compile_cache=True, compile_cache_path=str(where))
-    log.info("graph cache: %s (%s)", where, f"{cached} graphs cached" if cached else "empty: compiling")
+    # MindSpore 2.9 reads these at each compile; its set_context(enable_compile_cache=...) is deprecated (and warns).
+    os.environ.update(MS_COMPILER_CACHE_ENABLE="1", MS_COMPILER_CACHE_PATH=str(where))
+    log.info("graph cache: %s (%s)", where, f"{cached} graphs cached" if cached
+             else "empty: compiling, each graph saved for the next start")
     return where
