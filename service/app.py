@@ -13,6 +13,8 @@ from service.admission import Admission
 from service.config import BUSINESS, MANAGEMENT, METRICS, ServerSettings
 from service.connections import ConnectionTracker
 from service.context import AppContext, RequestLimits
+from service.dialects.anthropic import MESSAGES, MessagesHandler
+from service.dialects.anthropic_count import CountTokensHandler
 from service.dialects.openai import CHAT, COMPLETIONS
 from service.dialects.openai_responses import RESPONSES
 from service.dialects.tgi import Route as TGIRoute
@@ -36,7 +38,7 @@ Route = tuple[str, type[tornado.web.RequestHandler], dict[str, Any]]
 
 
 def business_routes(ctx: AppContext) -> list[Route]:
-    """Generation (the TGI and OpenAI dialects), tokenizer, model list, OpenAPI, the playground page: served
+    """Generation (the TGI, OpenAI and Anthropic dialects), tokenizer, model list, OpenAPI, the playground page: served
     on ``port``."""
     args = {"ctx": ctx}
     generation = [(path, {"ctx": ctx, "dialect": dialect}) for path, dialect in (
@@ -51,6 +53,8 @@ def business_routes(ctx: AppContext) -> list[Route]:
         *playground_routes(ctx),  # first: a browser's GET / is matched before POST /'s route
         *root_routes(ctx),  # then any other GET / or HEAD /
         *((path, GenerationHandler, kwargs) for path, kwargs in generation),
+        (r"/v1/messages", MessagesHandler, {"ctx": ctx, "dialect": MESSAGES}),
+        (r"/v1/messages/count_tokens", CountTokensHandler, args),
         (r"/v1/tokenizer", TokenizerHandler, args),
         (r"/tokenize", TokenizeHandler, args),
         (r"/detokenize", DetokenizeHandler, args),

@@ -294,7 +294,7 @@ class Engine:
         seq.handle.emit(GenerationResult(
             generated_text=seq.stopper.generated_text, finish_reason=reason, prompt_tokens=len(seq.prompt_ids),
             generated_tokens=len(seq.generated), seed=seq.seed, tokens=tuple(seq.tokens),
-            prefill=tuple(seq.prefill_tokens)))
+            prefill=tuple(seq.prefill_tokens), cached_tokens=seq.cached))
 
     def _fail(self, seq: SeqState, exc: Exception) -> None:
         log.error("request %s failed in the engine: %r", seq.handle.request_id, exc, exc_info=exc)

@@ -3,8 +3,8 @@
 A codec parses a body into a ``GenerationRequest`` (prompt, typed params, stream flag), renders a result,
 renders a stream one event at a time (``StreamCodec``) and renders an error. ``tgi.py`` is ``POST /``,
 ``/generate`` and ``/generate_stream``; ``openai.py`` is ``/v1/completions`` and ``/v1/chat/completions``;
-``openai_responses.py`` is ``/v1/responses`` (a translation into a chat request).
-A third dialect is one more module here and its routes in ``service/app.py``.
+``openai_responses.py`` is ``/v1/responses`` and ``anthropic.py`` is ``/v1/messages`` (each a translation into
+a chat request). Another dialect is one more module here and its routes in ``service/app.py``.
 
 The request rules every dialect shares live here too (the stop list, a grammar's text, the seed of each
 choice).
