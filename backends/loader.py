@@ -12,8 +12,8 @@ from backends.mindspore.shapes import ShapeError, check_buckets
 from backends.settings import EngineConfig
 
 __all__ = ["ADAPTERS", "KV_CACHE", "MEMORY", "MODEL", "SCHEDULE", "SPECULATION", "ModelCheck", "PreflightError",
-           "ShapeError", "check_backend", "check_buckets", "convert_gguf", "default_model_dtype", "is_default_model",
-           "is_model_dir", "load_backend", "prepare_default_model"]
+           "ShapeError", "check_backend", "check_backends", "check_buckets", "convert_gguf", "default_model_dtype",
+           "is_default_model", "is_model_dir", "load_backend", "prepare_default_model"]
 
 
 def _backend(backend_type: str) -> None:
@@ -36,6 +36,17 @@ def check_backend(backend_type: str, model_dir: Path, config: EngineConfig) -> M
     from backends.mindspore.preflight import check_model
 
     return check_model(model_dir, config)
+
+
+def check_backends(models: list[tuple[str, Path, EngineConfig]], resident: int) -> list[ModelCheck]:
+    """``check_backend`` of every model of one server, the memory budget covering the ``resident`` models that
+    may be loaded at once (``backends/mindspore/preflight.py check_models``); PreflightError's ``index`` names
+    the model at fault."""
+    for backend_type, _, _ in models:
+        _backend(backend_type)
+    from backends.mindspore.preflight import check_models
+
+    return check_models([(path, config) for _, path, config in models], resident)
 
 
 def default_model_dtype(path: Path) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from service.config import ConfigFileError, ServerConfig, load_server_config, with_port
+from service.config import ConfigFileError, ModelSettings, ServerConfig, load_server_config, with_port
 from service.install_check import import_name_conflict
 from service.loading import LOAD_THREAD
 from service.package_data import DEFAULT_CONFIG
@@ -32,19 +32,18 @@ def setup_logging(level: str = "INFO") -> None:
                         format="%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s")
 
 
-def prepare_model(cfg: ServerConfig) -> Path:
-    """The model directory; the default model is downloaded and converted on first use."""
+def prepare_model(model: ModelSettings) -> Path:
+    """The directory of one ModelConfig entry; the default model is downloaded and converted on first use."""
     from backends.loader import default_model_dtype, is_default_model, is_model_dir, prepare_default_model
-    from service.preflight import MODEL_KEY
 
-    path = cfg.model.weight_path
+    path = model.weight_path
     if is_model_dir(path):
         return path
     if is_default_model(path):
         log.info("default model not found at %s: preparing it (download + conversion --dtype %s)", path,
                  default_model_dtype(path))
         return prepare_default_model(path)
-    raise ConfigFileError(f"{cfg.path}: {MODEL_KEY}: {path} is not a model directory (no .yaml inside)")
+    raise ConfigFileError(f"{model.key}.modelWeightPath: {path} is not a model directory (no .yaml inside)")
 
 
 class StartupFailed(Exception):
@@ -54,23 +53,23 @@ class StartupFailed(Exception):
 async def serve(cfg: ServerConfig) -> None:
     """Check what can be checked, bind every listener (``/health`` 503, ``/v2/health/live`` 200), load and
     warm up the model in the background, then turn ready; on SIGTERM/SIGINT drain and stop."""
-    from service.preflight import check_model, check_tls
+    from service.preflight import check_models, check_tls
 
     ssl_context = check_tls(cfg)  # before anything slow: a bad key or model directory stops start-up at once
-    check_model(cfg)
+    checks = check_models(cfg)  # every model, the memory budget covering those loaded at once
 
-    from backends.loader import load_backend
     from service.admission import Admission
     from service.app import make_app
     from service.connections import ConnectionTracker
-    from service.loading import LoadingBackend, load_in_background
     from service.media.loader import MediaLoader
     from service.media.policy import MediaPolicy
     from service.metrics import ServiceMetrics
+    from service.models import registry_for
     from service.state import ServerState
 
-    backend = LoadingBackend(cfg.model.name, cfg.engine)
-    state, metrics = ServerState(), ServiceMetrics.for_backend(backend)
+    models = registry_for(cfg.models, cfg.max_loaded_models, prepare_model, checks)
+    backend = models.first
+    state, metrics = ServerState(), ServiceMetrics.for_models(models)
     admission, connections = Admission(cfg.server.max_link_num), ConnectionTracker(cfg.server)
     media = MediaLoader(MediaPolicy.from_settings(cfg.server, os.environ))  # the one read of the whitelist
     hosts = ", ".join(sorted(media.policy.domains))
@@ -78,14 +77,14 @@ async def serve(cfg: ServerConfig) -> None:
              f"from {hosts}" if hosts else "refused (ALLOWED_MEDIA_DOMAINS_ENV lists no host)")
     servers, business_url = listen(cfg, ssl_context, lambda planes: make_app(
         backend, cfg.server, state=state, metrics=metrics, admission=admission, connections=connections,
-        media=media, planes=planes, lora=cfg.engine.lora))
+        media=media, planes=planes, lora=cfg.engine.lora, models=models))
     started = time.monotonic()
-    log.info("loading model %s; /health answers 503 until it is loaded and warmed up", cfg.model.name)
-    # graphCache: the serve process compiles nothing before the engine's warm-up, so MindSpore's compile cache
-    # (numbered by the order of compilation in the process) keeps the same graphs under the same numbers.
-    engine = cfg.engine
-    loading = load_in_background(lambda: load_backend(cfg.model.backend_type, prepare_model(cfg), engine,
-                                                      model_name=cfg.model.name, progress=True), into=backend)
+    names = ", ".join(models.names[:models.limit])
+    log.info("loading %s %s; /health answers 503 until %s loaded and warmed up",
+             "model" if models.limit == 1 else "models", names, "it is" if models.limit == 1 else "they are")
+    # graphCache: the serve process compiles nothing before the first engine's warm-up, so MindSpore's compile
+    # cache (numbered by the order of compilation in the process) keeps the same graphs under the same numbers.
+    loading = asyncio.ensure_future(models.preload())
     stop, force = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal cuts the grace period short
@@ -103,8 +102,8 @@ async def serve(cfg: ServerConfig) -> None:
         gc.collect()
         gc.freeze()
         state.mark_ready()
-        log.info("ready: model %s loaded and warmed up in %.1fs; listening on %s", cfg.model.name,
-                 time.monotonic() - started, business_url)
+        log.info("ready: %s loaded and warmed up in %.1fs; listening on %s", names, time.monotonic() - started,
+                 business_url)
     else:
         loading.cancel()  # the load thread is left behind; cmd_serve ends the process without waiting for it
         log.info("stopping before the model finished loading")
@@ -112,7 +111,7 @@ async def serve(cfg: ServerConfig) -> None:
     await drain(cfg.server.shutdown_grace_period, state=state, admission=admission, force=force)
     for server in servers:
         server.stop()
-    await loop.run_in_executor(None, backend.close)  # fails what is left in the engine: those clients hear so
+    await loop.run_in_executor(None, models.close)  # fails what is left in the engines: those clients hear so
     await _wait_until(lambda: admission.in_flight == 0, seconds=2.0)
     await _close(servers)
     connections.close()

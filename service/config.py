@@ -68,17 +68,41 @@ class ServerSettings:
 
 @dataclass(frozen=True, slots=True)
 class ModelSettings:
+    """One ``ModelConfig`` entry: the model and the engine that serves it (its own keys, the shared
+    ``ModelDeployConfig``/``ScheduleConfig`` ones and the LoraModules whose baseModelName it is)."""
+
     name: str
     weight_path: Path
     backend_type: str = "ms"
+    engine: EngineConfig = EngineConfig()
+    index: int = 0  # its place in ModelConfig, for the keys errors name
+
+    @property
+    def key(self) -> str:
+        return f"{_DEPLOY}.ModelConfig[{self.index}]"
 
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
     path: Path
     server: ServerSettings
-    model: ModelSettings
-    engine: EngineConfig
+    models: tuple[ModelSettings, ...]  # every ModelConfig entry, in order; names unique
+    max_loaded_models: int = 0  # ModelDeployConfig.maxLoadedModels: models resident at once; 0 = all
+
+    @property
+    def model(self) -> ModelSettings:
+        """The first model: the one ``POST /`` and the TGI routes serve."""
+        return self.models[0]
+
+    @property
+    def engine(self) -> EngineConfig:
+        """The first model's engine."""
+        return self.models[0].engine
+
+    @property
+    def resident_models(self) -> int:
+        """How many models may be loaded at once."""
+        return min(self.max_loaded_models or len(self.models), len(self.models))
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
@@ -155,9 +179,10 @@ def _server(data: dict, base: Path) -> ServerSettings:
 _DEPLOY = "BackendConfig.ModelDeployConfig"
 
 
-def _lora(deploy: ServerSection, base: Path) -> LoraSettings:
-    """LoraModules and the LoRA keys, checked across entries: unique names, a served baseModelName, a
-    loraRoot with runtime updates. ValueError naming the key, the entry and the value."""
+def _lora(deploy: ServerSection, base: Path, index: int) -> LoraSettings:
+    """The LoRA settings of ModelConfig[``index``]: its LoraModules (baseModelName its name), the LoRA keys;
+    checked across entries: unique names, none a model's name, a served baseModelName, a loraRoot with runtime
+    updates (which go to the first model). ValueError naming the key, the entry and the value."""
     served = [m["modelName"] for m in deploy["ModelConfig"]]
     modules, seen = [], {}
     for i, entry in enumerate(deploy["LoraModules"] or []):
@@ -168,22 +193,28 @@ def _lora(deploy: ServerSection, base: Path) -> LoraSettings:
         if entry["baseModelName"] not in served:
             raise ValueError(f"{key}.baseModelName {entry['baseModelName']!r} is not a served model "
                              f"(ModelConfig modelName: {', '.join(map(repr, served))})")
+        if entry["name"] in served:
+            raise ValueError(f"{key}.name {entry['name']!r} is already the modelName of ModelConfig"
+                             f"[{served.index(entry['name'])}]; a request's model must name one of them")
         seen[entry["name"]] = i
-        modules.append(LoraModuleConfig(entry["name"], _resolve(base, entry["path"])))
-    runtime, root = bool(deploy["allowRuntimeLoraUpdating"]), _resolve(base, deploy["loraRoot"])
+        if entry["baseModelName"] == served[index]:
+            modules.append(LoraModuleConfig(entry["name"], _resolve(base, entry["path"])))
+    runtime, root = bool(deploy["allowRuntimeLoraUpdating"]) and index == 0, _resolve(base, deploy["loraRoot"])
     if runtime and root is None:
         raise ValueError(f"{_DEPLOY}.allowRuntimeLoraUpdating is true but {_DEPLOY}.loraRoot is not set: runtime "
                          "loads are taken only from under that directory")
     lora = LoraSettings(modules=tuple(modules), max_loras=deploy["maxLoras"], max_rank=deploy["maxLoraRank"],
                         runtime_updates=runtime, root=root, max_loaded=deploy["maxLoadedLoras"])
     if lora.max_loaded and lora.max_loaded < len(modules):
-        raise ValueError(f"{_DEPLOY}.maxLoadedLoras {lora.max_loaded} is fewer than the {len(modules)} LoraModules")
+        raise ValueError(f"{_DEPLOY}.maxLoadedLoras {lora.max_loaded} is fewer than the {len(modules)} LoraModules "
+                         f"of {served[index]!r}")
     return lora
 
 
-def _engine(data: dict, base: Path) -> EngineConfig:
+def _engine(data: dict, base: Path, index: int = 0) -> EngineConfig:
+    """The engine of ModelConfig[``index``]: its own keys and the shared ModelDeployConfig/ScheduleConfig ones."""
     deploy = ServerSection("ModelDeployConfig", data["BackendConfig"].get("ModelDeployConfig"))
-    model = ServerSection("ModelConfig", deploy["ModelConfig"][0])
+    model = ServerSection("ModelConfig", deploy["ModelConfig"][index])
     sched = ServerSection("ScheduleConfig", data["BackendConfig"].get("ScheduleConfig"))
     truncation = deploy["truncation"]
     buckets = {k: tuple(sorted(sched[k])) if sched[k] else None for k in ("batchBuckets", "windowBuckets")}
@@ -196,9 +227,9 @@ def _engine(data: dict, base: Path) -> EngineConfig:
         batch_buckets=buckets["batchBuckets"], window_buckets=buckets["windowBuckets"],
         cache_gb=float(model["npuMemSize"]), kv_cache_dtype=model["kvCacheDtype"],
         prefix_caching=sched["enablePrefixCaching"],
-        lora=_lora(deploy, base), kernels=deploy["kernels"], kernel_isa=deploy["kernelIsa"],
+        lora=_lora(deploy, base, index), kernels=deploy["kernels"], kernel_isa=deploy["kernelIsa"],
         graph_cache=deploy["graphCache"], map_kv_cache=deploy["mapKvCache"],
-        speculation=_speculation(deploy, model, base),
+        speculation=_speculation(deploy, model, base, index),
     )
 
 
@@ -209,12 +240,13 @@ _PLUGIN_KEYS = {"memory_decoding": ("decoding_length", "dynamic_algo", "ngram_mi
                 "draft_model": ("decoding_length", "dynamic_algo", "draft_model_path")}
 
 
-def _speculation(deploy: ServerSection, model: ServerSection, base: Path) -> SpeculationSettings:
+def _speculation(deploy: ServerSection, model: ServerSection, base: Path, index: int = 0) -> SpeculationSettings:
     """ModelConfig plugin_params (the reference server's JSON string) and speculationGamma -> the speculative
     decoding settings; without plugin_params, speculationGamma > 0 alone is memory_decoding with that
     decoding_length (0: off). plugin_type draft_model (mindserve) drafts with the model at draft_model_path
     (relative: to the config file). ValueError naming the key and the value."""
-    key, raw, gamma = f"{_DEPLOY}.ModelConfig[0].plugin_params", model["plugin_params"], deploy["speculationGamma"]
+    key, raw = f"{_DEPLOY}.ModelConfig[{index}].plugin_params", model["plugin_params"]
+    gamma = deploy["speculationGamma"]
     if not raw:
         return SpeculationSettings(max_draft=gamma)
     try:
@@ -252,6 +284,21 @@ def _speculation(deploy: ServerSection, model: ServerSection, base: Path) -> Spe
         draft = _resolve(base, path)
     return SpeculationSettings(max_draft=ints["decoding_length"], ngram_min=ints["ngram_min"],
                                ngram_max=ints["ngram_max"], adaptive=adaptive, draft_model=draft)
+
+
+def _models(data: dict, base: Path) -> tuple[ModelSettings, ...]:
+    """Every ModelConfig entry with its engine; a modelName used twice is a ValueError naming both entries."""
+    entries, seen, models = data["BackendConfig"]["ModelDeployConfig"]["ModelConfig"], {}, []
+    for i, entry in enumerate(entries):
+        name = entry["modelName"]
+        if name in seen:
+            raise ValueError(f"{_DEPLOY}.ModelConfig[{i}].modelName {name!r} is already the modelName of "
+                             f"ModelConfig[{seen[name]}]; model names must be unique")
+        seen[name] = i
+        backend_type = ServerSection("ModelConfig", entry)["backendType"]
+        models.append(ModelSettings(name, _resolve(base, entry["modelWeightPath"]), backend_type,
+                                    _engine(data, base, i), i))
+    return tuple(models)
 
 
 _SCHEDULE = "BackendConfig.ScheduleConfig"
@@ -340,16 +387,13 @@ def load_server_config(path: Path | str) -> ServerConfig:
         default_schemas().validate("server_config", data, root="config")
     except ValidationError as exc:
         raise ConfigFileError(f"{path}: {exc.message}") from None
-    model = data["BackendConfig"]["ModelDeployConfig"]["ModelConfig"][0]
-    model_cfg = ServerSection("ModelConfig", model)
     base = path.resolve().parent
+    deploy = ServerSection("ModelDeployConfig", data["BackendConfig"]["ModelDeployConfig"])
     try:
-        config = ServerConfig(
-            path=path, server=_server(data, base),
-            model=ModelSettings(model["modelName"], _resolve(base, model["modelWeightPath"]), model_cfg["backendType"]),
-            engine=_engine(data, base),
-        )
-        check_engine(config.engine)
+        config = ServerConfig(path=path, server=_server(data, base), models=_models(data, base),
+                              max_loaded_models=deploy["maxLoadedModels"])
+        for model in config.models:
+            check_engine(model.engine)
         check_listeners(config.server)
     except ValueError as exc:
         raise ConfigFileError(f"{path}: {exc}") from None
