@@ -13,6 +13,7 @@ import pytest
 import requests
 import yaml
 
+from service.validation import default_schemas
 from tests.support.cli import run_cli
 from tests.support.served import Served
 
@@ -81,6 +82,7 @@ def test_two_models_each_answer_by_name(tmp_path, default_q4_dir, default_q8_dir
     tokens = requests.post(url + "/tokenize", json={"model": B, "prompt": "Hello"}, timeout=60).json()
     assert tokens["count"] >= 1
     info = requests.get(url + "/info", timeout=30).json()
+    default_schemas().validate("info", info)
     assert [m["model_id"] for m in info["models"]] == [A, B]
     assert [(m["name"], m["state"], m["loads"]) for m in info["mindserve"]["models"]] == [(A, "loaded", 1),
                                                                                           (B, "loaded", 1)]
@@ -112,6 +114,7 @@ def test_lru_swaps_models_under_concurrent_load(tmp_path, default_q4_dir, defaul
         expected.setdefault(model, text)
         assert text == expected[model], model
     info = requests.get(url + "/info", timeout=30).json()
+    default_schemas().validate("info", info)
     models = {m["name"]: m for m in info["mindserve"]["models"]}
     assert models[B]["loads"] >= 1 and models[A]["unloads"] >= 1
     assert sum(m["state"] == "loaded" for m in models.values()) <= 1
