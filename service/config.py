@@ -11,8 +11,10 @@ from typing import Any
 import yaml
 
 from backends.loader import ShapeError, check_buckets
-from backends.settings import EngineConfig, LoraModuleConfig, LoraSettings, SpeculationSettings, prefill_chunk
+from backends.settings import EngineConfig, prefill_chunk
 from service.errors import ValidationError
+from service.model_config import DEPLOY as _DEPLOY
+from service.model_config import lora_settings, resolve, speculation_settings
 from service.validation import default_schemas
 
 MAX_CONFIG_BYTES = 10 * 1024 * 1024  # the reference server's limit
@@ -121,13 +123,6 @@ def read_config_file(path: Path) -> dict[str, Any]:
     return data
 
 
-def _resolve(base: Path, value: str | None) -> Path | None:
-    if value is None:
-        return None
-    path = Path(value).expanduser()
-    return path if path.is_absolute() else (base / path)
-
-
 @functools.cache
 def schema_defaults() -> dict[str, dict[str, Any]]:
     """``{section: {key: default}}`` from the ``default`` keywords of ``schemas/server_config.schema.json``:
@@ -154,13 +149,13 @@ class ServerSection:
 def _server(data: dict, base: Path) -> ServerSettings:
     s = ServerSection("ServerConfig", data.get("ServerConfig"))
     ca = s["tlsCaFile"] or []
-    ca_dir = _resolve(base, s["tlsCaPath"]) or base
+    ca_dir = resolve(base, s["tlsCaPath"]) or base
     return ServerSettings(
         ip_address=s["ipAddress"], port=s["port"], management_ip_address=s["managementIpAddress"],
         management_port=s["managementPort"], metrics_port=s["metricsPort"],
         allow_all_zero_ip_listening=s["allowAllZeroIpListening"], https_enabled=s["httpsEnabled"],
-        tls_cert=_resolve(base, s["tlsCert"]), tls_pk=_resolve(base, s["tlsPk"]),
-        tls_ca_files=tuple(_resolve(ca_dir, f) for f in ([ca] if isinstance(ca, str) else ca)),
+        tls_cert=resolve(base, s["tlsCert"]), tls_pk=resolve(base, s["tlsPk"]),
+        tls_ca_files=tuple(resolve(ca_dir, f) for f in ([ca] if isinstance(ca, str) else ca)),
         max_link_num=s["maxLinkNum"], full_text_enabled=s["fullTextEnabled"],
         playground_enabled=s["playgroundEnabled"],
         tool_call_format=s["toolCallFormat"], reasoning_format=s["reasoningFormat"],
@@ -174,41 +169,6 @@ def _server(data: dict, base: Path) -> ServerSettings:
         media_root=s["mediaRoot"], max_media_loads=int(s["maxMediaLoads"]),
         max_media_buffer_bytes=int(s["maxMediaBufferMB"]) * 1024 * 1024,
     )
-
-
-_DEPLOY = "BackendConfig.ModelDeployConfig"
-
-
-def _lora(deploy: ServerSection, base: Path, index: int) -> LoraSettings:
-    """The LoRA settings of ModelConfig[``index``]: its LoraModules (baseModelName its name), the LoRA keys;
-    checked across entries: unique names, none a model's name, a served baseModelName, a loraRoot with runtime
-    updates (which go to the first model). ValueError naming the key, the entry and the value."""
-    served = [m["modelName"] for m in deploy["ModelConfig"]]
-    modules, seen = [], {}
-    for i, entry in enumerate(deploy["LoraModules"] or []):
-        key = f"{_DEPLOY}.LoraModules[{i}]"
-        if entry["name"] in seen:
-            raise ValueError(f"{key}.name {entry['name']!r} is already the name of LoraModules[{seen[entry['name']]}]; "
-                             "adapter names must be unique")
-        if entry["baseModelName"] not in served:
-            raise ValueError(f"{key}.baseModelName {entry['baseModelName']!r} is not a served model "
-                             f"(ModelConfig modelName: {', '.join(map(repr, served))})")
-        if entry["name"] in served:
-            raise ValueError(f"{key}.name {entry['name']!r} is already the modelName of ModelConfig"
-                             f"[{served.index(entry['name'])}]; a request's model must name one of them")
-        seen[entry["name"]] = i
-        if entry["baseModelName"] == served[index]:
-            modules.append(LoraModuleConfig(entry["name"], _resolve(base, entry["path"])))
-    runtime, root = bool(deploy["allowRuntimeLoraUpdating"]) and index == 0, _resolve(base, deploy["loraRoot"])
-    if runtime and root is None:
-        raise ValueError(f"{_DEPLOY}.allowRuntimeLoraUpdating is true but {_DEPLOY}.loraRoot is not set: runtime "
-                         "loads are taken only from under that directory")
-    lora = LoraSettings(modules=tuple(modules), max_loras=deploy["maxLoras"], max_rank=deploy["maxLoraRank"],
-                        runtime_updates=runtime, root=root, max_loaded=deploy["maxLoadedLoras"])
-    if lora.max_loaded and lora.max_loaded < len(modules):
-        raise ValueError(f"{_DEPLOY}.maxLoadedLoras {lora.max_loaded} is fewer than the {len(modules)} LoraModules "
-                         f"of {served[index]!r}")
-    return lora
 
 
 def _engine(data: dict, base: Path, index: int = 0) -> EngineConfig:
@@ -227,63 +187,10 @@ def _engine(data: dict, base: Path, index: int = 0) -> EngineConfig:
         batch_buckets=buckets["batchBuckets"], window_buckets=buckets["windowBuckets"],
         cache_gb=float(model["npuMemSize"]), kv_cache_dtype=model["kvCacheDtype"],
         prefix_caching=sched["enablePrefixCaching"],
-        lora=_lora(deploy, base, index), kernels=deploy["kernels"], kernel_isa=deploy["kernelIsa"],
+        lora=lora_settings(deploy, base, index), kernels=deploy["kernels"], kernel_isa=deploy["kernelIsa"],
         graph_cache=deploy["graphCache"], map_kv_cache=deploy["mapKvCache"],
-        speculation=_speculation(deploy, model, base, index),
+        speculation=speculation_settings(deploy, model, base, index),
     )
-
-
-# plugin_params keys of the speculative plugin types: (default, lowest, highest); dynamic_algo is a boolean,
-# draft_model_path a directory (draft_model's, required)
-_PLUGIN_INTS = {"decoding_length": (8, 1, 64), "ngram_min": (2, 1, 8), "ngram_max": (3, 1, 8)}
-_PLUGIN_KEYS = {"memory_decoding": ("decoding_length", "dynamic_algo", "ngram_min", "ngram_max"),
-                "draft_model": ("decoding_length", "dynamic_algo", "draft_model_path")}
-
-
-def _speculation(deploy: ServerSection, model: ServerSection, base: Path, index: int = 0) -> SpeculationSettings:
-    """ModelConfig plugin_params (the reference server's JSON string) and speculationGamma -> the speculative
-    decoding settings; without plugin_params, speculationGamma > 0 alone is memory_decoding with that
-    decoding_length (0: off). plugin_type draft_model (mindserve) drafts with the model at draft_model_path
-    (relative: to the config file). ValueError naming the key and the value."""
-    key, raw = f"{_DEPLOY}.ModelConfig[{index}].plugin_params", model["plugin_params"]
-    gamma = deploy["speculationGamma"]
-    if not raw:
-        return SpeculationSettings(max_draft=gamma)
-    try:
-        params = json.loads(raw)
-    except ValueError as exc:
-        raise ValueError(f"{key} {raw!r} is not a JSON object: {exc}") from None
-    if not isinstance(params, dict) or params.get("plugin_type") not in _PLUGIN_KEYS:
-        kind = params.get("plugin_type") if isinstance(params, dict) else params
-        raise ValueError(f"{key} plugin_type {kind!r} is not supported: mindserve runs \"memory_decoding\" "
-                         "(prompt-lookup speculative decoding) and \"draft_model\" (a draft model's proposals)")
-    kind = params["plugin_type"]
-    unknown = sorted(set(params) - {"plugin_type", *_PLUGIN_KEYS[kind]})
-    if unknown:
-        raise ValueError(f"{key} has the unknown key {unknown[0]!r} ({kind} takes {', '.join(_PLUGIN_KEYS[kind])})")
-    ints = {}
-    for name, (default, low, high) in _PLUGIN_INTS.items():
-        value = params.get(name, default)
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise ValueError(f"{key} {name} {value!r} must be an integer in [{low}, {high}]")
-        ints[name] = value
-    adaptive = params.get("dynamic_algo", True)
-    if not isinstance(adaptive, bool):
-        raise ValueError(f"{key} dynamic_algo {adaptive!r} must be true or false")
-    if ints["ngram_min"] > ints["ngram_max"]:
-        raise ValueError(f"{key} ngram_min {ints['ngram_min']} must be <= ngram_max {ints['ngram_max']}")
-    if gamma and gamma < ints["decoding_length"]:
-        raise ValueError(f"{_DEPLOY}.speculationGamma {gamma} must be >= plugin_params decoding_length "
-                         f"{ints['decoding_length']}")
-    draft = None
-    if kind == "draft_model":
-        path = params.get("draft_model_path")
-        if not isinstance(path, str) or not path:
-            raise ValueError(f"{key} draft_model_path {path!r} must name the draft model's directory "
-                             "(plugin_type draft_model needs it)")
-        draft = _resolve(base, path)
-    return SpeculationSettings(max_draft=ints["decoding_length"], ngram_min=ints["ngram_min"],
-                               ngram_max=ints["ngram_max"], adaptive=adaptive, draft_model=draft)
 
 
 def _models(data: dict, base: Path) -> tuple[ModelSettings, ...]:
@@ -296,7 +203,7 @@ def _models(data: dict, base: Path) -> tuple[ModelSettings, ...]:
                              f"ModelConfig[{seen[name]}]; model names must be unique")
         seen[name] = i
         backend_type = ServerSection("ModelConfig", entry)["backendType"]
-        models.append(ModelSettings(name, _resolve(base, entry["modelWeightPath"]), backend_type,
+        models.append(ModelSettings(name, resolve(base, entry["modelWeightPath"]), backend_type,
                                     _engine(data, base, i), i))
     return tuple(models)
 
