@@ -79,9 +79,9 @@ async def serve(cfg: ServerConfig) -> None:
         backend, cfg.server, state=state, metrics=metrics, admission=admission, connections=connections,
         media=media, planes=planes, lora=cfg.engine.lora, models=models))
     started = time.monotonic()
-    names = ", ".join(models.names[:models.limit])
-    log.info("loading %s %s; /health answers 503 until %s loaded and warmed up",
-             "model" if models.limit == 1 else "models", names, "it is" if models.limit == 1 else "they are")
+    names = ("model " if models.limit == 1 else "models ") + ", ".join(models.names[:models.limit])
+    log.info("loading %s; /health answers 503 until %s loaded and warmed up", names,
+             "it is" if models.limit == 1 else "they are")
     # graphCache: the serve process compiles nothing before the first engine's warm-up, so MindSpore's compile
     # cache (numbered by the order of compilation in the process) keeps the same graphs under the same numbers.
     loading = asyncio.ensure_future(models.preload())

@@ -135,7 +135,8 @@ class ModelRegistry:
             if slot.state is ModelState.LOADED:
                 continue
             slot.state, started = ModelState.LOADING, time.monotonic()
-            log.info("loading model %s", slot.name)
+            if self.limit > 1:
+                log.info("loading model %s", slot.name)
             try:
                 await load_in_background(slot.load, into=slot.backend)
             except BaseException:
