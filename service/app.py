@@ -24,6 +24,7 @@ from service.lora_admin import lora_admin_routes
 from service.media.loader import MediaLoader
 from service.media.policy import MediaPolicy
 from service.metrics import ServiceMetrics
+from service.models import ModelRegistry
 from service.ops_handlers import (HealthHandler, InfoHandler, LiveHandler, MetricsHandler, ModelHandler,
                                   ModelsHandler, OpenAPIHandler, TokenizerHandler)
 from service.pipeline import GenerationHandler
@@ -89,24 +90,27 @@ def make_app(backend: Backend, settings: ServerSettings = ServerSettings(), *,
              state: ServerState | None = None, metrics: ServiceMetrics | None = None,
              admission: Admission | None = None, connections: ConnectionTracker | None = None,
              media: MediaLoader | MediaPolicy | None = None,
-             planes: Iterable[str] = ALL_PLANES, lora: LoraSettings = LoraSettings()) -> tornado.web.Application:
+             planes: Iterable[str] = ALL_PLANES, lora: LoraSettings = LoraSettings(),
+             models: ModelRegistry | None = None) -> tornado.web.Application:
     """One app serving ``planes``. The apps of one process share ``state``, ``metrics``, ``admission`` and
     ``connections``; without a ``state`` the app is ready at once (the backend handed in is already loaded
     and warmed up); without an ``admission`` the app gets its own (``maxLinkNum`` in flight, twice that
     waiting). ``media``: the apps' media loader (shared like ``admission``), or a policy to build one from;
-    without, the policy of ``settings`` with no remote host allowed. Serve it with
+    without, the policy of ``settings`` with no remote host allowed. ``models``: every served model, ``backend``
+    the first's (without: ``backend`` alone). Serve it with
     ``service.connections.start_http_server``."""
     planes = frozenset(planes)
     if not planes or planes - ALL_PLANES:
         raise ValueError(f"planes must be a non-empty subset of {sorted(ALL_PLANES)}, got {sorted(planes)}")
-    metrics = metrics or ServiceMetrics.for_backend(backend)
+    models = models or ModelRegistry.of_backend(backend)
+    metrics = metrics or ServiceMetrics.for_models(models)
     admission = admission or Admission(settings.max_link_num)
     connections = connections or ConnectionTracker(settings)
     metrics.watch_http(admission, connections)
     if not isinstance(media, MediaLoader):
         media = MediaLoader(media or MediaPolicy.from_settings(settings))
     ctx = AppContext(backend, settings, schemas or default_schemas(), limits, state or ServerState(ready=True),
-                     metrics, admission, connections, media, lora)
+                     metrics, admission, connections, media, lora, models=models)
     routes = [route for plane in (BUSINESS, MANAGEMENT, METRICS) if plane in planes
               for route in _PLANE_ROUTES[plane](ctx)]
     return tornado.web.Application(routes, default_handler_class=NotFoundHandler,

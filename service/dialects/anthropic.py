@@ -20,6 +20,7 @@ from service import sse
 from service.context import AppContext
 from service.dialects.anthropic_output import MessageContent, stop_reason
 from service.dialects.anthropic_request import MessagesRequest, parse_messages_request, renamed
+from service.dialects import body_model
 from service.dialects.openai import CHAT
 from service.errors import ServiceError, Unauthorized, from_backend_error
 from service.pipeline import GenerationHandler
@@ -122,6 +123,9 @@ def _input_counts(result: GenerationResult) -> dict[str, int]:
 
 @dataclass(frozen=True, slots=True)
 class MessagesDialect:
+    def requested_model(self, body: Any) -> str | None:
+        return body_model(body)
+
     def parse(self, body: Any, ctx: AppContext, *, count: bool = False) -> MessagesRequest:
         return parse_messages_request(body, ctx.schemas, ctx.backend.model_name,
                                       [a["name"] for a in ctx.backend.adapters()], ctx.accepted_part_types()[1:],

@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 from backends.errors import BackendError
+from service.dialects import body_model
 from service.dialects.anthropic import MESSAGES, anthropic_error, key_refusal
 from service.errors import ServiceError, ServiceUnavailable, Unauthorized
 from service.http import JsonBodyHandler
@@ -24,9 +26,15 @@ class CountTokensHandler(JsonBodyHandler):
     async def post(self) -> None:
         if not self.ctx.state.ready:
             raise ServiceUnavailable(self.ctx.state.describe())
-        req = MESSAGES.parse(self.json_body(), self.ctx, count=True)
-        try:  # the template and the tokenizer can take a while: off the event loop
-            await asyncio.get_running_loop().run_in_executor(None, req.render_prompt, self.ctx.backend)
-        except BackendError as exc:
-            raise MESSAGES.submit_error(exc, req) from None
+        body = self.json_body()
+        lease = await self.ctx.models.acquire(body_model(body), self.ctx.settings.e2e_timeout)  # the model named
+        try:
+            ctx = replace(self.ctx, backend=lease.backend)
+            req = MESSAGES.parse(body, ctx, count=True)
+            try:  # the template and the tokenizer can take a while: off the event loop
+                await asyncio.get_running_loop().run_in_executor(None, req.render_prompt, ctx.backend)
+            except BackendError as exc:
+                raise MESSAGES.submit_error(exc, req) from None
+        finally:
+            lease.release()
         self.write_json({"input_tokens": req.counted.tokens})
