@@ -53,7 +53,7 @@ async def serve(cfg: ServerConfig, prepare: ModelPreparer = _prepare) -> None:
     from service.preflight import check_model, check_tls
 
     ssl_context = check_tls(cfg)  # before anything slow: a bad key or model directory stops start-up at once
-    check_model(cfg)
+    checked = check_model(cfg)  # its tokenizer goes to the engine: read once
 
     from backends.loader import load_backend
     from service.admission import Admission
@@ -81,7 +81,8 @@ async def serve(cfg: ServerConfig, prepare: ModelPreparer = _prepare) -> None:
     # (numbered by the order of compilation in the process) keeps the same graphs under the same numbers.
     engine = cfg.engine
     loading = load_in_background(lambda: load_backend(cfg.model.backend_type, prepare(cfg), engine,
-                                                      model_name=cfg.model.name, progress=True), into=backend)
+                                                      model_name=cfg.model.name, progress=True, checked=checked),
+                                 into=backend)
     stop, force = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal cuts the grace period short
@@ -171,8 +172,11 @@ async def _wait_until(done, *, seconds: float, poll: float = 0.05) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from backends.loader import preload_backend
     from service.model_prep import model_entries, prepare_model
     from service.serve_args import serve_config
+
+    preload_backend()  # MindSpore imports while the config, the model check and the HTTP side load
 
     entries = model_entries(args.models, models_dir=args.models_dir, dtype=args.dtype) if args.models else None
     cfg = serve_config(args, entries)
