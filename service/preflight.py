@@ -9,8 +9,10 @@ KV cache against the memory budget) mapped onto the server config's keys, the TL
 from __future__ import annotations
 
 import errno
+import logging
 import socket
 import ssl
+import time
 
 from backends.loader import (ADAPTERS, KV_CACHE, MEMORY, MODEL, SCHEDULE, SPECULATION, ModelCheck, PreflightError,
                              check_backend)
@@ -24,6 +26,8 @@ BACKEND_KEYS = {MODEL: MODEL_KEY, MEMORY: MEMORY_KEY, SCHEDULE: "BackendConfig.S
                 KV_CACHE: "BackendConfig.ModelDeployConfig.ModelConfig[0].kvCacheDtype",
                 SPECULATION: "BackendConfig.ModelDeployConfig.ModelConfig[0].plugin_params draft_model_path"}
 
+log = logging.getLogger("mindserve")
+
 __all__ = ["MODEL_KEY", "ModelCheck", "bind_error", "busy_listeners", "check_model", "check_tls"]
 
 
@@ -31,10 +35,15 @@ def check_model(cfg: ServerConfig) -> ModelCheck:
     """The backend's own checks of the model directory (``backends.loader.check_backend``: yaml, weights
     file, tokenizer, window buckets, adapters, the KV cache against the memory budget), each failure named
     by the server config's key."""
+    started = time.monotonic()
     try:
-        return check_backend(cfg.model.backend_type, cfg.model.weight_path, cfg.engine)
+        model = check_backend(cfg.model.backend_type, cfg.model.weight_path, cfg.engine)
     except PreflightError as exc:
         raise ConfigFileError(f"{cfg.path}: {BACKEND_KEYS[exc.about]}{exc.detail}") from None
+    if model.prepared:  # the seconds a start spends here are mostly the tokenizer's (it is the engine's next)
+        log.info("model %s checked in %.1fs (weights, tokenizer, buckets, KV cache against the memory budget)",
+                 model.directory, time.monotonic() - started)
+    return model
 
 
 def check_tls(cfg: ServerConfig) -> ssl.SSLContext | None:
