@@ -45,16 +45,16 @@ def preload_backend() -> threading.Thread:
     first thing: the import (seconds of a start from the caches, much of it reading and mapping shared libraries,
     which lets the GIL go) runs while the config, the model check and the HTTP side load; ``load_backend`` then finds
     the modules imported, or waits for the import in progress (Python's import lock). A failure here is left for
-    ``load_backend``'s own import to raise, where start-up reports it. Not a daemon thread: a process that ends
-    during the import (a config error, printed at once) waits for it to finish, since finalizing the interpreter
-    under a half-imported MindSpore aborts it (its atexit hook runs on a partial module)."""
+    ``load_backend``'s own import to raise, where start-up reports it. The caller joins the thread before the
+    process exits (a config error): finalizing the interpreter during the import aborts it (the import, cut short by
+    the shutdown, leaves MindSpore half-imported with its atexit hook registered)."""
     def run() -> None:
         try:
             import backends.mindspore.engine  # noqa: F401 - what load_backend imports
         except BaseException:  # noqa: BLE001, S110 - load_backend imports it again and reports the error
             pass
 
-    thread = threading.Thread(target=run, name="mindserve-preload", daemon=False)
+    thread = threading.Thread(target=run, name="mindserve-preload", daemon=True)
     thread.start()
     return thread
 
