@@ -4,6 +4,7 @@ reference resolved, fetched and converted; listed; removed), and the config-only
 framework only when a backend is built."""
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from backends.base import Backend
@@ -20,7 +21,7 @@ __all__ = ["ADAPTERS", "KV_CACHE", "MEMORY", "MODEL", "SCHEDULE", "SPECULATION",
            "ModelSource", "ModelSourceError", "ModelStore", "ModelStoreError", "PreflightError", "ShapeError",
            "SourceKind", "cached_models", "check_backend", "check_backends", "check_buckets", "convert_gguf",
            "default_model_dtype", "default_models_root", "downloads_size", "is_default_model", "is_model_dir",
-           "load_backend", "prepare_default_model", "remove_models", "resolve_source"]
+           "load_backend", "preload_backend", "prepare_default_model", "remove_models", "resolve_source"]
 
 
 def _backend(backend_type: str) -> None:
@@ -29,11 +30,33 @@ def _backend(backend_type: str) -> None:
 
 
 def load_backend(backend_type: str, model_dir: Path, config: EngineConfig, *, model_name: str | None = None,
-                 progress: bool = True) -> Backend:
+                 progress: bool = True, checked: ModelCheck | None = None) -> Backend:
+    """The backend of ``model_dir``, loaded and warmed up; ``checked``: ``check_backend``'s result, whose
+    tokenizer the engine takes over if it was read from ``model_dir`` (parsed once per start)."""
     _backend(backend_type)
     from backends.mindspore.engine import Engine
 
-    return Engine(model_dir, config, warmup=True, progress=progress, model_name=model_name).start()
+    return Engine(model_dir, config, warmup=True, progress=progress, model_name=model_name,
+                  tokenizer=checked.tokenizer if checked is not None else None).start()
+
+
+def preload_backend() -> threading.Thread:
+    """Start importing the engine's modules, MindSpore with them, in a thread, and return it. ``serve`` calls it
+    first thing: the import (seconds of a start from the caches, much of it reading and mapping shared libraries,
+    which lets the GIL go) runs while the config, the model check and the HTTP side load; ``load_backend`` then finds
+    the modules imported, or waits for the import in progress (Python's import lock). A failure here is left for
+    ``load_backend``'s own import to raise, where start-up reports it. The caller joins the thread before the
+    process exits (a config error): finalizing the interpreter during the import aborts it (the import, cut short by
+    the shutdown, leaves MindSpore half-imported with its atexit hook registered)."""
+    def run() -> None:
+        try:
+            import backends.mindspore.engine  # noqa: F401 - what load_backend imports
+        except BaseException:  # noqa: BLE001, S110 - load_backend imports it again and reports the error
+            pass
+
+    thread = threading.Thread(target=run, name="mindserve-preload", daemon=True)
+    thread.start()
+    return thread
 
 
 def check_backend(backend_type: str, model_dir: Path, config: EngineConfig) -> ModelCheck:

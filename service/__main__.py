@@ -171,6 +171,16 @@ async def _wait_until(done, *, seconds: float, poll: float = 0.05) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from backends.loader import preload_backend
+
+    preload = preload_backend()  # MindSpore imports while the config, the model check and the HTTP side load
+    try:
+        return _cmd_serve(args)
+    finally:
+        preload.join()  # an exit (a config error) must not finalize the interpreter under a half-done import
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
     from service.model_prep import model_entries, prepare_model
     from service.serve_args import serve_config
 

@@ -311,10 +311,12 @@ def registry_for(models: Sequence[ModelSettings], max_loaded: int, prepare: Call
 
     resident = min(max_loaded or len(models), len(models))
     plans = {i: check.cache for i, check in enumerate(checks) if check.cache is not None and resident > 1}
+    handed = dict(enumerate(checks))  # each check (and the tokenizer it read) goes to its model's first load only
 
     def loader(i: int, model: ModelSettings) -> Callable[[], Backend]:
         engine = plans[i].apply(model.engine) if i in plans else model.engine
-        return lambda: load_backend(model.backend_type, prepare(model), engine, model_name=model.name, progress=True)
+        return lambda: load_backend(model.backend_type, prepare(model), engine, model_name=model.name, progress=True,
+                                    checked=handed.pop(i, None))
 
     return ModelRegistry([ModelSlot(LoadingBackend(m.name, m.engine), loader(i, m)) for i, m in enumerate(models)],
                          max_loaded)

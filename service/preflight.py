@@ -9,8 +9,10 @@ KV cache against the memory budget) mapped onto the server config's keys, the TL
 from __future__ import annotations
 
 import errno
+import logging
 import socket
 import ssl
+import time
 
 from backends.loader import (ADAPTERS, KV_CACHE, MEMORY, MODEL, SCHEDULE, SPECULATION, ModelCheck, PreflightError,
                              check_backends)
@@ -24,6 +26,8 @@ BACKEND_KEYS = {MODEL: _ENTRY + ".modelWeightPath", MEMORY: _ENTRY + ".npuMemSiz
                 SCHEDULE: "BackendConfig.ScheduleConfig", ADAPTERS: "BackendConfig.ModelDeployConfig.LoraModules",
                 KV_CACHE: _ENTRY + ".kvCacheDtype", SPECULATION: _ENTRY + ".plugin_params draft_model_path"}
 
+log = logging.getLogger("mindserve")
+
 __all__ = ["MODEL_KEY", "ModelCheck", "bind_error", "busy_listeners", "check_model", "check_models", "check_tls"]
 
 
@@ -36,14 +40,20 @@ def check_models(cfg: ServerConfig) -> list[ModelCheck]:
     """The backend's own checks of every model directory (``backends.loader.check_backends``: yaml, weights
     file, tokenizer, window buckets, adapters, the KV caches against the memory budget, which covers the models
     loaded at once), each failure named by the server config's key."""
+    started = time.monotonic()
     try:
-        return check_backends([(m.backend_type, m.weight_path, m.engine) for m in cfg.models], cfg.resident_models)
+        checks = check_backends([(m.backend_type, m.weight_path, m.engine) for m in cfg.models], cfg.resident_models)
     except PreflightError as exc:
         key = BACKEND_KEYS[exc.about].format(exc.index)
         if exc.about == MEMORY and cfg.resident_models > 1:
             key += (f" (with {cfg.resident_models} models loaded at once: BackendConfig.ModelDeployConfig."
                     "maxLoadedModels, and each model's npuMemSize)")
         raise ConfigFileError(f"{cfg.path}: {key}{exc.detail}") from None
+    prepared = [check.directory for check in checks if check.prepared]
+    if prepared:  # the seconds a start spends here are mostly the tokenizers' (each is its engine's next)
+        log.info("%s checked in %.1fs (weights, tokenizer, buckets, KV cache against the memory budget)",
+                 ", ".join(f"model {d}" for d in prepared), time.monotonic() - started)
+    return checks
 
 
 def check_tls(cfg: ServerConfig) -> ssl.SSLContext | None:

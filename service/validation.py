@@ -21,6 +21,7 @@ import jsonschema.exceptions
 from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 
+from service.checked_schemas import default_stamp_dir, mark_checked, schema_set_key, was_checked
 from service.errors import BadRequest, ValidationError
 from service.package_data import SCHEMA_DIR
 
@@ -36,9 +37,12 @@ _JsonError = jsonschema.exceptions.ValidationError
 class Schemas:
     """Every ``*.schema.json`` of a directory, checked, registered by ``$id``, one validator each."""
 
-    def __init__(self, schema_dir: Traversable | str | os.PathLike = SCHEMA_DIR) -> None:
+    def __init__(self, schema_dir: Traversable | str | os.PathLike = SCHEMA_DIR, *,
+                 stamp_dir: Path | None = None) -> None:
+        """``stamp_dir``: where the sets of files that passed the meta-schema check are stamped
+        (``checked_schemas.py``; default under ~/.cache/mindserve)."""
         self.schema_dir = Path(schema_dir) if isinstance(schema_dir, (str, os.PathLike)) else schema_dir
-        self._schemas = _read_schemas(self.schema_dir)
+        self._schemas = _read_schemas(self.schema_dir, stamp_dir or default_stamp_dir())
         self.registry: Registry = Registry().with_resources(
             (schema["$id"], Resource.from_contents(schema)) for schema in self._schemas.values()
         )
@@ -181,13 +185,19 @@ def _check_text(text: str) -> None:
                          f"\\u{ord(text[exc.start]):04x} in a string") from None
 
 
-def _read_schemas(schema_dir: Traversable) -> dict[str, dict[str, Any]]:
+def _read_schemas(schema_dir: Traversable, stamp_dir: Path) -> dict[str, dict[str, Any]]:
+    """Every schema file, checked against the meta-schema unless these very bytes passed before (a stamp)."""
     schemas: dict[str, dict[str, Any]] = {}
     found = schema_dir.iterdir() if schema_dir.is_dir() else ()
-    for path in sorted((p for p in found if p.name.endswith(SCHEMA_SUFFIX)), key=lambda p: p.name):
-        schema = json.loads(path.read_text(encoding="utf-8"))
+    paths = sorted((p for p in found if p.name.endswith(SCHEMA_SUFFIX)), key=lambda p: p.name)
+    texts = {path.name: path.read_text(encoding="utf-8") for path in paths}
+    key = schema_set_key(texts)
+    checked = was_checked(key, stamp_dir)
+    for path in paths:
+        schema = json.loads(texts[path.name])
         try:
-            Draft202012Validator.check_schema(schema)
+            if not checked:
+                Draft202012Validator.check_schema(schema)
         except SchemaError as exc:
             raise SchemaError(f"{path}: {exc.message}") from exc
         if "$id" not in schema:
@@ -195,6 +205,8 @@ def _read_schemas(schema_dir: Traversable) -> dict[str, dict[str, Any]]:
         schemas[path.name.removesuffix(SCHEMA_SUFFIX)] = schema
     if not schemas:
         raise FileNotFoundError(f"no *{SCHEMA_SUFFIX} files in {schema_dir}")
+    if not checked:
+        mark_checked(key, stamp_dir)
     return schemas
 
 

@@ -24,6 +24,7 @@ from backends.grammar import MaskBatch, MaskWorker
 from backends.mindspore.engine_parts import build_parts, engine_info, warm_up
 from backends.mindspore.intake import Intake
 from backends.mindspore.step import RowOutput
+from backends.mindspore.tokenizer import Tokenizer
 from backends.mindspore.sequence import SeqState
 from backends.sampling import vocab_log_softmax
 from backends.settings import EngineConfig
@@ -38,9 +39,10 @@ class Engine:
     """Owns the model, the cache and a thread that runs the continuous-batching loop."""
 
     def __init__(self, model_dir: Path | str, config: EngineConfig = EngineConfig(), *,
-                 warmup: bool = True, progress: bool = False, model_name: str | None = None) -> None:
+                 warmup: bool = True, progress: bool = False, model_name: str | None = None,
+                 tokenizer: Tokenizer | None = None) -> None:
         started = time.perf_counter()
-        parts = build_parts(model_dir, config, model_name)
+        parts = build_parts(model_dir, config, model_name, tokenizer)  # tokenizer: start-up's check's, if any
         self.spec, self.config, self.model_name, self.device = parts.spec, parts.config, parts.model_name, parts.device
         self.threads = parts.threads
         self.vl, self.media_kinds, self.vision = parts.spec.vision, parts.media_kinds, parts.vision

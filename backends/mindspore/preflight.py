@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from backends.mindspore.adapters import ConfiguredAdapterError, EngineAdapters
 from backends.mindspore.config import load_model
@@ -20,6 +21,9 @@ from backends.mindspore.model_sources import is_model_dir, is_model_source
 from backends.mindspore.shapes import ShapeError, plan_shapes
 from backends.mindspore.yaml_tree import ConfigError
 from backends.settings import EngineConfig
+
+if TYPE_CHECKING:
+    from backends.mindspore.tokenizer import Tokenizer
 
 MODEL, MEMORY, SCHEDULE, ADAPTERS = "model", "memory", "schedule", "adapters"  # what a PreflightError is about
 KV_CACHE = "kv_cache"  # kvCacheDtype
@@ -45,6 +49,9 @@ class ModelCheck:
     max_position_embeddings: int | None = None
     cache: CachePlan | None = None  # the KV cache the engine would allocate now
     resident_bytes: int = 0  # what the model holds once loaded: weights, adapter slots, vision tower, cache
+    # The tokenizer the check loaded, for the engine to take over (``load_backend(tokenizer=...)``) rather than
+    # parse the same files again: seconds for a 262k vocabulary's 33 MB tokenizer.json.
+    tokenizer: Tokenizer | None = None
 
     @property
     def prepared(self) -> bool:
@@ -99,19 +106,20 @@ def check_model(path: Path, engine: EngineConfig, available: Available | None = 
         raise PreflightError(MODEL, f": weights {spec.checkpoint} not found (load_checkpoint in "
                                     f"{spec.yaml_path.name})")
     try:
-        Tokenizer.from_model_dir(spec.model_dir, spec.tokenizer)
+        tokenizer = Tokenizer.from_model_dir(spec.model_dir, spec.tokenizer)
     except Exception as exc:  # noqa: BLE001 - tokenizers and mindformers raise plain exceptions
         raise PreflightError(MODEL, f": cannot load the tokenizer: {exc}") from None
     _check_windows(engine, spec.max_position_embeddings)
     adapters = _check_adapters(engine, spec)
-    draft = _check_draft_model(engine, spec)
+    draft = _check_draft_model(engine, spec, tokenizer)
     cache, held = _check_memory(engine, spec, adapters, draft, available or available_memory())
-    return ModelCheck(spec.model_dir, spec.arch, spec.max_position_embeddings, cache, held)
+    return ModelCheck(spec.model_dir, spec.arch, spec.max_position_embeddings, cache, held, tokenizer)
 
 
-def _check_draft_model(engine: EngineConfig, target):
+def _check_draft_model(engine: EngineConfig, target, target_tokenizer: Tokenizer):
     """The draft model of plugin_type draft_model (None without one): its directory read as the engine reads it,
-    its tokenizer the target's (``draft_model.check_tokenizer``), a text model reaching the target's window."""
+    its tokenizer the target's (``target_tokenizer``; ``draft_model.check_tokenizer``), a text model reaching the
+    target's window."""
     path = engine.speculation.draft_model
     if path is None:
         return None
@@ -120,8 +128,7 @@ def _check_draft_model(engine: EngineConfig, target):
 
     try:
         spec = load_model(path)
-        check_tokenizer(Tokenizer.from_model_dir(spec.model_dir, spec.tokenizer),
-                        Tokenizer.from_model_dir(target.model_dir, target.tokenizer), spec.model_dir)
+        check_tokenizer(Tokenizer.from_model_dir(spec.model_dir, spec.tokenizer), target_tokenizer, spec.model_dir)
         check_draft_spec(spec, plan_shapes(engine, target.max_position_embeddings).max_window)
     except DraftModelError as exc:
         raise PreflightError(SPECULATION, str(exc).removeprefix(KEY)) from None

@@ -47,14 +47,19 @@ class Tokenizer:
         named = (self._id_of(cfg.get(f"{k}_token")) for k in ("bos", "eos", "pad", "unk"))
         self._special = frozenset(_backend_special_ids(backend)) | frozenset(
             i for i in named if i is not None)
+        self.model_dir: Path | None = None  # the model directory it was read from (resolved), if one
+
+    def is_from(self, model_dir: str | Path) -> bool:
+        """It was read from ``model_dir`` (``from_model_dir``): what start-up's check loaded can serve the engine."""
+        return self.model_dir is not None and self.model_dir == Path(model_dir).resolve()
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path, section: Mapping[str, Any] | None = None
                        ) -> Tokenizer:
         """Load a model directory's tokenizer, as its yaml `processor.tokenizer` section says."""
-        if section:
-            return from_yaml_tokenizer_section(model_dir, section)
-        return cls.from_files(model_dir)
+        tokenizer = from_yaml_tokenizer_section(model_dir, section) if section else cls.from_files(model_dir)
+        tokenizer.model_dir = Path(model_dir).resolve()
+        return tokenizer
 
     @classmethod
     def from_files(cls, model_dir: str | Path, tokenizer_file: str | Path = "tokenizer.json"
