@@ -7,10 +7,11 @@ import json
 from typing import Any
 
 import pytest
+import yaml
 
 from backends.chat_format import tool_call_source
 from backends.types import FinishReason, GenerationResult, Token, TokenEvent
-from service.config import ServerSettings
+from service.config import ConfigFileError, ServerSettings, load_server_config
 from service.dialects.openai import ChunkRenderer, InvalidRequest, OpenAIStream, parse_openai_request, render_completion
 from service.validation import default_schemas
 from tests.support.tiny_chat_model import QWEN3_LIKE_TEMPLATE, TemplateBackend
@@ -93,6 +94,25 @@ def test_the_config_chooses_the_format():
     assert tool_call_source(QWEN3_LIKE_TEMPLATE) == {"format": "hermes", "source": "template"}
     assert tool_call_source(QWEN3_LIKE_TEMPLATE, "generic") == {"format": "generic", "source": "config"}
     assert tool_call_source(CHAT_TEMPLATE, "none") == {"format": "none", "source": "config"}
+
+
+@pytest.mark.parametrize("model_key, server_key, expected", [
+    (None, None, "auto"), ("generic", None, "generic"), (None, "hermes", "hermes"), ("none", "generic", "none"),
+])
+def test_a_model_config_entry_overrides_the_server_key(tmp_path, model_key, server_key, expected):
+    entry = {"modelName": "m", "modelWeightPath": "m", **({"toolCallFormat": model_key} if model_key else {})}
+    config = {"BackendConfig": {"ModelDeployConfig": {"ModelConfig": [entry]}},
+              **({"ServerConfig": {"toolCallFormat": server_key}} if server_key else {})}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    assert load_server_config(tmp_path / "c.yaml").server.chat_formats("m") == (expected, "auto")
+
+
+def test_an_unknown_format_in_the_config_names_the_key(tmp_path):
+    config = {"BackendConfig": {"ModelDeployConfig": {"ModelConfig": [
+        {"modelName": "m", "modelWeightPath": "m", "toolCallFormat": "xml"}]}}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigFileError, match="toolCallFormat"):
+        load_server_config(tmp_path / "c.yaml")
 
 
 def test_response_format_with_generic_tools_is_a_400_naming_it():
