@@ -18,9 +18,9 @@ from backends.settings import EngineConfig
 
 __all__ = ["ADAPTERS", "KV_CACHE", "MEMORY", "MODEL", "SCHEDULE", "SPECULATION", "CachedModel", "ModelCheck",
            "ModelSource", "ModelSourceError", "ModelStore", "ModelStoreError", "PreflightError", "ShapeError",
-           "SourceKind", "cached_models", "check_backend", "check_buckets", "convert_gguf", "default_model_dtype",
-           "default_models_root", "downloads_size", "is_default_model", "is_model_dir", "load_backend",
-           "prepare_default_model", "remove_models", "resolve_source"]
+           "SourceKind", "cached_models", "check_backend", "check_backends", "check_buckets", "convert_gguf",
+           "default_model_dtype", "default_models_root", "downloads_size", "is_default_model", "is_model_dir",
+           "load_backend", "prepare_default_model", "remove_models", "resolve_source"]
 
 
 def _backend(backend_type: str) -> None:
@@ -43,6 +43,17 @@ def check_backend(backend_type: str, model_dir: Path, config: EngineConfig) -> M
     from backends.mindspore.preflight import check_model
 
     return check_model(model_dir, config)
+
+
+def check_backends(models: list[tuple[str, Path, EngineConfig]], resident: int) -> list[ModelCheck]:
+    """``check_backend`` of every model of one server, the memory budget covering the ``resident`` models that
+    may be loaded at once (``backends/mindspore/preflight.py check_models``); PreflightError's ``index`` names
+    the model at fault."""
+    for backend_type, _, _ in models:
+        _backend(backend_type)
+    from backends.mindspore.preflight import check_models
+
+    return check_models([(path, config) for _, path, config in models], resident)
 
 
 def default_model_dtype(path: Path) -> str:

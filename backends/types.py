@@ -129,3 +129,4 @@ class GenerationResult:
     seed: int
     tokens: tuple[Token, ...] = ()
     prefill: tuple[Token, ...] = ()
+    cached_tokens: int = 0  # prompt tokens the prefix cache held (not prefilled)

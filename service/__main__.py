@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from service.config import ConfigFileError, ServerConfig, load_server_config
+from service.config import ConfigFileError, ModelSettings, ServerConfig, load_server_config
 from service.install_check import import_name_conflict
 from service.loading import LOAD_THREAD
 from service.model_commands import add_model_commands
@@ -33,14 +33,14 @@ def setup_logging(level: str = "INFO") -> None:
                         format="%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s")
 
 
-ModelPreparer = Callable[[ServerConfig], Path]  # the served model's directory, converted first if need be
+ModelPreparer = Callable[[ModelSettings], Path]  # one served model's directory, converted first if need be
 
 
-def _prepare(cfg: ServerConfig) -> Path:
-    """The model directory of a config's entry with the defaults (no --dtype, the default model cache)."""
+def _prepare(model: ModelSettings) -> Path:
+    """The model directory of one ModelConfig entry with the defaults (no --dtype, the default model cache)."""
     from service.model_prep import prepare_model
 
-    return prepare_model(cfg.model, models_dir=models_dir_default(os.environ))
+    return prepare_model(model, models_dir=models_dir_default(os.environ))
 
 
 class StartupFailed(Exception):
@@ -50,23 +50,23 @@ class StartupFailed(Exception):
 async def serve(cfg: ServerConfig, prepare: ModelPreparer = _prepare) -> None:
     """Check what can be checked, bind every listener (``/health`` 503, ``/v2/health/live`` 200), load and
     warm up the model in the background, then turn ready; on SIGTERM/SIGINT drain and stop."""
-    from service.preflight import check_model, check_tls
+    from service.preflight import check_models, check_tls
 
     ssl_context = check_tls(cfg)  # before anything slow: a bad key or model directory stops start-up at once
-    check_model(cfg)
+    checks = check_models(cfg)  # every model, the memory budget covering those loaded at once
 
-    from backends.loader import load_backend
     from service.admission import Admission
     from service.app import make_app
     from service.connections import ConnectionTracker
-    from service.loading import LoadingBackend, load_in_background
     from service.media.loader import MediaLoader
     from service.media.policy import MediaPolicy
     from service.metrics import ServiceMetrics
+    from service.models import registry_for
     from service.state import ServerState
 
-    backend = LoadingBackend(cfg.model.name, cfg.engine)
-    state, metrics = ServerState(), ServiceMetrics.for_backend(backend)
+    models = registry_for(cfg.models, cfg.max_loaded_models, prepare, checks)
+    backend = models.first
+    state, metrics = ServerState(), ServiceMetrics.for_models(models)
     admission, connections = Admission(cfg.server.max_link_num), ConnectionTracker(cfg.server)
     media = MediaLoader(MediaPolicy.from_settings(cfg.server, os.environ))  # the one read of the whitelist
     hosts = ", ".join(sorted(media.policy.domains))
@@ -74,14 +74,14 @@ async def serve(cfg: ServerConfig, prepare: ModelPreparer = _prepare) -> None:
              f"from {hosts}" if hosts else "refused (ALLOWED_MEDIA_DOMAINS_ENV lists no host)")
     servers, business_url = listen(cfg, ssl_context, lambda planes: make_app(
         backend, cfg.server, state=state, metrics=metrics, admission=admission, connections=connections,
-        media=media, planes=planes, lora=cfg.engine.lora))
+        media=media, planes=planes, lora=cfg.engine.lora, models=models))
     started = time.monotonic()
-    log.info("loading model %s; /health answers 503 until it is loaded and warmed up", cfg.model.name)
-    # graphCache: the serve process compiles nothing before the engine's warm-up, so MindSpore's compile cache
-    # (numbered by the order of compilation in the process) keeps the same graphs under the same numbers.
-    engine = cfg.engine
-    loading = load_in_background(lambda: load_backend(cfg.model.backend_type, prepare(cfg), engine,
-                                                      model_name=cfg.model.name, progress=True), into=backend)
+    names = ("model " if models.limit == 1 else "models ") + ", ".join(models.names[:models.limit])
+    log.info("loading %s; /health answers 503 until %s loaded and warmed up", names,
+             "it is" if models.limit == 1 else "they are")
+    # graphCache: the serve process compiles nothing before the first engine's warm-up, so MindSpore's compile
+    # cache (numbered by the order of compilation in the process) keeps the same graphs under the same numbers.
+    loading = asyncio.ensure_future(models.preload())
     stop, force = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal cuts the grace period short
@@ -99,8 +99,8 @@ async def serve(cfg: ServerConfig, prepare: ModelPreparer = _prepare) -> None:
         gc.collect()
         gc.freeze()
         state.mark_ready()
-        log.info("ready: model %s loaded and warmed up in %.1fs; listening on %s", cfg.model.name,
-                 time.monotonic() - started, business_url)
+        log.info("ready: %s loaded and warmed up in %.1fs; listening on %s", names, time.monotonic() - started,
+                 business_url)
     else:
         loading.cancel()  # the load thread is left behind; cmd_serve ends the process without waiting for it
         log.info("stopping before the model finished loading")
@@ -108,7 +108,7 @@ async def serve(cfg: ServerConfig, prepare: ModelPreparer = _prepare) -> None:
     await drain(cfg.server.shutdown_grace_period, state=state, admission=admission, force=force)
     for server in servers:
         server.stop()
-    await loop.run_in_executor(None, backend.close)  # fails what is left in the engine: those clients hear so
+    await loop.run_in_executor(None, models.close)  # fails what is left in the engines: those clients hear so
     await _wait_until(lambda: admission.in_flight == 0, seconds=2.0)
     await _close(servers)
     connections.close()
@@ -177,7 +177,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     entries = model_entries(args.models, models_dir=args.models_dir, dtype=args.dtype) if args.models else None
     cfg = serve_config(args, entries)
     try:
-        asyncio.run(serve(cfg, lambda c: prepare_model(c.model, models_dir=args.models_dir, dtype=args.dtype)))
+        asyncio.run(serve(cfg, lambda model: prepare_model(model, models_dir=args.models_dir, dtype=args.dtype)))
     except StartupFailed:
         return 1
     if any(thread.name == LOAD_THREAD and thread.is_alive() for thread in threading.enumerate()):

@@ -13,6 +13,8 @@ from service.admission import Admission
 from service.config import BUSINESS, MANAGEMENT, METRICS, ServerSettings
 from service.connections import ConnectionTracker
 from service.context import AppContext, RequestLimits
+from service.dialects.anthropic import MESSAGES, MessagesHandler
+from service.dialects.anthropic_count import CountTokensHandler
 from service.dialects.openai import CHAT, COMPLETIONS
 from service.dialects.openai_responses import RESPONSES
 from service.dialects.tgi import Route as TGIRoute
@@ -22,6 +24,7 @@ from service.lora_admin import lora_admin_routes
 from service.media.loader import MediaLoader
 from service.media.policy import MediaPolicy
 from service.metrics import ServiceMetrics
+from service.models import ModelRegistry
 from service.ops_handlers import (HealthHandler, InfoHandler, LiveHandler, MetricsHandler, ModelHandler,
                                   ModelsHandler, OpenAPIHandler, TokenizerHandler)
 from service.pipeline import GenerationHandler
@@ -36,7 +39,7 @@ Route = tuple[str, type[tornado.web.RequestHandler], dict[str, Any]]
 
 
 def business_routes(ctx: AppContext) -> list[Route]:
-    """Generation (the TGI and OpenAI dialects), tokenizer, model list, OpenAPI, the playground page: served
+    """Generation (the TGI, OpenAI and Anthropic dialects), tokenizer, model list, OpenAPI, the playground page: served
     on ``port``."""
     args = {"ctx": ctx}
     generation = [(path, {"ctx": ctx, "dialect": dialect}) for path, dialect in (
@@ -51,6 +54,8 @@ def business_routes(ctx: AppContext) -> list[Route]:
         *playground_routes(ctx),  # first: a browser's GET / is matched before POST /'s route
         *root_routes(ctx),  # then any other GET / or HEAD /
         *((path, GenerationHandler, kwargs) for path, kwargs in generation),
+        (r"/v1/messages", MessagesHandler, {"ctx": ctx, "dialect": MESSAGES}),
+        (r"/v1/messages/count_tokens", CountTokensHandler, args),
         (r"/v1/tokenizer", TokenizerHandler, args),
         (r"/tokenize", TokenizeHandler, args),
         (r"/detokenize", DetokenizeHandler, args),
@@ -85,24 +90,27 @@ def make_app(backend: Backend, settings: ServerSettings = ServerSettings(), *,
              state: ServerState | None = None, metrics: ServiceMetrics | None = None,
              admission: Admission | None = None, connections: ConnectionTracker | None = None,
              media: MediaLoader | MediaPolicy | None = None,
-             planes: Iterable[str] = ALL_PLANES, lora: LoraSettings = LoraSettings()) -> tornado.web.Application:
+             planes: Iterable[str] = ALL_PLANES, lora: LoraSettings = LoraSettings(),
+             models: ModelRegistry | None = None) -> tornado.web.Application:
     """One app serving ``planes``. The apps of one process share ``state``, ``metrics``, ``admission`` and
     ``connections``; without a ``state`` the app is ready at once (the backend handed in is already loaded
     and warmed up); without an ``admission`` the app gets its own (``maxLinkNum`` in flight, twice that
     waiting). ``media``: the apps' media loader (shared like ``admission``), or a policy to build one from;
-    without, the policy of ``settings`` with no remote host allowed. Serve it with
+    without, the policy of ``settings`` with no remote host allowed. ``models``: every served model, ``backend``
+    the first's (without: ``backend`` alone). Serve it with
     ``service.connections.start_http_server``."""
     planes = frozenset(planes)
     if not planes or planes - ALL_PLANES:
         raise ValueError(f"planes must be a non-empty subset of {sorted(ALL_PLANES)}, got {sorted(planes)}")
-    metrics = metrics or ServiceMetrics.for_backend(backend)
+    models = models or ModelRegistry.of_backend(backend)
+    metrics = metrics or ServiceMetrics.for_models(models)
     admission = admission or Admission(settings.max_link_num)
     connections = connections or ConnectionTracker(settings)
     metrics.watch_http(admission, connections)
     if not isinstance(media, MediaLoader):
         media = MediaLoader(media or MediaPolicy.from_settings(settings))
     ctx = AppContext(backend, settings, schemas or default_schemas(), limits, state or ServerState(ready=True),
-                     metrics, admission, connections, media, lora)
+                     metrics, admission, connections, media, lora, models=models)
     routes = [route for plane in (BUSINESS, MANAGEMENT, METRICS) if plane in planes
               for route in _PLANE_ROUTES[plane](ctx)]
     return tornado.web.Application(routes, default_handler_class=NotFoundHandler,

@@ -11,8 +11,10 @@ from typing import Any
 import yaml
 
 from backends.loader import ShapeError, check_buckets
-from backends.settings import EngineConfig, LoraModuleConfig, LoraSettings, SpeculationSettings, prefill_chunk
+from backends.settings import EngineConfig, prefill_chunk
 from service.errors import ValidationError
+from service.model_config import DEPLOY as _DEPLOY
+from service.model_config import lora_settings, resolve, speculation_settings
 from service.validation import default_schemas
 
 MAX_CONFIG_BYTES = 10 * 1024 * 1024  # the reference server's limit
@@ -75,17 +77,41 @@ class ServerSettings:
 
 @dataclass(frozen=True, slots=True)
 class ModelSettings:
+    """One ``ModelConfig`` entry: the model and the engine that serves it (its own keys, the shared
+    ``ModelDeployConfig``/``ScheduleConfig`` ones and the LoraModules whose baseModelName it is)."""
+
     name: str
     weight_path: Path
     backend_type: str = "ms"
+    engine: EngineConfig = EngineConfig()
+    index: int = 0  # its place in ModelConfig, for the keys errors name
+
+    @property
+    def key(self) -> str:
+        return f"{_DEPLOY}.ModelConfig[{self.index}]"
 
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
     path: Path
     server: ServerSettings
-    model: ModelSettings
-    engine: EngineConfig
+    models: tuple[ModelSettings, ...]  # every ModelConfig entry, in order; names unique
+    max_loaded_models: int = 0  # ModelDeployConfig.maxLoadedModels: models resident at once; 0 = all
+
+    @property
+    def model(self) -> ModelSettings:
+        """The first model: the one ``POST /`` and the TGI routes serve."""
+        return self.models[0]
+
+    @property
+    def engine(self) -> EngineConfig:
+        """The first model's engine."""
+        return self.models[0].engine
+
+    @property
+    def resident_models(self) -> int:
+        """How many models may be loaded at once."""
+        return min(self.max_loaded_models or len(self.models), len(self.models))
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
@@ -102,13 +128,6 @@ def read_config_file(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigFileError(f"{path}: the top level must be a mapping")
     return data
-
-
-def _resolve(base: Path, value: str | None) -> Path | None:
-    if value is None:
-        return None
-    path = Path(value).expanduser()
-    return path if path.is_absolute() else (base / path)
 
 
 @functools.cache
@@ -137,13 +156,13 @@ class ServerSection:
 def _server(data: dict, base: Path) -> ServerSettings:
     s = ServerSection("ServerConfig", data.get("ServerConfig"))
     ca = s["tlsCaFile"] or []
-    ca_dir = _resolve(base, s["tlsCaPath"]) or base
+    ca_dir = resolve(base, s["tlsCaPath"]) or base
     return ServerSettings(
         ip_address=s["ipAddress"], port=s["port"], management_ip_address=s["managementIpAddress"],
         management_port=s["managementPort"], metrics_port=s["metricsPort"],
         allow_all_zero_ip_listening=s["allowAllZeroIpListening"], https_enabled=s["httpsEnabled"],
-        tls_cert=_resolve(base, s["tlsCert"]), tls_pk=_resolve(base, s["tlsPk"]),
-        tls_ca_files=tuple(_resolve(ca_dir, f) for f in ([ca] if isinstance(ca, str) else ca)),
+        tls_cert=resolve(base, s["tlsCert"]), tls_pk=resolve(base, s["tlsPk"]),
+        tls_ca_files=tuple(resolve(ca_dir, f) for f in ([ca] if isinstance(ca, str) else ca)),
         max_link_num=s["maxLinkNum"], full_text_enabled=s["fullTextEnabled"],
         playground_enabled=s["playgroundEnabled"],
         tool_call_format=s["toolCallFormat"], reasoning_format=s["reasoningFormat"],
@@ -162,38 +181,10 @@ def _server(data: dict, base: Path) -> ServerSettings:
     )
 
 
-_DEPLOY = "BackendConfig.ModelDeployConfig"
-
-
-def _lora(deploy: ServerSection, base: Path) -> LoraSettings:
-    """LoraModules and the LoRA keys, checked across entries: unique names, a served baseModelName, a
-    loraRoot with runtime updates. ValueError naming the key, the entry and the value."""
-    served = [m["modelName"] for m in deploy["ModelConfig"]]
-    modules, seen = [], {}
-    for i, entry in enumerate(deploy["LoraModules"] or []):
-        key = f"{_DEPLOY}.LoraModules[{i}]"
-        if entry["name"] in seen:
-            raise ValueError(f"{key}.name {entry['name']!r} is already the name of LoraModules[{seen[entry['name']]}]; "
-                             "adapter names must be unique")
-        if entry["baseModelName"] not in served:
-            raise ValueError(f"{key}.baseModelName {entry['baseModelName']!r} is not a served model "
-                             f"(ModelConfig modelName: {', '.join(map(repr, served))})")
-        seen[entry["name"]] = i
-        modules.append(LoraModuleConfig(entry["name"], _resolve(base, entry["path"])))
-    runtime, root = bool(deploy["allowRuntimeLoraUpdating"]), _resolve(base, deploy["loraRoot"])
-    if runtime and root is None:
-        raise ValueError(f"{_DEPLOY}.allowRuntimeLoraUpdating is true but {_DEPLOY}.loraRoot is not set: runtime "
-                         "loads are taken only from under that directory")
-    lora = LoraSettings(modules=tuple(modules), max_loras=deploy["maxLoras"], max_rank=deploy["maxLoraRank"],
-                        runtime_updates=runtime, root=root, max_loaded=deploy["maxLoadedLoras"])
-    if lora.max_loaded and lora.max_loaded < len(modules):
-        raise ValueError(f"{_DEPLOY}.maxLoadedLoras {lora.max_loaded} is fewer than the {len(modules)} LoraModules")
-    return lora
-
-
-def _engine(data: dict, base: Path) -> EngineConfig:
+def _engine(data: dict, base: Path, index: int = 0) -> EngineConfig:
+    """The engine of ModelConfig[``index``]: its own keys and the shared ModelDeployConfig/ScheduleConfig ones."""
     deploy = ServerSection("ModelDeployConfig", data["BackendConfig"].get("ModelDeployConfig"))
-    model = ServerSection("ModelConfig", deploy["ModelConfig"][0])
+    model = ServerSection("ModelConfig", deploy["ModelConfig"][index])
     sched = ServerSection("ScheduleConfig", data["BackendConfig"].get("ScheduleConfig"))
     truncation = deploy["truncation"]
     buckets = {k: tuple(sorted(sched[k])) if sched[k] else None for k in ("batchBuckets", "windowBuckets")}
@@ -206,62 +197,25 @@ def _engine(data: dict, base: Path) -> EngineConfig:
         batch_buckets=buckets["batchBuckets"], window_buckets=buckets["windowBuckets"],
         cache_gb=float(model["npuMemSize"]), kv_cache_dtype=model["kvCacheDtype"],
         prefix_caching=sched["enablePrefixCaching"],
-        lora=_lora(deploy, base), kernels=deploy["kernels"], kernel_isa=deploy["kernelIsa"],
+        lora=lora_settings(deploy, base, index), kernels=deploy["kernels"], kernel_isa=deploy["kernelIsa"],
         graph_cache=deploy["graphCache"], map_kv_cache=deploy["mapKvCache"], threads=deploy["threads"],
-        speculation=_speculation(deploy, model, base),
+        speculation=speculation_settings(deploy, model, base, index),
     )
 
 
-# plugin_params keys of the speculative plugin types: (default, lowest, highest); dynamic_algo is a boolean,
-# draft_model_path a directory (draft_model's, required)
-_PLUGIN_INTS = {"decoding_length": (8, 1, 64), "ngram_min": (2, 1, 8), "ngram_max": (3, 1, 8)}
-_PLUGIN_KEYS = {"memory_decoding": ("decoding_length", "dynamic_algo", "ngram_min", "ngram_max"),
-                "draft_model": ("decoding_length", "dynamic_algo", "draft_model_path")}
-
-
-def _speculation(deploy: ServerSection, model: ServerSection, base: Path) -> SpeculationSettings:
-    """ModelConfig plugin_params (the reference server's JSON string) and speculationGamma -> the speculative
-    decoding settings; without plugin_params, speculationGamma > 0 alone is memory_decoding with that
-    decoding_length (0: off). plugin_type draft_model (mindserve) drafts with the model at draft_model_path
-    (relative: to the config file). ValueError naming the key and the value."""
-    key, raw, gamma = f"{_DEPLOY}.ModelConfig[0].plugin_params", model["plugin_params"], deploy["speculationGamma"]
-    if not raw:
-        return SpeculationSettings(max_draft=gamma)
-    try:
-        params = json.loads(raw)
-    except ValueError as exc:
-        raise ValueError(f"{key} {raw!r} is not a JSON object: {exc}") from None
-    if not isinstance(params, dict) or params.get("plugin_type") not in _PLUGIN_KEYS:
-        kind = params.get("plugin_type") if isinstance(params, dict) else params
-        raise ValueError(f"{key} plugin_type {kind!r} is not supported: mindserve runs \"memory_decoding\" "
-                         "(prompt-lookup speculative decoding) and \"draft_model\" (a draft model's proposals)")
-    kind = params["plugin_type"]
-    unknown = sorted(set(params) - {"plugin_type", *_PLUGIN_KEYS[kind]})
-    if unknown:
-        raise ValueError(f"{key} has the unknown key {unknown[0]!r} ({kind} takes {', '.join(_PLUGIN_KEYS[kind])})")
-    ints = {}
-    for name, (default, low, high) in _PLUGIN_INTS.items():
-        value = params.get(name, default)
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise ValueError(f"{key} {name} {value!r} must be an integer in [{low}, {high}]")
-        ints[name] = value
-    adaptive = params.get("dynamic_algo", True)
-    if not isinstance(adaptive, bool):
-        raise ValueError(f"{key} dynamic_algo {adaptive!r} must be true or false")
-    if ints["ngram_min"] > ints["ngram_max"]:
-        raise ValueError(f"{key} ngram_min {ints['ngram_min']} must be <= ngram_max {ints['ngram_max']}")
-    if gamma and gamma < ints["decoding_length"]:
-        raise ValueError(f"{_DEPLOY}.speculationGamma {gamma} must be >= plugin_params decoding_length "
-                         f"{ints['decoding_length']}")
-    draft = None
-    if kind == "draft_model":
-        path = params.get("draft_model_path")
-        if not isinstance(path, str) or not path:
-            raise ValueError(f"{key} draft_model_path {path!r} must name the draft model's directory "
-                             "(plugin_type draft_model needs it)")
-        draft = _resolve(base, path)
-    return SpeculationSettings(max_draft=ints["decoding_length"], ngram_min=ints["ngram_min"],
-                               ngram_max=ints["ngram_max"], adaptive=adaptive, draft_model=draft)
+def _models(data: dict, base: Path) -> tuple[ModelSettings, ...]:
+    """Every ModelConfig entry with its engine; a modelName used twice is a ValueError naming both entries."""
+    entries, seen, models = data["BackendConfig"]["ModelDeployConfig"]["ModelConfig"], {}, []
+    for i, entry in enumerate(entries):
+        name = entry["modelName"]
+        if name in seen:
+            raise ValueError(f"{_DEPLOY}.ModelConfig[{i}].modelName {name!r} is already the modelName of "
+                             f"ModelConfig[{seen[name]}]; model names must be unique")
+        seen[name] = i
+        backend_type = ServerSection("ModelConfig", entry)["backendType"]
+        models.append(ModelSettings(name, resolve(base, entry["modelWeightPath"]), backend_type,
+                                    _engine(data, base, i), i))
+    return tuple(models)
 
 
 _SCHEDULE = "BackendConfig.ScheduleConfig"
@@ -357,16 +311,13 @@ def server_config_from_data(data: dict[str, Any], path: Path, *, label: str | No
         default_schemas().validate("server_config", data, root="config")
     except ValidationError as exc:
         raise ConfigFileError(f"{label}: {exc.message}") from None
-    model = data["BackendConfig"]["ModelDeployConfig"]["ModelConfig"][0]
-    model_cfg = ServerSection("ModelConfig", model)
     base = path.resolve().parent
+    deploy = ServerSection("ModelDeployConfig", data["BackendConfig"]["ModelDeployConfig"])
     try:
-        config = ServerConfig(
-            path=path, server=_server(data, base),
-            model=ModelSettings(model["modelName"], _resolve(base, model["modelWeightPath"]), model_cfg["backendType"]),
-            engine=_engine(data, base),
-        )
-        check_engine(config.engine)
+        config = ServerConfig(path=path, server=_server(data, base), models=_models(data, base),
+                              max_loaded_models=deploy["maxLoadedModels"])
+        for model in config.models:
+            check_engine(model.engine)
         check_listeners(config.server)
     except ValueError as exc:
         raise ConfigFileError(f"{label}: {exc}") from None

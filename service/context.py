@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from backends.base import Backend, accepted_media
 from backends.settings import LoraSettings
@@ -14,6 +15,9 @@ from service.media.loader import MediaLoader
 from service.metrics import ServiceMetrics
 from service.state import ServerState
 from service.validation import Schemas
+
+if TYPE_CHECKING:
+    from service.models import ModelRegistry
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +44,8 @@ class AppContext:
     media: MediaLoader
     lora: LoraSettings = LoraSettings()  # the runtime adapter routes' switch and root
     grammars: GrammarCheck = field(default_factory=GrammarCheck)  # requests' grammars, checked before a slot
+    models: ModelRegistry | None = None  # every served model (service/models.py); ``backend`` is the first's, or
+    # in a generation request's own context the one its ``model`` chose
 
     def accepted_part_types(self) -> list[str]:
         """The part types ``inputs`` may have, text first: the limits', else what the backend accepts."""

@@ -24,8 +24,11 @@ def version() -> str:
 
 
 def server_info(ctx: AppContext) -> dict[str, Any]:
-    """``GET /info``: the reference server's fields (null where mindserve has no such knob), then ours."""
+    """``GET /info``: the reference server's fields (null where mindserve has no such knob), then ours. The
+    top-level figures are the first model's (the one routes without a ``model`` field serve); ``models`` has
+    every model, ``mindserve.models`` their load state."""
     engine = ctx.backend.info()
+    others = [slot.backend.info() for slot in ctx.models.slots[1:]]
     return {
         "docker_label": None,
         "max_batch_total_tokens": engine.get("max_prefill_tokens"),
@@ -37,14 +40,8 @@ def server_info(ctx: AppContext) -> dict[str, Any]:
         "validation_workers": None,
         "version": version(),
         "waiting_served_ratio": None,
-        "models": [{
-            "model_device_type": (engine.get("device") or DEVICE_TYPE).lower(),
-            "model_dtype": engine.get("dtype"),
-            "model_id": ctx.backend.model_name,
-            "model_pipeline_tag": PIPELINE_TAG,
-            "model_sha": None,
-            "max_total_tokens": engine.get("max_seq_len"),
-        }],
+        "models": [_model_entry(ctx.backend.model_name, engine),
+                   *(_model_entry(slot.name, info) for slot, info in zip(ctx.models.slots[1:], others))],
         "max_input_length": engine.get("max_input_tokens"),
         "mindserve": {
             "ready": ctx.state.ready,
@@ -74,8 +71,17 @@ def server_info(ctx: AppContext) -> dict[str, Any]:
             "http": http_gauges(ctx),
             "tool_call_format": tool_call_source(getattr(ctx.backend, "chat_template", None),
                                                  ctx.settings.chat_formats(ctx.backend.model_name)[0]),
+            "max_loaded_models": ctx.models.limit,
+            "models": ctx.models.describe(),
         },
     }
+
+
+def _model_entry(name: str, engine: dict[str, Any]) -> dict[str, Any]:
+    """One model of ``/info``'s ``models`` (the reference server's fields)."""
+    return {"model_device_type": (engine.get("device") or DEVICE_TYPE).lower(), "model_dtype": engine.get("dtype"),
+            "model_id": name, "model_pipeline_tag": PIPELINE_TAG, "model_sha": None,
+            "max_total_tokens": engine.get("max_seq_len")}
 
 
 def http_gauges(ctx: AppContext) -> dict[str, int]:
@@ -95,17 +101,21 @@ def _max_stop_sequences(ctx: AppContext) -> int | None:
     return stop.get("maxItems")
 
 
-def model_card(ctx: AppContext) -> dict[str, Any]:
-    """One entry of ``GET /v1/models`` (OpenAI's model object)."""
-    return {"id": ctx.backend.model_name, "object": "model", "created": int(ctx.state.started_at),
+def model_card(ctx: AppContext, name: str | None = None) -> dict[str, Any]:
+    """One entry of ``GET /v1/models`` (OpenAI's model object): model ``name`` (default: the first)."""
+    return {"id": name or ctx.backend.model_name, "object": "model", "created": int(ctx.state.started_at),
             "owned_by": OWNED_BY}
 
 
-def adapter_card(ctx: AppContext, adapter: dict[str, Any]) -> dict[str, Any]:
-    """A LoRA adapter's entry of ``GET /v1/models``: its parent is the base model (as vLLM lists them)."""
+def adapter_card(ctx: AppContext, adapter: dict[str, Any], base: str | None = None) -> dict[str, Any]:
+    """A LoRA adapter's entry of ``GET /v1/models``: its parent is its base model ``base`` (default: the first),
+    as vLLM lists them."""
+    base = base or ctx.backend.model_name
     return {"id": adapter["name"], "object": "model", "created": int(ctx.state.started_at), "owned_by": OWNED_BY,
-            "parent": ctx.backend.model_name, "root": ctx.backend.model_name}
+            "parent": base, "root": base}
 
 
 def model_list(ctx: AppContext) -> dict[str, Any]:
-    return {"object": "list", "data": [model_card(ctx), *(adapter_card(ctx, a) for a in ctx.backend.adapters())]}
+    """Every model, each followed by its LoRA adapters."""
+    return {"object": "list", "data": [card for slot in ctx.models.slots for card in (
+        model_card(ctx, slot.name), *(adapter_card(ctx, a, slot.name) for a in slot.backend.adapters()))]}

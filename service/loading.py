@@ -24,7 +24,7 @@ LOAD_THREAD = "mindserve-load"
 class LoadingBackend:
     """The service's backend from start-up on: a 503 until ``attach``, then the loaded backend."""
 
-    def __init__(self, model_name: str, config: EngineConfig) -> None:
+    def __init__(self, model_name: str, config: EngineConfig | None) -> None:
         self.model_name = model_name
         self._config = config
         self._backend: Backend | None = None
@@ -42,6 +42,18 @@ class LoadingBackend:
             closed = self._closed
         if closed:
             backend.close()
+
+    @property
+    def loaded_backend(self) -> Backend:
+        """The backend attached (``EngineUnavailable`` before)."""
+        return self._loaded()
+
+    def detach(self) -> Backend | None:
+        """Stop serving through the backend attached (the model is being unloaded) and hand it back: from now
+        on requests get the 503 of a model that is not loaded, and ``attach`` may load it again."""
+        with self._lock:
+            backend, self._backend = self._backend, None
+        return backend
 
     def _loaded(self) -> Backend:
         if self._backend is None:
@@ -85,7 +97,12 @@ class LoadingBackend:
         return getattr(self._backend, "chat_template", None) if self._backend is not None else None
 
     def adapters(self) -> list[dict]:
-        return self._backend.adapters() if self._backend is not None else []
+        """The loaded backend's adapters; before (or after an unload), the configured LoraModules."""
+        backend = self._backend
+        if backend is not None:
+            return backend.adapters()
+        modules = self._config.lora.modules if self._config is not None else ()
+        return [{"name": m.name, "path": str(m.path)} for m in modules]
 
     def load_adapter(self, name: str, path: str) -> dict:
         return self._loaded().load_adapter(name, path)
@@ -95,9 +112,10 @@ class LoadingBackend:
 
     def info(self) -> dict:
         """The loaded backend's figures; before that, what the config says (the rest is null)."""
-        if self._backend is not None:
-            return self._backend.info()
-        c = self._config
+        backend = self._backend
+        if backend is not None:
+            return backend.info()
+        c = self._config or EngineConfig()
         return {"model_name": self.model_name, "max_seq_len": c.max_seq_len, "max_batch_size": c.max_batch_size,
                 "max_input_tokens": prompt_token_limit(c).tokens,
                 "max_prefill_tokens": c.max_prefill_tokens, "block_size": c.block_size, "compiled_graphs": 0}

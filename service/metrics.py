@@ -33,15 +33,32 @@ TOKEN_BUCKETS = (10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 5000
 
 
 class EngineCollector:
-    """Gauges read from ``backend.info()`` at scrape time: running, waiting, KV-cache usage, the prefix cache,
-    speculative decoding (its counts as counters)."""
+    """Gauges read from each model's ``backend.info()`` at scrape time: running, waiting, KV-cache usage, the
+    prefix cache, speculative decoding (its counts as counters); one series per model (``model_name``)."""
 
-    def __init__(self, info: Callable[[], dict[str, Any]], model_name: str) -> None:
+    def __init__(self, engines: Iterable[tuple[str, Callable[[], dict[str, Any]]]]) -> None:
+        self._engines = tuple(engines)
+
+    def collect(self) -> Iterable[Metric]:
+        families: dict[str, Metric] = {}
+        for name, info in self._engines:
+            for family in _Engine(info(), name).collect():
+                if family.name in families:
+                    families[family.name].samples.extend(family.samples)
+                else:
+                    families[family.name] = family
+        yield from families.values()
+
+
+class _Engine:
+    """One model's engine families."""
+
+    def __init__(self, info: dict[str, Any], model_name: str) -> None:
         self._info = info
         self._model_name = model_name
 
     def collect(self) -> Iterable[Metric]:
-        info = self._info()
+        info = self._info
         gauges = [
             ("num_requests_running", "Requests in the running batch (prefilled, decoding).",
              info.get("running")),
@@ -142,6 +159,34 @@ class HttpCollector:
         yield refused
 
 
+class ModelLoadCollector:
+    """Each model's loads and unloads (``maxLoadedModels``, ``service/models.py``): whether it is loaded, how many
+    loads and unloads, and the seconds each load took."""
+
+    def __init__(self, models: Any) -> None:
+        self._models = models
+
+    def collect(self) -> Iterable[Metric]:
+        loaded = GaugeMetricFamily("model_loaded", "1 while the model is loaded and serving (0: unloaded, loading "
+                                   "or draining to unload).", labels=LABELS)
+        loads = CounterMetricFamily("model_loads", "Loads of the model (start-up included).", labels=LABELS)
+        unloads = CounterMetricFamily("model_unloads", "Unloads of the model (maxLoadedModels: the least recently "
+                                      "used idle model makes room).", labels=LABELS)
+        seconds = HistogramMetricFamily("model_load_duration_seconds", "Wall time of each load of the model "
+                                        "(weights, graphs, warm-up).", labels=LABELS)
+        for slot in self._models.slots:
+            loaded.add_metric([slot.name], 1.0 if slot.state.value == "loaded" else 0.0)
+            loads.add_metric([slot.name], slot.loads)
+            unloads.add_metric([slot.name], slot.unloads)
+            counts = [sum(s <= le for s in slot.load_seconds) for le in LOAD_BUCKETS]
+            seconds.add_metric([slot.name], [*((_edge(le), n) for le, n in zip(LOAD_BUCKETS, counts)),
+                                             ("+Inf", len(slot.load_seconds))], sum(slot.load_seconds))
+        yield from (loaded, loads, unloads, seconds)
+
+
+LOAD_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+
+
 def _usage(free: int | None, total: int | None) -> float | None:
     if free is None or not total:
         return None
@@ -180,7 +225,7 @@ class ServiceMetrics:
                                                    TOKEN_BUCKETS)
         self._watching_http = False
         if info is not None:
-            self.registry.register(EngineCollector(info, model_name))
+            self.registry.register(EngineCollector([(model_name, info)]))
 
     def watch_http(self, admission: Any, connections: Any) -> None:
         """Export the gauges and counters of ``admission`` and ``connections`` (once per process)."""
@@ -191,6 +236,15 @@ class ServiceMetrics:
     @classmethod
     def for_backend(cls, backend: Any) -> "ServiceMetrics":
         return cls(backend.model_name, backend.info)
+
+    @classmethod
+    def for_models(cls, models: Any) -> "ServiceMetrics":
+        """The metrics of a server of several models (``service/models.py``): each engine's series, and the
+        loads and unloads of each model; request counters carry the first model's name."""
+        metrics = cls(models.first.model_name)
+        metrics.registry.register(EngineCollector((slot.name, slot.backend.info) for slot in models.slots))
+        metrics.registry.register(ModelLoadCollector(models))
+        return metrics
 
     def _counter(self, name: str, doc: str) -> Any:
         return Counter(name, doc, LABELS, registry=self.registry).labels(self.model_name)

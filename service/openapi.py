@@ -19,6 +19,7 @@ from service.validation import Schemas
 COMPONENT_PREFIX = "#/components/schemas/"
 _GENERATION_ERRORS = (400, 413, 415, 422, 424, 429, 500, 503)
 _OPENAI_ERRORS = (400, 404, 413, 415, 429, 500, 503)
+_ANTHROPIC_ERRORS = (400, 404, 413, 415, 500, 503, 529)  # a full line of waiting requests: 529 overloaded_error
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +63,13 @@ ROUTES: tuple[RouteDoc, ...] = (
     RouteDoc("post", "/v1/responses", "OpenAI Responses API, stateless (SSE with stream: true): translated into a "
              "chat completion", request="openai_responses_request", response="openai_responses_response",
              stream=True, event="openai_responses_event", errors=_OPENAI_ERRORS, error_schema="openai_error"),
+    RouteDoc("post", "/v1/messages", "Anthropic Messages API (SSE with stream: true): translated into a chat "
+             "completion", request="anthropic_messages_request", response="anthropic_messages_response", stream=True,
+             event="anthropic_messages_event", errors=_ANTHROPIC_ERRORS, error_schema="anthropic_error"),
+    RouteDoc("post", "/v1/messages/count_tokens", "The prompt tokens a /v1/messages request would report (its "
+             "usage.input_tokens)", request="anthropic_count_tokens_request",
+             response="anthropic_count_tokens_response", errors=(400, 404, 413, 415, 500, 503),
+             error_schema="anthropic_error"),
     RouteDoc("post", "/v1/tokenizer", "Tokenize text as POST / would", request="tokenizer_request",
              response="tokenizer_response", errors=(400, 413, 415, 422)),
     RouteDoc("post", "/tokenize", "Tokenize a prompt, or chat messages rendered with the model's template (vLLM's "
@@ -117,6 +125,7 @@ class Served:
 
 # Where the served names and part types go in the components: (component, path to the schema to narrow)
 _MODEL_FIELDS = (("openai_completion_request", ("properties", "model")),
+                 ("anthropic_messages_request", ("properties", "model")),
                  ("tokenize_request", ("properties", "model")))
 _PART_TYPE_FIELDS = (("generate_request", ("$defs", "part", "properties", "type")),
                      ("openai_chat_request", ("$defs", "content_part", "properties", "type")))
@@ -138,14 +147,14 @@ def build_openapi(schemas: Schemas, *, playground: bool = True, served: Served |
         operations[route.method] = _operation(route, components)
         if route.method == "get":
             operations["head"] = _head_operation(operations["get"])
-    statuses = sorted({s for route in ROUTES for s in route.errors})
+    statuses = sorted({s for route in ROUTES if route.error_schema == "error" for s in route.errors})
     return {
         "openapi": "3.1.0",
         "info": {
             "title": "mindserve",
             "version": version(),
-            "summary": "MindSpore LLM inference server: TGI 0.9.4-compatible, OpenAI-compatible and "
-                       "operations routes.",
+            "summary": "MindSpore LLM inference server: TGI 0.9.4-compatible, OpenAI-compatible, "
+                       "Anthropic-compatible and operations routes.",
             "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"},
         },
         "paths": paths,

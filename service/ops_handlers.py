@@ -70,14 +70,16 @@ class ModelHandler(GetHandler):
     openai_401 = True
 
     def get(self, model_id: str) -> None:
-        if model_id == self.ctx.backend.model_name:
-            self.write_json(model_card(self.ctx))
+        if model_id in self.ctx.models.names:
+            self.write_json(model_card(self.ctx, model_id))
             return
-        adapter = next((a for a in self.ctx.backend.adapters() if a["name"] == model_id), None)
+        slot, adapter = next(((s, a) for s in self.ctx.models.slots for a in s.backend.adapters()
+                              if a["name"] == model_id), (None, None))
         if adapter is None:
-            raise NotFound(f"model {model_id!r} is not served here (served: {self.ctx.backend.model_name!r} and "
-                           f"{len(self.ctx.backend.adapters())} LoRA adapters)")
-        self.write_json(adapter_card(self.ctx, adapter))
+            adapters = sum(len(s.backend.adapters()) for s in self.ctx.models.slots)
+            raise NotFound(f"model {model_id!r} is not served here (served: "
+                           f"{', '.join(map(repr, self.ctx.models.names))} and {adapters} LoRA adapters)")
+        self.write_json(adapter_card(self.ctx, adapter, slot.name))
 
 
 class MetricsHandler(GetHandler):
@@ -92,7 +94,7 @@ class OpenAPIHandler(GetHandler):
     public = True
 
     def get(self) -> None:
-        served = Served((self.ctx.backend.model_name, *(a["name"] for a in self.ctx.backend.adapters())),
+        served = Served(tuple(card["id"] for card in model_list(self.ctx)["data"]),
                         tuple(self.ctx.accepted_part_types()), self.ctx.backend.info().get("vocab_size"))
         self.write_json(build_openapi(self.ctx.schemas, playground=self.ctx.settings.playground_enabled,
                                       served=served))

@@ -14,6 +14,7 @@ import asyncio
 import datetime
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 import tornado.gen
@@ -34,6 +35,7 @@ from service.grammar_check import CHECK_SECONDS
 from service.http import JsonBodyHandler
 from service.media.gate import Lease
 from service.metrics import BASE_ADAPTER, RequestObserver
+from service.models import ModelLease
 
 log = logging.getLogger("mindserve.http")
 
@@ -46,6 +48,8 @@ class GenerationHandler(JsonBodyHandler):
     _handle: RequestHandle | None = None  # the first choice's (its id names the request in logs)
     _handles: tuple[RequestHandle, ...] = ()  # one per choice (n > 1: several sequences of one prompt)
     _admitting: asyncio.Task | None = None
+    _lease: ModelLease | None = None  # the model the request runs on, held loaded until it ends
+    _acquiring: asyncio.Task | None = None  # waiting for that model to load
     _admitted = False
     _loading: asyncio.Task | None = None  # the request's media being loaded
     _media_lease: Lease | None = None  # what the request's media hold of the media gate, until it ends
@@ -69,7 +73,10 @@ class GenerationHandler(JsonBodyHandler):
             self.refuse(ServiceUnavailable(self.ctx.state.describe()))
 
     async def post(self) -> None:
-        req = self.dialect.parse(self.json_body(), self.ctx)  # the whole body is in, and valid
+        body = self.json_body()
+        if not await self._acquire_model(body):
+            return  # the client left while its model loaded
+        req = self.dialect.parse(body, self.ctx)  # the whole body is in, and valid
         await self._check_grammar(req)
         media = await self._load_media(req)
         if media is None or not await self._admit():
@@ -85,7 +92,22 @@ class GenerationHandler(JsonBodyHandler):
         log.debug("%s %s done in %.3fs", self._handle.request_id, self.request.path,
                   time.monotonic() - self.deadlines.started)
 
-    # --- grammar, media, admission and submission ---------------------------------------------------
+    # --- model, grammar, media, admission and submission --------------------------------------------
+
+    async def _acquire_model(self, body: Any) -> bool:
+        """Hold the model the body names (loading it if need be, within the e2e deadline); this request's
+        context then serves that model. False if the client left meanwhile."""
+        models = self.ctx.models
+        self._acquiring = asyncio.ensure_future(models.acquire(self.dialect.requested_model(body),
+                                                               self.deadlines.e2e_left()))
+        try:
+            self._lease = await self._acquiring
+        except asyncio.CancelledError:
+            return False
+        finally:
+            self._acquiring = None
+        self.ctx = replace(self.ctx, backend=self._lease.backend)
+        return True
 
     async def _check_grammar(self, req: GenerationRequest) -> None:
         """A grammar over the grammar engine's limits is the dialect's 422 now, before any slot is taken."""
@@ -257,6 +279,8 @@ class GenerationHandler(JsonBodyHandler):
         self._cancel()
         if self._admitting is not None:
             self._admitting.cancel()
+        if self._acquiring is not None:
+            self._acquiring.cancel()
         if self._loading is not None:
             self._loading.cancel()
 
@@ -266,6 +290,9 @@ class GenerationHandler(JsonBodyHandler):
         super().on_unfinished()
 
     def _release(self) -> None:
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
         if self._media_lease is not None:
             self._media_lease.release()
             self._media_lease = None

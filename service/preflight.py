@@ -13,28 +13,37 @@ import socket
 import ssl
 
 from backends.loader import (ADAPTERS, KV_CACHE, MEMORY, MODEL, SCHEDULE, SPECULATION, ModelCheck, PreflightError,
-                             check_backend)
+                             check_backends)
 from service.config import BUSINESS, MANAGEMENT, METRICS, ConfigFileError, ServerConfig, planes_by_listener
 from service.tls import server_ssl_context
 
 MODEL_KEY = "BackendConfig.ModelDeployConfig.ModelConfig[0].modelWeightPath"
 MEMORY_KEY = "BackendConfig.ModelDeployConfig.ModelConfig[0].npuMemSize"
-BACKEND_KEYS = {MODEL: MODEL_KEY, MEMORY: MEMORY_KEY, SCHEDULE: "BackendConfig.ScheduleConfig",
-                ADAPTERS: "BackendConfig.ModelDeployConfig.LoraModules",
-                KV_CACHE: "BackendConfig.ModelDeployConfig.ModelConfig[0].kvCacheDtype",
-                SPECULATION: "BackendConfig.ModelDeployConfig.ModelConfig[0].plugin_params draft_model_path"}
+_ENTRY = "BackendConfig.ModelDeployConfig.ModelConfig[{}]"
+BACKEND_KEYS = {MODEL: _ENTRY + ".modelWeightPath", MEMORY: _ENTRY + ".npuMemSize",
+                SCHEDULE: "BackendConfig.ScheduleConfig", ADAPTERS: "BackendConfig.ModelDeployConfig.LoraModules",
+                KV_CACHE: _ENTRY + ".kvCacheDtype", SPECULATION: _ENTRY + ".plugin_params draft_model_path"}
 
-__all__ = ["MODEL_KEY", "ModelCheck", "bind_error", "busy_listeners", "check_model", "check_tls"]
+__all__ = ["MODEL_KEY", "ModelCheck", "bind_error", "busy_listeners", "check_model", "check_models", "check_tls"]
 
 
 def check_model(cfg: ServerConfig) -> ModelCheck:
-    """The backend's own checks of the model directory (``backends.loader.check_backend``: yaml, weights
-    file, tokenizer, window buckets, adapters, the KV cache against the memory budget), each failure named
-    by the server config's key."""
+    """The first model's ``check_models``, after every model's."""
+    return check_models(cfg)[0]
+
+
+def check_models(cfg: ServerConfig) -> list[ModelCheck]:
+    """The backend's own checks of every model directory (``backends.loader.check_backends``: yaml, weights
+    file, tokenizer, window buckets, adapters, the KV caches against the memory budget, which covers the models
+    loaded at once), each failure named by the server config's key."""
     try:
-        return check_backend(cfg.model.backend_type, cfg.model.weight_path, cfg.engine)
+        return check_backends([(m.backend_type, m.weight_path, m.engine) for m in cfg.models], cfg.resident_models)
     except PreflightError as exc:
-        raise ConfigFileError(f"{cfg.path}: {BACKEND_KEYS[exc.about]}{exc.detail}") from None
+        key = BACKEND_KEYS[exc.about].format(exc.index)
+        if exc.about == MEMORY and cfg.resident_models > 1:
+            key += (f" (with {cfg.resident_models} models loaded at once: BackendConfig.ModelDeployConfig."
+                    "maxLoadedModels, and each model's npuMemSize)")
+        raise ConfigFileError(f"{cfg.path}: {key}{exc.detail}") from None
 
 
 def check_tls(cfg: ServerConfig) -> ssl.SSLContext | None:

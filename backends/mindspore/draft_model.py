@@ -131,6 +131,10 @@ class DraftModel:
         """Stop mapping its cache's pages (the engine is closing)."""
         self.runner.close()
 
+    def release(self) -> None:
+        """Give its network's memory back (the engine's thread has stopped)."""
+        self.runner.release()
+
     def graph_parts(self) -> list[str]:
         """What shapes the draft network's graphs, for the graph cache's key (``graph_cache.graph_key``): they
         are compiled after the target's, into the same directory."""

@@ -86,6 +86,12 @@ class Engine:
         self.runner.close()
         if self.speculator.model is not None:  # the draft model (engine_parts.warm_up warms it the same way)
             self.speculator.model.close()
+        if self._thread is not None and self._thread.is_alive():
+            log.warning("the engine thread of %s did not stop within 30 s: its memory is kept", self.model_name)
+            return
+        self.runner.release()  # no step runs any more: the network's memory goes back
+        if self.speculator.model is not None:
+            self.speculator.model.release()
 
     def __enter__(self) -> "Engine":
         return self.start()
@@ -124,8 +130,9 @@ class Engine:
         chat_template_kwargs)."""
         template = self.chat_template
         if template is None:
-            raise InputRejected(f"model {self.model_name} has no chat template; "
-                                "send a plain prompt to /v1/completions instead")
+            raise InputRejected(f"model {self.model_name!r} has no chat template (a base model: its tokenizer "
+                                "config carries none), so chat messages cannot be turned into its prompt; send the "
+                                "text to continue as a plain prompt to /v1/completions (or as inputs to POST /)")
         return render_chat_template(template, messages, bos_token=self.tokenizer.bos_token or "",
                                     eos_token=self.tokenizer.eos_token or "",
                                     add_generation_prompt=add_generation_prompt, **variables)
@@ -293,7 +300,7 @@ class Engine:
         seq.handle.emit(GenerationResult(
             generated_text=seq.stopper.generated_text, finish_reason=reason, prompt_tokens=len(seq.prompt_ids),
             generated_tokens=len(seq.generated), seed=seq.seed, tokens=tuple(seq.tokens),
-            prefill=tuple(seq.prefill_tokens)))
+            prefill=tuple(seq.prefill_tokens), cached_tokens=seq.cached))
 
     def _fail(self, seq: SeqState, exc: Exception) -> None:
         log.error("request %s failed in the engine: %r", seq.handle.request_id, exc, exc_info=exc)

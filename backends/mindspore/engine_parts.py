@@ -20,7 +20,7 @@ from backends.mindspore.config import load_model, torch_dtype
 from backends.mindspore.device import mindspore_threads, set_device
 from backends.mindspore.draft_model import KEY as DRAFT_KEY
 from backends.mindspore.draft_model import DraftModel, DraftModelError, check_draft_spec, check_tokenizer
-from backends.mindspore.graph_cache import enable_graph_cache, graph_key
+from backends.mindspore.graph_cache import cache_for_this_warm_up, enable_graph_cache, graph_key
 from backends.mindspore.kv_cache import PART_TOKENS, BlockAllocator
 from backends.mindspore.kv_dtype import cache_dtype
 from backends.mindspore.load_clock import LoadClock, phase
@@ -178,7 +178,7 @@ def warm_up(engine, progress: bool) -> None:
     """Compile every graph the engine will call (loaded from the graph cache where ``graph_cache`` is on)."""
     spec = engine.spec
     draft = engine.speculator.model
-    if engine.config.graph_cache and spec.mode == 0:
+    if cache_for_this_warm_up(engine.config.graph_cache and spec.mode == 0):
         parts = engine.runner.graph_parts + (draft.graph_parts() if draft is not None else [])
         enable_graph_cache(graph_key(parts, spec.model_dir, spec.yaml_path))
     engine.runner.warmup(progress)

@@ -58,11 +58,27 @@ def _python_sources(folder, prefix: str = ""):
             yield prefix + entry.name, entry.read_bytes()
 
 
+_process = {"warmed_up": False, "cache_on": False}  # this process: an engine compiled already; the cache is on
+
+
+def cache_for_this_warm_up(wanted: bool) -> bool:
+    """Whether the warm-up about to run may use the compile cache: only the first engine's of the process (a
+    second model of one server, or a model loaded again, would find graphs numbered after someone else's and
+    load a wrong one). For any later warm-up the cache is turned off, if it was on."""
+    first = not _process["warmed_up"]
+    _process["warmed_up"] = True
+    if not first and _process["cache_on"]:
+        os.environ["MS_COMPILER_CACHE_ENABLE"] = "0"  # read at each compile, as enable_graph_cache set it
+        _process["cache_on"] = False
+        log.info("graph cache off for this engine: not the first engine compiled in this process (MindSpore "
+                 "numbers cached graphs by their order of compilation in the process)")
+    return wanted and first
+
+
 def enable_graph_cache(key: str, root: Path | None = None) -> Path | None:
     """Turn MindSpore's compile cache on in ``root``/``key`` (default under ~/.cache/mindserve/graphs) for the
     graphs compiled from now on; returns the directory. None, with the cache left off, when the process has no
     entry script file (``python -c``, an interactive session): MindSpore reads that file for its cache."""
-    import mindspore as ms
 
     script = sys.argv[0] if sys.argv else ""
     if not script or not os.path.isfile(os.path.realpath(script)):
@@ -72,6 +88,9 @@ def enable_graph_cache(key: str, root: Path | None = None) -> Path | None:
     where = (root or default_graph_cache_root()) / key
     where.mkdir(parents=True, exist_ok=True)
     cached = len(list(where.rglob("*.mindir")))
-    ms.set_context(enable_compile_cache=True, compile_cache_path=str(where))
-    log.info("graph cache: %s (%s)", where, f"{cached} graphs cached" if cached else "empty: compiling")
+    # MindSpore 2.9 reads these at each compile; its set_context(enable_compile_cache=...) is deprecated (and warns).
+    os.environ.update(MS_COMPILER_CACHE_ENABLE="1", MS_COMPILER_CACHE_PATH=str(where))
+    _process["cache_on"] = True
+    log.info("graph cache: %s (%s)", where, f"{cached} graphs cached" if cached
+             else "empty: compiling, each graph saved for the next start")
     return where

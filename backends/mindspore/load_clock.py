@@ -48,7 +48,7 @@ class LoadClock:
         if now - self._last >= self.every:
             self._last = now
             layer = _LAYER.match(what)
-            where = f"layer {int(layer.group(1)) + 1}/{self.layers}" if layer else what
+            where = f"layer {int(layer.group(1)) + 1}/{self.layers}" if layer else what or f"{name} done"
             log.info("loading: %s (%s; %.0fs so far)", where, self.summary(), now - self.started)
 
     def summary(self, cpu: bool = False) -> str:

@@ -5,6 +5,7 @@ the KV cache against the memory budget. No MindSpore import: ``backends/loader.p
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,8 +14,9 @@ from backends.mindspore.config import load_model
 from backends.mindspore.default_model import DEFAULT_DIRS
 from backends.mindspore.kernel_path import stock_expected
 from backends.mindspore.kv_dtype import KEY as KV_KEY, cache_dtype
+from backends.mindspore.memory import (GIB, Available, CachePlan, Footprint, MemoryBudgetError, available_memory,
+                                      plan_cache)
 from backends.mindspore.model_sources import is_model_dir, is_model_source
-from backends.mindspore.memory import CachePlan, Footprint, MemoryBudgetError, available_memory, plan_cache
 from backends.mindspore.shapes import ShapeError, plan_shapes
 from backends.mindspore.yaml_tree import ConfigError
 from backends.settings import EngineConfig
@@ -29,9 +31,9 @@ class PreflightError(ValueError):
     ``ADAPTERS``, ``KV_CACHE``); ``detail`` is the text that follows that setting's key (from ``: ``, ``.`` or
     ``[i]``)."""
 
-    def __init__(self, about: str, detail: str) -> None:
+    def __init__(self, about: str, detail: str, index: int = 0) -> None:
         super().__init__(detail)
-        self.about, self.detail = about, detail
+        self.about, self.detail, self.index = about, detail, index  # index: which model of ``check_models``
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +44,7 @@ class ModelCheck:
     arch: str | None = None
     max_position_embeddings: int | None = None
     cache: CachePlan | None = None  # the KV cache the engine would allocate now
+    resident_bytes: int = 0  # what the model holds once loaded: weights, adapter slots, vision tower, cache
 
     @property
     def prepared(self) -> bool:
@@ -53,9 +56,34 @@ def is_default_model(path: Path) -> bool:
     return path.name in DEFAULT_DIRS
 
 
-def check_model(path: Path, engine: EngineConfig) -> ModelCheck:
+def check_models(models: Sequence[tuple[Path, EngineConfig]], resident: int) -> list[ModelCheck]:
+    """``check_model`` of each model of one server, at most ``resident`` of them loaded at once: each model's
+    cache is planned with the memory the largest ``resident - 1`` models before it hold taken away, and a
+    -1 budget (npuMemSize) of a model sharing the process gets at most 1/``resident`` of the memory free
+    now. A PreflightError's ``index`` says which model failed."""
+    available, held = available_memory(), []
+    checks = []
+    for i, (path, engine) in enumerate(models):
+        others = sum(sorted(held, reverse=True)[:max(resident - 1, 0)])
+        budget = available
+        if others:
+            budget = Available(available.bytes - others, f"{available.source} less {others / GIB:.2f} GiB held by "
+                               "the models before it in ModelConfig that may be loaded beside it")
+        if resident > 1 and engine.cache_gb <= 0 and available.bytes // resident < budget.bytes:
+            budget = Available(available.bytes // resident, f"{available.source} / {resident} models loaded at once")
+        try:
+            checks.append(check_model(path, engine, budget))
+        except PreflightError as exc:
+            exc.index = i
+            raise
+        held.append(checks[-1].resident_bytes)
+    return checks
+
+
+def check_model(path: Path, engine: EngineConfig, available: Available | None = None) -> ModelCheck:
     """The model directory and everything the engine reads from it before loading weights. The default
-    model's directory may be absent, and a GGUF, an HF directory or a package stand for one: serve prepares it."""
+    model's directory may be absent, and a GGUF, an HF directory or a package stand for one: serve prepares it.
+    ``available``: the memory the model may take (default: what is free now)."""
     if not is_model_dir(path):
         if is_default_model(path) or is_model_source(path):  # serve prepares it, then the engine checks it
             _check_windows(engine, None)
@@ -77,8 +105,8 @@ def check_model(path: Path, engine: EngineConfig) -> ModelCheck:
     _check_windows(engine, spec.max_position_embeddings)
     adapters = _check_adapters(engine, spec)
     draft = _check_draft_model(engine, spec)
-    return ModelCheck(spec.model_dir, spec.arch, spec.max_position_embeddings,
-                      _check_memory(engine, spec, adapters, draft))
+    cache, held = _check_memory(engine, spec, adapters, draft, available or available_memory())
+    return ModelCheck(spec.model_dir, spec.arch, spec.max_position_embeddings, cache, held)
 
 
 def _check_draft_model(engine: EngineConfig, target):
@@ -114,17 +142,19 @@ def _check_adapters(engine: EngineConfig, spec) -> EngineAdapters:
         raise PreflightError(ADAPTERS, f": {exc}") from None
 
 
-def _check_memory(engine: EngineConfig, spec, adapters: EngineAdapters, draft=None) -> CachePlan:
-    """The engine's own cache rule (``memory.plan_cache``) on the memory free now, the weights' size read
-    from the safetensors headers, plus the adapter slots the engine would allocate and a draft model's weights
-    and cache (on the AOT path, where it runs)."""
+def _check_memory(engine: EngineConfig, spec, adapters: EngineAdapters, draft,
+                  available: Available) -> tuple[CachePlan, int]:
+    """The engine's own cache rule (``memory.plan_cache``) on ``available``, the weights' size read from the
+    safetensors headers, plus the adapter slots the engine would allocate and a draft model's weights and cache
+    (on the AOT path, where it runs); and the bytes the loaded model then holds."""
     try:
         stock = stock_expected(spec, engine.kernels)
         kv_dtype = cache_dtype(engine.kv_cache_dtype, stock)
         model = Footprint.of(spec, adapters.bytes, stock=stock, kv_dtype=kv_dtype)
         if draft is not None and not stock:
             model = model.plus(Footprint.of(draft, kv_dtype=kv_dtype))
-        return plan_cache(engine, model, available_memory(), spec.max_position_embeddings)
+        plan = plan_cache(engine, model, available, spec.max_position_embeddings)
+        return plan, model.weights_bytes + model.activation_bytes + plan.cache_bytes
     except MemoryBudgetError as exc:
         raise PreflightError(MEMORY, f": {exc}") from None
     except ValueError as exc:  # kvCacheDtype on a kernel path that does not store it (the message names the key)

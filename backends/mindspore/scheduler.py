@@ -173,6 +173,7 @@ class Scheduler:
             if self.allocator.prefix_caching:
                 self.prompt_tokens += len(seq.prompt_ids)
                 self.hit_tokens += seq.prefilled
+                seq.cached = seq.prefilled
             self.prefilling.append(seq)
         for seq in admitted:  # overtaking is getting a slot before an earlier arrival still waiting
             self._went_first(seq, list(self.waiting))

@@ -51,6 +51,7 @@ class SeqState:
     drafter: Drafter | None = None  # speculative decoding's drafts (None: this sequence decodes plainly)
     blocks: list[int] = field(default_factory=list)
     prefilled: int = 0  # prompt tokens already in the cache
+    cached: int = 0  # of which found in the prefix cache at admission (GenerationResult.cached_tokens)
     generated: list[int] = field(default_factory=list)
     tokens: list[Token] = field(default_factory=list)
     prefill_tokens: list[Token] = field(default_factory=list)

@@ -3,8 +3,8 @@
 A codec parses a body into a ``GenerationRequest`` (prompt, typed params, stream flag), renders a result,
 renders a stream one event at a time (``StreamCodec``) and renders an error. ``tgi.py`` is ``POST /``,
 ``/generate`` and ``/generate_stream``; ``openai.py`` is ``/v1/completions`` and ``/v1/chat/completions``;
-``openai_responses.py`` is ``/v1/responses`` (a translation into a chat request).
-A third dialect is one more module here and its routes in ``service/app.py``.
+``openai_responses.py`` is ``/v1/responses`` and ``anthropic.py`` is ``/v1/messages`` (each a translation into
+a chat request). Another dialect is one more module here and its routes in ``service/app.py``.
 
 The request rules every dialect shares live here too (the stop list, a grammar's text, the seed of each
 choice).
@@ -52,6 +52,9 @@ class StreamCodec(Protocol):
 
 
 class Dialect(Protocol):
+    def requested_model(self, body: Any) -> str | None:
+        """The model a body names (None: the first model; a body of the wrong shape is parse's to refuse)."""
+
     def parse(self, body: Any, ctx: AppContext) -> GenerationRequest:
         """A JSON body (not yet schema-checked) → the request; raises the dialect's validation errors."""
 
@@ -65,6 +68,12 @@ class Dialect(Protocol):
 
     def render_error(self, error: ServiceError) -> tuple[int, Any]:
         """(status sent, JSON body)."""
+
+
+def body_model(body: Any) -> str | None:
+    """An OpenAI body's ``model`` when it is a string (else None: the schema check refuses it)."""
+    model = body.get("model") if isinstance(body, dict) else None
+    return model if isinstance(model, str) else None
 
 
 def stop_sequences(stop: str | list[str] | None, field: str,

@@ -25,6 +25,7 @@ from typing import Any
 from backends.errors import BackendError, InputRejected, ParameterRejected
 from backends.types import FinishReason, GenerationResult, Token, TokenEvent
 from service import sse
+from service.dialects import body_model
 from service.dialects.openai_chat_output import ChatDeltas, finish_reason, render_message
 from service.context import AppContext
 from service.dialects.openai_request import (MEDIA_MARK, InvalidRequest, Kind, ModelNotFound, OpenAIRequest,
@@ -260,6 +261,9 @@ class OpenAIStream:
 class OpenAIDialect:
     kind: Kind
     prompt_field: str  # the request field that token-limit errors name
+
+    def requested_model(self, body: Any) -> str | None:
+        return body_model(body)
 
     def parse(self, body: Any, ctx: AppContext) -> OpenAIRequest:
         return parse_openai_request(self.kind, body, ctx.schemas, ctx.backend.model_name,

@@ -16,9 +16,10 @@ from backends.grammar import ANY_JSON_OBJECT
 from backends.types import Grammar, MediaInput, RequestParams
 from service.dialects import json_schema_grammar, stop_sequences
 from service.dialects.openai_tools import ChatOptions, ToolRequestError, parse_chat_options, template_messages
-from service.errors import NotFound, ValidationError
+from service.errors import ValidationError
 from service.media.kinds import BY_PART_TYPE
 from service.media.parts import MAX_MEDIA_PARTS, MediaRef, media_ref
+from service.models import ModelNotFound
 from service.validation import Schemas, describe, field_path, show
 
 Kind = Literal["completion", "chat"]
@@ -35,15 +36,6 @@ class InvalidRequest(ValidationError):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
-
-
-class ModelNotFound(NotFound):
-    code = "model_not_found"
-    param = "model"
-
-    def __init__(self, requested: str, served: str, adapters: Collection[str] = ()) -> None:
-        also = f" and the LoRA adapters {', '.join(map(show, adapters))}" if adapters else ""
-        super().__init__(f"model {show(requested)} is not served here; this server serves {show(served)}{also}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +91,7 @@ def parse_openai_request(kind: Kind, body: Any, schemas: Schemas, model_name: st
     reasoningFormat) say (``openai_tools.py``)."""
     check_body(schemas, SCHEMA[kind], body)
     if body["model"] != model_name and body["model"] not in adapters:
-        raise ModelNotFound(body["model"], model_name, sorted(adapters))
+        raise ModelNotFound(body["model"], [model_name], sorted(adapters))
     adapter = None if body["model"] == model_name else body["model"]
     stream = bool(body.get("stream"))
     choices = int(body.get("n") or 1)

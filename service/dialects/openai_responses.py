@@ -18,6 +18,7 @@ from backends.errors import BackendError
 from backends.types import GenerationResult, TokenEvent
 from service import sse
 from service.context import AppContext
+from service.dialects import body_model
 from service.dialects.openai import CHAT, openai_error
 from service.dialects.openai_responses_output import COMPLETED, INCOMPLETE, IN_PROGRESS, ResponseOutput, cut
 from service.dialects.openai_responses_request import ResponsesRequest, parse_responses_request, renamed
@@ -113,6 +114,9 @@ class ResponsesStream:
 
 @dataclass(frozen=True, slots=True)
 class ResponsesDialect:
+    def requested_model(self, body: Any) -> str | None:
+        return body_model(body)
+
     def parse(self, body: Any, ctx: AppContext) -> ResponsesRequest:
         return parse_responses_request(body, ctx.schemas, ctx.backend.model_name,
                                        [a["name"] for a in ctx.backend.adapters()], ctx.accepted_part_types()[1:],

@@ -286,6 +286,10 @@ class TGIStream:
 class TGIDialect:
     route: Route = Route.ROOT
 
+    def requested_model(self, body: Any) -> None:
+        """TGI bodies name no model: the first one serves them."""
+        return None
+
     def parse(self, body: Any, ctx: AppContext) -> ParsedRequest:
         ctx.schemas.validate("generate_request", body)
         req = parse_generate_request(body, limits=ctx.request_limits())

@@ -68,6 +68,7 @@ def _expected_component(name: str, schema: Any) -> Any:
 
 # The nodes the served document narrows to the running server (the model names, the part types it accepts)
 NARROWED = {("openai_completion_request", "properties", "model"), ("tokenize_request", "properties", "model"),
+            ("anthropic_messages_request", "properties", "model"),
             ("generate_request", "$defs", "part", "properties", "type"),
             ("openai_chat_request", "$defs", "content_part", "properties", "type"),
             ("parameters", "properties", "adapter_id"), ("detokenize_request", "properties", "tokens", "items")}
@@ -88,6 +89,7 @@ def test_components_are_the_schema_files_narrowed_to_the_server(document, defaul
     name = default_engine.model_name
     assert _at(components, ("openai_completion_request", "properties", "model"))["enum"] == [name]
     assert _at(components, ("tokenize_request", "properties", "model"))["enum"] == [name, None]
+    assert _at(components, ("anthropic_messages_request", "properties", "model"))["enum"] == [name]
     assert _at(components, ("generate_request", "$defs", "part", "properties", "type"))["enum"] == ["text"]
     assert _at(components, ("openai_chat_request", "$defs", "content_part", "properties", "type"))["enum"] == ["text"]
     assert _at(components, ("parameters", "properties", "adapter_id"))["enum"] == ["None", None]  # no adapters

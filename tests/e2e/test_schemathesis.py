@@ -4,10 +4,12 @@ and bodies as documented, 405s with ``Allow``, schema-valid requests accepted, s
 
 Phases: the coverage phase's negative cases (boundary violations, and every method an operation does not
 declare: a 405 with ``Allow``), then fuzzing (positive and negative). One check is off on the five
-generation routes only: ``positive_data_acceptance`` (a schema-valid request
+generation routes and the two Anthropic routes only: ``positive_data_acceptance`` (a schema-valid request
 must not get a 4xx). Their bodies carry rules JSON Schema cannot state, each refused with a 4xx naming the
-field after the schema check: a grammar must compile (a random regex such as ``(`` does not), a
-``logit_bias`` id must be in the vocabulary, the prompt must fit the token limit (counted in tokens). Every
+field after the schema check: a grammar must compile (a random regex such as ``(`` does not; on
+``/v1/messages`` and its ``count_tokens`` a tool's ``input_schema``), a ``logit_bias`` id must be in the
+vocabulary, the prompt must fit the token limit (counted in tokens), tools need a model whose chat template
+has a tool-call format, image blocks a model that takes images. Every
 other operation keeps it, and every other check runs on these routes too.
 
 The server runs the default model with a context wide enough (2048 tokens) that generated prompts fit, with
@@ -35,7 +37,7 @@ CONFIG = """
 enabled = true
 
 [[operations]]
-include-path-regex = "^/(generate|generate_stream|v1/completions|v1/chat/completions)?$"
+include-path-regex = "^/(generate|generate_stream|v1/completions|v1/chat/completions|v1/messages(/count_tokens)?)?$"
 include-method = "POST"
 checks.positive_data_acceptance.enabled = false
 

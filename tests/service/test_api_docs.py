@@ -11,7 +11,7 @@ API_DOC = REPO / "docs" / "api.md"
 
 def test_the_error_table_lists_every_status_and_error_type():
     text = API_DOC.read_text(encoding="utf-8")
-    table = text[text.index("**Errors** come in two shapes"):text.index("- `/v1/completions` and")]
+    table = text[text.index("**Errors** come in three shapes"):text.index("- `/v1/completions` and")]
     rows = re.findall(r"^\s*\| (\d{3}) \| `([^`]+)` \|", table, re.M)
     taxonomy = {(cls.status, cls.error_type.value) for cls in errors.ServiceError.__subclasses__()}
     assert (415, "Unsupported Media Type") in taxonomy

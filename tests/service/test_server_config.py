@@ -103,6 +103,7 @@ APPLIED = {
     ("ModelDeployConfig", "mapKvCache"): lambda c: c.engine.map_kv_cache,
     ("ModelDeployConfig", "speculationGamma"): lambda c: c.engine.speculation.max_draft,
     ("ModelDeployConfig", "allowRuntimeLoraUpdating"): lambda c: c.engine.lora.runtime_updates,
+    ("ModelDeployConfig", "maxLoadedModels"): lambda c: c.max_loaded_models,
 }
 # Reference keys whose schema default documents the reference server; mindserve does not use them.
 UNUSED = {("ModelConfig", "worldSize"), ("ModelConfig", "trustRemoteCode")}
@@ -138,7 +139,7 @@ OTHER = {
     "enablePrefixCaching": (False, {}),
     "maxLoras": (2, {}), "maxLoraRank": (32, {}), "maxLoadedLoras": (3, {}), "kernelIsa": ("x86-64-v3", {}),
     "kernels": ("stock", {}), "graphCache": (False, {}), "mapKvCache": (False, {}),
-    "speculationGamma": (4, {}),
+    "speculationGamma": (4, {}), "maxLoadedModels": (1, {}),
     "allowRuntimeLoraUpdating": (True, {"ModelDeployConfig.loraRoot": "/tmp"}),
 }
 

@@ -17,15 +17,19 @@ renamed into place, so concurrent builders never see a half-written file.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import platform
 import shutil
 import subprocess
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+
+log = logging.getLogger("mindserve.engine")
 
 SOURCES = ("matmul.cc", "attention.cc", "fused.cc", "lora.cc", "qmatmul.cc", "moe.cc", "pack.cc")
 HEADERS = ("entry.h", "pool.h", "lora.h", "qmatmul.h", "vec.h", "vec_avx512.h", "vec_avx2.h", "vec_neon.h",
@@ -172,6 +176,9 @@ def build_kernel(cache_dir: str | os.PathLike | None = None, cxx: str | None = N
     if target.exists():
         return target
     cache.mkdir(parents=True, exist_ok=True)
+    log.info("compiling the AOT kernels (%s, %s) into %s: once per kernel source and compiler, a minute or two",
+             chosen.name, cxx, cache)
+    started = time.perf_counter()
     fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=cache)
     os.close(fd)
     try:
@@ -181,6 +188,7 @@ def build_kernel(cache_dir: str | os.PathLike | None = None, cxx: str | None = N
             _compile(cxx, flags, src, os.path.abspath(tmp), chosen.name)
         os.chmod(tmp, 0o755)
         os.replace(tmp, target)  # atomic: readers see either no file or the complete library
+        log.info("compiled the AOT kernels in %.0fs: %s", time.perf_counter() - started, target.name)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -182,6 +182,14 @@ class CacheWarmer:
         for thread in self._threads:
             thread.start()
 
+    def join(self, timeout: float) -> bool:
+        """Wait for the mapping threads to end (after ``stopped`` is set); False if one is still running."""
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(max(deadline - time.monotonic(), 0.0))
+        return not any(thread.is_alive() for thread in self._threads)
+
     def _map(self, i: int, memories: list[np.ndarray]) -> None:
         try:
             for first in range(0, self.wait_slots, self.step):

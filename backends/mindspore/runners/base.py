@@ -18,6 +18,7 @@ from typing import ClassVar
 import numpy as np
 import mindspore as ms
 
+from backends.mindspore.device import free_network
 from backends.mindspore.network.common import CacheWarmer, cache_memory
 from backends.mindspore.spec import ModelSpec
 from backends.mindspore.shapes import Shapes
@@ -239,3 +240,12 @@ class ModelRunner(ABC):
     def close(self) -> None:
         """Stop mapping cache pages (the engine is closing)."""
         self.warmer.stopped.set()
+
+    def release(self) -> bool:
+        """After ``close``, once no step runs: give the network's memory back (``device.free_network``), when the
+        cache warmer's threads have stopped writing (False: they have not within 30 s; nothing was freed)."""
+        if not self.warmer.join(30.0):
+            log.warning("the KV cache's mapping threads did not stop: the closed network's memory is kept")
+            return False
+        free_network(self.net)
+        return True
