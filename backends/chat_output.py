@@ -137,7 +137,7 @@ class ChatOutputParser:
         self._buf = ""
         self._fed = 0  # characters fed so far
         self._reasoning, self._content = _Trimmed(), _Trimmed()
-        self._call: _CallScanner | None = None
+        self._call: CallScanner | None = None
         self._calls = 0
         self.reasoned = self._mode == _REASONING  # the output has a reasoning block
         self.reasoning_end: int | None = None  # characters of output up to the end of the block, once closed
@@ -231,7 +231,7 @@ class ChatOutputParser:
 
     def _open_call(self) -> None:
         emit = self._max_calls is None or self._calls < self._max_calls
-        self._call = _CallScanner(self._calls if emit else -1)
+        self._call = CallScanner(self._calls if emit else -1)
         self._mode = _CALL
 
     def _in_call(self, out: list[Event]) -> bool:
@@ -255,7 +255,7 @@ class ChatOutputParser:
         self._buf, self._call, self._mode = call.text[call.end:], None, _AFTER_CALL
         return True
 
-    def _call_failed(self, out: list[Event], call: _CallScanner, *, finished: bool) -> None:
+    def _call_failed(self, out: list[Event], call: CallScanner, *, finished: bool) -> None:
         """Not a call after all: its text is answer text (or it is dropped, when its name was streamed or it
         is over ``max_calls``); after a finished one the text is read again as answer text."""
         self._call = None
@@ -303,7 +303,7 @@ class ChatOutputParser:
             out.append(Content(text))
 
 
-class _CallScanner:
+class CallScanner:
     """One call's JSON object, character by character: where it ends, and (written name first) its name and
     the arguments text as it comes. ``index`` -1: a call beyond ``max_calls`` (scanned, never reported)."""
 

@@ -1,6 +1,8 @@
 """The grammar that enforces ``tool_choice`` "required" or a named function: the output is one call (or,
 with parallel calls, one or more) in the model's tool-call syntax, each a JSON object whose ``name`` is
 one of the tools and whose arguments follow that tool's JSON Schema; a reasoning block may come first.
+In the generic format (``generic_tools.py``) the whole answer is one JSON object: the calls, or with
+``auto`` a text response instead.
 
 The service asks for it with ``tool_call_constraint`` (a ``Grammar`` of kind "tool_calls" holding the
 request's part); ``backends/grammar.py`` turns it into a llguidance Lark grammar with ``tool_call_lark``,
@@ -14,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from backends.chat_format import THINK, TOOL_CALL, ChatFormat, ToolCallSyntax
+from backends.generic_tools import output_schema
 from backends.types import Grammar
 
 # What separates two calls (the model's own habit: Qwen writes each block on its line, Llama joins with "; ").
@@ -26,7 +29,8 @@ def tool_call_constraint(tools: Sequence[tuple[str, Mapping[str, Any]]], fmt: Ch
     """The constraint for calls of ``tools`` ((name, parameters schema) each); ``fmt.tool_calls`` must be set.
     With reasoning markers a reasoning block may come first (``thinking``: the prompt opened it, so the
     output starts inside it and must close it). ``optional`` (tool_choice auto with strict tools, Hermes
-    syntax whose ``<tool_call>`` is a token): free text, and any call in it follows its schema."""
+    syntax whose ``<tool_call>`` is a token): free text, and any call in it follows its schema; in the
+    generic syntax: the answer is the calls or a text response."""
     assert fmt.tool_calls is not None, "a tool-call grammar needs a tool-call syntax"
     spec = {"tools": [[name, schema] for name, schema in tools], "syntax": fmt.tool_calls.value,
             "reasoning": fmt.reasoning is not None, "thinking": thinking, "parallel": parallel, "optional": optional}
@@ -42,13 +46,18 @@ def tool_call_lark(spec_text: str, is_token: Callable[[str], bool], json_options
     def literal(text: str) -> str:
         return f"<{text[1:-1]}>" if text.startswith("<") and is_token(text) else json.dumps(text)
 
-    key = _ARGUMENTS_KEY[syntax]
-    body = {"anyOf": [_call_schema(name, schema, key) for name, schema in spec["tools"]],
-            "x-guidance": dict(json_options)}
-    call = (f"{literal(TOOL_CALL.open)} {json.dumps(chr(10))} body {json.dumps(chr(10))} {literal(TOOL_CALL.close)}"
-            if syntax is ToolCallSyntax.HERMES else "body")
-    calls = f"call ({json.dumps(_SEPARATOR[syntax])} call)*" if spec["parallel"] else "call"
-    if spec.get("optional"):
+    if syntax is ToolCallSyntax.GENERIC:  # one JSON object, the calls inside it
+        body = {**output_schema(spec["tools"], parallel=spec["parallel"], optional=spec["optional"]),
+                "x-guidance": dict(json_options)}
+        call, calls = "body", "call"
+    else:
+        key = _ARGUMENTS_KEY[syntax]
+        body = {"anyOf": [_call_schema(name, schema, key) for name, schema in spec["tools"]],
+                "x-guidance": dict(json_options)}
+        call = (f"{literal(TOOL_CALL.open)} {json.dumps(chr(10))} body {json.dumps(chr(10))} "
+                f"{literal(TOOL_CALL.close)}" if syntax is ToolCallSyntax.HERMES else "body")
+        calls = f"call ({json.dumps(_SEPARATOR[syntax])} call)*" if spec["parallel"] else "call"
+    if spec.get("optional") and syntax is not ToolCallSyntax.GENERIC:
         if not literal(TOOL_CALL.open).startswith("<"):
             raise ValueError("strict tools with tool_choice auto need <tool_call> to be one token of the model")
         many = "*" if spec["parallel"] else "?"

@@ -44,6 +44,7 @@ class ServerSettings:
     playground_enabled: bool = True  # the browser page at /playground and a browser's GET / (service/playground.py)
     tool_call_format: str = "auto"  # how chat output's tool calls are read (backends/chat_format.py)
     reasoning_format: str = "auto"  # whether chat output's <think> block is reasoning_content
+    model_tool_call_formats: tuple[tuple[str, str], ...] = ()  # (modelName, its ModelConfig toolCallFormat)
     token_timeout: float = 600.0
     e2e_timeout: float = 600.0
     max_request_bytes: int = 40 * 1024 * 1024
@@ -62,6 +63,11 @@ class ServerSettings:
     max_media_loads: int = 8  # requests loading media at once; beyond, 429 at once
     max_media_buffer_bytes: int = 2048 * 1024 * 1024  # media bytes requests may hold at once; beyond, 429
     api_key: str | None = field(default=None, repr=False)  # business routes want it (service/auth.py); never shown
+
+    def chat_formats(self, model: str) -> tuple[str, str]:
+        """(toolCallFormat, reasoningFormat) of ``model``: its ModelConfig entry's toolCallFormat when set,
+        else ServerConfig's."""
+        return dict(self.model_tool_call_formats).get(model, self.tool_call_format), self.reasoning_format
 
     @property
     def management_address(self) -> str:
@@ -160,6 +166,9 @@ def _server(data: dict, base: Path) -> ServerSettings:
         max_link_num=s["maxLinkNum"], full_text_enabled=s["fullTextEnabled"],
         playground_enabled=s["playgroundEnabled"],
         tool_call_format=s["toolCallFormat"], reasoning_format=s["reasoningFormat"],
+        model_tool_call_formats=tuple((m["modelName"], m["toolCallFormat"])
+                                      for m in data["BackendConfig"]["ModelDeployConfig"]["ModelConfig"]
+                                      if m.get("toolCallFormat") is not None),
         token_timeout=float(s["tokenTimeout"]), e2e_timeout=float(s["e2eTimeout"]),
         max_request_bytes=int(s["maxRequestLength"]) * 1024 * 1024,
         token_id_format=s["tokenIdFormat"], shutdown_grace_period=float(s["shutdownGracePeriod"]),

@@ -5,6 +5,7 @@ import functools
 from importlib import metadata
 from typing import Any
 
+from backends.chat_format import tool_call_source
 from service.context import AppContext
 
 DEVICE_TYPE = "cpu"
@@ -68,6 +69,8 @@ def server_info(ctx: AppContext) -> dict[str, Any]:
             "lora": {**(engine.get("lora") or {"slots": 0}), "adapters": engine.get("adapters") or []},
             "speculation": engine.get("speculation") or {"enabled": None},
             "http": http_gauges(ctx),
+            "tool_call_format": tool_call_source(getattr(ctx.backend, "chat_template", None),
+                                                 ctx.settings.chat_formats(ctx.backend.model_name)[0]),
             "max_loaded_models": ctx.models.limit,
             "models": ctx.models.describe(),
         },

@@ -129,7 +129,7 @@ class MessagesDialect:
     def parse(self, body: Any, ctx: AppContext, *, count: bool = False) -> MessagesRequest:
         return parse_messages_request(body, ctx.schemas, ctx.backend.model_name,
                                       [a["name"] for a in ctx.backend.adapters()], ctx.accepted_part_types()[1:],
-                                      ctx.backend, (ctx.settings.tool_call_format, ctx.settings.reasoning_format),
+                                      ctx.backend, ctx.settings.chat_formats(ctx.backend.model_name),
                                       count=count)
 
     def submit_error(self, error: BackendError, req: MessagesRequest) -> ServiceError:

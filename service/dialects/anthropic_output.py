@@ -10,7 +10,7 @@ import json
 import uuid
 from typing import Any
 
-from backends.chat_output import CallArguments, CallStart, ChatOutputParser, Content, Event, Reasoning
+from backends.chat_output import CallArguments, CallStart, Content, Event, Reasoning
 from backends.types import FinishReason, GenerationResult
 from service.dialects.openai_tools import ChatOptions
 
@@ -60,8 +60,7 @@ class MessageContent:
     stream events it makes; ``blocks`` is the content."""
 
     def __init__(self, options: ChatOptions) -> None:
-        self._parser = ChatOutputParser(options.fmt, thinking=options.thinking, tools=options.calls_allowed,
-                                        max_calls=options.max_calls) if options.parses else None
+        self._parser = options.output_parser() if options.parses else None
         self.blocks: list[dict[str, Any]] = []
         self._open: _Block | None = None
         self.called = False

@@ -268,7 +268,7 @@ class OpenAIDialect:
     def parse(self, body: Any, ctx: AppContext) -> OpenAIRequest:
         return parse_openai_request(self.kind, body, ctx.schemas, ctx.backend.model_name,
                                     [a["name"] for a in ctx.backend.adapters()], ctx.accepted_part_types()[1:],
-                                    ctx.backend, (ctx.settings.tool_call_format, ctx.settings.reasoning_format))
+                                    ctx.backend, ctx.settings.chat_formats(ctx.backend.model_name))
 
     def submit_error(self, error: BackendError, req: OpenAIRequest) -> ServiceError:
         if isinstance(error, ParameterRejected):

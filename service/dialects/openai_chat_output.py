@@ -10,6 +10,7 @@ from typing import Any
 
 from backends.chat_output import (CallArguments, CallStart, ChatOutputParser, Content, Event, Reasoning, fold,
                                   reasoning_tokens)
+from backends.generic_output import GenericOutputParser
 from backends.types import FinishReason, GenerationResult
 from service.dialects.openai_tools import ChatOptions
 
@@ -20,9 +21,8 @@ def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
 
-def _parser(options: ChatOptions) -> ChatOutputParser:
-    return ChatOutputParser(options.fmt, thinking=options.thinking, tools=options.calls_allowed,
-                            max_calls=options.max_calls)
+def _parser(options: ChatOptions) -> ChatOutputParser | GenericOutputParser:
+    return options.output_parser()
 
 
 def _token_texts(result: GenerationResult) -> list[str]:

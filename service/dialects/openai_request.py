@@ -58,9 +58,9 @@ class OpenAIRequest:
         a ``MEDIA_MARK`` in its message's content until ``place_media``)."""
         if self.kind != "chat":
             return self.prompt
-        variables = self.chat.template_variables()
-        return backend.apply_chat_template(self.messages, **variables) if variables else \
-            backend.apply_chat_template(self.messages)
+        variables, messages = self.chat.template_variables(), self.chat.prompt_messages(self.messages)
+        return backend.apply_chat_template(messages, **variables) if variables else \
+            backend.apply_chat_template(messages)
 
     def place_media(self, prompt: str, media: tuple[MediaInput, ...]) -> tuple[str, tuple[MediaInput, ...]]:
         """The rendered prompt without its media marks, and each loaded part placed where its mark was."""
@@ -146,7 +146,8 @@ def _chat_options(body: dict[str, Any], backend: Backend | None, formats: tuple[
     except ToolRequestError as exc:
         raise InvalidRequest(str(exc), exc.param) from None
     if grammar is not None and params.grammar is not None:
-        raise InvalidRequest(f"response_format cannot be combined with tool_choice {show(body['tool_choice'])}",
+        why = " (this model's tools use the generic format, whose grammar holds every answer)" if chat.generic else ""
+        raise InvalidRequest(f"response_format cannot be combined with tool_choice {show(chat.choice)}{why}",
                              "response_format")
     budget = body.get("thinking_budget") if chat.fmt.reasoning is not None else None
     return chat, replace(params, grammar=grammar or params.grammar, thinking_budget=budget)

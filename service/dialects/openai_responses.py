@@ -120,7 +120,7 @@ class ResponsesDialect:
     def parse(self, body: Any, ctx: AppContext) -> ResponsesRequest:
         return parse_responses_request(body, ctx.schemas, ctx.backend.model_name,
                                        [a["name"] for a in ctx.backend.adapters()], ctx.accepted_part_types()[1:],
-                                       ctx.backend, (ctx.settings.tool_call_format, ctx.settings.reasoning_format))
+                                       ctx.backend, ctx.settings.chat_formats(ctx.backend.model_name))
 
     def submit_error(self, error: BackendError, req: ResponsesRequest) -> ServiceError:
         return renamed(CHAT.submit_error(error, req.chat), req.origins)

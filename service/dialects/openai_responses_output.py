@@ -9,8 +9,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from backends.chat_output import (CallArguments, CallStart, ChatOutputParser, Content, Event, Reasoning,
-                                  reasoning_tokens)
+from backends.chat_output import CallArguments, CallStart, Content, Event, Reasoning, reasoning_tokens
 from backends.types import FinishReason, GenerationResult
 from service.dialects.openai_chat_output import new_call_id
 from service.dialects.openai_tools import ChatOptions
@@ -83,8 +82,7 @@ class ResponseOutput:
 
     def __init__(self, options: ChatOptions) -> None:
         self._options = options
-        self._parser = ChatOutputParser(options.fmt, thinking=options.thinking, tools=options.calls_allowed,
-                                        max_calls=options.max_calls) if options.parses else None
+        self._parser = options.output_parser() if options.parses else None
         self.items: list[dict[str, Any]] = []  # the closed items
         self._open: _Item | None = None
         self._count = 0

@@ -1,7 +1,11 @@
 """Tool calling and reasoning on /v1/chat/completions, request side: ``tools``, ``tool_choice``,
 ``parallel_tool_calls``, ``chat_template_kwargs`` and ``thinking_budget`` → ``ChatOptions`` (what the template
 gets, the grammar that enforces a required or named call, how the output is parsed); the messages of a
-tool conversation (assistant ``tool_calls``, ``role: "tool"``) → what the chat template expects.
+tool conversation (assistant ``tool_calls``, ``role: "tool"``) → what the chat template expects. A model
+whose template has no tool syntax gets the generic format (``backends/generic_tools.py``): our system
+message, the history in its convention, a grammar on every answer that may call tools.
+
+``parse_chat_options`` is the entry point every dialect with tools goes through (chat, Responses, Messages).
 
 The output's syntax is model logic (``backends/chat_format.py``, ``backends/chat_output.py``); this module
 is the wire: OpenAI's field names and their errors (400 naming the field).
@@ -14,8 +18,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from backends.base import Backend
-from backends.chat_format import ChatFormat, chat_format, closes_reasoning, opens_reasoning
+from backends.chat_format import ChatFormat, ToolCallSyntax, chat_format, closes_reasoning, opens_reasoning
+from backends.chat_output import ChatOutputParser
 from backends.errors import BackendError
+from backends.generic_output import GenericOutputParser, output_parser
+from backends.generic_tools import generic_messages, system_prompt
 from backends.grammar import GrammarRejected, check_json_schema
 from backends.tool_grammar import tool_call_constraint
 from backends.types import Grammar
@@ -60,10 +67,28 @@ class ChatOptions:
     def max_calls(self) -> int | None:
         return None if self.parallel else 1
 
+    @property
+    def generic(self) -> bool:
+        """The model's tools go through the generic format (its template knows none)."""
+        return self.fmt.tool_calls is ToolCallSyntax.GENERIC
+
     def template_variables(self) -> dict[str, Any]:
-        """The extra variables of the chat template: the tools (if any) and chat_template_kwargs."""
-        tools = {"tools": list(self.tools)} if self.tools else {}
+        """The extra variables of the chat template: the tools (native formats) and chat_template_kwargs."""
+        tools = {"tools": list(self.tools)} if self.tools and not self.generic else {}
         return {**dict(self.template_kwargs), **tools}
+
+    def prompt_messages(self, messages: tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], ...]:
+        """The messages the template renders: as sent for a native format; in the generic format with our
+        system message (when the model may call tools) and the tool turns in its convention."""
+        if not self.generic:
+            return messages
+        functions = [t["function"] for t in self.tools]
+        system = system_prompt(functions, self.choice, self.parallel) if self.calls_allowed else None
+        return tuple(generic_messages(messages, system))
+
+    def output_parser(self) -> ChatOutputParser | GenericOutputParser:
+        """A new parser of one output (``feed``/``finish`` → reasoning, text and call events)."""
+        return output_parser(self.fmt, thinking=self.thinking, tools=self.calls_allowed, max_calls=self.max_calls)
 
 
 def parse_chat_options(body: dict[str, Any], backend: Backend,
@@ -86,18 +111,19 @@ def parse_chat_options(body: dict[str, Any], backend: Backend,
     template = getattr(backend, "chat_template", None)
     fmt = chat_format(template, *formats)
     if tools and choice != "none" and fmt.tool_calls is None:
-        raise ToolRequestError(f"model {show(backend.model_name)} has no tool-call format (its chat template "
-                               "shows none); send tool_choice \"none\" or no tools", "tools")
+        raise ToolRequestError(f"model {show(backend.model_name)} has tool calls switched off (toolCallFormat "
+                               "\"none\" in the server config); send tool_choice \"none\" or no tools", "tools")
     template_kwargs = tuple(sorted(kwargs.items()))
     thinking, off = _prompt_thinks(backend, json.dumps(kwargs, sort_keys=True), fmt)
     options = ChatOptions(fmt, tools, choice, body.get("parallel_tool_calls") is not False, template_kwargs, thinking,
                           off)
     grammar_fmt = replace(fmt, reasoning=None) if off else fmt  # thinking off: no reasoning block before calls
     strict = [t["function"] for t in tools if t["function"].get("strict")]
-    if choice == "none" or (choice == "auto" and not strict):
+    if choice == "none" or (choice == "auto" and not strict and not options.generic):
         return options, None
-    if choice == "auto":  # strict tools: any call the model makes follows its schema
-        schemas = [(f["name"], f.get("parameters") or {"type": "object"}) for f in strict]
+    if choice == "auto":  # strict tools (generic format: all tools): any call the model makes follows its schema
+        schemas = [(f["name"], f.get("parameters") or {"type": "object"})
+                   for f in ([t["function"] for t in tools] if options.generic else strict)]
         return options, tool_call_constraint(schemas, grammar_fmt, parallel=options.parallel, thinking=thinking,
                                              optional=True)
     chosen = [t["function"] for t in tools if choice == "required" or t["function"]["name"] == choice]

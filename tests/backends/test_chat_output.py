@@ -88,5 +88,6 @@ def test_a_prompt_that_opened_the_block_starts_in_reasoning_and_counts_tokens():
 def test_formats_come_from_the_template():
     assert chat_format("...<tool_call>...<think>") == QWEN
     assert chat_format("{{ '<|python_tag|>' }}") == LLAMA
-    assert chat_format("plain") == ChatFormat()
+    assert chat_format("plain") == ChatFormat(ToolCallSyntax.GENERIC)  # a template without a tool syntax
+    assert chat_format("<tool_call>", "generic") == ChatFormat(ToolCallSyntax.GENERIC)
     assert chat_format("<tool_call>", "none", "none") == ChatFormat()

@@ -148,8 +148,8 @@ def test_stop_sequence_and_length_cap(client, name):
      anthropic.BadRequestError, "invalid_request_error", "messages[0].content[0] is an image block, which this model"),
     ({"messages": [{"role": "user", "content": [{"type": "document", "source": {"type": "text", "data": "x"}}]}]},
      anthropic.BadRequestError, "invalid_request_error", 'messages[0].content[0].type must be one of'),
-    ({"tools": [{"name": "f", "input_schema": {"type": "object"}}], "tool_choice": {"type": "any"}},
-     anthropic.BadRequestError, "invalid_request_error", "has no tool-call format"),
+    ({"tools": [{"name": "f", "input_schema": {"type": "objectx"}}], "tool_choice": {"type": "any"}},
+     anthropic.BadRequestError, "invalid_request_error", "tools[0].input_schema does not compile"),
     ({"temperature": 1.5}, anthropic.BadRequestError, "invalid_request_error", "temperature must be <= 1"),
 ])
 def test_errors_raise_the_clients_exception_classes(client, name, change, exception, kind, says):

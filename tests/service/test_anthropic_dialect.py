@@ -156,9 +156,9 @@ def test_errors_name_the_messages_fields(fields, says, param):
     assert says in caught.value.message and caught.value.param == param, (caught.value.message, caught.value.param)
 
 
-def test_tools_on_a_template_without_a_tool_format_are_refused_unless_none():
-    with pytest.raises(InvalidRequest, match="has no tool-call format"):
-        parse(PLAIN, tools=[TOOL])
+def test_tools_on_a_template_without_a_tool_format_take_the_generic_format():
+    req = parse(PLAIN, tools=[TOOL], tool_choice={"type": "any"})
+    assert req.chat.chat.generic and json.loads(req.chat.params.grammar.value)["syntax"] == "generic"
     assert not parse(PLAIN, tools=[TOOL], tool_choice={"type": "none"}).chat.chat.calls_allowed
 
 

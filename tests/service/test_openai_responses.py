@@ -120,9 +120,21 @@ def test_bad_fields_are_400_naming_the_responses_field(fields, param):
     assert "function." not in caught.value.message and "messages[" not in caught.value.message
 
 
-def test_tools_on_a_model_without_a_tool_format_name_tools():
+def test_function_tools_on_a_model_without_a_tool_format_take_the_generic_format():
+    req = parse(PLAIN, tools=[TOOL], instructions="Be brief.")
+    assert req.chat.chat.generic and json.loads(req.params.grammar.value)["syntax"] == "generic"
+    prompt = req.render_prompt(PLAIN)
+    assert prompt.count("Be brief.") == 1 and '{"name":"get_weather"' in prompt
+    text = '{"tool_calls":[{"name":"get_weather","arguments":{"city":"Oslo"}}]}'
+    body, events = body_and_stream(req, result(text, pieces=[text[:30], text[30:]]))
+    assert [(i["type"], i.get("name"), i.get("arguments")) for i in body["output"]] == [
+        ("function_call", "get_weather", '{"city":"Oslo"}')]
+    assert without_ids(events[-1]["response"]["output"]) == without_ids(body["output"])
+    answer = body_and_stream(req, result('{"response":"It is \\"sunny\\"."}'))[0]
+    assert [(i["type"], i["content"][0]["text"]) for i in answer["output"]] == [("message", 'It is "sunny".')]
     with pytest.raises(InvalidRequest) as caught:
-        parse(PLAIN, tools=[TOOL])
+        parse_responses_request({"model": MODEL, "input": "hi", "tools": [TOOL]}, SCHEMAS, MODEL, backend=PLAIN,
+                                formats=("none", "auto"))
     assert caught.value.param == "tools"
 
 

@@ -103,11 +103,13 @@ def test_bad_fields_are_400_naming_the_field(fields, param):
     assert caught.value.param == param, str(caught.value)
 
 
-def test_a_model_without_a_tool_format_refuses_tools_but_not_none():
-    with pytest.raises(InvalidRequest) as caught:
-        chat(PLAIN, tools=TOOLS)
-    assert caught.value.param == "tools"
+def test_a_model_without_a_tool_format_gets_the_generic_one_and_none_refuses_tools():
+    assert chat(PLAIN, tools=TOOLS).chat.generic  # tests/service/test_generic_tools.py has the rest
     assert chat(PLAIN, tools=TOOLS, tool_choice="none").params.grammar is None
+    body = {"model": MODEL, "messages": ASK, "tools": TOOLS}
+    with pytest.raises(InvalidRequest) as caught:
+        parse_openai_request("chat", body, SCHEMAS, MODEL, backend=PLAIN, formats=("none", "auto"))
+    assert caught.value.param == "tools" and "toolCallFormat" in str(caught.value)
 
 
 # --- response ----------------------------------------------------------------------------------------------
