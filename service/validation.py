@@ -332,6 +332,22 @@ def _render_false(where: str, e: _JsonError) -> str:
     return f"{where} is not allowed here, got {show(e.instance)}"
 
 
+_PHRASES: dict[str, Callable[[Any], str]] = {
+    "const": show, "minimum": lambda v: f">= {show(v)}", "maximum": lambda v: f"<= {show(v)}",
+    "exclusiveMinimum": lambda v: f"> {show(v)}", "exclusiveMaximum": lambda v: f"< {show(v)}",
+}
+
+
+def _render_any_of(where: str, e: _JsonError) -> str:
+    """``temperature must be 0 or > 1e-06``: the alternatives of an ``anyOf`` of bounds and constants (the
+    instance's type is among the alternatives'); any other ``anyOf`` as ``_render_other``."""
+    options = [c for c in e.context if c.validator != "type"]
+    if not options or any(c.relative_path or str(c.validator) not in _PHRASES for c in options):
+        return _render_other(where, e)
+    alternatives = " or ".join(_PHRASES[str(c.validator)](c.validator_value) for c in options)
+    return f"{where} must be {alternatives}, got {show(e.instance)}"
+
+
 def _render_other(where: str, e: _JsonError) -> str:
     description = e.schema.get("description") if isinstance(e.schema, Mapping) else None
     hint = f" ({description.rstrip('.')})" if description else ""
@@ -356,5 +372,6 @@ _RENDERERS: dict[str, Callable[[str, _JsonError], str]] = {
     "format": lambda where, e: f"{where} must be a valid {e.validator_value}, got {show(e.instance)}",
     "uniqueItems": lambda where, e: f"{where} must not contain duplicates, got {show(e.instance)}",
     "not": _render_not,
+    "anyOf": _render_any_of,
     "None": _render_false,
 }
