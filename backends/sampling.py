@@ -44,9 +44,9 @@ def vocab_log_softmax(logits: np.ndarray, vocab_size: int | None) -> np.ndarray:
 
 @dataclass(frozen=True, slots=True)
 class RepetitionPenalty:
-    """Tokens already in the history: logit > 0 is divided by ``penalty``, else multiplied. A product past the
-    dtype's range stays at its most negative finite value (the token is as unlikely as a logit can say, and a
-    row whose every token was penalised still has a distribution)."""
+    """Tokens already in the history: logit > 0 is divided by ``penalty``, else multiplied. A result past the
+    dtype's range stays at its most negative (or, for a tiny penalty, most positive) finite value: the token is
+    as unlikely (likely) as a logit can say, and the row still has a distribution."""
 
     penalty: float
 
@@ -55,9 +55,10 @@ class RepetitionPenalty:
             ids = np.unique(history)
             seen = logits[ids]
             positive = seen > 0
-            with np.errstate(over="ignore"):
-                lowered = np.maximum(seen[~positive] * self.penalty, np.finfo(logits.dtype).min)
-            seen[positive] /= self.penalty
+            finfo = np.finfo(logits.dtype)
+            with np.errstate(over="ignore", divide="ignore"):
+                lowered = np.maximum(seen[~positive] * np.float64(self.penalty), finfo.min)  # float32: 1e-323 is 0
+                seen[positive] = np.minimum(seen[positive] / np.float64(self.penalty), finfo.max)
             seen[~positive] = lowered
             logits[ids] = seen
         return logits
@@ -65,10 +66,19 @@ class RepetitionPenalty:
 
 @dataclass(frozen=True, slots=True)
 class Temperature:
+    """Logits divided by ``temperature``; a quotient past the dtype's range stays at its largest finite value
+    (after a tiny repetition penalty, a logit may already be near it)."""
+
     temperature: float
 
     def __call__(self, logits: np.ndarray, history: np.ndarray) -> np.ndarray:
-        logits /= self.temperature
+        finite = np.isfinite(logits)
+        with np.errstate(over="ignore"):
+            logits /= self.temperature
+        overflowed = finite & ~np.isfinite(logits)
+        if overflowed.any():
+            finfo = np.finfo(logits.dtype)
+            logits[overflowed] = np.where(logits[overflowed] > 0, finfo.max, finfo.min)
         return logits
 
 

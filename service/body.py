@@ -1,7 +1,8 @@
-"""Request bodies read in chunks: the ``Content-Type`` rule and the ``maxRequestLength`` cap.
+"""Request bodies read in chunks into one buffer: the ``Content-Type`` rule and the ``maxRequestLength`` cap.
 
 Only the JSON routes use this. A body over the cap is refused as soon as that is known (from
-``Content-Length``, or while a chunked body streams in), so it is never held in memory whole.
+``Content-Length``, or while a chunked body streams in), so it is never held in memory whole. A body within
+it is held once: each chunk is copied into one ``bytearray`` and dropped (``BodyBuffer``).
 """
 from __future__ import annotations
 
@@ -48,23 +49,45 @@ def too_large(size: int, limit: int, *, at_least: bool = False) -> PayloadTooLar
 
 
 class BodyBuffer:
-    """Collects a body's chunks up to ``limit`` bytes; ``add`` returns False once it is over."""
+    """A request body in one ``bytearray``: allocated whole at its declared ``Content-Length`` (``size_hint``),
+    else grown chunk by chunk; never over ``limit``. Each chunk is copied in once and dropped; ``take`` hands
+    the bytes over and forgets them, ``release`` drops them (a refused body)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, size_hint: int | None = None) -> None:
         self.limit = limit
-        self.size = 0
-        self._chunks: list[bytes] = []
+        self.size = 0  # bytes arrived, kept or discarded
+        self._data = bytearray(size_hint) if size_hint else bytearray()
+        self._preallocated = bool(size_hint)
 
     def add(self, chunk: bytes) -> bool:
-        self.size += len(chunk)
-        if self.size > self.limit:
-            self._chunks.clear()
+        """Keep ``chunk``; False (and nothing held any more) once the body is over ``limit``."""
+        end = self.size + len(chunk)
+        if end > self.limit:
+            self.release()
+            self.size = end
             return False
-        self._chunks.append(chunk)
+        if self._preallocated:
+            self._data[self.size:end] = chunk
+        else:
+            self._data += chunk
+        self.size = end
         return True
 
-    def discard(self, chunk: bytes) -> None:
-        self.size += len(chunk)
+    @property
+    def preallocated(self) -> bool:
+        """Allocated whole at the declared length (counted then), rather than grown as chunks arrive."""
+        return self._preallocated
 
-    def getvalue(self) -> bytes:
-        return b"".join(self._chunks)
+    def discard(self, chunk: bytes) -> bool:
+        """Count ``chunk`` without keeping it (a refused body still being read); False once over ``limit``."""
+        self.size += len(chunk)
+        return self.size <= self.limit
+
+    def release(self) -> None:
+        self._data, self._preallocated = bytearray(), False
+
+    def take(self) -> bytearray:
+        """The body; the buffer holds nothing afterwards, so the caller's reference is the only one."""
+        data, self._data, self._preallocated = self._data, bytearray(), False
+        del data[self.size:]  # a no-op unless the body ended short of its allocation
+        return data

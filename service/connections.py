@@ -4,7 +4,8 @@
 (every ``SWEEP_SECONDS``) closes what a client lets trickle: a request head not complete within
 ``headerTimeout`` (408 sent, then closed) and a connection idle between requests past ``keepAliveTimeout``.
 It also holds the *reading bound*: at most ``maxReadingRequests`` requests reading their body, and at most
-``maxBufferedBodyMB`` of body bytes buffered in all, so that slow uploads cannot hold the generation slots
+``maxBufferedBodyMB`` of body bytes held in all (from arrival, or from a declared ``Content-Length``, until
+parsed or refused), so that slow uploads cannot hold the generation slots
 (``service/admission.py``), which a request takes only once its body is in. ``bodyTimeout`` is the
 handler's (``service/http.py``), so that it can still answer 408. A head over ``maxHeaderBytes`` gets 431.
 
@@ -73,7 +74,7 @@ class ConnectionTracker:
         self._conns: dict[int, Connection] = {}
         self._sweeper: tornado.ioloop.PeriodicCallback | None = None
         self.reading = 0  # requests reading their body
-        self.buffered_bytes = 0  # body bytes those requests hold
+        self.buffered_bytes = 0  # body bytes held by requests reading or parsing their body
         self.timeouts: collections.Counter[str] = collections.Counter({kind: 0 for kind in TIMEOUT_KINDS})
         self.refused: collections.Counter[str] = collections.Counter({kind: 0 for kind in REFUSAL_KINDS})
 
@@ -193,9 +194,12 @@ class ConnectionTracker:
         self.buffered_bytes += n
         return True
 
-    def stop_reading(self, held_bytes: int) -> None:
+    def release_body_bytes(self, n: int) -> None:
+        """A body's bytes are freed: parsed, refused, or its client gone."""
+        self.buffered_bytes -= n
+
+    def stop_reading(self) -> None:
         self.reading -= 1
-        self.buffered_bytes -= held_bytes
 
     def close(self) -> None:
         if self._sweeper is not None:

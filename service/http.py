@@ -1,9 +1,10 @@
 """The handler bases every route builds on: error rendering, request ids, connection accounting, JSON bodies.
 
 ``BaseHandler`` turns any failure into the taxonomy of ``service/errors.py`` and renders it in its route's
-error shape (``render_error``; the generation dialects override it). ``JsonBodyHandler`` reads JSON bodies in
-chunks under the reading bound of ``service/connections.py``: 413 before the body is held whole, 408 when it
-has not arrived within ``bodyTimeout``, 429 when too many requests are reading bodies already.
+error shape (``render_error``; the generation dialects override it). ``JsonBodyHandler`` reads a JSON body
+into one buffer under the reading bound of ``service/connections.py``: 413 before the body is held whole, 408
+when it has not arrived within ``bodyTimeout``, 429 when too many requests are reading bodies already, 503
+when the bodies held would pass ``maxBufferedBodyMB``.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from service.body import BodyBuffer, check_content_type, declared_length, too_la
 from service.context import AppContext
 from service.errors import (MethodNotAllowed, NotFound, RequestTimeout, ServiceError, ServiceUnavailable,
                             TooManyRequests, Unauthorized, error_body, for_status, from_backend_error)
-from service.validation import parse_json_body
+from service.validation import decode_body, parse_json_body
 
 log = logging.getLogger("mindserve.http")
 
@@ -148,12 +149,15 @@ _NO_BODY_CAP = 1 << 62  # Tornado's own cap would drop the connection; JsonBodyH
 
 @tornado.web.stream_request_body
 class JsonBodyHandler(BaseHandler):
-    """A POST route whose body is JSON, read in chunks under the reading bound.
+    """A POST route whose body is JSON, read into one buffer under the reading bound.
 
     A body declared or found to be over ``maxRequestLength`` is answered 413 at once (the connection then
-    closes, the rest unread), as are a full reading bound (429) and a body not in within ``bodyTimeout``
-    (408). Any other refusal decided before the body arrives (415, 503) is kept in ``refuse`` and raised once
-    the body has been read and dropped, so the client reads the answer rather than a reset connection.
+    closes, the rest unread), as are a full reading bound (429), a body that would take the held body bytes
+    past ``maxBufferedBodyMB`` (503) and a body not in within ``bodyTimeout`` (408). A declared
+    ``Content-Length`` is held (allocated and counted) whole before the first byte is read; a chunked body
+    counts as it arrives. The bytes count until they are parsed (``json_body``) or refused. Any other refusal
+    decided before the body arrives (415, 503) is kept in ``refuse`` and raised once the body has been read
+    and dropped unkept, so the client reads the answer rather than a reset connection.
     """
 
     _buffer: BodyBuffer | None = None
@@ -167,7 +171,7 @@ class JsonBodyHandler(BaseHandler):
             return None
         limit = self.ctx.settings.max_request_bytes
         self.request.connection.set_max_body_size(_NO_BODY_CAP)
-        declared_length(self.request.headers, limit)  # 413 now, the body unread
+        length = declared_length(self.request.headers, limit)  # 413 now, the body unread
         if not self.ctx.connections.start_reading():
             raise TooManyRequests(f"the server is busy: {self.ctx.connections.reading} requests are reading "
                                   f"their body (maxReadingRequests {self.ctx.settings.max_reading_requests}); "
@@ -183,29 +187,48 @@ class JsonBodyHandler(BaseHandler):
             check_content_type(self.request.headers.get("Content-Type"))
         except ServiceError as exc:
             self.refuse(exc)
+        if self._refusal is None and length:
+            if not self._hold(length):
+                raise self._buffered_full()  # 503 now, the body unread
+            self._buffer = BodyBuffer(limit, length)
         return None
 
     def refuse(self, error: ServiceError) -> None:
-        """Answer ``error`` once the body is in (the first refusal wins)."""
+        """Answer ``error`` once the body is in (the first refusal wins); what arrives until then is dropped."""
         if self._refusal is None:
             self._refusal = error
+        self._release_body()
 
     def data_received(self, chunk: bytes) -> None:
         if self._finished or self._buffer is None or not self._reading:
             return
         if self._refusal is not None:
-            self._buffer.discard(chunk)
-            ok = self._buffer.size <= self._buffer.limit
-        elif not self.ctx.connections.add_body_bytes(len(chunk)):
-            self._stop_reading()
-            return self._answer_now(ServiceUnavailable(
-                "the server is busy: the request bodies being read hold maxBufferedBodyMB "
-                f"({self.ctx.settings.max_buffered_body_bytes >> 20} MB) already; retry later"))
+            ok = self._buffer.discard(chunk)
+        elif not self._buffer.preallocated and not self._hold(len(chunk)):
+            return self._answer_now(self._buffered_full())
         else:
-            self._held += len(chunk)
             ok = self._buffer.add(chunk)
         if not ok:  # a chunked body past the cap
             self._answer_now(too_large(self._buffer.limit, self._buffer.limit, at_least=True))
+
+    def _hold(self, n: int) -> bool:
+        """Count ``n`` more body bytes against maxBufferedBodyMB; False when they do not fit."""
+        if not self.ctx.connections.add_body_bytes(n):
+            return False
+        self._held += n
+        return True
+
+    def _buffered_full(self) -> ServiceUnavailable:
+        return ServiceUnavailable("the server is busy: the request bodies being read hold maxBufferedBodyMB "
+                                  f"({self.ctx.settings.max_buffered_body_bytes >> 20} MB) already; retry later")
+
+    def _release_body(self) -> None:
+        """Drop the body's bytes and stop counting them."""
+        if self._buffer is not None:
+            self._buffer.release()
+        if self._held:
+            self.ctx.connections.release_body_bytes(self._held)
+            self._held = 0
 
     def _body_timed_out(self) -> None:
         self._body_timer = None
@@ -217,34 +240,43 @@ class JsonBodyHandler(BaseHandler):
 
     def _answer_now(self, error: ServiceError) -> None:
         """Answer while the body is still arriving (Tornado closes the connection after the response)."""
+        self._stop_reading()
+        self._release_body()
         self.send_error(error.status, exc_info=(type(error), error, None))
 
     def _stop_reading(self) -> None:
         if self._reading:
             self._reading = False
-            self.ctx.connections.stop_reading(self._held)
+            self.ctx.connections.stop_reading()
         if self._body_timer is not None:
             tornado.ioloop.IOLoop.current().remove_timeout(self._body_timer)
             self._body_timer = None
 
-    @property
-    def body(self) -> bytes:
-        """The whole body (the request stops counting as reading); raises the pending refusal, if any."""
+    def _take_body(self) -> bytes | bytearray:
+        """The whole body, which the handler then no longer holds; raises the pending refusal, if any."""
         self._stop_reading()
         if self._refusal is not None:
             raise self._refusal
-        return self._buffer.getvalue() if self._buffer is not None else self.request.body
+        return self._buffer.take() if self._buffer is not None else self.request.body
 
     def json_body(self) -> Any:
-        return parse_json_body(self.body)
+        """The body parsed. Its buffer is dropped once decoded, before the parse, and its bytes count against
+        maxBufferedBodyMB until the parse is done."""
+        try:
+            text = decode_body(self._take_body())
+            return parse_json_body(text)
+        finally:
+            self._release_body()
 
     def on_finish(self) -> None:
         self._stop_reading()
+        self._release_body()
         super().on_finish()
 
     def on_connection_close(self) -> None:
         reading = self._reading
         self._stop_reading()
+        self._release_body()
         super().on_connection_close()
         if reading:  # gone while its body was read: Tornado will not finish (nor log) this request
             self.on_unfinished()

@@ -139,7 +139,7 @@ class HttpCollector:
             ("http_slots_total", "Generation slots (maxLinkNum).", a.max_in_flight),
             ("http_requests_waiting_for_slot", "Requests with a complete body waiting for a slot.", a.waiting),
             ("http_requests_reading_body", "Requests whose body is still being read.", c.reading),
-            ("http_body_bytes_buffered", "Body bytes held by requests still reading.", c.buffered_bytes),
+            ("http_body_bytes_buffered", "Body bytes held by requests reading or parsing it.", c.buffered_bytes),
             ("http_open_connections", "Open client connections.", c.open_connections),
         ]
         for name, doc, value in gauges:

@@ -128,7 +128,9 @@ _MODEL_FIELDS = (("openai_completion_request", ("properties", "model")),
                  ("anthropic_messages_request", ("properties", "model")),
                  ("tokenize_request", ("properties", "model")))
 _PART_TYPE_FIELDS = (("generate_request", ("$defs", "part", "properties", "type")),
-                     ("openai_chat_request", ("$defs", "content_part", "properties", "type")))
+                     ("openai_chat_request", ("$defs", "content_part", "properties", "type")),
+                     ("openai_responses_request", ("$defs", "content_part", "properties", "type")))
+_RESPONSES_PART_TYPES = {"input_text": "text", "output_text": "text", "input_image": "image_url"}  # → chat's
 
 
 def build_openapi(schemas: Schemas, *, playground: bool = True, served: Served | None = None) -> dict[str, Any]:
@@ -177,7 +179,7 @@ def _describe_served(components: dict[str, Any], served: Served) -> None:
     for name, path in _PART_TYPE_FIELDS:
         node = _node(components, name, path)
         if node is not None and "enum" in node:
-            node["enum"] = [t for t in node["enum"] if t in served.part_types]
+            node["enum"] = [t for t in node["enum"] if _RESPONSES_PART_TYPES.get(t, t) in served.part_types]
     node = _node(components, "parameters", ("properties", "adapter_id"))
     if node is not None:  # "None" (the base model), null, or a loaded adapter
         node["enum"] = ["None", None, *served.models[1:]]

@@ -93,23 +93,35 @@ _LONE_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # only \\uD800-\\uDFF
 
 
 _TOO_DEEP = f"request body JSON is rejected: nested deeper than {MAX_JSON_DEPTH} levels"
+# Values and keys in one body: bounds the parsed tree (~100 bytes a value at most), whatever the body's shape
+# (30 MB of "{}," would be 10 million dicts, 700 MB). /detokenize takes 2^20 ids.
+MAX_JSON_VALUES = 1 << 21
+# A JSON string, or the rest of the text from an unclosed quote: every quote starts a match, possessively, so
+# stripping the strings is one linear pass whatever the text.
+_STRING = re.compile(r'"(?:[^"\\]++|\\.?+)*+(?:"|\Z)', re.DOTALL)
 
 
 class _JsonRejected(ValueError):
     """Raised by the parse hooks: the message is the whole client-facing reason."""
 
 
-def parse_json_body(body: bytes | str) -> Any:
+def decode_body(body: bytes | bytearray) -> str:
+    """A request body's text; ``BadRequest`` when it is not UTF-8."""
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+
+
+def parse_json_body(body: bytes | bytearray | str) -> Any:
     """Decode a request body strictly; anything but one well-formed JSON document → ``BadRequest``.
 
     Rejected: invalid UTF-8, NaN/Infinity, numbers that overflow a float, duplicate keys, nesting deeper
     than ``MAX_JSON_DEPTH``, and ``\\u`` escapes that leave a lone UTF-16 surrogate.
     """
-    if isinstance(body, bytes):
-        try:
-            body = body.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise BadRequest(f"request body is not valid JSON: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    if not isinstance(body, str):
+        body = decode_body(body)
+    _check_value_count(body)
     try:
         value = json.loads(body, parse_constant=_reject_constant, parse_float=_finite_float,
                            parse_int=_float_range_int, object_pairs_hook=_unique_keys)
@@ -121,6 +133,18 @@ def parse_json_body(body: bytes | str) -> Any:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     _check_tree(value, check_strings=_LONE_SURROGATE_ESCAPE.search(body) is not None)
     return value
+
+
+def _check_value_count(text: str) -> None:
+    """At most ``MAX_JSON_VALUES`` values, counted before the parse builds them: from the separators, with the
+    strings' contents left out only when counting them in would pass the limit."""
+    if _values_at_most(text) > MAX_JSON_VALUES and _values_at_most(_STRING.sub("", text)) > MAX_JSON_VALUES:
+        raise BadRequest(f"request body JSON is rejected: more than {MAX_JSON_VALUES} values")
+
+
+def _values_at_most(text: str) -> int:
+    """Every value and key but the first follows one of ``[{,:`` (outside strings)."""
+    return 1 + text.count("[") + text.count("{") + text.count(",") + text.count(":")
 
 
 def _reject_constant(name: str) -> Any:
@@ -320,6 +344,22 @@ def _render_false(where: str, e: _JsonError) -> str:
     return f"{where} is not allowed here, got {show(e.instance)}"
 
 
+_PHRASES: dict[str, Callable[[Any], str]] = {
+    "const": show, "minimum": lambda v: f">= {show(v)}", "maximum": lambda v: f"<= {show(v)}",
+    "exclusiveMinimum": lambda v: f"> {show(v)}", "exclusiveMaximum": lambda v: f"< {show(v)}",
+}
+
+
+def _render_any_of(where: str, e: _JsonError) -> str:
+    """``temperature must be 0 or > 1e-06``: the alternatives of an ``anyOf`` of bounds and constants (the
+    instance's type is among the alternatives'); any other ``anyOf`` as ``_render_other``."""
+    options = [c for c in e.context if c.validator != "type"]
+    if not options or any(c.relative_path or str(c.validator) not in _PHRASES for c in options):
+        return _render_other(where, e)
+    alternatives = " or ".join(_PHRASES[str(c.validator)](c.validator_value) for c in options)
+    return f"{where} must be {alternatives}, got {show(e.instance)}"
+
+
 def _render_other(where: str, e: _JsonError) -> str:
     description = e.schema.get("description") if isinstance(e.schema, Mapping) else None
     hint = f" ({description.rstrip('.')})" if description else ""
@@ -344,5 +384,6 @@ _RENDERERS: dict[str, Callable[[str, _JsonError], str]] = {
     "format": lambda where, e: f"{where} must be a valid {e.validator_value}, got {show(e.instance)}",
     "uniqueItems": lambda where, e: f"{where} must not contain duplicates, got {show(e.instance)}",
     "not": _render_not,
+    "anyOf": _render_any_of,
     "None": _render_false,
 }

@@ -105,6 +105,18 @@ def test_a_repetition_penalty_past_the_float_range_stays_finite_and_warns_nothin
     assert out.tolist() == [big / 8, np.finfo(dtype).min, -8.0, 5.0]
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_tiny_repetition_penalty_and_temperature_stay_finite_and_warn_nothing(dtype):
+    """1e-323 (a valid penalty: > 0) once gave inf logits, then NaN weights and a 500."""
+    logits = np.array([5.0, -5.0, 1.0, NEG], dtype=dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = RepetitionPenalty(1e-323)(logits, np.array([0, 1], dtype=np.int64))
+        assert out[0] == np.finfo(dtype).max and -1e-300 < out[1] <= 0 and out.tolist()[2:] == [1.0, NEG]
+        out = Temperature(1e-5)(out, np.array([]))
+    assert out[0] == np.finfo(dtype).max and out[2] == dtype(1.0) / dtype(1e-5) and out[3] == NEG
+
+
 @pytest.mark.parametrize("temperature, logits, expected", [
     (0.5, [1.0, -2.0, 3.0], [2.0, -4.0, 6.0]),
     (2.0, [1.0, -2.0, NEG], [0.5, -1.0, NEG]),

@@ -71,6 +71,7 @@ NARROWED = {("openai_completion_request", "properties", "model"), ("tokenize_req
             ("anthropic_messages_request", "properties", "model"),
             ("generate_request", "$defs", "part", "properties", "type"),
             ("openai_chat_request", "$defs", "content_part", "properties", "type"),
+            ("openai_responses_request", "$defs", "content_part", "properties", "type"),
             ("parameters", "properties", "adapter_id"), ("detokenize_request", "properties", "tokens", "items")}
 
 
@@ -92,6 +93,8 @@ def test_components_are_the_schema_files_narrowed_to_the_server(document, defaul
     assert _at(components, ("anthropic_messages_request", "properties", "model"))["enum"] == [name]
     assert _at(components, ("generate_request", "$defs", "part", "properties", "type"))["enum"] == ["text"]
     assert _at(components, ("openai_chat_request", "$defs", "content_part", "properties", "type"))["enum"] == ["text"]
+    assert _at(components, ("openai_responses_request", "$defs", "content_part", "properties", "type"))["enum"] == [
+        "input_text", "output_text"]
     assert _at(components, ("parameters", "properties", "adapter_id"))["enum"] == ["None", None]  # no adapters
     vocab = default_engine.tokenizer.vocab_size
     assert _at(components, ("detokenize_request", "properties", "tokens", "items"))["maximum"] == vocab - 1

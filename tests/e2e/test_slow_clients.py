@@ -132,9 +132,9 @@ def test_bodies_being_read_hold_at_most_max_buffered_body_bytes(live_servers):
     url = live_servers.start(FakeBackend(), settings)
     before = metric(url, "http_refused_total", reason="buffered_full")
     with ExitStack() as stack:
-        for _ in range(2):  # two uploads holding 1000 bytes each, not yet complete
+        for _ in range(2):  # two uploads of 1024 bytes, not yet complete, held whole from their heads on
             stack.enter_context(connect(url)).sendall(head(length=1024) + b"{" + b" " * 999)
-        assert until(lambda: metric(url, "http_body_bytes_buffered") == 2000, 5)
+        assert until(lambda: metric(url, "http_body_bytes_buffered") == 2048, 5)
         sock = stack.enter_context(connect(url))
         sock.sendall(head(length=100) + b"{" + b" " * 99)
         status, body, _ = read_response(sock)
