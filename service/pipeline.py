@@ -266,16 +266,20 @@ class GenerationHandler(JsonBodyHandler):
 
     # --- the end of a request ----------------------------------------------------------------------
 
+    # A request refused before prepare() (a 405: the method is checked first) has no observer.
+
     def on_finish(self) -> None:
         self._release()
-        self.observer.finish(CLIENT_GONE if self.client_gone else self.get_status())
+        if self.observer is not None:
+            self.observer.finish(CLIENT_GONE if self.client_gone else self.get_status())
         super().on_finish()
 
     def on_connection_close(self) -> None:
         if self.client_gone:
             return
         super().on_connection_close()
-        self.observer.client_gone()
+        if self.observer is not None:
+            self.observer.client_gone()
         self._cancel()
         if self._admitting is not None:
             self._admitting.cancel()
@@ -286,7 +290,8 @@ class GenerationHandler(JsonBodyHandler):
 
     def on_unfinished(self) -> None:
         self._release()
-        self.observer.finish(CLIENT_GONE)
+        if self.observer is not None:
+            self.observer.finish(CLIENT_GONE)
         super().on_unfinished()
 
     def _release(self) -> None:

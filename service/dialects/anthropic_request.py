@@ -245,6 +245,8 @@ def _add_tools(body: dict[str, Any], chat: dict[str, Any]) -> None:
         return
     if choice["type"] in ("any", "tool") and not tools:
         raise InvalidRequest(f"tool_choice {show(choice['type'])} needs tools; the request has none", "tool_choice")
+    if not tools:  # auto or none with no tools: the model answers in text, as without tool_choice
+        return
     chat["tool_choice"] = _CHOICES.get(choice["type"]) or {"type": "function", "function": {"name": choice["name"]}}
     if choice.get("disable_parallel_tool_use"):
         chat["parallel_tool_calls"] = False

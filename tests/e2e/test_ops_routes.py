@@ -180,6 +180,15 @@ def test_post_only_routes_answer_405_to_get(server_url, path):
     assert reply.headers["Allow"] == "POST"
 
 
+@pytest.mark.parametrize("path", ["/generate", "/v1/chat/completions", "/v1/messages"])
+def test_a_405_on_a_generation_route_logs_no_traceback(server_url, path, caplog):
+    """The method is refused before prepare(): the request has no observer, and finishing it must not fail."""
+    for method in ("PUT", "TRACE"):  # TRACE is refused by Tornado itself (not a method it dispatches)
+        assert requests.request(method, server_url + path, timeout=10).status_code == 405
+    requests.get(server_url + "/health", timeout=10)  # served by the same loop after the 405's finish ran
+    assert not [r for r in caplog.records if r.exc_info or "Uncaught exception" in r.getMessage()]
+
+
 @pytest.mark.parametrize("method, path", [("POST", "/info"), ("DELETE", "/health"), ("PUT", "/v1/models"),
                                           ("POST", "/v1/models/x"), ("OPTIONS", "/openapi.json"),
                                           ("POST", "/metrics")])

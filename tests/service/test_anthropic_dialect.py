@@ -135,11 +135,12 @@ def test_images_become_image_parts_where_the_model_takes_them():
     ({"tools": [TOOL], "tool_choice": {"type": "tool", "name": "f"}}, 'the function "f", which is not in tools',
      "tool_choice.name"),
     ({"tools": [TOOL, TOOL]}, 'tools[1].name "get_weather" is the name of another tool too', "tools[1].name"),
-    ({"tool_choice": {"type": "any"}}, 'tool_choice "any" needs tools', "tool_choice"),
+    ({"tool_choice": {"type": "any"}}, "tool_choice is not allowed: any and tool need tools", "tool_choice"),
     ({"stop_sequences": ["x" * 1000] * 33}, "stop_sequences must total at most 32768", "stop_sequences"),
     ({"tools": [TOOL], "tool_choice": {"type": "any"}, "output_config": {"format": {"type": "json_schema",
                                                                                     "schema": WEATHER}}},
-     'output_config.format cannot be combined with tool_choice "any"', "output_config.format"),
+     "output_config is not allowed: a format cannot be combined with calls the server enforces (tool_choice any",
+     "output_config"),
     ({"messages": HI + [{"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f",
                                                           "input": {}}]}]},
      "messages[1].content[0] is a tool_use in the last message", "messages[1].content[0]"),
@@ -293,3 +294,9 @@ def test_error_shape(error, status, kind):
 def test_x_api_key(api_key, headers, bearer_ok, passes):
     bearer = None if bearer_ok else Unauthorized("no bearer")
     assert (key_refusal(api_key, headers, bearer) is None) == passes
+
+
+@pytest.mark.parametrize("choice", [{"type": "auto"}, {"type": "none"}])
+def test_auto_or_none_without_tools_is_a_plain_answer(choice):
+    chat = chat_request(body(tool_choice=choice), frozenset())[0]
+    assert "tool_choice" not in chat and "tools" not in chat

@@ -20,7 +20,7 @@ UNSTATABLE_RULES = {
     "tool names are unique": re.compile(r"is the name of another tool too"),
     # statable with "contains", which schemathesis cannot generate from (its "Schema Error")
     "a JSON response_format excludes tool_choice auto with a strict tool":
-        re.compile(r"response_format cannot be combined with tool_choice"),
+        re.compile(r"(response_format|output_config\.format) cannot be combined with tool_choice"),
     # the model's vocabulary, chat template and media kinds are the loaded model's, not the document's
     "a logit_bias token id is in the vocabulary": re.compile(r"outside the vocabulary of \d+ tokens"),
     "a media part is one the model takes": re.compile(r"which this model does not accept"),
