@@ -20,8 +20,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from backends.base import Backend
-from backends.types import RequestParams
-from service.dialects.openai_request import InvalidRequest, OpenAIRequest, check_body, parse_openai_request
+from service.dialects.openai_request import (ChatTranslation, InvalidRequest, OpenAIRequest, check_body,
+                                             parse_openai_request)
 from service.errors import ServiceError
 from service.validation import Schemas, show
 
@@ -40,7 +40,7 @@ class PromptCount:
 
 
 @dataclass(frozen=True, slots=True)
-class MessagesRequest:
+class MessagesRequest(ChatTranslation):
     """A Messages request: the chat request it runs as, and what its response needs."""
 
     chat: OpenAIRequest
@@ -50,31 +50,12 @@ class MessagesRequest:
     origins: tuple[tuple[str, tuple[str, ...]], ...] = ()  # per chat message: its Messages field, its parts'
     counted: PromptCount = field(default_factory=PromptCount, compare=False)
 
-    @property
-    def params(self) -> RequestParams:
-        return self.chat.params
-
-    @property
-    def stream(self) -> bool:
-        return self.chat.stream
-
-    @property
-    def choices(self) -> int:
-        return 1
-
-    @property
-    def media(self) -> tuple:
-        return self.chat.media
-
     def render_prompt(self, backend: Backend) -> str:
         """The chat prompt, then the prefill; a prompt without media is counted here too (as ``submit`` will)."""
         prompt = self.chat.render_prompt(backend) + self.prefill
         if not self.media:
             self.counted.tokens = len(backend.tokenize(prompt))
         return prompt
-
-    def place_media(self, prompt: str, media: tuple) -> tuple[str, tuple]:
-        return self.chat.place_media(prompt, media)
 
 
 def parse_messages_request(body: Any, schemas: Schemas, model_name: str, adapters: Collection[str] = (),

@@ -76,6 +76,35 @@ class OpenAIRequest:
         return "".join(pieces), tuple(placed)
 
 
+class ChatTranslation:
+    """A request of another dialect that runs as a chat request (its ``chat``): what the pipeline reads of it."""
+
+    __slots__ = ()
+    chat: OpenAIRequest
+
+    @property
+    def params(self) -> RequestParams:
+        return self.chat.params
+
+    @property
+    def stream(self) -> bool:
+        return self.chat.stream
+
+    @property
+    def choices(self) -> int:
+        return 1
+
+    @property
+    def media(self) -> tuple:
+        return self.chat.media
+
+    def render_prompt(self, backend: Backend) -> str:
+        return self.chat.render_prompt(backend)
+
+    def place_media(self, prompt: str, media: tuple) -> tuple[str, tuple]:
+        return self.chat.place_media(prompt, media)
+
+
 def new_response_id(kind: Kind) -> str:
     return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
 

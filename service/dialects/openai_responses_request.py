@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from backends.base import Backend
-from backends.types import RequestParams
-from service.dialects.openai_request import InvalidRequest, OpenAIRequest, check_body, parse_openai_request
+from service.dialects.openai_request import (ChatTranslation, InvalidRequest, OpenAIRequest, check_body,
+                                             parse_openai_request)
 from service.errors import ServiceError
 from service.validation import Schemas, show
 
@@ -29,35 +29,13 @@ _SAME = ("model", "temperature", "top_p", "top_k", "seed", "logit_bias", "stream
 
 
 @dataclass(frozen=True, slots=True)
-class ResponsesRequest:
+class ResponsesRequest(ChatTranslation):
     """A Responses request: the chat request it runs as, and the fields its response echoes."""
 
     chat: OpenAIRequest
     body: dict[str, Any]  # the Responses body as sent (schema-valid)
     response_id: str
     origins: tuple[str, ...] = ()  # the Responses field each chat message came from (for error messages)
-
-    @property
-    def params(self) -> RequestParams:
-        return self.chat.params
-
-    @property
-    def stream(self) -> bool:
-        return self.chat.stream
-
-    @property
-    def choices(self) -> int:
-        return 1
-
-    @property
-    def media(self) -> tuple:
-        return self.chat.media
-
-    def render_prompt(self, backend: Backend) -> str:
-        return self.chat.render_prompt(backend)
-
-    def place_media(self, prompt: str, media: tuple) -> tuple[str, tuple]:
-        return self.chat.place_media(prompt, media)
 
 
 def parse_responses_request(body: Any, schemas: Schemas, model_name: str, adapters: Collection[str] = (),
