@@ -149,7 +149,7 @@ def test_thinking_disabled_gives_no_thinking_block(client, name):
 def test_tool_errors_name_the_messages_fields(client, name):
     cases = [({"tools": [{"name": "f", "input_schema": {"type": "objectx"}}]}, "tools[0].input_schema does not"),
              ({"tools": TOOLS, "tool_choice": {"type": "tool", "name": "nope"}}, 'function "nope", which is not in'),
-             ({"tool_choice": {"type": "any"}}, 'tool_choice "any" needs tools'),
+             ({"tool_choice": {"type": "any"}}, "tool_choice is not allowed: any and tool need tools"),
              ({"tools": TOOLS + TOOLS}, "tools[1].name"),
              ({"messages": ASK + [{"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1",
                                                                     "name": "get_weather", "input": {}}]}]},

@@ -30,6 +30,9 @@ BODY_BYTES = 30 * MIB
 BODIES_PER_KIND = {"fails-validation": 3, "many-values": 3, "invalid-json": 6, "over-limit-length": 6,
                    "sent-slowly": 6}
 ANSWERS = {400, 413, 422, 503}
+# The slowly sent body names a model the server does not serve ("x"): once read, it is refused as the OpenAI routes
+# refuse an unknown model (404 model_not_found), or earlier with the others (413, 503).
+UNKNOWN_MODEL = 404
 # By design: the bytes held under maxBufferedBodyMB (256, the default), plus the one body being parsed (the
 # event loop parses one at a time): its text and the string it holds, each up to maxRequestLength (40).
 DESIGN_BOUND_MIB = 256 + 2 * 40
@@ -130,7 +133,8 @@ def test_a_flood_of_large_bodies_raises_rss_by_less_than_the_bodies(served):
     print(f"flood: RSS {before / 1024:.0f} MiB before, {peak / 1024:.0f} MiB peak (+{growth_mib:.0f} MiB); "
           f"answers {sorted(results, key=str)}")
     assert len(results) == len(jobs), "a client did not finish"
-    assert all(status in ANSWERS or status == "reset" for _, status in results), results
+    assert all(status in ANSWERS or status == "reset" or (kind, status) == ("sent-slowly", UNKNOWN_MODEL)
+               for kind, status in results), results
     assert growth_mib < len(jobs) * BODY_BYTES / MIB, (growth_mib, results)  # the bar: less than the bodies
     assert growth_mib < DESIGN_BOUND_MIB, (growth_mib, results)
     assert server.proc.poll() is None
