@@ -7,9 +7,7 @@ from __future__ import annotations
 import json
 
 import jsonschema
-import numpy as np
 import pytest
-from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 from backends.chat_format import THINK, ChatFormat, ToolCallSyntax
 from backends.chat_output import ChatOutputParser, ParsedCall, fold
@@ -18,6 +16,7 @@ from backends.generic_tools import generic_messages, output_schema, system_promp
 from backends.grammar import GrammarCompiler
 from backends.mindspore.tokenizer import Tokenizer
 from backends.tool_grammar import tool_call_constraint
+from tests.support.grammar_walk import grammar_walk
 from tests.support.tiny_chat_model import make_tiny_chat_model
 
 WEATHER = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]},
@@ -160,24 +159,9 @@ def model(tmp_path_factory):
 def walk(model, grammar, seed: int) -> str:
     """Random allowed tokens (closing punctuation and EOS favoured, so strings end) until the grammar ends."""
     tokenizer, compiler = model
-    state, rng, ids = compiler.compile(grammar), np.random.default_rng(seed), []
     favoured = [EOS, *(t for t in range(tokenizer.vocab_size) if tokenizer.decode([t]).strip() in '"}],')]
-    for _ in range(600):
-        mask = allocate_token_bitmask(1, tokenizer.vocab_size)
-        fill_next_token_bitmask(state.matcher, mask, 0)
-        state.bitmask = mask[0]
-        allowed = np.flatnonzero(state.allowed())
-        weights = np.where(np.isin(allowed, favoured), 30.0, 1.0)
-        token = int(rng.choice(allowed, p=weights / weights.sum()))
-        if token == EOS:
-            break
-        state.advance(token)
-        ids.append(token)
-        if state.matcher.is_stopped():
-            break
-    else:
-        raise AssertionError("the walk did not end")
-    return tokenizer.decode(ids)
+    return grammar_walk(tokenizer, compiler, grammar, seed, eos=EOS, favoured=favoured, weight=30.0, steps=600,
+                        must_end=True)
 
 
 @pytest.mark.parametrize("tools, parallel, optional", [

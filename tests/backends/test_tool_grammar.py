@@ -5,15 +5,14 @@ from __future__ import annotations
 import json
 
 import jsonschema
-import numpy as np
 import pytest
-from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 from backends.chat_format import chat_format
 from backends.chat_output import parse_chat_output
 from backends.grammar import GrammarCompiler
 from backends.mindspore.tokenizer import Tokenizer
 from backends.tool_grammar import tool_call_constraint
+from tests.support.grammar_walk import grammar_walk
 from tests.support.tiny_chat_model import make_tiny_chat_model, marker_ids
 
 WEATHER = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}, "days": {"type": "integer"}},
@@ -33,22 +32,8 @@ def model(tmp_path_factory):
 def walk(model, grammar, seed: int) -> str:
     """Random allowed tokens (the markers and EOS favoured) until the grammar ends or allows EOS and it is drawn."""
     tokenizer, compiler, markers = model
-    state, rng, ids = compiler.compile(grammar), np.random.default_rng(seed), []
-    favoured = [*markers.values(), EOS]
-    for _ in range(400):
-        mask = allocate_token_bitmask(1, tokenizer.vocab_size)
-        fill_next_token_bitmask(state.matcher, mask, 0)
-        state.bitmask = mask[0]
-        allowed = np.flatnonzero(state.allowed())
-        weights = np.where(np.isin(allowed, favoured), 40.0, 1.0)
-        token = int(rng.choice(allowed, p=weights / weights.sum()))
-        if token == EOS:
-            break
-        state.advance(token)
-        ids.append(token)
-        if state.matcher.is_stopped():
-            break
-    return tokenizer.decode(ids)
+    return grammar_walk(tokenizer, compiler, grammar, seed, eos=EOS, favoured=[*markers.values(), EOS], weight=40.0,
+                        steps=400)
 
 
 @pytest.mark.parametrize("tools, parallel, optional", [
