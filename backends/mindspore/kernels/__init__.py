@@ -30,6 +30,8 @@
   embedding and rotary rows of every token (ids/pos of N elements, any shape), and ``norm_head(x, w_norm,
   eps, last [R], W) -> (logits [R, V], hidden [N, C])``: the final norm, the logit rows' gather and the LM
   head. With them and ``decoder_layer`` a step is 32 ops;
+* ``embed_rope_packed(ids, pos, head, cos_t, sin_t)``: ``embed_rope`` with the embedding rows dequantized from a
+  tied head's packed Q8_0 weight (vocab.cc; no float32 table);
 * ``rmsnorm(x [..., C], w [C], eps [1]) -> [..., C]`` (fused.cc);
 * ``moe(h, ffn_norm, eps, router, w_gate_up [E, ...], w_down [E, ...], meta [2] = (top_k, norm_topk)) -> [N, C]``
   (moe.cc): a routed-experts MLP with its residual (Qwen3-MoE): the norm, the router's softmax and top-k, then
@@ -311,6 +313,11 @@ def _embed_rope_shapes(ids, _pos, embed, cos_t, _sin_t):
     return [n, embed[1]], [n, cos_t[1]], [n, cos_t[1]]
 
 
+def _embed_rope_packed_shapes(ids, _pos, head, cos_t, _sin_t):
+    n = int(np.prod(ids))
+    return [n, head[1] // 34 * 32], [n, cos_t[1]], [n, cos_t[1]]  # head: a packed Q8_0 [1, C/32 * 34, V]
+
+
 @dataclass(frozen=True)
 class AotOps:
     """The network's AOT operators (module docstring), all from one library and one thread pool."""
@@ -330,6 +337,7 @@ class AotOps:
     moe: Any  # moe(h, ffn_norm, eps, router, w_gate_up, w_down, meta) = h + experts(rmsnorm(h))
     moe_decoder_layer: Any  # attention half of decoder_layer, then moe, as one op
     gemma_decoder_layer: Any = None  # Gemma 3's layer as one op (fused.cc MindserveGemmaDecoderLayer)
+    embed_rope_packed: Any = None  # embed_rope reading a tied Q8_0 head's packed weight (vocab.cc)
 
 
 def aot_ops(heads: int, kv_heads: int, head_dim: int, cache_dir: str | os.PathLike | None = None,
@@ -360,4 +368,6 @@ def aot_ops(heads: int, kv_heads: int, head_dim: int, cache_dir: str | os.PathLi
         moe=custom("MindserveMoE", lambda h, *_: list(h)),
         moe_decoder_layer=custom("MindserveMoEDecoderLayer", lambda x, *_: list(x)),
         gemma_decoder_layer=custom("MindserveGemmaDecoderLayer", lambda x, *_: list(x)),
+        embed_rope_packed=custom("MindserveEmbedRopePacked", _embed_rope_packed_shapes,
+                                 lambda _i, _p, _h, cos_t, *_: (cos_t, cos_t, cos_t)),
     )
