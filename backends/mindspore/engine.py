@@ -26,13 +26,24 @@ from backends.mindspore.intake import Intake
 from backends.mindspore.step import RowOutput
 from backends.mindspore.tokenizer import Tokenizer
 from backends.mindspore.sequence import SeqState
-from backends.sampling import vocab_log_softmax
+from backends.sampling import RowScanner, vocab_log_softmax
 from backends.settings import EngineConfig
 from backends.step_stats import StepStats
 from backends.stopping import StepOutcome
 from backends.types import FinishReason, GenerationResult, Grammar, MediaInput, RequestParams, Token, TokenEvent
 
 log = logging.getLogger("mindserve.engine")
+
+
+def _row_scanner(runner) -> RowScanner | None:
+    """The choosers' one-pass scan of a logits row: the kernel library's (kernels/vocab.py) on the AOT path, whose
+    library is built; none on stock ops (the choosers' NumPy paths)."""
+    if runner.kernels != "aot":
+        return None
+    from backends.mindspore.kernels import kernel_library
+    from backends.mindspore.kernels.vocab import native_scanner
+
+    return native_scanner(kernel_library())
 
 
 class Engine:
@@ -52,6 +63,7 @@ class Engine:
         self.lora, self.runner = parts.lora, parts.runner
         self.allocator, self.scheduler, self.speculator = parts.allocator, parts.scheduler, parts.speculator
         self.masks = MaskWorker()  # grammar masks, computed while the forward pass runs
+        self.row_scan = _row_scanner(self.runner)
         self.step_stats = StepStats()
         self.intake = Intake(self)
         self._inbox: queue.SimpleQueue[SeqState] = queue.SimpleQueue()

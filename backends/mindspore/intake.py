@@ -29,6 +29,7 @@ class Intake:
         self.adapters: EngineAdapters = engine.lora
         self.vocab_size, self.eos_ids, self.grammars = engine.vocab_size, engine.eos_ids, engine.grammars
         self.speculator = engine.speculator
+        self.row_scan = engine.row_scan
 
     def refuse_kinds(self, media: Sequence[MediaInput]) -> None:
         """InputRejected for a media part this model does not take (before anything is read)."""
@@ -48,7 +49,8 @@ class Intake:
         try:
             seq = SeqState.from_request(handle, ids, params, max_new_tokens=max_new, defaults=self.spec.defaults,
                                         vocab_size=self.vocab_size, eos_ids=self.eos_ids, tokenizer=self.tokenizer,
-                                        grammars=self.grammars, lora=lease, vision=vision, media=items)
+                                        grammars=self.grammars, lora=lease, vision=vision, media=items,
+                                        scan=self.row_scan)
             seq.drafter = self.speculator.drafter(params.speculate)
             return seq
         except BaseException:
