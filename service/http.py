@@ -20,11 +20,11 @@ from backends.errors import BackendError
 from service import sse
 from service.access_log import REQUEST_ID_HEADER, log_request, request_id_for
 from service.auth import SCHEME, key_refusal
-from service.body import BodyBuffer, check_content_type, declared_length, too_large
+from service.body import (BodyBuffer, check_content_type, decode_body, declared_length, parse_json_body,
+                          too_large)
 from service.context import AppContext
 from service.errors import (MethodNotAllowed, NotFound, RequestTimeout, ServiceError, ServiceUnavailable,
                             TooManyRequests, Unauthorized, error_body, for_status, from_backend_error)
-from service.validation import decode_body, parse_json_body
 
 log = logging.getLogger("mindserve.http")
 

@@ -11,10 +11,11 @@ import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
+from service.body import parse_json_body
 from service.context import RequestLimits
 from service.dialects.tgi import parse_generate_request
 from service.errors import BadRequest, ErrorType, ValidationError
-from service.validation import SCHEMA_DIR, Schemas, describe, parse_json_body
+from service.validation import SCHEMA_DIR, Schemas, describe
 from tests.support.paths import REPO as ROOT
 from tests.support.schema_cases import load_cases
 
