@@ -68,9 +68,14 @@ class Schemas:
     def is_valid(self, name: str, instance: Any) -> bool:
         return self.validator(name).is_valid(instance)
 
+    def first_error(self, name: str, instance: Any) -> _JsonError | None:
+        """The most relevant of ``instance``'s errors against schema ``name`` (``best_match``), None when valid:
+        the one error every refusal reports (``describe`` words it)."""
+        return jsonschema.exceptions.best_match(self.validator(name).iter_errors(instance))
+
     def validate(self, name: str, instance: Any, *, root: str = REQUEST_BODY) -> None:
         """Raise ``ValidationError`` describing the most relevant error; ``root`` names the whole instance."""
-        error = jsonschema.exceptions.best_match(self.validator(name).iter_errors(instance))
+        error = self.first_error(name, instance)
         if error is not None:
             raise ValidationError(describe(error, root=root))
 

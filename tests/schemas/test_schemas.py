@@ -157,6 +157,15 @@ def test_message_wording(schemas: Schemas, body: Any, message: str) -> None:
     assert caught.value.status == 422 and caught.value.error_type is ErrorType.VALIDATION
 
 
+def test_first_error_is_the_one_every_refusal_reports(schemas: Schemas) -> None:
+    assert schemas.first_error("generate_request", {"inputs": "x"}) is None
+    error = schemas.first_error("generate_request", {"inputs": "x", "parameters": {"seed": 0, "top_p": 1.0}})
+    assert error is not None
+    with pytest.raises(ValidationError) as caught:
+        schemas.validate("generate_request", {"inputs": "x", "parameters": {"seed": 0, "top_p": 1.0}})
+    assert str(caught.value) == describe(error)
+
+
 def test_long_values_are_cut_in_messages(schemas: Schemas) -> None:
     with pytest.raises(ValidationError) as caught:
         schemas.validate("generate_request", {"inputs": "x", "parameters": {"stop": ["é" * 5000]}})
