@@ -245,7 +245,7 @@ def test_stream_renderer_return_full_text_and_no_details() -> None:
     (errors.MethodNotAllowed("x"), 405, "Method Not Allowed"),
     (errors.PayloadTooLarge("x"), 413, "Payload Too Large"),
     (errors.ValidationError("x"), 422, "Input Validation Error"),
-    (errors.GenerationFailed("x"), 424, "Generation Error"),
+    (errors.FailedDependency("x"), 424, "Generation Error"),
     (errors.TooManyRequests("x"), 429, "Too Many Requests"),
     (errors.IncompleteGeneration("x"), 500, "Incomplete Generation"),
     (errors.ServiceUnavailable("x"), 503, "Service Unavailable"),
