@@ -16,7 +16,7 @@ import psutil
 
 from .code_edits import CODE, CODE_EDITS, CODE_NEW_TOKENS, build_code_prompts
 from .meters import CpuMeter
-from .paths import MODEL_DIR, REPO
+from bench.harness.paths import MODEL_DIR, REPO
 
 if TYPE_CHECKING:
     from .servers import RequestResult, Server
