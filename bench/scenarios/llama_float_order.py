@@ -1,6 +1,6 @@
 """How far float order alone moves a quantized model: mindserve's quantized dot products against llama.cpp's own.
 
-    .venv/bin/python bench/llama_float_order.py [--gguf FILE] [--tokens 504,3280,...] [--llama-dir DIR]
+    .venv/bin/python -m bench llama-float-order [--gguf FILE] [--tokens 504,3280,...] [--llama-dir DIR]
 
 llama.cpp's CPU library (``libggml-cpu.so`` of ``../shared/tools/build-llama-anchors.sh``'s build) exports the
 activation quantizers and dot products its matmuls run (``quantize_row_q8_0`` / ``q8_1`` / ``q8_K``,
@@ -24,11 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from serve_bench import CACHE_DIR, LLAMA_ANCHORS  # noqa: E402
+from bench.harness.paths import CACHE_DIR, LLAMA_ANCHORS
 
 F32 = np.float32
 # GGUF weight format -> (llama.cpp's activation quantizer, its dot product, bytes of one activation block, block size)

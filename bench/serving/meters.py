@@ -1,4 +1,4 @@
-"""What a benchmark run measures beside the requests: memory bandwidth, a server's RSS, other processes' CPU."""
+"""What a benchmark run measures beside the requests: a server's RSS, other processes' CPU."""
 from __future__ import annotations
 
 import threading
