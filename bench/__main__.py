@@ -1,6 +1,6 @@
 """``python -m bench COMMAND [ARGS...]``: every measurement of mindserve, one command each.
 
-Each command is a module with ``main(argv)``; ``python -m bench COMMAND --help`` shows its options. They build
+Each command is a module whose ``main()`` parses ``sys.argv``; ``python -m bench COMMAND --help`` shows its options. They build
 engines and start servers through ``bench/harness`` and write one record format (``--json PATH``, ``--save``:
 ``bench/results/<scenario>-<date>-<host>.json``).
 """
@@ -45,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python -m bench: unknown command {command!r}\n\n{usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[command][0])
-    sys.argv = [f"python -m bench {command}", *rest]  # argparse's prog; the harness records the command line
-    return module.main(rest) or 0
+    sys.argv = [f"python -m bench {command}", *rest]  # each main parses sys.argv; the record keeps the command
+    return module.main() or 0
 
 
 if __name__ == "__main__":

@@ -29,12 +29,20 @@ def machine_facts(*, bandwidth: bool = True, argv: list[str] | None = None) -> d
         "kernel_variant": kernel_variant(),
         "load_avg": [round(x, 2) for x in os.getloadavg()],
         "commit": commit(),
-        "command": shlex.join([Path(sys.executable).name, *(sys.argv if argv is None else argv)]),
+        "command": command_line(sys.argv if argv is None else argv),
         "python": platform.python_version(),
     }
     if bandwidth:
         facts["memory_bandwidth"] = memory_bandwidth()
     return facts
+
+
+def command_line(argv: list[str]) -> str:
+    """The command as typed: ``python -m bench serve --quick`` (``bench/__main__.py`` sets ``argv[0]`` so), or
+    ``python bench/serve_bench.py --quick``."""
+    head = argv[0] if argv and argv[0].startswith("python -m ") else shlex.join([Path(sys.executable).name,
+                                                                                 *argv[:1]])
+    return " ".join([head, *map(shlex.quote, argv[1:])])
 
 
 def cpu_model(cpuinfo: str | None = None) -> str:
