@@ -1,8 +1,8 @@
 """``python -m bench COMMAND [ARGS...]``: every measurement of mindserve, one command each.
 
-Each command is a module whose ``main()`` parses ``sys.argv``; ``python -m bench COMMAND --help`` shows its options. They build
-engines and start servers through ``bench/harness`` and write one record format (``--json PATH``, ``--save``:
-``bench/results/<scenario>-<date>-<host>.json``).
+Each command is a module whose ``main()`` parses ``sys.argv``; ``python -m bench COMMAND --help`` shows its
+options. They build engines and start servers through ``bench/harness`` and write one record format (``--json
+PATH``, ``--save``: ``bench/results/<scenario>-<date>-<host>.json``).
 """
 from __future__ import annotations
 
