@@ -325,9 +325,8 @@ class Bench:
         self.info["load_other_cores"] = m.other_cores
         self.info["rss_after_load_mb"] = _rss_mb()
         self.runner = self.engine.runner
-        layer0 = self.runner.net.layers[0]
         self.info["matmul_path"] = ("AOT kernels (backends/mindspore/kernels: matmul, paged attention, fused "
-                                    "norm/rope/SwiGLU)" if getattr(layer0, "fused", False)
+                                    "norm/rope/SwiGLU)" if self.runner.kernels == "aot"
                                     else "stock MindSpore ops (MatMul, windowed attention)")
         shapes = self.runner.shapes
         self.info["shapes"] = {"batch_buckets": list(shapes.batch_buckets),
