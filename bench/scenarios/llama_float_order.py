@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import harness
 from bench.harness.paths import CACHE_DIR, LLAMA_ANCHORS
 
 F32 = np.float32
@@ -119,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gguf", type=Path, default=None, help="a llama-architecture GGUF (default: the default model's)")
     ap.add_argument("--tokens", default="504,3280,5965,788,36971", help="one-token prompts (comma-separated ids)")
     ap.add_argument("--llama-dir", type=Path, default=LLAMA_ANCHORS, help="the llama.cpp build's library directory")
+    harness.add_output_arguments(ap)
     args = ap.parse_args(argv)
 
     from backends.mindspore.default_model import ensure_default_gguf
@@ -163,6 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     m = np.mean(rows, axis=0)
     print(f"mean over the prompts: llama.cpp vs mindserve {m[0]:.4f}; each against float64: llama.cpp {m[1]:.4f}, "
           f"mindserve {m[2]:.4f}")
+    harness.save_results(args, "llama-float-order", {
+        "gguf": str(gguf), "tokens": args.tokens,
+        "per_token": [dict(zip(("llama_vs_ours", "exact_vs_llama", "exact_vs_ours"), r)) for r in rows],
+        "matmul_rel": {fmt: {"median": float(np.median(r)), "max": max(r), "count": len(r)} for fmt, r in rel.items()}})
     return 0
 
 
