@@ -24,13 +24,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve_command(config: Path, port: int, *extra: str, repo: Path = REPO, python: str | None = None) -> list[str]:
-    """``mindserve serve --config CONFIG --port PORT EXTRA...``: the installed ``mindserve`` beside this python
-    when ``repo`` is this checkout, else ``python -m service`` run from ``repo`` (another checkout's server)."""
-    exe = Path(python or sys.executable)
-    script = exe.with_name("mindserve")
-    prefix = [str(script)] if repo == REPO and script.exists() and python is None else [str(exe), "-m", "service"]
-    return [*prefix, "serve", "--config", str(config), "--port", str(port), *extra]
+def serve_command(config: Path, port: int, *extra: str, python: str | None = None) -> list[str]:
+    """``python -m service serve --config CONFIG --port PORT EXTRA...`` (the ``mindserve`` command): run with
+    ``serve_env(repo)`` it is that checkout's server, whatever checkout the venv's ``mindserve`` was installed from."""
+    return [python or sys.executable, "-m", "service", "serve", "--config", str(config), "--port", str(port), *extra]
 
 
 def serve_env(repo: Path = REPO, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -66,7 +63,7 @@ def start(config: Path, *, port: int | None = None, log_path: Path, extra: Seque
           stdout: IO | None = None) -> Served:
     """Start the server (not waiting for it); its output goes to ``log_path`` unless ``stdout`` is given."""
     port = port or free_port()
-    cmd = serve_command(config, port, *extra, repo=repo, python=python)
+    cmd = serve_command(config, port, *extra, python=python)
     if nice:
         cmd = ["nice", "-n", str(nice), *cmd]
     out = stdout if stdout is not None else log_path.open("w")

@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 
 from bench import harness
-from bench.harness.server import serve_command
+from bench.harness.server import serve_command, serve_env
 
 ROOT = Path("/sys/fs/cgroup")
 GIB = 1 << 30
@@ -72,7 +72,7 @@ def run(config: Path, cap: int, port: int, timeout: float, request: bool, log_pa
     procs = cgroup / "cgroup.procs"
     started = time.monotonic()
     with log_path.open("wb") as log:
-        server = subprocess.Popen(["nice", "-n", "5", *serve_command(config, port)], stdout=log,
+        server = subprocess.Popen(["nice", "-n", "5", *serve_command(config, port)], stdout=log, env=serve_env(),
                                   stderr=subprocess.STDOUT, preexec_fn=lambda: procs.write_text(str(os.getpid())))
     result = {"config": str(config), "cap_gib": cap / GIB, "healthy_after_s": None, "exit_status": None}
     hwm = 0

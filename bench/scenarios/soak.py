@@ -119,7 +119,7 @@ def write_config(workdir: Path, base: Path, model_dir: Path, max_link_num: int |
 
 def start_server(config: Path, port: int, log_path: Path, repo: Path = REPO) -> subprocess.Popen:
     """``repo``'s server (another checkout: its own service/ and backends/ first on the path)."""
-    cmd = serve_command(config, port, repo=repo.resolve())
+    cmd = serve_command(config, port)
     log(f"starting: {' '.join(cmd)} (cwd {repo}; log: {log_path})")
     return subprocess.Popen(cmd, cwd=repo, stdout=log_path.open("w"), stderr=subprocess.STDOUT,
                             env=serve_env(repo, {"PYTHONUNBUFFERED": "1"}), start_new_session=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.harness.server import free_port, serve_command
+from bench.harness.server import free_port, serve_command, serve_env
 
 from .meters import RssSampler
 
@@ -263,9 +263,7 @@ class MindServe(Server):
         return serve_command(self.config_path, self.port, *([self.model_ref] if self.model_ref else []))
 
     def env(self) -> dict:
-        env = dict(os.environ)
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        return env
+        return serve_env(extra={"PYTHONUNBUFFERED": os.environ.get("PYTHONUNBUFFERED", "1")})
 
     async def ready(self, session) -> bool:
         return "listening on" in self.tail(40) and await self.answers_200(session, "/health")

@@ -186,3 +186,15 @@ def test_bench_imports_the_backends_real_names() -> None:
                 assert all(a.name != "load_model_spec" for a in node.names), f"{path}:{node.lineno}"
             elif isinstance(node, ast.Import):
                 assert not {a.name for a in node.names} & set(SHIMS), f"{path}:{node.lineno}"
+
+
+def test_a_server_is_this_checkouts_however_the_venv_was_installed(monkeypatch) -> None:
+    from bench.harness.server import serve_command, serve_env
+
+    cmd = serve_command(Path("/tmp/s.yaml"), 1234, "gemma3-270m", python="/venv/bin/python")
+    assert cmd == ["/venv/bin/python", "-m", "service", "serve", "--config", "/tmp/s.yaml", "--port", "1234",
+                   "gemma3-270m"]
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    env = serve_env(Path("/other/checkout"), {"PYTHONUNBUFFERED": "1"})
+    assert env["PYTHONPATH"].split(":") == ["/other/checkout", "/elsewhere"] and env["PYTHONUNBUFFERED"] == "1"
+    assert serve_env()["PYTHONPATH"].split(":")[0] == str(REPO)
