@@ -1,6 +1,6 @@
 """Two real replicas (the default model, small context) behind the real Shepherd Model Gateway (``smg launch``,
-deploy/fleet/fleet.py): the gateway reads each replica's load through the contract, and its ``least_load`` policy
-follows it.
+deploy/fleet/fleet.py): the gateway reads each replica's load through the contract, and its ``least_load`` and
+``power_of_two`` policies follow it.
 
 Replica 0 says ``owned_by: "vllm"`` (SMG polls its /metrics in vLLM's names), replica 1 keeps ``mindserve`` (SMG
 polls its GET /v1/loads). Each in turn is loaded with long streams sent to it directly, past the gateway, so the
@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import requests
@@ -32,11 +33,12 @@ TIMEOUT = 60
 
 
 class Streams:
-    """``n`` long streamed completions sent straight to ``url``, held open until ``close()``."""
+    """``n`` long streamed completions sent straight to ``url``, held open until ``close()``: each stream then
+    disconnects at its next event (a queued one at its first), which cancels it on the replica."""
 
     def __init__(self, url: str, model: str, n: int) -> None:
-        self.replies: list[requests.Response] = []
-        self._lock = threading.Lock()
+        self.statuses: list[int] = []
+        self._stop = threading.Event()
         body = {"model": model, "prompt": "Write a very long story about a lighthouse.", "max_tokens": 400,
                 "stream": True, "ignore_eos": True}
         self.threads = [threading.Thread(target=self._run, args=(url, body), daemon=True) for _ in range(n)]
@@ -44,21 +46,16 @@ class Streams:
             t.start()
 
     def _run(self, url: str, body: dict) -> None:
-        reply = requests.post(url + "/v1/completions", json=body, stream=True, timeout=TIMEOUT)
-        with self._lock:
-            self.replies.append(reply)
-        try:
+        with requests.post(url + "/v1/completions", json=body, stream=True, timeout=TIMEOUT) as reply:
+            self.statuses.append(reply.status_code)
             for _ in reply.iter_lines():
-                pass
-        except (requests.RequestException, AttributeError):  # closed under it
-            pass
+                if self._stop.is_set():
+                    break
 
     def close(self) -> None:
-        with self._lock:
-            for reply in self.replies:
-                reply.close()
+        self._stop.set()
         for t in self.threads:
-            t.join(10)
+            t.join(TIMEOUT)
 
 
 def gateway_loads(gateway: str) -> dict[str, dict]:
@@ -76,19 +73,29 @@ def received(url: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory, default_q4_dir):
-    log_dir = tmp_path_factory.mktemp("fleet")
-    f = local_fleet(log_dir, 2, policy="least_load", slow_decode=SLOW_DECODE,
+def replicas(tmp_path_factory, default_q4_dir):
+    """The two replicas (deploy/fleet/fleet.py without its gateway)."""
+    f = local_fleet(tmp_path_factory.mktemp("fleet"), 2, gateway=False, slow_decode=SLOW_DECODE,
                     serve_args=[str(default_q4_dir), "--ctx-size", "512", "--max-batch-size", "2"],
-                    replica_args=[["--owned-by", "vllm"], []],
-                    gateway_args=["--load-monitor-interval", str(POLL), "--log-level", "warn"])
+                    replica_args=[["--owned-by", "vllm"], []])
     with f:
         yield f
 
 
+@pytest.fixture(scope="module", params=["least_load", "power_of_two"])
+def fleet(request, replicas, tmp_path_factory):
+    """SMG with one policy in front of the replicas (the launcher's gateway-only mode); ``replica_urls`` and
+    ``gateway_url`` as a whole fleet has them."""
+    gateway = local_fleet(tmp_path_factory.mktemp(request.param), 0, policy=request.param,
+                          worker_urls=replicas.replica_urls,
+                          gateway_args=["--load-monitor-interval", str(POLL), "--log-level", "warn"])
+    with gateway:
+        yield SimpleNamespace(replica_urls=replicas.replica_urls, gateway_url=gateway.gateway_url)
+
+
 @pytest.fixture(scope="module")
-def model(fleet) -> str:
-    return requests.get(fleet.replica_urls[0] + "/v1/models", timeout=10).json()["data"][0]["id"]
+def model(replicas) -> str:
+    return requests.get(replicas.replica_urls[0] + "/v1/models", timeout=10).json()["data"][0]["id"]
 
 
 def test_the_gateway_classifies_each_replica_by_owned_by(fleet):
@@ -122,7 +129,7 @@ def test_least_load_sends_the_next_requests_to_the_replica_not_loaded(fleet, mod
                                   json={"model": model, "prompt": "Hi", "max_tokens": 2})
             assert reply.status_code == 200, reply.text
         after = [received(u) for u in urls]
-        assert streams.replies and all(r.status_code == 200 for r in streams.replies)
+        assert streams.statuses and set(streams.statuses) == {200}, streams.statuses
         assert after[1 - loaded] - before[1 - loaded] == PROBES and after[loaded] == before[loaded], (before, after)
     finally:
         streams.close()
