@@ -220,5 +220,7 @@ def engine_info(self) -> dict:  # self: the Engine
             "weight_dtype": self.spec.weight_dtype, "kv_cache_dtype": self.runner.kv_dtype,
             "prefix_caching": self.allocator.prefix_caching, "prefix_cache_blocks": self.allocator.cached_blocks,
             "prefix_cache_hit_rate": self.scheduler.hit_tokens / max(self.scheduler.prompt_tokens, 1),
-            "prefix_cache_hit_tokens": self.scheduler.hit_tokens, "adapters": self.adapters(),
+            "prefix_cache_hit_tokens": self.scheduler.hit_tokens,
+            "prefix_cache_query_tokens": self.scheduler.prompt_tokens, **self.scheduler.queue_load(),
+            "adapters": self.adapters(),
             "lora": self.lora.info(), "speculation": self.speculator.info(), "steps": self.step_stats.snapshot()}

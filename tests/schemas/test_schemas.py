@@ -29,7 +29,7 @@ EXPECTED_SCHEMAS = {"generate_request", "parameters", "response", "stream_event"
                     "openai_responses_event",
                     "tokenizer_request", "tokenizer_response", "tokenize_request", "tokenize_response",
                     "detokenize_request", "detokenize_response", "root_response", "info", "model_list",
-                    "lora_load_request", "lora_unload_request",
+                    "lora_load_request", "lora_unload_request", "loads_response",
                     "anthropic_messages_request", "anthropic_messages_response", "anthropic_messages_event",
                     "anthropic_count_tokens_request", "anthropic_count_tokens_response", "anthropic_error"}
 
