@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -90,8 +90,9 @@ class Qwen2VL:
         self.aot = _aot_ops(spec.text) if kernels == "aot" else None
         if kernels == "aot" and self.aot is None:
             raise RuntimeError("kernels 'aot' asked for, but the AOT kernels could not be built (see the log)")
-        self.text = (AotQwen2VLText(spec, weights, num_blocks, block_size, self.max_positions, self.aot)
-                     if self.aot is not None else StockQwen2VLText(spec, weights, num_blocks, block_size,
+        model = replace(spec.text, vision=spec)  # the networks take the model's spec (its vision part set)
+        self.text = (AotQwen2VLText(model, weights, num_blocks, block_size, self.max_positions, self.aot)
+                     if self.aot is not None else StockQwen2VLText(model, weights, num_blocks, block_size,
                                                                    self.max_positions))
         self.vision.set_train(False)
         self.text.set_train(False)

@@ -6,6 +6,7 @@ import logging
 
 import numpy as np
 
+from backends.mindspore.families import family_of
 from backends.mindspore.kernel_path import KERNEL_ALIASES, KERNELS, fits_aot, stock_expected
 from backends.mindspore.kv_dtype import cache_dtype
 from backends.mindspore.runners.base import ModelRunner, write_rows
@@ -64,19 +65,20 @@ def choose_kernels(spec: ModelSpec, kernels: str = "stock", device: str = "CPU",
 
 def build_runner(spec: ModelSpec, weights: dict[str, np.ndarray], shapes: Shapes, num_blocks: int,
                  kernels: str = "stock", device: str = "CPU", lora: tuple[int, int] | None = None,
-                 vl=None, kernel_isa: str = "auto", aot=False, kv_dtype: str = "float32") -> ModelRunner:
+                 kernel_isa: str = "auto", aot=False, kv_dtype: str = "float32") -> ModelRunner:
     """The runner for ``kernels`` (auto|aot|stock) on ``device``: on CPU the AOT kernels where asked and they
     build (float32, the KV cache in ``kv_dtype``: ``kv_dtype.cache_dtype``); elsewhere the stock ops in the yaml's
-    compute_dtype (float32 for a vision-language model, ``vl`` its VLSpec). ``aot``: the operators
+    compute_dtype where the family's stock path computes in it (else float32). ``aot``: the operators
     ``choose_kernels`` already chose (None: stock ops)."""
     if aot is False:
         aot = choose_kernels(spec, kernels, device, kernel_isa)
     kv_dtype = cache_dtype(kv_dtype, stock=aot is None)
     if aot is None:
-        dtype = spec.compute_dtype if device != "CPU" and vl is None else "float32"
-        runner: ModelRunner = SplitRunner(spec, weights, shapes, num_blocks, dtype=dtype, lora=lora, vl=vl)
+        low = device != "CPU" and family_of(spec.arch).capabilities.stock_low_precision
+        runner: ModelRunner = SplitRunner(spec, weights, shapes, num_blocks, dtype=spec.compute_dtype if low
+                                          else "float32", lora=lora)
     else:
-        runner = PackedRunner(spec, weights, shapes, num_blocks, aot, lora=lora, vl=vl, kv_dtype=kv_dtype)
+        runner = PackedRunner(spec, weights, shapes, num_blocks, aot, lora=lora, kv_dtype=kv_dtype)
     variant = f" [variant {runner.kernel_variant['variant']}, {runner.kernel_variant['isa']} vectors]" \
         if runner.kernel_variant else ""
     log.info("kernels: %s%s on %s, %s, KV cache %s", runner.description, variant, device, runner.dtype,
