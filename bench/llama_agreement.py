@@ -89,7 +89,7 @@ def llama_greedy(port: int, ids: list[int], n: int,
 
 def mindserve_prefill(runner, ids: list[int], blocks: list[int]) -> np.ndarray:
     """The logits after the prompt ``ids`` (prefilled in the runner's chunks into cache blocks ``blocks``)."""
-    from backends.mindspore.runner import PrefillChunk
+    from backends.mindspore.runners import PrefillChunk
 
     chunk = runner.shapes.prefill_chunk
     for start in range(0, len(ids), chunk):
@@ -110,7 +110,7 @@ def first_token_gaps(runner, prompts: list[list[int]], theirs) -> np.ndarray:
 
 def mindserve_greedy(runner, ids: list[int], n: int) -> tuple[list[int], list[float]]:
     """(generated ids, per step the top-1 minus top-2 logit)."""
-    from backends.mindspore.runner import DecodeRow
+    from backends.mindspore.runners import DecodeRow
 
     blocks = list(range(1, 1 + (len(ids) + n + 63) // 64))
     logits = mindserve_prefill(runner, ids, blocks)
@@ -126,13 +126,13 @@ def mindserve_greedy(runner, ids: list[int], n: int) -> tuple[list[int], list[fl
 
 
 def make_runner(model_dir: Path, kv_dtype: str = "float32"):
-    from backends.mindspore.config import load_model_spec
-    from backends.mindspore.model import set_mode
-    from backends.mindspore.runner import build_runner
+    from backends.mindspore.config import load_model
+    from backends.mindspore.device import set_mode
+    from backends.mindspore.runners import build_runner
     from backends.mindspore.shapes import Shapes
     from backends.mindspore.weights import load_weights
 
-    spec = load_model_spec(model_dir)
+    spec = load_model(model_dir)
     set_mode(0, "CPU", THREADS)
     shapes = Shapes(block_size=64, prefill_chunk=32, batch_buckets=(1,), window_buckets=(256,))
     return build_runner(spec, load_weights(spec.checkpoint, spec.checkpoint_format), shapes, 8, "aot",

@@ -45,18 +45,18 @@ def main() -> int:
     args = ap.parse_args()
 
     from backends.lora import BaseDims, load_adapter
-    from backends.mindspore.config import load_model_spec
+    from backends.mindspore.config import load_model
     from backends.mindspore.default_model import ensure_default_model
     from backends.mindspore.lora_slots import LoraSlots
-    from backends.mindspore.model import set_mode
-    from backends.mindspore.runner import DecodeRow, build_runner
+    from backends.mindspore.device import set_mode
+    from backends.mindspore.runners import DecodeRow, build_runner
     from backends.mindspore.shapes import Shapes
     from backends.mindspore.weights import load_weights
     from tests.support.lora_adapters import make_adapter
     from tests.support.reference_numpy import RefModel
 
     model_dir = ensure_default_model(MODEL_DIR.parent, progress=False)
-    spec = load_model_spec(model_dir)
+    spec = load_model(model_dir)
     dims = BaseDims.of(spec)
     base = RefModel.from_dir(model_dir, dtype=np.float32).w
     set_mode(0, "CPU", 2)

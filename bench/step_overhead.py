@@ -39,7 +39,7 @@ def child(tree: Path, steps: int, reps: int, profile_steps: int, model_dir: str 
     from backends.mindspore.default_model import ensure_default_model
     from backends.mindspore.engine import Engine
     from backends.mindspore.kernels import KERNEL_KINDS, kernel_stats
-    from backends.mindspore.runner import DecodeRow, PrefillChunk
+    from backends.mindspore.runners import DecodeRow, PrefillChunk
     from backends.settings import EngineConfig
 
     cfg = EngineConfig(max_seq_len=2048, max_input_tokens=1536, max_batch_size=16, block_size=128, prefill_chunk=64,

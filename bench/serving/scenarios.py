@@ -211,7 +211,7 @@ def bench_adapters(root: Path, model_dir: Path) -> dict[str, Path]:
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))  # tests.support: the adapter maker the tests use
     from backends.lora import BaseDims
-    from backends.mindspore.config import load_model_spec
+    from backends.mindspore.config import load_model
     from tests.support.lora_adapters import make_adapter
     from tests.support.reference_numpy import RefModel
 
@@ -219,7 +219,7 @@ def bench_adapters(root: Path, model_dir: Path) -> dict[str, Path]:
     if not all((d / "adapter_model.safetensors").exists() for d in dirs.values()):
         import numpy as np
 
-        dims = BaseDims.of(load_model_spec(model_dir))
+        dims = BaseDims.of(load_model(model_dir))
         base = RefModel.from_dir(model_dir, dtype=np.float32).w
         for seed, (name, path) in enumerate(dirs.items(), 1):
             make_adapter(path, dims, seed=seed, rank=8, alpha=16, base_weights=base, strength=0.1)

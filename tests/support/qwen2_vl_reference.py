@@ -33,7 +33,7 @@ from backends.mindspore.qwen2_vl.preprocess import MediaError, Patches, expand_m
 from backends.mindspore.qwen2_vl.text import AotQwen2VLText, StockQwen2VLText
 from backends.mindspore.qwen2_vl.vision import VisionTower
 from backends.mindspore.qwen2_vl.weights import load_vl_weights
-from backends.mindspore.runners import KERNEL_ALIASES, _aot_ops  # the text models' AOT kernel build (and its fit check)
+from backends.mindspore.runners import _aot_ops  # the text models' AOT kernel build (and its fit check)
 from backends.mindspore.runners.split import window_inputs
 from backends.mindspore.tokenizer import Tokenizer
 
@@ -70,7 +70,6 @@ class Qwen2VL:
                  prefill_chunk: int = 64, window: int = 256,
                  vision_buckets: Sequence[int] = VISION_BUCKETS, threads: int | None = None,
                  kernels: str = "stock") -> None:
-        kernels = KERNEL_ALIASES.get(kernels, kernels)
         if kernels not in ("stock", "aot"):
             raise ValueError(f"kernels must be 'stock' or 'aot', got {kernels!r}")
         if window % block_size or window > (num_blocks - 1) * block_size:

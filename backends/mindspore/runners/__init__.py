@@ -7,7 +7,7 @@ import logging
 import numpy as np
 
 from backends.mindspore.families import family_of
-from backends.mindspore.kernel_path import KERNEL_ALIASES, KERNELS, fits_aot, stock_expected
+from backends.mindspore.kernel_path import KERNELS, fits_aot, stock_expected
 from backends.mindspore.kv_dtype import cache_dtype
 from backends.mindspore.runners.base import ModelRunner, write_rows
 from backends.mindspore.runners.packed import PackedRunner
@@ -49,7 +49,6 @@ def _aot_ops(spec: ModelSpec, kernel_isa: str = "auto"):
 def choose_kernels(spec: ModelSpec, kernels: str = "stock", device: str = "CPU", kernel_isa: str = "auto"):
     """The AOT operators the runner will use (an ``AotOps``), or None for the stock-op path: decided once, before
     the memory budget (the stock path holds float32 weights and every graph's activations)."""
-    kernels = KERNEL_ALIASES.get(kernels, kernels)
     if kernels not in KERNELS:
         raise ValueError(f"kernels must be one of {', '.join(KERNELS)}, got {kernels!r}")
     if device != "CPU":
