@@ -20,7 +20,8 @@ import mindspore as ms
 
 from backends.mindspore.device import free_network
 from backends.mindspore.families import Family, family_of
-from backends.mindspore.network.common import CacheWarmer, cache_memory
+from backends.mindspore.kv_pages import CacheWarmer
+from backends.mindspore.network.common import cache_memory
 from backends.mindspore.spec import ModelSpec
 from backends.mindspore.shapes import Shapes
 from backends.mindspore.step import DecodeRow, PrefillChunk, RowOutput, StepBatch
