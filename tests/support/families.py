@@ -25,7 +25,8 @@ class TinyCheckpoint:
     """A family's tiny checkpoint: how it is written and, for the GGUF agreement tests, its GGUF layout."""
 
     make: Callable[[Path], Path]  # writes the checkpoint into a directory, returns it
-    fixture: str | None = None  # the session fixture of tests/conftest.py that holds it
+    fixture: str | None = None  # the session fixture tests/conftest.py makes of it
+    about: str = ""  # that fixture's docstring
     golden: str | None = None  # tests/golden/ file of HF transformers' ids and logits on it
     # The checkpoint in the layout a GGUF can describe (llama.cpp's loader), when it differs from ``make``'s.
     make_for_gguf: Callable[[Path], Path] | None = None
@@ -40,14 +41,28 @@ class TinyCheckpoint:
 F32_ATTENTION = ("-ctk", "f32", "-ctv", "f32", "-fa", "off")
 
 CHECKPOINTS: dict[str, TinyCheckpoint] = {
-    "llama": TinyCheckpoint(partial(make_tiny_model, seed=0, arch="llama"), "tiny_model_dir"),
-    "qwen2": TinyCheckpoint(partial(make_tiny_model, seed=1, arch="qwen2"), "tiny_qwen2_dir"),
-    "qwen3": TinyCheckpoint(make_tiny_qwen3, "tiny_qwen3_dir", "qwen3_tiny.json"),
-    "qwen3_moe": TinyCheckpoint(make_tiny_qwen3_moe, "tiny_qwen3_moe_dir", "qwen3_moe_tiny.json",
+    "llama": TinyCheckpoint(partial(make_tiny_model, seed=0, arch="llama"), "tiny_model_dir",
+                            "Tiny Llama (2 layers, hidden 64, GQA 4:2, tied head, seed 0) with tokenizer and "
+                            "predict_tiny.yaml."),
+    "qwen2": TinyCheckpoint(partial(make_tiny_model, seed=1, arch="qwen2"), "tiny_qwen2_dir",
+                            "Tiny Qwen2 (q/k/v biases, separate lm_head, seed 1)."),
+    "qwen3": TinyCheckpoint(make_tiny_qwen3, "tiny_qwen3_dir",
+                            "Tiny Qwen3 (q/k head norms, head_dim 32 != hidden / heads, tied head; "
+                            "tests/support/make_tiny_qwen3.py), the checkpoint of tests/golden/qwen3_tiny.json.",
+                            golden="qwen3_tiny.json"),
+    "qwen3_moe": TinyCheckpoint(make_tiny_qwen3_moe, "tiny_qwen3_moe_dir",
+                                "Tiny Qwen3-MoE (8 experts top-2, normalised top-k, layer 1 dense; "
+                                "tests/support/make_tiny_qwen3_moe.py), the checkpoint of "
+                                "tests/golden/qwen3_moe_tiny.json.",
+                                golden="qwen3_moe_tiny.json",
                                 # every layer with experts, as llama.cpp's qwen3moe has them
                                 make_for_gguf=partial(make_tiny_qwen3_moe, mlp_only=[]),
                                 llama_server_args=F32_ATTENTION),
-    "gemma3": TinyCheckpoint(make_tiny_gemma3, "tiny_gemma3_dir", "gemma3_tiny.json", sliding_window=8,
+    "gemma3": TinyCheckpoint(make_tiny_gemma3, "tiny_gemma3_dir",
+                             "Tiny Gemma 3 text (sliding-window layers 0, 1, 3 with a window of 8, a global layer 2, "
+                             "tied head; tests/support/make_tiny_gemma3.py), the checkpoint of "
+                             "tests/golden/gemma3_tiny.json.",
+                             golden="gemma3_tiny.json", sliding_window=8,
                              # 7 layers, every 6th global, query_pre_attn_scalar = head_dim
                              make_for_gguf=partial(make_tiny_gemma3, llama_cpp=True)),
     "qwen2_vl": TinyCheckpoint(make_tiny_qwen2_vl),  # its goldens and tests: tests/backends/mindspore/qwen2_vl/
