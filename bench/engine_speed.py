@@ -298,8 +298,8 @@ class Bench:
 
         self.info["mindspore_import_s"] = time.perf_counter() - t
         self.info["mindspore"] = mindspore.__version__
-        from backends.mindspore.default_model import ensure_default_model
-        from backends.mindspore.engine import Engine
+        from backends.mindspore.modeldir.default_model import ensure_default_model
+        from backends.mindspore.engine.engine import Engine
         from backends.settings import EngineConfig
 
         model_dir = Path(self.args.model_dir) if self.args.model_dir else ensure_default_model(DEFAULT_CACHE)
@@ -448,7 +448,7 @@ class Bench:
     def graph_only(self, blocks: list[int]) -> None:
         """The bare compiled-graph call (inputs pre-built as Tensors) + the logits copy to host."""
         import mindspore as ms
-        from backends.mindspore.kv_cache import block_table, token_slots
+        from backends.mindspore.engine.kv_cache import block_table, token_slots
 
         bs = self.runner.shapes.block_size
         window = self.runner.shapes.window_for(PROMPT_SHORT + NEW_TOKENS)
@@ -560,7 +560,7 @@ class Bench:
 
     def host_overheads(self) -> None:
         """Per-token host work the engine adds on top of runner.decode: sampling and detokenizing."""
-        from backends.mindspore.tokenizer import IncrementalDetokenizer
+        from backends.mindspore.modeldir.tokenizer import IncrementalDetokenizer
         from backends.params import resolve
         from backends.sampling import NextTokenChooser
         from backends.types import RequestParams

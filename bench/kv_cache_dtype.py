@@ -49,7 +49,7 @@ def cpu_model() -> str:
 
 
 def engines(model_dir: Path) -> dict:
-    from backends.mindspore.engine import Engine
+    from backends.mindspore.engine.engine import Engine
     from backends.settings import EngineConfig
 
     config = dict(max_seq_len=640, max_input_tokens=512, max_batch_size=ROWS, max_iter_times=128, block_size=64,
@@ -66,7 +66,7 @@ def greedy(engine, prompt: str) -> tuple[list[int], list[int]]:
 
 def forced_logits(engine, prompt_ids: list[int], continuation: list[int]) -> np.ndarray:
     """Logits [len(continuation), V]: the prompt's last, then after each continuation token but the last."""
-    from backends.mindspore.step import DecodeRow, PrefillChunk
+    from backends.mindspore.engine.step import DecodeRow, PrefillChunk
 
     runner, alloc = engine.runner, engine.allocator
     blocks = alloc.allocate(len(prompt_ids) + len(continuation))
@@ -95,7 +95,7 @@ def accuracy(eng: dict) -> dict:
 
 
 def speed(eng: dict, rounds: int, steps: int) -> dict:
-    from backends.mindspore.step import DecodeRow
+    from backends.mindspore.engine.step import DecodeRow
 
     seqs = {f: [e.allocator.allocate(c + 1) for c in CONTEXTS] for f, e in eng.items()}
     times = {f: [] for f in FORMATS}
@@ -165,7 +165,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--kernel-only", action="store_true", help="only the attention kernel's timing")
     args = ap.parse_args()
-    from backends.mindspore.default_model import ensure_default_model
+    from backends.mindspore.modeldir.default_model import ensure_default_model
 
     cache = Path(os.environ.get("MINDSERVE_CACHE", Path.home() / ".cache" / "mindserve"))
     result = {"cpu": cpu_model(), "rows": ROWS, "contexts": [CONTEXTS[0], CONTEXTS[-1]]}

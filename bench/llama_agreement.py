@@ -126,11 +126,11 @@ def mindserve_greedy(runner, ids: list[int], n: int) -> tuple[list[int], list[fl
 
 
 def make_runner(model_dir: Path, kv_dtype: str = "float32"):
-    from backends.mindspore.config import load_model
-    from backends.mindspore.device import set_mode
+    from backends.mindspore.modeldir.config import load_model
+    from backends.mindspore.planning.device import set_mode
     from backends.mindspore.runners import build_runner
-    from backends.mindspore.shapes import Shapes
-    from backends.mindspore.weights import load_weights
+    from backends.mindspore.planning.shapes import Shapes
+    from backends.mindspore.modeldir.weights import load_weights
 
     spec = load_model(model_dir)
     set_mode(0, "CPU", THREADS)
@@ -172,9 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
 
-    from backends.mindspore.default_model import MODEL_NAME, ensure_default_gguf
-    from backends.mindspore.gguf_convert import convert_gguf
-    from backends.mindspore.tokenizer import Tokenizer
+    from backends.mindspore.modeldir.default_model import MODEL_NAME, ensure_default_gguf
+    from backends.mindspore.modeldir.gguf_convert import convert_gguf
+    from backends.mindspore.modeldir.tokenizer import Tokenizer
 
     gguf = args.gguf or ensure_default_gguf(CACHE_DIR)
     args.workdir.mkdir(parents=True, exist_ok=True)

@@ -45,13 +45,13 @@ def main() -> int:
     args = ap.parse_args()
 
     from backends.lora import BaseDims, load_adapter
-    from backends.mindspore.config import load_model
-    from backends.mindspore.default_model import ensure_default_model
-    from backends.mindspore.lora_slots import LoraSlots
-    from backends.mindspore.device import set_mode
+    from backends.mindspore.modeldir.config import load_model
+    from backends.mindspore.modeldir.default_model import ensure_default_model
+    from backends.mindspore.engine.lora_slots import LoraSlots
+    from backends.mindspore.planning.device import set_mode
     from backends.mindspore.runners import DecodeRow, build_runner
-    from backends.mindspore.shapes import Shapes
-    from backends.mindspore.weights import load_weights
+    from backends.mindspore.planning.shapes import Shapes
+    from backends.mindspore.modeldir.weights import load_weights
     from tests.support.lora_adapters import make_adapter
     from tests.support.reference_numpy import RefModel
 

@@ -31,9 +31,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # serving/
 
-from backends.mindspore.default_model import ensure_default_model  # noqa: E402
-from backends.mindspore.engine import Engine  # noqa: E402
-from backends.mindspore.step import PrefillChunk  # noqa: E402
+from backends.mindspore.modeldir.default_model import ensure_default_model  # noqa: E402
+from backends.mindspore.engine.engine import Engine  # noqa: E402
+from backends.mindspore.engine.step import PrefillChunk  # noqa: E402
 from backends.settings import EngineConfig, SpeculationSettings  # noqa: E402
 from backends.types import RequestParams  # noqa: E402
 from serving.code_edits import CODE_NEW_TOKENS, build_code_prompts  # noqa: E402

@@ -36,8 +36,8 @@ def child(tree: Path, steps: int, reps: int, profile_steps: int, model_dir: str 
 
     import mindspore
     from mindspore.profiler import ProfilerActivity
-    from backends.mindspore.default_model import ensure_default_model
-    from backends.mindspore.engine import Engine
+    from backends.mindspore.modeldir.default_model import ensure_default_model
+    from backends.mindspore.engine.engine import Engine
     from backends.mindspore.kernels import KERNEL_KINDS, kernel_stats
     from backends.mindspore.runners import DecodeRow, PrefillChunk
     from backends.settings import EngineConfig

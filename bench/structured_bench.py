@@ -25,8 +25,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from backends.mindspore.default_model import ensure_default_model  # noqa: E402
-from backends.mindspore.engine import Engine  # noqa: E402
+from backends.mindspore.modeldir.default_model import ensure_default_model  # noqa: E402
+from backends.mindspore.engine.engine import Engine  # noqa: E402
 from backends.settings import EngineConfig  # noqa: E402
 from backends.types import Grammar, RequestParams  # noqa: E402
 

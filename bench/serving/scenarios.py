@@ -211,7 +211,7 @@ def bench_adapters(root: Path, model_dir: Path) -> dict[str, Path]:
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))  # tests.support: the adapter maker the tests use
     from backends.lora import BaseDims
-    from backends.mindspore.config import load_model
+    from backends.mindspore.modeldir.config import load_model
     from tests.support.lora_adapters import make_adapter
     from tests.support.reference_numpy import RefModel
 
