@@ -30,10 +30,10 @@ import yaml
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize, quantize
 from safetensors.numpy import save_file
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from tqdm import tqdm
 
 from backends.mindspore.families import family_of
+from backends.mindspore.modeldir.gguf_tokenizer import build_tokenizer, special_ids, tokenizer_config
 from backends.mindspore.modeldir.gguf_archs import GGUF_ARCHS, arch_of_model_type, gguf_arch, head_dim
 from backends.mindspore.modeldir.quant import QUANT_KEY, layers_format
 
@@ -58,12 +58,6 @@ _LAYER_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
                 "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
                 "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm", "ffn_gate_inp": "mlp.gate"}
 _EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
-
-# Pre-tokenizer split patterns for llama.cpp's `tokenizer.ggml.pre` values.
-_LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-              r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_RE = _LLAMA3_RE.replace(r"\p{N}{1,3}", r"\p{N}")
-_TOKEN_CONTROL, _TOKEN_USER_DEFINED = 3, 4  # llama.cpp token_type values
 
 
 def convert_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[str], *,
@@ -121,80 +115,13 @@ def unpermute_qk_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, head_dim // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def build_tokenizer(meta: dict[str, Any]) -> Tokenizer:
-    """Rebuild a `tokenizers` tokenizer from GGUF tokenizer metadata: byte-level BPE (``gpt2``) or SentencePiece
-    (``llama``)."""
-    kind = meta.get("tokenizer.ggml.model")
-    if kind == "llama":  # SentencePiece (Gemma, Llama 2): gguf_spm.py
-        from backends.mindspore.modeldir.gguf_spm import spm_tokenizer
-
-        return spm_tokenizer(meta)
-    if kind != "gpt2":
-        raise ValueError(f"unsupported GGUF tokenizer.ggml.model {kind!r}: only 'gpt2' (byte-level BPE) and 'llama' "
-                         "(SentencePiece with scores) can be rebuilt")
-    tokens: list[str] = meta["tokenizer.ggml.tokens"]
-    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
-    pre = meta.get("tokenizer.ggml.pre", "default")
-    tok = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges, fuse_unk=False,
-                               byte_fallback=False, ignore_merges=pre == "llama-bpe"))
-    tok.pre_tokenizer = _pre_tokenizer(pre)
-    tok.decoder = decoders.ByteLevel()
-    types = meta.get("tokenizer.ggml.token_type", [])
-    tok.add_special_tokens([_added(tokens[i], True) for i, t in enumerate(types)
-                            if t == _TOKEN_CONTROL])
-    tok.add_tokens([_added(tokens[i], False) for i, t in enumerate(types)
-                    if t == _TOKEN_USER_DEFINED])
-    tok.post_processor = _post_processor(meta, tokens)
-    return tok
-
-
-def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if pre == "smollm":
-        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    if pre in ("default", "gpt-2"):
-        return byte_level
-    if pre in ("llama-bpe", "qwen2"):
-        split = pre_tokenizers.Split(Regex(_LLAMA3_RE if pre == "llama-bpe" else _QWEN2_RE),
-                                     behavior="isolated", invert=False)
-        return pre_tokenizers.Sequence(
-            [split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    raise ValueError(f"unsupported GGUF tokenizer.ggml.pre {pre!r}")
-
-
-def _added(content: str, special: bool) -> AddedToken:
-    return AddedToken(content, special=special, normalized=False)
-
-
-def _post_processor(meta: dict[str, Any], tokens: list[str]) -> processors.PostProcessor:
-    """ByteLevel offsets, plus BOS/EOS insertion when tokenizer.ggml.add_{bos,eos}_token say so."""
-    byte_level = processors.ByteLevel(trim_offsets=False)
-    ids = _special_ids(meta)
-    added = {k: ids[k] for k in ("bos", "eos")
-             if ids[k] is not None and meta.get(f"tokenizer.ggml.add_{k}_token")}
-    if not added:
-        return byte_level
-    bos, eos = ([tokens[added[k]]] if k in added else [] for k in ("bos", "eos"))
-    single = [*bos, "$A", *eos]
-    template = processors.TemplateProcessing(
-        single=single, pair=[*single, *bos, "$B:1", *eos],
-        special_tokens=[(tokens[i], i) for i in set(added.values())])
-    return processors.Sequence([byte_level, template])
-
-
-def _special_ids(meta: dict[str, Any]) -> dict[str, int | None]:
-    keys = {"bos": "bos_token_id", "eos": "eos_token_id", "pad": "padding_token_id",
-            "unk": "unknown_token_id", "eot": "eot_token_id"}
-    return {k: meta.get(f"tokenizer.ggml.{v}") for k, v in keys.items()}
-
-
 def _convert_into(gguf_path: Path, out: Path, name: str, progress: bool, dtype: str = "fp32") -> None:
     reader = GGUFReader(gguf_path)
     meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
     config = _hf_config(meta, reader)  # validates the architecture before any heavy work
     tokenizer = build_tokenizer(meta)
     tokenizer.save(str(out / "tokenizer.json"))
-    _write_json(out / "tokenizer_config.json", _tokenizer_config(meta, config))
+    _write_json(out / "tokenizer_config.json", tokenizer_config(meta, config))
     _write_json(out / "config.json", config)
     _write_json(out / "generation_config.json", {
         "bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"],
@@ -218,7 +145,7 @@ def _hf_config(meta: dict[str, Any], reader: GGUFReader) -> dict[str, Any]:
 
     names = {t.name: t for t in reader.tensors}
     hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
-    ids = _special_ids(meta)
+    ids = special_ids(meta)
     eos = [i for i in dict.fromkeys([ids["eos"], ids["eot"]]) if i is not None]
     config = {
         "architectures": [arch.hf_arch], "model_type": arch.model_type,
@@ -260,25 +187,6 @@ def _f32_repr(value: float) -> float:
     # GGUF stores float32; 1e-5 reads back as 9.999999747e-06. Keep the shortest decimal
     # that round-trips through float32 (1e-05), as the original HF config has.
     return float(str(np.float32(value)))
-
-
-def _tokenizer_config(meta: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
-    tokens, ids = meta["tokenizer.ggml.tokens"], _special_ids(meta)
-    types = meta.get("tokenizer.ggml.token_type", [])
-    added = {str(i): {"content": tokens[i], "lstrip": False, "normalized": False, "rstrip": False,
-                      "single_word": False, "special": t == _TOKEN_CONTROL}
-             for i, t in enumerate(types) if t in (_TOKEN_CONTROL, _TOKEN_USER_DEFINED)}
-    text = {k: tokens[ids[k]] if ids[k] is not None else None for k in ("bos", "eos", "pad", "unk")}
-    return {
-        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
-        "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
-        "added_tokens_decoder": added,
-        **{f"{k}_token": v for k, v in text.items()},
-        "chat_template": meta.get("tokenizer.chat_template"),
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": config["max_position_embeddings"],
-        "tokenizer_class": "PreTrainedTokenizerFast",
-    }
 
 
 def _write_weights(reader: GGUFReader, config: dict[str, Any], path: Path, progress: bool,

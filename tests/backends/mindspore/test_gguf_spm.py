@@ -10,7 +10,7 @@ from functools import cache
 
 import pytest
 
-from backends.mindspore.modeldir.gguf_convert import build_tokenizer
+from backends.mindspore.modeldir.gguf_tokenizer import build_tokenizer
 from tests.support.paths import GOLDEN_DIR
 
 
