@@ -255,27 +255,21 @@ int64_t chunks_of(int64_t units) { return std::clamp<int64_t>(units, 1, 8 * mind
 
 extern "C" {
 
-int MindservePackQWeight(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
-                         void *extra) {
-  mindserve::FpScope fp;
-  (void)stream;
-  (void)extra;
+static int entry_pack_qweight(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
   int fmt;
   int64_t N, nb;
   if (int rc = check(nparam, ndims, shapes, dtypes, params, "uint8", &fmt, &N, &nb)) return rc;
-  if (ndims[2] != 3 || shapes[2][0] != 1 || shapes[2][1] != nb * kTraits[fmt].packed_bytes || shapes[2][2] != N) return 4;
+  if (ndims[2] != 3 || shapes[2][0] != 1 || shapes[2][1] != nb * kTraits[fmt].packed_bytes || shapes[2][2] != N)
+    return 4;
   PackJob job{static_cast<const uint8_t *>(params[0]), static_cast<uint8_t *>(params[2]), fmt, N, nb,
               (N + kGroup - 1) / kGroup, 1};
   job.chunks = chunks_of(job.groups);
   mindserve::pool().run(mindserve::Task{&pack_groups, &job, job.chunks});
   return 0;
 }
+MINDSERVE_ENTRY(MindservePackQWeight, entry_pack_qweight)
 
-int MindserveDequantize(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
-                        void *extra) {
-  mindserve::FpScope fp;
-  (void)stream;
-  (void)extra;
+static int entry_dequantize(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
   int fmt;
   int64_t N, nb;
   if (int rc = check(nparam, ndims, shapes, dtypes, params, "float32", &fmt, &N, &nb)) return rc;
@@ -284,5 +278,6 @@ int MindserveDequantize(int nparam, void **params, int *ndims, int64_t **shapes,
   mindserve::pool().run(mindserve::Task{&dequantize_rows, &job, job.chunks});
   return 0;
 }
+MINDSERVE_ENTRY(MindserveDequantize, entry_dequantize)
 
 }  // extern "C"
