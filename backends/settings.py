@@ -93,7 +93,7 @@ class EngineConfig:
     # "aot": the AOT matmul + paged attention kernels (rows batch-independent; attention reads only each
     # row's real keys, so one window serves every length); "stock": MindSpore MatMul and ops attention over
     # bucketed windows; "auto": aot if the kernels build (g++; a variant for every x86-64 and AArch64 CPU), else
-    # stock. "ms", the old name of "stock", is still accepted (bench/ and tests pass it).
+    # stock.
     kernels: str = "auto"
     # which build of the AOT kernels (kernels/build.py VARIANTS); "auto": MINDSERVE_KERNEL_ISA, else the best
     # this CPU runs

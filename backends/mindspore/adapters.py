@@ -14,6 +14,7 @@ import numpy as np
 
 from backends.errors import ParameterRejected
 from backends.lora import BaseDims, load_adapter
+from backends.mindspore.families import refuse_adapters
 from backends.mindspore.lora_slots import (ConfiguredAdapterError, Lease, LoraSlots, load_configured_adapters,
                                           lora_slot_shape, slot_bytes)
 
@@ -30,9 +31,7 @@ class EngineAdapters:
     """``shape`` is (slots, rank), None without adapters; ``attach`` gives them the network to write into."""
 
     def __init__(self, spec, settings: LoraSettings) -> None:
-        if spec.vision is not None and settings.enabled:  # the one home of this rule
-            raise ValueError(f"LoRA adapters are not supported for a vision-language model ({spec.arch}); "
-                             "remove LoraModules and allowRuntimeLoraUpdating")
+        refuse_adapters(spec.arch, settings.enabled)  # a family without adapter slots: before anything is read
         self.dims, self.settings = BaseDims.of(spec), settings
         self._configured = load_configured_adapters(settings, self.dims)
         self.shape = lora_slot_shape(settings, self._configured)

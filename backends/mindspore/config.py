@@ -1,37 +1,29 @@
-"""A model directory, read once: ``load_model(path) -> ModelSpec``, dispatching on ``model.arch.type``
-through the one architecture table (``spec.ARCHITECTURES``). A vision-language model's spec carries its
-``vision`` part; "is this a vision model?" is ``spec.vision is not None`` everywhere."""
+"""A model directory, read once: ``load_model(path) -> ModelSpec``, by the reader of the family that
+``model.arch.type`` names (``families/``). A vision-language model's spec carries its ``vision`` part."""
 from __future__ import annotations
 
 import functools
 import json
-from dataclasses import replace
 from pathlib import Path
 
-from backends.mindspore.llama_config import WEIGHT_DTYPES, llama_spec
-from backends.mindspore.qwen2_vl.config import vl_spec
-from backends.mindspore.spec import ARCHITECTURES, VISION_FAMILIES, ModelSpec
+from backends.mindspore.families import BY_ARCH, family_of
+from backends.mindspore.llama_config import WEIGHT_DTYPES
+from backends.mindspore.spec import ModelSpec
 from backends.mindspore.yaml_tree import (DEVICE_TARGETS, ConfigError, deep_merge, find_model_yaml, load_yaml_tree,
                                           read_json_object, read_model_yaml)
 
 __all__ = ["DEVICE_TARGETS", "WEIGHT_DTYPES", "ConfigError", "ModelSpec", "deep_merge", "find_model_yaml",
-           "load_model", "load_model_spec", "load_yaml_tree", "read_json_object", "torch_dtype"]
+           "load_model", "load_yaml_tree", "read_json_object", "torch_dtype"]
 
 
 def load_model(path: Path | str) -> ModelSpec:
-    """Read a model directory (or one yaml inside it) into a ``ModelSpec``; for a vision-language arch, its
-    language model's with ``vision`` set (``qwen2_vl/config.py``)."""
+    """Read a model directory (or one yaml inside it) into a ``ModelSpec`` with its family's reader; for a
+    vision-language arch, its language model's with ``vision`` set (``qwen2_vl/config.py``)."""
     yaml_path, tree, model, arch = read_model_yaml(path)
-    family = ARCHITECTURES.get(arch)
+    family = family_of(arch)
     if family is None:
-        raise ConfigError(yaml_path, "model.arch.type", f"{arch!r} is not supported; use one of {tuple(ARCHITECTURES)}")
-    if family in VISION_FAMILIES:
-        vl = vl_spec(yaml_path, tree, model, arch)
-        return replace(vl.text, vision=vl)
-    return llama_spec(yaml_path, tree, model, arch)
-
-
-load_model_spec = load_model  # the name bench/ still calls
+        raise ConfigError(yaml_path, "model.arch.type", f"{arch!r} is not supported; use one of {tuple(BY_ARCH)}")
+    return family.read(yaml_path, tree, model, arch)
 
 
 @functools.cache

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from backends.mindspore.families import family_of
 from backends.mindspore.speculative import Drafter
 from backends.mindspore.step import PrefillChunk
 from backends.mindspore.tokenizer import Tokenizer
@@ -55,7 +56,7 @@ def check_tokenizer(draft: Tokenizer, target: Tokenizer, path: Path) -> None:
 def check_draft_spec(spec: ModelSpec, window: int) -> None:
     """DraftModelError naming the key unless ``spec`` is a text model whose positions reach the target's
     attention window (the draft model runs on the target's shapes)."""
-    if spec.vision is not None:
+    if family_of(spec.arch).capabilities.vision:
         raise DraftModelError(f"{KEY} {spec.model_dir}: a vision-language model cannot be a draft model")
     if spec.max_position_embeddings and spec.max_position_embeddings < window:
         raise DraftModelError(f"{KEY} {spec.model_dir}: the draft model's max_position_embeddings "

@@ -11,18 +11,16 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 from backends.base import Listener, RequestHandle
-from backends.chat_template import render_chat_template
-from backends.errors import (EngineOverloaded, EngineUnavailable, GenerationFailed, InputRejected,
-                             ParameterRejected)
+from backends.errors import EngineOverloaded, EngineUnavailable, GenerationFailed
 from backends.grammar import MaskBatch, MaskWorker
-from backends.mindspore.engine_parts import build_parts, engine_info, warm_up
-from backends.mindspore.intake import Intake
+from backends.mindspore.engine_front import EngineFront
+from backends.mindspore.engine_parts import build_parts
 from backends.mindspore.step import RowOutput
 from backends.mindspore.tokenizer import Tokenizer
 from backends.mindspore.sequence import SeqState
@@ -30,46 +28,37 @@ from backends.sampling import vocab_log_softmax
 from backends.settings import EngineConfig
 from backends.step_stats import StepStats
 from backends.stopping import StepOutcome
-from backends.types import FinishReason, GenerationResult, Grammar, MediaInput, RequestParams, Token, TokenEvent
+from backends.types import FinishReason, GenerationResult, MediaInput, RequestParams, Token, TokenEvent
 
 log = logging.getLogger("mindserve.engine")
 
 
-class Engine:
-    """Owns the model, the cache and a thread that runs the continuous-batching loop."""
+class Engine(EngineFront):
+    """Owns the model's parts (``engine_parts.EngineParts``, read through: ``engine.spec``) and a thread that runs
+    the continuous-batching loop; the client side that needs no loop is ``EngineFront``."""
 
     def __init__(self, model_dir: Path | str, config: EngineConfig = EngineConfig(), *,
                  warmup: bool = True, progress: bool = False, model_name: str | None = None,
                  tokenizer: Tokenizer | None = None) -> None:
         started = time.perf_counter()
-        parts = build_parts(model_dir, config, model_name, tokenizer)  # tokenizer: start-up's check's, if any
-        self.spec, self.config, self.model_name, self.device = parts.spec, parts.config, parts.model_name, parts.device
-        self.threads = parts.threads
-        self.vl, self.media_kinds, self.vision = parts.spec.vision, parts.media_kinds, parts.vision
-        self.tokenizer, self.chat_template, self.grammars = parts.tokenizer, parts.chat_template, parts.grammars
-        self.eos_ids, self.vocab_size = parts.eos_ids, parts.vocab_size
-        self.max_seq_len, self.prompt_limit = parts.max_seq_len, parts.prompt_limit
-        self.lora, self.runner = parts.lora, parts.runner
-        self.allocator, self.scheduler, self.speculator = parts.allocator, parts.scheduler, parts.speculator
+        self.parts = parts = build_parts(model_dir, config, model_name, tokenizer)  # tokenizer: start-up's check's
+        # what the loop drives, step by step
+        self.runner, self.scheduler, self.speculator = parts.runner, parts.scheduler, parts.speculator
+        self.vision, self.intake = parts.vision, parts.intake
         self.masks = MaskWorker()  # grammar masks, computed while the forward pass runs
         self.step_stats = StepStats()
-        self.intake = Intake(self)
         self._inbox: queue.SimpleQueue[SeqState] = queue.SimpleQueue()
         self._tasks: queue.SimpleQueue[tuple[Any, Future]] = queue.SimpleQueue()  # run between steps
         self._wake = threading.Event()
         self._ids = itertools.count(1)
         self._thread: threading.Thread | None = None
         self._closing = False
-        spec = self.spec
+        spec = parts.spec
         log.info("loaded model %s (%s, %d layers, mode %s) in %.1fs; cache %d blocks x %d tokens",
-                 self.model_name, spec.arch, spec.num_layers, "GRAPH" if spec.mode == 0 else "PYNATIVE",
-                 time.perf_counter() - started, self.allocator.num_blocks, self.runner.shapes.block_size)
+                 parts.model_name, spec.arch, spec.num_layers, "GRAPH" if spec.mode == 0 else "PYNATIVE",
+                 time.perf_counter() - started, parts.allocator.num_blocks, self.runner.shapes.block_size)
         if warmup:
-            warm_up(self, progress)
-
-    @property
-    def max_prompt_tokens(self) -> int:
-        return self.prompt_limit.tokens
+            parts.warm_up(progress)
 
     # --- client side (any thread) ---
 
@@ -86,10 +75,10 @@ class Engine:
             self._thread.join(timeout=30)
         self.masks.close()
         self.runner.close()
-        if self.speculator.model is not None:  # the draft model (engine_parts.warm_up warms it the same way)
+        if self.speculator.model is not None:  # the draft model (EngineParts.warm_up warms it the same way)
             self.speculator.model.close()
         if self._thread is not None and self._thread.is_alive():
-            log.warning("the engine thread of %s did not stop within 30 s: its memory is kept", self.model_name)
+            log.warning("the engine thread of %s did not stop within 30 s: its memory is kept", self.parts.model_name)
             return
         self.runner.release()  # no step runs any more: the network's memory goes back
         if self.speculator.model is not None:
@@ -101,75 +90,19 @@ class Engine:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def count_tokens(self, text: str) -> int:
-        return len(self.tokenizer.encode(text))
-
-    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """The ids ``submit`` would start from (before ``truncate`` and the length policy)."""
-        return self.tokenizer.encode(text, add_special_tokens)
-
-    def detokenize(self, ids: Sequence[int]) -> str:
-        """The text of ``ids``, special tokens included; ParameterRejected("tokens") for an id outside the
-        vocabulary."""
-        self._check_ids(ids)
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
-
-    def token_strs(self, ids: Sequence[int]) -> list[str]:
-        """Each id's vocabulary string (``Ġthe``)."""
-        self._check_ids(ids)
-        return [self.tokenizer.token_str(i) for i in ids]
-
-    def _check_ids(self, ids: Sequence[int]) -> None:
-        outside = next((at for at, i in enumerate(ids) if not 0 <= i < self.tokenizer.vocab_size), None)
-        if outside is not None:
-            raise ParameterRejected("tokens", f"tokens[{outside}] is {ids[outside]}, outside the vocabulary of "
-                                              f"{self.tokenizer.vocab_size} tokens")
-
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
-                            **variables: Any) -> str:
-        """The prompt for a chat (the tokenizer config's template, with the generation prompt unless
-        ``add_generation_prompt`` is false); ``variables``: more template variables (``tools``, a request's
-        chat_template_kwargs)."""
-        template = self.chat_template
-        if template is None:
-            raise InputRejected(f"model {self.model_name!r} has no chat template (a base model: its tokenizer "
-                                "config carries none), so chat messages cannot be turned into its prompt; send the "
-                                "text to continue as a plain prompt to /v1/completions (or as inputs to POST /)")
-        return render_chat_template(template, messages, bos_token=self.tokenizer.bos_token or "",
-                                    eos_token=self.tokenizer.eos_token or "",
-                                    add_generation_prompt=add_generation_prompt, **variables)
-
-    def check_grammar(self, grammar: Grammar) -> None:
-        """GrammarRejected if ``grammar`` does not compile or meets the grammar engine's limits in its first
-        steps (any thread; ``backends/grammar.py``)."""
-        self.grammars.check(grammar)
-
-    def prompt_ids(self, text: str, truncate: int | None) -> list[int]:
-        return self.intake.prompt_ids(text, truncate)  # what submit starts a text prompt from
-
     def submit(self, inputs: str, params: RequestParams, listener: Listener | None = None,
                media: Sequence[MediaInput] = ()) -> RequestHandle:
         """Queue a request (cheap refusals first: closing, media kinds, overload; then intake builds it)."""
         if self._closing:
             raise EngineUnavailable("the engine is shutting down")
         self.intake.refuse_kinds(media)
-        if self._inbox.qsize() + len(self.scheduler) >= self.config.max_waiting + self.config.max_batch_size:
-            raise EngineOverloaded(f"{self.config.max_waiting} requests already waiting")
+        config = self.parts.config
+        if self._inbox.qsize() + len(self.scheduler) >= config.max_waiting + config.max_batch_size:
+            raise EngineOverloaded(f"{config.max_waiting} requests already waiting")
         handle = RequestHandle(f"req-{next(self._ids)}", listener)
         self._inbox.put(self.intake.build(handle, inputs, params, media))
         self._wake.set()
         return handle
-
-    # --- LoRA adapters at run time (the management plane; adapters.py) ---
-
-    def adapters(self) -> list[dict]:
-        return self.lora.describe()
-
-    def load_adapter(self, name: str, path: Path | str) -> dict:
-        return self.lora.load(name, path, self._between_steps)
-
-    def unload_adapter(self, name: str) -> bool:
-        return self.lora.unload(name)
 
     def _between_steps(self, task) -> Future:
         """Run ``task`` on the engine thread before its next step (or here, if the loop is not running)."""
@@ -183,14 +116,6 @@ class Engine:
 
     def generate(self, inputs: str, params: RequestParams = RequestParams()) -> GenerationResult:
         return self.submit(inputs, params).result()
-
-    def info(self) -> dict:
-        return engine_info(self)
-
-    @property
-    def compiled_graphs(self) -> int:
-        """Graphs compiled so far: the language model's and the vision tower's."""
-        return len(self.runner.compiled) + (len(self.vision.compiled) if self.vision is not None else 0)
 
     # --- engine thread ---
 
@@ -281,7 +206,8 @@ class Engine:
         """Record a prompt chunk in ``seq`` (and its prompt logprobs); True once the whole prompt is in."""
         if seq.want_prefill:  # the prompt tokens' logprobs, over the chooser's vocabulary
             seq.record_prompt_logprobs(out.prompt.start,
-                                       vocab_log_softmax(self.runner.prompt_logits(out.hidden), self.vocab_size))
+                                       vocab_log_softmax(self.runner.prompt_logits(out.hidden),
+                                                                         self.parts.vocab_size))
         seq.prefilled += len(out.prompt.ids)
         if seq.prompt_done:
             seq.drop_media()

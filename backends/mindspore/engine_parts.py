@@ -2,8 +2,8 @@
 (read once), the adapters (their slots count in the memory budget), the device, the kernel path (the strategy,
 chosen once: it changes what the budget counts), the cache within its budget, the tokenizer, the shapes, the
 weights, the runner, the vision tower,
-the block allocator, the scheduler and the speculator; the thread count (backends/cpus.py) applied to MindSpore
-and the kernel pool. ``engine_info`` is what ``/info`` reports of a running engine."""
+the block allocator, the scheduler, the speculator and the request intake; the thread count (backends/cpus.py)
+applied to MindSpore and the kernel pool. ``EngineParts.info`` is what ``/info`` reports of a running engine."""
 from __future__ import annotations
 
 import logging
@@ -20,7 +20,9 @@ from backends.mindspore.collector import older_objects_frozen
 from backends.mindspore.config import load_model, torch_dtype
 from backends.mindspore.device import mindspore_threads, set_device
 from backends.mindspore.draft_model import KEY as DRAFT_KEY
+from backends.mindspore.families import family_of
 from backends.mindspore.draft_model import DraftModel, DraftModelError, check_draft_spec, check_tokenizer
+from backends.mindspore.intake import Intake
 from backends.mindspore.graph_cache import cache_for_this_warm_up, enable_graph_cache, graph_key
 from backends.mindspore.kv_cache import PART_TOKENS, BlockAllocator
 from backends.mindspore.kv_dtype import cache_dtype
@@ -37,6 +39,7 @@ from backends.mindspore.spec import ModelSpec
 from backends.mindspore.tokenizer import Tokenizer
 from backends.mindspore.weights import check_weight_dtype, load_weights
 from backends.settings import EngineConfig
+from backends.step_stats import StepStats
 
 log = logging.getLogger("mindserve.engine")
 
@@ -61,10 +64,54 @@ class EngineParts:
     allocator: BlockAllocator
     scheduler: Scheduler
     speculator: Speculator
+    intake: Intake
 
     @property
     def media_kinds(self) -> frozenset[str]:
-        return frozenset({"image", "video"}) if self.spec.vision is not None else frozenset()
+        return media_kinds(self.spec)
+
+    @property
+    def compiled_graphs(self) -> int:
+        """Graphs compiled so far: the language model's and the vision tower's."""
+        return len(self.runner.compiled) + (len(self.vision.compiled) if self.vision is not None else 0)
+
+    def warm_up(self, progress: bool) -> None:
+        """Compile every graph the engine will call (loaded from the graph cache where ``graph_cache`` is on)."""
+        spec, draft = self.spec, self.speculator.model
+        if cache_for_this_warm_up(self.config.graph_cache and spec.mode == 0):
+            parts = self.runner.graph_parts + (draft.graph_parts() if draft is not None else [])
+            enable_graph_cache(graph_key(parts, spec.model_dir, spec.yaml_path))
+        with older_objects_frozen():  # MindSpore's full gc pass before each compile skips them (collector.py)
+            self.runner.warmup(progress)
+            if draft is not None:
+                draft.warmup(progress)
+            if self.vision is not None:
+                self.vision.warmup()
+
+    def info(self, steps: StepStats) -> dict:
+        """What ``/info`` reports of the running engine (``steps``: its step timings)."""
+        scheduler, allocator, runner = self.scheduler, self.allocator, self.runner
+        return {"model_name": self.model_name, "arch": self.spec.arch, "max_seq_len": self.max_seq_len,
+                "max_input_tokens": self.prompt_limit.tokens, "max_batch_size": self.config.max_batch_size,
+                "compiled_graphs": self.compiled_graphs, "free_blocks": allocator.free_blocks,
+                "total_blocks": allocator.usable_blocks, "running": len(scheduler.running),
+                "waiting": len(scheduler.waiting) + len(scheduler.prefilling), "priorities": scheduler.by_priority(),
+                "vocab_size": self.tokenizer.vocab_size,
+                "dtype": torch_dtype(self.spec.model_dir) or self.spec.compute_dtype,
+                "max_prefill_tokens": self.config.max_prefill_tokens, "block_size": runner.shapes.block_size,
+                "device": self.device, "threads": {"count": self.threads.count, "reason": self.threads.reason},
+                "kernels": runner.kernels, "kernel_variant": runner.kernel_variant, "compute_dtype": runner.dtype,
+                "weight_dtype": self.spec.weight_dtype, "kv_cache_dtype": runner.kv_dtype,
+                "prefix_caching": allocator.prefix_caching, "prefix_cache_blocks": allocator.cached_blocks,
+                "prefix_cache_hit_rate": scheduler.hit_tokens / max(scheduler.prompt_tokens, 1),
+                "prefix_cache_hit_tokens": scheduler.hit_tokens, "prefix_cache_query_tokens": scheduler.prompt_tokens,
+                **scheduler.queue_load(), "adapters": self.lora.describe(),
+                "lora": self.lora.info(), "speculation": self.speculator.info(), "steps": steps.snapshot()}
+
+
+def media_kinds(spec: ModelSpec) -> frozenset[str]:
+    """The media parts the model takes (its family's capability)."""
+    return frozenset({"image", "video"}) if family_of(spec.arch).capabilities.vision else frozenset()
 
 
 def build_parts(model_dir: Path | str, config: EngineConfig, model_name: str | None = None,
@@ -113,7 +160,7 @@ def _build_parts(spec: ModelSpec, config: EngineConfig, model_name: str | None,
     with phase("read weights"):
         weights = _load_weights(spec, vl)
     check_weight_dtype(weights, spec.yaml_path, spec.weight_dtype)
-    runner = build_runner(spec, weights, shapes, num_blocks, config.kernels, device, lora.shape, vl, aot=aot,
+    runner = build_runner(spec, weights, shapes, num_blocks, config.kernels, device, lora.shape, aot=aot,
                           kv_dtype=kv_dtype)
     vision = VisionEncoder(vl, weights) if vl is not None else None
     del weights
@@ -132,14 +179,20 @@ def _build_parts(spec: ModelSpec, config: EngineConfig, model_name: str | None,
                           copy_rows=runner.copy_cache_rows)
     eos_ids = frozenset(spec.eos_token_ids) | frozenset(tokenizer.eos_token_ids)
     vocab_size = spec.config_vocab_size or spec.vocab_size
-    return EngineParts(spec=spec, config=config, model_name=model_name or spec.model_dir.name, device=device,
-                       threads=threads,
-                       tokenizer=tokenizer, chat_template=chat_template,
-                       grammars=GrammarCompiler(tokenizer.to_json, vocab_size, eos_ids), eos_ids=eos_ids,
-                       vocab_size=vocab_size, max_seq_len=longest_sequence(config, spec.max_position_embeddings),
-                       prompt_limit=prompt_token_limit(config, spec.max_position_embeddings), lora=lora,
-                       runner=runner, vision=vision, allocator=allocator, scheduler=scheduler,
-                       speculator=Speculator(config.speculation, runner.draft_budget(1, 0) > 0, draft))
+    grammars = GrammarCompiler(tokenizer.to_json, vocab_size, eos_ids)
+    max_seq_len = longest_sequence(config, spec.max_position_embeddings)
+    prompt_limit = prompt_token_limit(config, spec.max_position_embeddings)
+    speculator = Speculator(config.speculation, runner.draft_budget(1, 0) > 0, draft)
+    model_name = model_name or spec.model_dir.name
+    intake = Intake(spec=spec, config=config, tokenizer=tokenizer, model_name=model_name, prompt_limit=prompt_limit,
+                    max_seq_len=max_seq_len, max_window=runner.shapes.max_window, vision=vision,
+                    media_kinds=media_kinds(spec), adapters=lora, vocab_size=vocab_size, eos_ids=eos_ids,
+                    grammars=grammars, speculator=speculator)
+    return EngineParts(spec=spec, config=config, model_name=model_name, device=device, threads=threads,
+                       tokenizer=tokenizer, chat_template=chat_template, grammars=grammars, eos_ids=eos_ids,
+                       vocab_size=vocab_size, max_seq_len=max_seq_len, prompt_limit=prompt_limit, lora=lora,
+                       runner=runner, vision=vision, allocator=allocator, scheduler=scheduler, speculator=speculator,
+                       intake=intake)
 
 
 def _tokenizer(spec: ModelSpec, loaded: Tokenizer | None) -> Tokenizer:
@@ -178,7 +231,7 @@ def _draft_model(spec: ModelSpec, tokenizer: Tokenizer, shapes, num_blocks: int,
                               "a draft model needs them")
     weights = load_weights(spec.checkpoint, spec.checkpoint_format)
     check_weight_dtype(weights, spec.yaml_path, spec.weight_dtype)
-    runner = build_runner(spec, weights, shapes, num_blocks, "aot", "CPU", None, None, aot=aot, kv_dtype=kv_dtype)
+    runner = build_runner(spec, weights, shapes, num_blocks, "aot", "CPU", None, aot=aot, kv_dtype=kv_dtype)
     log.info("draft model %s: %d layers, hidden %d", spec.model_dir.name, spec.num_layers, spec.hidden_size)
     return DraftModel(spec, runner, vocab_size)
 
@@ -186,39 +239,3 @@ def _draft_model(spec: ModelSpec, tokenizer: Tokenizer, shapes, num_blocks: int,
 def _load_weights(spec, vl: VLSpec | None) -> dict[str, np.ndarray]:
     """The checkpoint's arrays (a vision-language checkpoint checked name by name against both towers)."""
     return load_vl_weights(vl) if vl is not None else load_weights(spec.checkpoint, spec.checkpoint_format)
-
-
-def warm_up(engine, progress: bool) -> None:
-    """Compile every graph the engine will call (loaded from the graph cache where ``graph_cache`` is on)."""
-    spec = engine.spec
-    draft = engine.speculator.model
-    if cache_for_this_warm_up(engine.config.graph_cache and spec.mode == 0):
-        parts = engine.runner.graph_parts + (draft.graph_parts() if draft is not None else [])
-        enable_graph_cache(graph_key(parts, spec.model_dir, spec.yaml_path))
-    with older_objects_frozen():  # MindSpore's full gc pass before each compile skips them (collector.py)
-        engine.runner.warmup(progress)
-        if draft is not None:
-            draft.warmup(progress)
-        if engine.vision is not None:
-            engine.vision.warmup()
-
-
-def engine_info(self) -> dict:  # self: the Engine
-    """What ``/info`` reports of the running engine ``self``."""
-    return {"model_name": self.model_name, "arch": self.spec.arch, "max_seq_len": self.max_seq_len,
-            "max_input_tokens": self.prompt_limit.tokens, "max_batch_size": self.config.max_batch_size,
-            "compiled_graphs": self.compiled_graphs, "free_blocks": self.allocator.free_blocks,
-            "total_blocks": self.allocator.usable_blocks, "running": len(self.scheduler.running),
-            "waiting": len(self.scheduler.waiting) + len(self.scheduler.prefilling),
-            "priorities": self.scheduler.by_priority(),
-            "vocab_size": self.tokenizer.vocab_size,
-            "dtype": torch_dtype(self.spec.model_dir) or self.spec.compute_dtype,
-            "max_prefill_tokens": self.config.max_prefill_tokens, "block_size": self.runner.shapes.block_size,
-            "device": self.device, "threads": {"count": self.threads.count, "reason": self.threads.reason},
-            "kernels": self.runner.kernels, "kernel_variant": self.runner.kernel_variant,
-            "compute_dtype": self.runner.dtype,
-            "weight_dtype": self.spec.weight_dtype, "kv_cache_dtype": self.runner.kv_dtype,
-            "prefix_caching": self.allocator.prefix_caching, "prefix_cache_blocks": self.allocator.cached_blocks,
-            "prefix_cache_hit_rate": self.scheduler.hit_tokens / max(self.scheduler.prompt_tokens, 1),
-            "prefix_cache_hit_tokens": self.scheduler.hit_tokens, "adapters": self.adapters(),
-            "lora": self.lora.info(), "speculation": self.speculator.info(), "steps": self.step_stats.snapshot()}

@@ -33,7 +33,8 @@ from safetensors.numpy import save_file
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from tqdm import tqdm
 
-from backends.mindspore.gguf_archs import GGUF_ARCHS, arch_of_model_type, gemma3_config, gguf_arch, head_dim
+from backends.mindspore.families import family_of
+from backends.mindspore.gguf_archs import GGUF_ARCHS, arch_of_model_type, gguf_arch, head_dim
 from backends.mindspore.quant import QUANT_KEY, layers_format
 
 log = logging.getLogger("mindserve.model")
@@ -236,9 +237,8 @@ def _hf_config(meta: dict[str, Any], reader: GGUFReader) -> dict[str, Any]:
         "attention_bias": "blk.0.attn_q.bias" in names, "mlp_bias": False,
         **_moe_config(key, names),
     }
-    if arch.name == "gemma3":
-        config.update(gemma3_config(meta, config["num_hidden_layers"], hidden, heads, config["head_dim"]),
-                      hidden_act="gelu_pytorch_tanh")
+    if arch.config is not None:  # the family's own keys (Gemma 3's layer pattern and attention)
+        config.update(arch.config(meta, config["num_hidden_layers"], hidden, heads, config["head_dim"]))
     return config
 
 
@@ -385,14 +385,8 @@ def _predict_yaml(c: dict[str, Any], weight_dtype: str = "float32", qk_norm: boo
         model_config["head_dim"] = c["head_dim"]
     if qk_norm:
         model_config["qk_layernorm"] = True
-    if c.get("num_experts"):
-        model_config.update({k: c[k] for k in ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
-                                                "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers")})
-    if "layer_types" in c:  # Gemma 3 (gguf_archs.gemma3_config): gemma3_config.py reads these keys
-        model_config.update({k: c[k] for k in ("sliding_window", "layer_types", "rope_local_base_freq",
-                                               "query_pre_attn_scalar", "hidden_act")})
-        if c["rope_scaling"] is not None:
-            model_config["rope_scaling"] = c["rope_scaling"]
+    family = family_of(c["architectures"][0])  # its own keys: the experts', Gemma 3's layer pattern
+    model_config.update({k: c[k] for k in family.config_keys if c.get(k) is not None})
     return {
         "run_mode": "predict", "load_checkpoint": "model.safetensors",
         "load_ckpt_format": "safetensors", "context": {"mode": 0, "device_target": "CPU"},

@@ -1,8 +1,8 @@
 """A Hugging Face model directory (``config.json``, ``tokenizer.json``, ``*.safetensors``) made servable without
 touching it: a model directory in the cache holding a copy of its small JSON/tokenizer files and a predict yaml
 written from ``config.json`` whose ``load_checkpoint`` points at the user's safetensors (absolute path; the
-weights are read from where they are). Text architectures of the Llama family only; what the network does not
-implement (rope scaling other than Gemma 3's linear, a sliding window outside Gemma 3) is refused by name."""
+weights are read from where they are). Text families only (``families/``); what the network does not implement
+(rope scaling, a sliding window, outside a family whose reader judges its own) is refused by name."""
 from __future__ import annotations
 
 import hashlib
@@ -13,18 +13,12 @@ from typing import Any
 
 import yaml
 
-from backends.mindspore.spec import ARCHITECTURES, VISION_FAMILIES
+from backends.mindspore.families import FAMILIES, Family, family_of
 from backends.safetensors_reader import ITEMSIZE, SafetensorsFormatError, read_header
 
 # Copied into the cache entry: what the tokenizer and the yaml reader look for beside the yaml.
 SMALL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                "special_tokens_map.json", "added_tokens.json", "chat_template.jinja", "chat_template.json")
-_GEMMA3 = "Gemma3ForCausalLM"
-_MOE_KEYS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
-             "decoder_sparse_step", "mlp_only_layers")
-_GEMMA3_KEYS = ("sliding_window", "sliding_window_pattern", "layer_types", "rope_local_base_freq",
-                "query_pre_attn_scalar", "hidden_activation", "final_logit_softcapping", "attn_logit_softcapping",
-                "rope_scaling")
 
 
 class HfDirError(ValueError):
@@ -81,16 +75,19 @@ def _read_config(src: Path) -> dict[str, Any]:
         raise HfDirError(f"{src}/config.json: cannot be read as JSON: {exc}") from None
     if not isinstance(config, dict):
         raise HfDirError(f"{src}/config.json: the top level must be an object")
-    return config.get("text_config", config) if config.get("model_type") == "gemma3" else config
+    wrapper = next((f.hf_wrapper for f in FAMILIES if f.hf_wrapper is not None
+                    and f.hf_wrapper.model_type == config.get("model_type")), None)
+    return config.get("text_config", config) if wrapper is not None else config
 
 
 def _arch(src: Path, config: dict[str, Any]) -> str:
     archs = config.get("architectures") or []
     arch = archs[0] if archs and isinstance(archs[0], str) else None
-    if arch == "Gemma3ForConditionalGeneration":
-        raise HfDirError(f"{src}/config.json: architectures {arch!r} (Gemma 3 with vision) is not served; the "
-                         "text model Gemma3ForCausalLM is")
-    text = [a for a, family in ARCHITECTURES.items() if family not in VISION_FAMILIES]
+    wrapper = next((f.hf_wrapper for f in FAMILIES if f.hf_wrapper is not None and f.hf_wrapper.refused_arch == arch),
+                   None)
+    if wrapper is not None:
+        raise HfDirError(f"{src}/config.json: architectures {arch!r} {wrapper.why}")
+    text = [a for f in FAMILIES if not f.capabilities.vision for a in f.archs]
     if arch not in text:
         raise HfDirError(f"{src}/config.json: architectures {archs!r}: mindserve serves an HF directory of "
                          f"{', '.join(text)} (a vision-language model needs its predict yaml: docs/qwen2-vl.md)")
@@ -117,14 +114,15 @@ def predict_model_config(src: Path, c: dict[str, Any], arch: str, has_head: bool
         return c[key]
 
     hidden, heads = need("hidden_size"), need("num_attention_heads")
-    _refuse_unimplemented(src, c, arch)
+    family = family_of(arch)
+    _refuse_unimplemented(src, c, arch, family)
     positions = c.get("max_position_embeddings") or 2048
     mc = {"type": "LlamaConfig", "seq_length": positions, "hidden_size": hidden,
           "num_layers": need("num_hidden_layers"), "num_heads": heads,
           "n_kv_heads": c.get("num_key_value_heads") or heads, "intermediate_size": need("intermediate_size"),
           "vocab_size": need("vocab_size"), "rms_norm_eps": c.get("rms_norm_eps", 1e-6),
           "theta": c.get("rope_theta", 10000.0), "max_position_embedding": positions,
-          "qkv_has_bias": bool(c.get("attention_bias", arch == "Qwen2ForCausalLM")),
+          "qkv_has_bias": bool(c.get("attention_bias", family.defaults.qkv_bias)),
           "tie_word_embeddings": not has_head, "compute_dtype": "float32", "param_init_type": "float32",
           "use_past": True}
     if c.get("head_dim") and c["head_dim"] != hidden // heads:
@@ -132,16 +130,13 @@ def predict_model_config(src: Path, c: dict[str, Any], arch: str, has_head: bool
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
         if c.get(key) is not None:
             mc[key] = c[key]
-    if c.get("num_experts"):
-        mc.update({k: c[k] for k in _MOE_KEYS if k in c})
-    if arch == _GEMMA3:
-        mc.update({k: c[k] for k in _GEMMA3_KEYS if c.get(k) is not None})
+    mc.update({k: c[k] for k in family.config_keys if c.get(k) is not None})  # the experts', Gemma 3's keys
     return mc
 
 
-def _refuse_unimplemented(src: Path, c: dict[str, Any], arch: str) -> None:
-    if arch == _GEMMA3:
-        return  # gemma3_config.py refuses what it does not implement, naming the key
+def _refuse_unimplemented(src: Path, c: dict[str, Any], arch: str, family: Family) -> None:
+    if family.capabilities.sliding_window:
+        return  # a family with local layers reads its window and rope scaling itself, refusing what it lacks
     scaling = c.get("rope_scaling")
     if scaling and (scaling.get("rope_type") or scaling.get("type")) not in (None, "default"):
         raise HfDirError(f"{src}/config.json: rope_scaling {scaling!r} is not implemented for {arch}")

@@ -5,6 +5,8 @@ state with its adapter lease, vision prompt and media (vLLM's input processor, T
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from backends.base import RequestHandle
 from backends.errors import InputRejected
@@ -14,21 +16,36 @@ from backends.mindspore.qwen2_vl.preprocess import MediaError, Patches
 from backends.mindspore.qwen2_vl.request import VisionPrompt, build_prompt, truncate_prompt
 from backends.mindspore.sequence import SeqState
 from backends.params import effective_max_new_tokens
+from backends.settings import EngineConfig
 from backends.types import MediaInput, RequestParams
 
+if TYPE_CHECKING:
+    from backends.grammar import GrammarCompiler
+    from backends.mindspore.qwen2_vl.encoder import VisionEncoder
+    from backends.mindspore.speculative import Speculator
+    from backends.mindspore.spec import ModelSpec
+    from backends.mindspore.tokenizer import Tokenizer
 
+
+@dataclass(frozen=True, slots=True)
 class Intake:
-    """The engine's request intake; ``vision`` (a ``VisionEncoder``) only for a vision-language model."""
+    """The engine's request intake, built with the engine's parts (``engine_parts.build_parts``) from the ones it
+    reads; ``vision`` (a ``VisionEncoder``) only for a vision-language model."""
 
-    def __init__(self, engine) -> None:
-        self.spec, self.config = engine.spec, engine.config
-        self.tokenizer, self.model_name = engine.tokenizer, engine.model_name
-        self.prompt_limit: PromptLimit = engine.prompt_limit
-        self.max_seq_len, self.max_window = engine.max_seq_len, engine.runner.shapes.max_window
-        self.vision, self.media_kinds = engine.vision, engine.media_kinds
-        self.adapters: EngineAdapters = engine.lora
-        self.vocab_size, self.eos_ids, self.grammars = engine.vocab_size, engine.eos_ids, engine.grammars
-        self.speculator = engine.speculator
+    spec: ModelSpec
+    config: EngineConfig
+    tokenizer: Tokenizer
+    model_name: str
+    prompt_limit: PromptLimit
+    max_seq_len: int
+    max_window: int
+    vision: VisionEncoder | None
+    media_kinds: frozenset[str]
+    adapters: EngineAdapters
+    vocab_size: int
+    eos_ids: frozenset[int]
+    grammars: GrammarCompiler
+    speculator: Speculator
 
     def refuse_kinds(self, media: Sequence[MediaInput]) -> None:
         """InputRejected for a media part this model does not take (before anything is read)."""

@@ -7,7 +7,6 @@ from backends.mindspore.spec import ModelSpec
 
 MAX_AOT_HEAD_DIM = 512  # attention.cc kMaxHeadDim
 KERNELS = ("auto", "aot", "stock")
-KERNEL_ALIASES = {"ms": "stock"}  # the old name of the stock-op path, still accepted (bench/ and tests pass it)
 
 
 def fits_aot(spec: ModelSpec) -> bool:
@@ -18,5 +17,4 @@ def fits_aot(spec: ModelSpec) -> bool:
 def stock_expected(spec: ModelSpec, kernels: str = "auto") -> bool:
     """Whether the engine will run stock ops, judged without building anything: asked for, another device, an
     attention shape the kernels do not take, or no C++ compiler."""
-    kernels = KERNEL_ALIASES.get(kernels, kernels)
     return kernels == "stock" or spec.device_target != "CPU" or not fits_aot(spec) or not compiler_found()

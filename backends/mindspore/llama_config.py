@@ -1,10 +1,11 @@
-"""The Llama family's predict yaml (Llama, Qwen2, Qwen3, Qwen3-MoE, Mistral: MindFormers' LlamaConfig keys, and the
-experts' keys of HF's Qwen3MoeConfig) -> ``ModelSpec``."""
+"""The predict yaml of a Llama-shaped text model (MindFormers' LlamaConfig keys, and the experts' keys of HF's
+Qwen3MoeConfig) -> ``ModelSpec``: the reader the text families share (``families/``), each with its own defaults
+(``LayerDefaults``), routed experts read where the family has them."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
-from backends.mindspore.gemma3_config import gemma3_spec
 from backends.mindspore.spec import ModelSpec, MoeSpec
 from backends.mindspore.yaml_tree import (ConfigError, YamlSection, read_checkpoint, read_context, read_defaults,
                                           read_eos_ids, read_json_object)
@@ -12,12 +13,27 @@ from backends.mindspore.yaml_tree import (ConfigError, YamlSection, read_checkpo
 # model_config.weight_dtype: float32, a GGUF block format kept by convert-gguf (served by the quantized AOT
 # matmul, dequantized once at load for the stock ops), or mixed (the layers' matrices differ).
 WEIGHT_DTYPES = ("float32", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "mixed")
-GEMMA3 = "Gemma3ForCausalLM"  # the Llama-family fields plus gemma3_config.py's
 
 
-def llama_spec(yaml_path: Path, tree: dict, model: YamlSection, arch: str) -> ModelSpec:
-    """The language model of a Llama-family yaml tree (``yaml_tree.read_model_yaml``)."""
-    mc = YamlSection(yaml_path, "model.model_config", model.get("model_config", dict))
+@dataclass(frozen=True, slots=True)
+class LayerDefaults:
+    """The defaults that differ by family (``families/``; a key the yaml gives wins)."""
+
+    qkv_bias: bool = False  # q/k/v projections with biases (Qwen2)
+    qk_norm: bool = False  # q and k heads RMS-normalised before RoPE (Qwen3, Gemma 3)
+    tied: bool = False  # the LM head is the embedding (Gemma 3)
+
+
+def model_config(yaml_path: Path, model: YamlSection) -> YamlSection:
+    """The yaml's ``model.model_config`` section."""
+    return YamlSection(yaml_path, "model.model_config", model.get("model_config", dict))
+
+
+def llama_spec(yaml_path: Path, tree: dict, model: YamlSection, arch: str, defaults: LayerDefaults = LayerDefaults(),
+               experts: bool = False) -> ModelSpec:
+    """The language model of a Llama-shaped yaml tree (``yaml_tree.read_model_yaml``); ``experts``: the family has
+    routed experts (then required), else a ``num_experts`` key is refused."""
+    mc = model_config(yaml_path, model)
     hidden, heads = mc.positive("hidden_size"), mc.positive("num_heads")
     kv_heads = mc.positive("n_kv_heads", heads, "num_key_value_heads")
     head_dim = mc.positive("head_dim", None)
@@ -53,8 +69,8 @@ def llama_spec(yaml_path: Path, tree: dict, model: YamlSection, arch: str) -> Mo
         rope_theta=mc.get("theta", float, 10000.0, "rope_theta"),
         max_position_embeddings=mc.positive("max_position_embedding", seq_length, "max_position_embeddings"),
         seq_length=seq_length,
-        qkv_has_bias=mc.get("qkv_has_bias", bool, arch == "Qwen2ForCausalLM"),
-        tie_word_embeddings=mc.get("tie_word_embeddings", bool, arch == GEMMA3),
+        qkv_has_bias=mc.get("qkv_has_bias", bool, defaults.qkv_bias),
+        tie_word_embeddings=mc.get("tie_word_embeddings", bool, defaults.tied),
         bos_token_id=mc.get("bos_token_id", int, None),
         eos_token_ids=read_eos_ids(mc.get("eos_token_id", (int, list), 2), yaml_path),
         pad_token_id=mc.get("pad_token_id", int, None),
@@ -63,20 +79,24 @@ def llama_spec(yaml_path: Path, tree: dict, model: YamlSection, arch: str) -> Mo
         defaults=read_defaults(mc),
         config_vocab_size=cfg_vocab if isinstance(cfg_vocab, int) and cfg_vocab > 0 else None,
         weight_dtype=weight_dtype,
-        qk_norm=mc.get("qk_layernorm", bool, arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", GEMMA3), "qk_norm",
-                       "use_qk_norm"),
-        moe=_moe(yaml_path, mc, arch, num_layers),
-        gemma3=gemma3_spec(mc, mc.positive("num_layers", ..., "num_hidden_layers")) if arch == GEMMA3 else None,
+        qk_norm=mc.get("qk_layernorm", bool, defaults.qk_norm, "qk_norm", "use_qk_norm"),
+        moe=_moe(yaml_path, mc, arch, num_layers) if experts else _dense(yaml_path, mc, arch),
     )
 
 
-def _moe(yaml_path: Path, mc: YamlSection, arch: str, num_layers: int) -> MoeSpec | None:
-    """The routed experts (HF Qwen3MoeConfig's keys), or None for a dense model (no ``num_experts``, or 0)."""
+def _dense(yaml_path: Path, mc: YamlSection, arch: str) -> None:
+    """A family without routed experts: a ``num_experts`` key is a mistake, not a model (families/ lists the
+    architectures that have them)."""
+    if mc.get("num_experts", int, 0):
+        raise ConfigError(yaml_path, "model.model_config.num_experts", f"{arch} has no routed experts; remove the key "
+                          "(or name an architecture with experts in model.arch.type)")
+
+
+def _moe(yaml_path: Path, mc: YamlSection, arch: str, num_layers: int) -> MoeSpec:
+    """The routed experts (HF Qwen3MoeConfig's keys); ``num_experts`` > 0 required."""
     experts = mc.get("num_experts", int, 0)
     if not experts:
-        if arch == "Qwen3MoeForCausalLM":
-            raise ConfigError(yaml_path, "model.model_config.num_experts", f"{arch} needs num_experts > 0")
-        return None
+        raise ConfigError(yaml_path, "model.model_config.num_experts", f"{arch} needs num_experts > 0")
     if experts < 0:
         raise ConfigError(yaml_path, "model.model_config.num_experts", f"must be > 0, got {experts}")
     top_k = mc.positive("num_experts_per_tok", ...)

@@ -1,7 +1,6 @@
 """What a model directory describes, as frozen data: ``ModelSpec`` (the language model, and ``vision`` for a
-vision-language model), and the one architecture table that says which family reads a yaml
-(``backends/mindspore/config.py`` dispatches on it). No reading here: ``yaml_tree.py`` and the family
-loaders (``llama_config.py``, ``qwen2_vl/config.py``) fill these in."""
+vision-language model). No reading here: the families' readers (``families/``: ``llama_config.py``,
+``qwen2_vl/config.py``) fill these in."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,26 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from backends.types import ModelDefaults
-
-# model.arch.type -> the family that reads it: "llama" (llama_config.py) or a vision-language family
-# (qwen2_vl/config.py, which also reads the tower's layout from the family name).
-ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "Qwen2ForCausalLM": "llama",
-    "MistralForCausalLM": "llama",
-    "Qwen3ForCausalLM": "llama",
-    "Qwen3MoeForCausalLM": "llama",
-    "Gemma3ForCausalLM": "llama",
-    "ParallelLlamaForCausalLM": "llama",
-    "Qwen2VLForConditionalGeneration": "qwen2_vl",
-    "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
-}
-VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
-
-
-def archs_of(*families: str) -> tuple[str, ...]:
-    """The architectures the table gives to ``families``, in table order."""
-    return tuple(arch for arch, family in ARCHITECTURES.items() if family in families)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +45,7 @@ class ModelSpec:
     vision: VLSpec | None = None  # a vision-language model's tower, processor and M-RoPE (its ``text`` is this spec)
     qk_norm: bool = False  # Qwen3: each q and k head RMS-normalised (q_norm / k_norm over head_dim) before RoPE
     moe: MoeSpec | None = None  # Qwen3-MoE: routed experts in the layers it names (the others keep a dense MLP)
-    gemma3: Gemma3Spec | None = None  # Gemma 3's layer pattern and attention (gemma3_config.py), else None
+    gemma3: Gemma3Spec | None = None  # Gemma 3's layer pattern and attention (families/gemma3.py), else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -119,15 +119,16 @@ class Member:
 class Fleet:
     """N replicas (127.0.0.1 or ``host``, ports ``ports`` or ``base_port``, ``base_port`` + 1, ...) and, unless
     ``gateway`` is False, SMG on ``gateway_port`` routing to them plus any ``worker_urls`` (replicas on other
-    hosts). ``start()`` returns once every replica's /health is 200 and the gateway lists them all."""
+    hosts). ``serve_args`` go to every replica, ``replica_args[i]`` to replica i only (after them). ``start()``
+    returns once every replica's /health is 200 and the gateway lists them all."""
 
     def __init__(self, replicas: int = 2, *, host: str = "127.0.0.1", ports: Sequence[int] | None = None,
                  base_port: int = 8001, serve_args: Sequence[str] = (), cpus: Sequence[int] | None = None,
                  gateway: bool = True, gateway_port: int = 8000, policy: str = "cache_aware",
                  gateway_args: Sequence[str] = (), prometheus_port: int | None = None,
                  worker_urls: Sequence[str] = (), log_dir: Path | None = None,
-                 replica_cmd: Sequence[str] | None = None, smg: str | None = None,
-                 ready_timeout: float = 600.0, grace: float = 40.0) -> None:
+                 replica_cmd: Sequence[str] | None = None, replica_args: Sequence[Sequence[str]] = (),
+                 smg: str | None = None, ready_timeout: float = 600.0, grace: float = 40.0) -> None:
         ports = list(ports) if ports is not None else [base_port + i for i in range(replicas)]
         if len(ports) != replicas:
             raise ValueError(f"{replicas} replicas need {replicas} ports, got {ports}")
@@ -138,10 +139,11 @@ class Fleet:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         base_cmd = list(replica_cmd) if replica_cmd else [sys.executable, "-m", "service"]
         shares = split_cores(cpus if cpus is not None else sorted(os.sched_getaffinity(0)), replicas)
+        own = list(replica_args) + [()] * (replicas - len(replica_args))  # replica i's extra serve args
         self.replicas = [
             Member(f"replica{i}", f"http://{_url_host(host)}:{port}",
                    ["taskset", "-c", ",".join(map(str, share)), *base_cmd, "serve", "--host", host,
-                    "--port", str(port), "--threads", str(len(share)), *serve_args],
+                    "--port", str(port), "--threads", str(len(share)), *serve_args, *own[i]],
                    self.log_dir / f"replica{i}.log", share)
             for i, (port, share) in enumerate(zip(ports, shares))]
         self.worker_urls = [r.url for r in self.replicas] + list(worker_urls)

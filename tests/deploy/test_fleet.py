@@ -29,8 +29,11 @@ def test_parse_cpus():
 def test_commands(tmp_path):
     f = fleet.Fleet(2, ports=[9001, 9002], cpus=[0, 1, 2, 3], gateway_port=9000, prometheus_port=9100,
                     policy="least_load", serve_args=["--ctx-size", "512"], smg="/x/smg",
-                    worker_urls=["http://10.0.0.9:1025"], log_dir=tmp_path, gateway_args=["--log-level", "warn"])
+                    worker_urls=["http://10.0.0.9:1025"], log_dir=tmp_path, gateway_args=["--log-level", "warn"],
+                    replica_args=[["--owned-by", "vllm"]])
     r0, r1 = f.replicas
+    assert r0.cmd[-2:] == ["--owned-by", "vllm"] and r1.cmd[-2:] == ["--ctx-size", "512"]
+    r0.cmd = r0.cmd[:-2]
     assert r0.cmd[:3] == ["taskset", "-c", "0,1"] and r1.cmd[:3] == ["taskset", "-c", "2,3"]
     assert r0.cmd[-8:] == ["--host", "127.0.0.1", "--port", "9001", "--threads", "2", "--ctx-size", "512"]
     assert f.replica_urls == ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]

@@ -28,7 +28,7 @@ def test_gemma3_greedy_ids_agree_with_llama_server(tmp_path):
     prompts = {name: p["input_ids"][-40:] for name, p in PROMPTS.items()}  # within the runner's 64-token window
     with llama_server(gguf, tmp_path / "llama-server.log") as url:
         theirs = {name: llama_greedy(url, ids, NEW_TOKENS) for name, ids in prompts.items()}
-    for kernels in ("aot", "ms"):
+    for kernels in ("aot", "stock"):
         runner = make_runner(converted, num_blocks=24, kernels=kernels)
         ours = {name: greedy(runner, ids, NEW_TOKENS, [1, 2, 3, 4])[0] for name, ids in prompts.items()}
         assert ours == theirs, kernels

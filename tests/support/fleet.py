@@ -33,12 +33,16 @@ def smg_binary() -> str | None:
 
 def local_fleet(log_dir: Path, replicas: int = 2, *, serve_args: Sequence[str] = (), gateway: bool = True,
                 policy: str = "cache_aware", gateway_args: Sequence[str] = (), slow_decode: float = 0.0,
+                replica_args: Sequence[Sequence[str]] = (), worker_urls: Sequence[str] = (),
                 cpus: Sequence[int] | None = None, ready_timeout: float = 300.0, grace: float = 40.0):
     """A not yet started ``Fleet`` on free 127.0.0.1 ports (``with local_fleet(...) as fleet:`` starts it).
-    ``slow_decode`` > 0: every replica sleeps that long before each decode step."""
+    ``slow_decode`` > 0: every replica sleeps that long before each decode step. ``replicas=0`` with
+    ``worker_urls``: a gateway alone, in front of replicas already running."""
     ports = free_ports(replicas + 2)
     replica_cmd = [sys.executable, "-c", BOOTSTRAP, str(slow_decode)] if slow_decode else None
     return fleet_module().Fleet(replicas, ports=ports[:replicas], gateway=gateway, gateway_port=ports[-2],
                                 prometheus_port=ports[-1], policy=policy, gateway_args=gateway_args,
-                                serve_args=serve_args, replica_cmd=replica_cmd, cpus=cpus, log_dir=log_dir,
+                                serve_args=serve_args, replica_args=replica_args, replica_cmd=replica_cmd,
+                                worker_urls=worker_urls,
+                                cpus=cpus, log_dir=log_dir,
                                 ready_timeout=ready_timeout, grace=grace)

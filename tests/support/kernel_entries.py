@@ -99,7 +99,7 @@ def _x(rng, m: int, k: int) -> np.ndarray:
 
 def _attention_inputs(rng, n: int, h: int, kv: int, d: int, bs: int, nb: int, bias: bool) -> dict:
     """One packed step of two sequences (table rows 0 and 1), and the cache rows each token writes."""
-    from backends.mindspore.model import rope_tables
+    from backends.mindspore.network.common import rope_tables
 
     num_blocks = 2 * nb + 3
     width, slots = (h + 2 * kv) * d, num_blocks * bs

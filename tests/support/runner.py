@@ -15,7 +15,7 @@ SHAPES = Shapes(block_size=16, prefill_chunk=8, batch_buckets=(1, 4), window_buc
                 prefill_batch_buckets=(1, 2))
 
 
-def make_runner(model_dir: Path, num_blocks: int = 24, mode: int = 0, kernels: str = "ms",
+def make_runner(model_dir: Path, num_blocks: int = 24, mode: int = 0, kernels: str = "stock",
                 kernel_isa: str = "auto") -> ModelRunner:
     spec = load_model(model_dir)
     set_mode(mode, "CPU", 2)

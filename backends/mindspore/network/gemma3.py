@@ -8,7 +8,8 @@ the MLP's outputs are normalised before their residual adds); q/k head norms; Ge
 scaled by query_pre_attn_scalar^-1/2; sliding-window layers (a query reads only the last ``sliding_window``
 positions, itself included) with their own rope base, global layers with rope_theta and a linear scaling factor.
 Every layer keeps a full-length KV cache (the window is applied when reading it), so prefix caching and batching
-work unchanged; the memory a window could save is not saved. Adapter slots (LoRA) are refused.
+work unchanged; the memory a window could save is not saved. No adapter slots (LoRA): the family declares none
+(``families/gemma3.py``), so they are refused before this is built.
 """
 from __future__ import annotations
 
@@ -72,14 +73,6 @@ def attention_meta(spec: ModelSpec, block_size: int, local: bool) -> np.ndarray:
     return np.array([spec.num_kv_heads, block_size, int(spec.qkv_has_bias), window, scale], np.int32)
 
 
-def _refuse_lora(spec: ModelSpec, lora) -> None:
-    if lora is not None:
-        from backends.mindspore.weights import WeightsError
-
-        raise WeightsError(f"{spec.arch}: adapter slots (LoRA) are not implemented for Gemma 3; serve it without "
-                           "adapters (max_lora_adapters 0 / no adapters configured)")
-
-
 class AotGemma3Layer(AotDecoderLayer):
     """``AotDecoderLayer``'s weights and cache plus the two post-norms; one ``gemma_decoder_layer`` op. ``rope`` is
     0 (global tables) or 1 (local)."""
@@ -108,7 +101,6 @@ class AotGemma3(_Llama):
 
     def __init__(self, spec: ModelSpec, w: dict, num_blocks: int, block_size: int, max_positions: int, aot,
                  lora: tuple[int, int] | None = None, kv_dtype: str = "float32") -> None:
-        _refuse_lora(spec, lora)
         super().__init__(None)
         w = gemma3_weights(spec, w)
         self.aot = aot
@@ -169,7 +161,6 @@ class StockGemma3(_Llama):
 
     def __init__(self, spec: ModelSpec, w: dict, num_blocks: int, block_size: int, max_positions: int,
                  dtype: str = "float32", lora: tuple[int, int] | None = None) -> None:
-        _refuse_lora(spec, lora)
         super().__init__(None)
         w = gemma3_weights(spec, w)
         self.dim = spec.hidden_size

@@ -13,14 +13,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from backends.mindspore.spec import (ARCHITECTURES, VISION_FAMILIES, ModelSpec, ProcessorSpec, VisionSpec, VLSpec,
-                                     archs_of)
+from backends.mindspore.spec import ModelSpec, ProcessorSpec, VisionSpec, VLSpec
 from backends.mindspore.yaml_tree import (ConfigError, YamlSection, read_checkpoint, read_context, read_defaults,
                                           read_eos_ids, read_json_object, read_model_yaml)
 
 __all__ = ["ProcessorSpec", "VisionSpec", "VLSpec", "activation_bytes", "load_vl_spec", "processor_chat_template",
            "vision_buckets", "vl_spec"]
 _ACTS = ("quick_gelu", "silu", "gelu")
+# model.arch.type -> the vision tower's layout (VisionSpec.family)
+TOWERS = {"Qwen2VLForConditionalGeneration": "qwen2_vl", "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl"}
 
 
 class _Merged(YamlSection):
@@ -39,10 +40,10 @@ def load_vl_spec(path: Path | str) -> VLSpec:
 
 def vl_spec(yaml_path: Path, tree: dict, model: YamlSection, arch: str) -> VLSpec:
     """The ``VLSpec`` of a vision-language yaml tree (``yaml_tree.read_model_yaml``)."""
-    family = ARCHITECTURES.get(arch)
-    if family not in VISION_FAMILIES:
+    family = TOWERS.get(arch)
+    if family is None:
         raise ConfigError(yaml_path, "model.arch.type", f"{arch!r} is not a vision-language arch; use one of "
-                                                        f"{archs_of(*VISION_FAMILIES)}")
+                                                        f"{tuple(TOWERS)}")
     hf = read_json_object(yaml_path.parent / "config.json")
     hf_text = {**hf, **(hf.get("text_config") or {})}
     mc = _Merged(yaml_path, "model.model_config", model.get("model_config", dict, {}), _text_fallback(hf_text))

@@ -26,7 +26,7 @@ from backends.mindspore.network.common import AotRMSNorm, RMSNorm, aot_weight, p
 from backends.mindspore.network.llama import AotLMHead, StockLMHead
 from backends.mindspore.network.stock_layer import StockDecoderLayer
 from backends.mindspore.qwen2_vl.positions import mrope_selector
-from backends.mindspore.spec import VLSpec
+from backends.mindspore.spec import ModelSpec, VLSpec
 
 
 def media_inputs(chunks: list, places: list[tuple[int, int]], pos: np.ndarray,
@@ -78,9 +78,9 @@ def _head(spec: VLSpec, w: dict[str, np.ndarray]) -> np.ndarray:
 class AotQwen2VLText(_Qwen2VLText):
     """Rows flat [B*T, ...]; index the block table [R, NB], aux each token's table row [B*T]."""
 
-    def __init__(self, spec: VLSpec, w: dict[str, np.ndarray], num_blocks: int, block_size: int,
-                 max_positions: int, aot, kv_dtype: str = "float32") -> None:
-        t = spec.text
+    def __init__(self, spec: ModelSpec, w: dict[str, np.ndarray], num_blocks: int, block_size: int,
+                 max_positions: int, aot, lora: None = None, kv_dtype: str = "float32") -> None:
+        t, spec = spec, spec.vision  # no adapter slots (its family declares none)
         # one stream per rotary dimension (M-RoPE's sections): [3, 1, hd] for flat rows
         super().__init__(spec, w, max_positions, mrope_selector(spec.mrope_section, t.head_dim)[:, None, :])
         self.aot = aot
@@ -109,9 +109,9 @@ class AotQwen2VLText(_Qwen2VLText):
 class StockQwen2VLText(_Qwen2VLText):
     """Rows [B, T, ...]; read rows [kv, B, W] and the mask [B, 1, T, W]. Float32 throughout."""
 
-    def __init__(self, spec: VLSpec, w: dict[str, np.ndarray], num_blocks: int, block_size: int,
-                 max_positions: int) -> None:
-        t = spec.text
+    def __init__(self, spec: ModelSpec, w: dict[str, np.ndarray], num_blocks: int, block_size: int,
+                 max_positions: int, dtype: str = "float32", lora: None = None) -> None:
+        t, spec = spec, spec.vision  # float32 only and no adapter slots, as its family declares
         # one stream per rotary dimension (M-RoPE's sections): [3, 1, 1, hd] for [B, T] rows
         super().__init__(spec, w, max_positions, mrope_selector(spec.mrope_section, t.head_dim)[:, None, None, :])
         self.head = stock_weight([_head(spec, w)], "lm_head")

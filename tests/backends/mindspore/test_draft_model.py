@@ -148,12 +148,13 @@ def test_drafting_needs_no_draft_model_for_prompt_lookup(tiny_model_dir):
 def test_a_draft_model_must_reach_the_window_and_be_a_text_model(tmp_path):
     from types import SimpleNamespace
 
-    short = SimpleNamespace(vision=None, max_position_embeddings=64, model_dir=tmp_path)
+    short = SimpleNamespace(arch="LlamaForCausalLM", max_position_embeddings=64, model_dir=tmp_path)
     with pytest.raises(DraftModelError, match="max_position_embeddings 64 is below the served sequence length 128"):
         check_draft_spec(short, 128)
     check_draft_spec(short, 64)
     with pytest.raises(DraftModelError, match="a vision-language model cannot be a draft model"):
-        check_draft_spec(SimpleNamespace(vision=object(), max_position_embeddings=4096, model_dir=tmp_path), 128)
+        check_draft_spec(SimpleNamespace(arch="Qwen2VLForConditionalGeneration", max_position_embeddings=4096,
+                                         model_dir=tmp_path), 128)
 
 
 def test_lora_rows_with_a_draft_model_keep_their_adapters_output(tiny_model_dir, tmp_path):

@@ -156,7 +156,7 @@ def tiny_engine_ms(tiny_model_dir):
     """The stock-op path (no AOT kernels): separate prefill and decode calls, prompts-first scheduling."""
     from dataclasses import replace
 
-    with Engine(tiny_model_dir, replace(TINY, kernels="ms", max_prefill_batch=2)) as engine:
+    with Engine(tiny_model_dir, replace(TINY, kernels="stock", max_prefill_batch=2)) as engine:
         assert engine.runner.kernels == "stock"
         yield engine
 

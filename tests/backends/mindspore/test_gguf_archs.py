@@ -94,7 +94,7 @@ def test_another_architecture_is_refused_by_name_with_the_supported_list(tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kernels", ["aot", "ms"])
+@pytest.mark.parametrize("kernels", ["aot", "stock"])
 def test_the_converted_qwen3_generates_as_its_safetensors_source(sources, converted, kernels):
     """fp32 conversion: the same greedy ids and the same logits as the safetensors path (and so HF's goldens)."""
     from tests.support.runner import greedy, make_runner

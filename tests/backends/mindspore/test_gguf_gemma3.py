@@ -64,7 +64,7 @@ def test_the_converted_spec_is_the_sources(source, converted):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kernels", ["aot", "ms"])
+@pytest.mark.parametrize("kernels", ["aot", "stock"])
 def test_the_converted_gemma3_generates_as_its_safetensors_source(source, converted, kernels):
     """fp32 conversion: the same greedy ids and the same logits as the safetensors path."""
     from tests.support.runner import greedy, make_runner

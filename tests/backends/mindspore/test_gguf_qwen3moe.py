@@ -80,7 +80,7 @@ def _golden() -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kernels", ["aot", "ms"])
+@pytest.mark.parametrize("kernels", ["aot", "stock"])
 def test_the_converted_model_generates_as_its_source_and_hf(source, converted, kernels):
     from tests.support.runner import greedy, make_runner
 

@@ -168,7 +168,7 @@ def test_runtime_load_refuses_a_rank_over_the_slots(lora_engine, tmp_path, defau
 
 # --- both kernel paths on a tiny model ---------------------------------------------------------------
 
-@pytest.mark.parametrize("kernels", ["aot", "ms"])
+@pytest.mark.parametrize("kernels", ["aot", "stock"])
 def test_tiny_model_adapter_logits_on_both_kernel_paths(tiny_model_dir, tmp_path_factory, kernels):
     from backends.mindspore.lora_slots import LoraSlots
     from backends.lora import load_adapter

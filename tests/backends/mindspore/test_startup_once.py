@@ -105,11 +105,12 @@ def test_the_warm_up_compiles_with_older_objects_frozen(tiny_model_dir):
     with Engine(tiny_model_dir, TINY, warmup=False) as engine:
         real = engine.runner.warmup
         engine.runner.warmup = lambda progress: (frozen.append(gc.get_freeze_count()), real(progress))
-        engine_parts.warm_up(engine, progress=False)
+        engine.parts.warm_up(progress=False)
     assert frozen and frozen[0] > 0
     assert gc.get_freeze_count() == 0
 
 
+@pytest.mark.slow  # a fresh process imports MindSpore
 def test_preload_imports_the_engine_modules():
     code = ("import sys; from backends.loader import preload_backend; "
             "assert 'mindspore' not in sys.modules; preload_backend().join(); "

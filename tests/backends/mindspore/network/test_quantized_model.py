@@ -138,7 +138,7 @@ def test_tiny_rows_are_bit_identical_alone_or_batched(tiny_quant):
 
 def test_stock_ops_dequantize_once_and_match_the_plain_reference(tiny_quant):
     _, path, _, _, plain = tiny_quant
-    runner = make_runner(path, kernels="ms")
+    runner = make_runner(path, kernels="stock")
     ids = prompt(13, 3, runner.spec.vocab_size)
     np.testing.assert_allclose(prefill(runner, ids, [1, 2]), plain.next_logits(ids), atol=1e-4, rtol=0)
 

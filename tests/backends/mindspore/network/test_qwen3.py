@@ -111,7 +111,7 @@ def make_runner(model_dir, kernels: str, spec=None):
     return build_runner(spec, load_weights(spec.checkpoint, spec.checkpoint_format), shapes, 40, kernels)
 
 
-@pytest.fixture(scope="module", params=["ms", "aot"])
+@pytest.fixture(scope="module", params=["stock", "aot"])
 def runner(request, tiny_qwen3_dir):
     return make_runner(tiny_qwen3_dir, request.param)
 
@@ -194,7 +194,7 @@ def test_without_the_head_norms_the_logits_move(tiny_qwen3_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kernels", ["ms", "aot"])
+@pytest.mark.parametrize("kernels", ["stock", "aot"])
 def test_a_network_with_adapter_slots_keeps_the_head_norms(tiny_qwen3_dir, kernels):
     """The adapter-slot layers (AotLoraDecoderLayer's five ops, the stock layer's deltas) with no adapter in use:
     HF's logits and ids."""

@@ -323,7 +323,7 @@ def test_weights_are_checked_by_name_and_shape(tmp_path):
 
 # --- the model in MindSpore GRAPH mode (slow: compiles graphs) ---
 
-@pytest.fixture(scope="module", params=["ms", "aot"])
+@pytest.fixture(scope="module", params=["stock", "aot"])
 def models(request, model_dirs):
     """Both archs on one kernel path: stock MindSpore ops (SplitRunner's) or the AOT kernels (PackedRunner's)."""
     from tests.support.qwen2_vl_reference import Qwen2VL

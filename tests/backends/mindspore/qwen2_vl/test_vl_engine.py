@@ -45,7 +45,7 @@ def _config(kernels: str, **overrides):
     return EngineConfig(**{**base, **overrides})
 
 
-@pytest.fixture(scope="module", params=["ms", "aot"])
+@pytest.fixture(scope="module", params=["stock", "aot"])
 def engines(request, model_dirs):
     """Both archs on one kernel path, each with the graph count its warm-up left."""
     from backends.mindspore.engine import Engine
