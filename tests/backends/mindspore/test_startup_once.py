@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from backends.grammar import GrammarCompiler
-from backends.mindspore.engine.engine import engine_parts
+from backends.mindspore.engine import engine_parts
 from backends.mindspore.engine.collector import older_objects_frozen
 from backends.mindspore.planning.preflight import check_model
 from backends.mindspore.modeldir.tokenizer import Tokenizer

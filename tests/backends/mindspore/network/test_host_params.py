@@ -142,7 +142,7 @@ def test_the_warm_up_waits_for_the_first_blocks_and_the_rest_map_at_idle_priorit
     import threading
     import time
 
-    from backends.mindspore.engine.engine import kv_pages as common
+    from backends.mindspore.engine import kv_pages as common
 
     if not common.populate(np.zeros(4096, np.uint8)):
         pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux 5.14+)")
