@@ -35,7 +35,7 @@ def model_dir(request, family) -> Path:
 
 @pytest.fixture(scope="module")
 def url(live_servers, family, model_dir):
-    from backends.mindspore.engine import Engine
+    from backends.mindspore.engine.engine import Engine
     from backends.settings import EngineConfig
 
     config = EngineConfig(max_seq_len=256, max_input_tokens=200, max_batch_size=4, max_iter_times=64,
@@ -57,7 +57,7 @@ def generated_ids(url: str, golden: dict, name: str) -> list[int]:
 def golden_text(model_dir: Path, want: dict) -> str:
     """The golden ids' text; the random ids end inside a UTF-8 character: the served text never carries that half
     character."""
-    from backends.mindspore.tokenizer import Tokenizer
+    from backends.mindspore.modeldir.tokenizer import Tokenizer
 
     return Tokenizer.from_model_dir(model_dir).decode(want["greedy_ids"]).rstrip("\ufffd")
 

@@ -27,7 +27,7 @@ def golden(family) -> dict:
 @pytest.fixture(scope="module", params=["stock", "aot"])
 def engine(request, family):
     """The family's tiny checkpoint on a small engine, once per kernel path."""
-    from backends.mindspore.engine import Engine
+    from backends.mindspore.engine.engine import Engine
     from backends.settings import EngineConfig
 
     config = EngineConfig(max_seq_len=256, max_input_tokens=200, max_batch_size=4, max_iter_times=64,
