@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends.mindspore.default_model import ensure_default_gguf, ensure_default_model
+from backends.mindspore.modeldir.default_model import ensure_default_gguf, ensure_default_model
 from tests.support.paths import REPO
 from tests.support.make_tiny_gemma3 import make_tiny_gemma3
 from tests.support.make_tiny_qwen3 import make_tiny_qwen3
@@ -146,7 +146,7 @@ def gemma3_270m_q4_dir(gemma3_270m_gguf, model_cache_dir) -> Path:
 @pytest.fixture(scope="session")
 def default_engine(default_model_dir):
     """The real default model on a small engine config (few graphs to compile), shared by the session."""
-    from backends.mindspore.engine import Engine
+    from backends.mindspore.engine.engine import Engine
     from backends.settings import EngineConfig
 
     config = EngineConfig(max_seq_len=256, max_input_tokens=200, max_batch_size=4, max_iter_times=64,
@@ -172,7 +172,7 @@ LORA_STRENGTH = 0.1
 def lora_adapter_dirs(tmp_path_factory, default_model_dir) -> dict[str, Path]:
     """The LORA_ADAPTERS as PEFT directories under one adapter root (the runtime-load root too)."""
     from backends.lora import BaseDims
-    from backends.mindspore.config import load_model
+    from backends.mindspore.modeldir.config import load_model
     from tests.support.lora_adapters import make_adapter
     from tests.support.reference_numpy import RefModel
 
@@ -189,7 +189,7 @@ def lora_adapter_dirs(tmp_path_factory, default_model_dir) -> dict[str, Path]:
 def lora_engine(default_model_dir, lora_adapter_dirs):
     """The default model with the LORA_ADAPTERS loaded, two spare slots and runtime updates on (root: the
     adapters' directory); the default_engine's small shapes."""
-    from backends.mindspore.engine import Engine
+    from backends.mindspore.engine.engine import Engine
     from backends.settings import EngineConfig, LoraModuleConfig, LoraSettings
 
     root = next(iter(lora_adapter_dirs.values())).parent

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from backends.mindspore.families import BY_ARCH, FAMILIES, family_of, refuse_adapters
-from backends.mindspore.gguf_archs import GGUF_ARCHS, UnsupportedGguf, gguf_arch
+from backends.mindspore.modeldir.gguf_archs import GGUF_ARCHS, UnsupportedGguf, gguf_arch
 from backends.settings import EngineConfig, LoraSettings
 from tests.support.make_tiny_gemma3 import make_tiny_gemma3
 from tests.support.make_tiny_qwen2_vl import make_tiny_qwen2_vl
@@ -68,8 +68,8 @@ def weights_untouchable(monkeypatch):
     def opened(*args, **kwargs):
         raise AssertionError("the weights were read before the capability refusal")
 
-    import backends.mindspore.engine_parts as parts
-    import backends.mindspore.memory as memory
+    import backends.mindspore.engine.engine_parts as parts
+    import backends.mindspore.planning.memory as memory
 
     for module, name in ((parts, "load_weights"), (parts, "load_vl_weights"), (memory.Footprint, "of")):
         monkeypatch.setattr(module, name, opened)
@@ -77,7 +77,7 @@ def weights_untouchable(monkeypatch):
 
 @pytest.mark.parametrize("name", ["gemma3", "qwen3_moe", "qwen2_vl"])
 def test_lora_is_refused_in_preflight_before_the_weights(no_lora_dirs, weights_untouchable, name):
-    from backends.mindspore.preflight import ADAPTERS, PreflightError, check_model
+    from backends.mindspore.planning.preflight import ADAPTERS, PreflightError, check_model
 
     family = family_of(next(f.archs[0] for f in FAMILIES if f.name == name))
     with pytest.raises(PreflightError) as err:
@@ -89,7 +89,7 @@ def test_lora_is_refused_in_preflight_before_the_weights(no_lora_dirs, weights_u
 @pytest.mark.parametrize("name", ["gemma3", "qwen3_moe"])
 def test_the_engine_refuses_lora_before_the_weights(no_lora_dirs, weights_untouchable, name):
     """Built without preflight (as bench and tests build it), the engine asks the same rule first."""
-    from backends.mindspore.engine_parts import build_parts
+    from backends.mindspore.engine.engine_parts import build_parts
 
     with pytest.raises(ValueError, match="LoRA adapters are not supported for"):
         build_parts(no_lora_dirs[name], LORA)

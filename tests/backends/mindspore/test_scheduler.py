@@ -5,9 +5,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from backends.mindspore.kv_cache import BlockAllocator
-from backends.mindspore.scheduler import Scheduler
-from backends.mindspore.sequence import SeqState
+from backends.mindspore.engine.kv_cache import BlockAllocator
+from backends.mindspore.engine.scheduler import Scheduler
+from backends.mindspore.engine.sequence import SeqState
 
 
 class _Handle:
