@@ -98,9 +98,9 @@ class EngineConfig:
     # which build of the AOT kernels (kernels/build.py VARIANTS); "auto": MINDSERVE_KERNEL_ISA, else the best
     # this CPU runs
     kernel_isa: str = "auto"
-    # the KV cache's format (backends/mindspore/kv_dtype.py): auto, float32, float16, bfloat16 or q8_0. A server
-    # config's kvCacheDtype is auto by default (the measured default, float16 on the AOT kernels); an engine of the
-    # Python API keeps float32, the model's own arithmetic, unless asked
+    # the KV cache's format (backends/mindspore/planning/kv_dtype.py): auto, float32, float16, bfloat16 or q8_0.
+    # A server config's kvCacheDtype is auto by default (the measured default, float16 on the AOT kernels); an engine
+    # of the Python API keeps float32, the model's own arithmetic, unless asked
     kv_cache_dtype: str = "float32"
     # keep the warm-up's compiled graphs (MindSpore's compile cache) under ~/.cache/mindserve/graphs, one directory
     # per everything that shapes them (graph_cache.py): a restart loads them instead of compiling. Only for a process

@@ -11,7 +11,7 @@ DEFAULT_MODELS = CACHE_DIR
 
 def default_model_dir(cache: Path = DEFAULT_MODELS, progress: bool = False) -> Path:
     """The default model's fp32 conversion (made from its GGUF the first time, as the tests' is)."""
-    from backends.mindspore.default_model import ensure_default_model
+    from backends.mindspore.modeldir.default_model import ensure_default_model
 
     return ensure_default_model(cache, progress=progress)
 
@@ -19,7 +19,7 @@ def default_model_dir(cache: Path = DEFAULT_MODELS, progress: bool = False) -> P
 def engine(model_dir: Path | None = None, *, warmup: bool = True, progress: bool = False, **config: Any):
     """An ``Engine`` (not started: ``with engine(...) as e`` or ``.start()``) on ``model_dir`` (default: the
     default model), ``config`` being ``EngineConfig``'s fields."""
-    from backends.mindspore.engine import Engine
+    from backends.mindspore.engine.engine import Engine
     from backends.settings import EngineConfig
 
     return Engine(model_dir or default_model_dir(), EngineConfig(**config), warmup=warmup, progress=progress)
@@ -29,11 +29,11 @@ def runner(model_dir: Path | None = None, *, num_blocks: int, kernels: str = "ao
            lora: tuple[int, int] | None = None, kv_dtype: str = "float32", **shapes: Any):
     """A bare ``ModelRunner`` (no engine, no scheduler): the model's weights in a runner for ``kernels``, on the
     CPU with ``threads`` threads, its graphs compiled for ``Shapes(**shapes)``."""
-    from backends.mindspore.config import load_model
-    from backends.mindspore.device import set_mode
+    from backends.mindspore.modeldir.config import load_model
+    from backends.mindspore.planning.device import set_mode
     from backends.mindspore.runners import build_runner
-    from backends.mindspore.shapes import Shapes
-    from backends.mindspore.weights import load_weights
+    from backends.mindspore.planning.shapes import Shapes
+    from backends.mindspore.modeldir.weights import load_weights
 
     spec = load_model(model_dir or default_model_dir())
     set_mode(0, "CPU", threads)

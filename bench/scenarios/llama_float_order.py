@@ -69,7 +69,7 @@ class Model:
     def __init__(self, path: Path) -> None:
         from gguf import GGUFReader
 
-        from backends.mindspore.quant import QuantWeight, dequantize
+        from backends.mindspore.modeldir.quant import QuantWeight, dequantize
 
         reader = GGUFReader(str(path))
         arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
@@ -123,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     harness.add_output_arguments(ap)
     args = ap.parse_args(argv)
 
-    from backends.mindspore.default_model import ensure_default_gguf
-    from backends.mindspore.quant import dequantize
+    from backends.mindspore.modeldir.default_model import ensure_default_gguf
+    from backends.mindspore.modeldir.quant import dequantize
     from tests.support import kernel_ref
 
     gguf = args.gguf or ensure_default_gguf(CACHE_DIR)

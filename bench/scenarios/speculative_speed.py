@@ -27,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from backends.mindspore.step import PrefillChunk
+from backends.mindspore.engine.step import PrefillChunk
 from backends.settings import SpeculationSettings
 from backends.types import RequestParams
 from bench import harness
@@ -35,7 +35,7 @@ from bench.serving.code_edits import CODE_NEW_TOKENS, build_code_prompts
 from bench.serving.scenarios import QUOTE_NEW_TOKENS, build_quote_prompts
 
 if TYPE_CHECKING:
-    from backends.mindspore.engine import Engine
+    from backends.mindspore.engine.engine import Engine
 
 PASSAGE = ("The committee met on Tuesday to review the harbour repairs. The north wall, damaged in the March storms, "
            "has been rebuilt with granite blocks from the old quarry, and the fishing boats returned to their "

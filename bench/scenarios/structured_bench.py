@@ -26,7 +26,7 @@ from bench import harness
 from bench.harness.paths import REPO
 
 if TYPE_CHECKING:
-    from backends.mindspore.engine import Engine
+    from backends.mindspore.engine.engine import Engine
 
 ALL_SCHEMAS = json.loads((REPO / "tests" / "data" / "structured_schemas.json").read_text())["schemas"]
 OBJECTS = ("person", "point", "nested", "array_objects", "nested_array_in_object", "object_enum_and_pattern",

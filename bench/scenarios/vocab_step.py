@@ -26,7 +26,7 @@ import numpy as np
 
 from backends.mindspore.kernels import dequantize_qweight, kernel_library, prepare_qweight
 from backends.mindspore.kernels.vocab import native_scanner, scan_rows
-from backends.mindspore.quant import QuantWeight
+from backends.mindspore.modeldir.quant import QuantWeight
 from backends.sampling import NextTokenChooser
 from backends.types import SamplingParams
 

@@ -61,7 +61,7 @@ def _out(*shape) -> np.ndarray:
 
 
 def _qweight(fmt: str, n: int, k: int, rng) -> np.ndarray:
-    from backends.mindspore.quant import quantize  # the gguf package's for the 32-blocks, its own for the K-quants
+    from backends.mindspore.modeldir.quant import quantize  # gguf's for the 32-blocks, its own for the K-quants
     from tests.support.qpack_ref import pack_qweight  # NumPy: making the cases needs no library
 
     w = _f32(rng, n, k, scale=0.05)
@@ -72,7 +72,7 @@ def _qweight(fmt: str, n: int, k: int, rng) -> np.ndarray:
 def _qstack(fmts: tuple[str, ...], rows: tuple[int, ...], k: int, rng) -> np.ndarray:
     """A segmented weight (kernels.prepare_qstack): parts of the given formats and rows stacked along the outputs."""
     from backends.mindspore.kernels import prepare_qstack
-    from backends.mindspore.quant import quantize
+    from backends.mindspore.modeldir.quant import quantize
 
     parts = []
     for fmt, n in zip(fmts, rows):
@@ -259,7 +259,7 @@ def cases(seed: int = 0) -> list[Case]:
 def _load_cases(rng) -> list[Case]:
     """pack.cc: random GGUF blocks of every format (odd N: a narrow last group of columns) packed and dequantized."""
     from backends.mindspore.kernels import PACKED_BYTES
-    from backends.mindspore.quant import FORMATS
+    from backends.mindspore.modeldir.quant import FORMATS
     from tests.support.qpack_ref import random_blocks
 
     out = []

@@ -23,19 +23,19 @@ import numpy as np
 import mindspore as ms
 
 from backends.chat_template import render_chat_template
-from backends.mindspore.kv_cache import block_table, token_slots
-from backends.mindspore.device import set_device
+from backends.mindspore.engine.kv_cache import block_table, token_slots
+from backends.mindspore.planning.device import set_device
 from backends.mindspore.runners.packed import packed_inputs
-from backends.mindspore.qwen2_vl.config import VISION_BUCKETS, load_vl_spec, processor_chat_template
-from backends.mindspore.qwen2_vl.positions import (WindowLayout, frame_ids, rope_index, segment_mask, vision_cos_sin,
-                                                   window_ids, window_layout)
-from backends.mindspore.qwen2_vl.preprocess import MediaError, Patches, expand_media_tokens
-from backends.mindspore.qwen2_vl.text import AotQwen2VLText, StockQwen2VLText
-from backends.mindspore.qwen2_vl.vision import VisionTower
-from backends.mindspore.qwen2_vl.weights import load_vl_weights
+from backends.mindspore.families.qwen2_vl.config import VISION_BUCKETS, load_vl_spec, processor_chat_template
+from backends.mindspore.families.qwen2_vl.positions import (WindowLayout, frame_ids, rope_index, segment_mask,
+                                                            vision_cos_sin, window_ids, window_layout)
+from backends.mindspore.families.qwen2_vl.preprocess import MediaError, Patches, expand_media_tokens
+from backends.mindspore.families.qwen2_vl.text import AotQwen2VLText, StockQwen2VLText
+from backends.mindspore.families.qwen2_vl.vision import VisionTower
+from backends.mindspore.families.qwen2_vl.weights import load_vl_weights
 from backends.mindspore.runners import _aot_ops  # the text models' AOT kernel build (and its fit check)
 from backends.mindspore.runners.split import window_inputs
-from backends.mindspore.tokenizer import Tokenizer
+from backends.mindspore.modeldir.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,10 +5,10 @@ and its tests (docs/architecture.md, "Adding a family")."""
 from __future__ import annotations
 
 from backends.mindspore.families.family import Capabilities, Family, GgufArch, HfWrapper, UnsupportedGguf, table
-from backends.mindspore.families.gemma3 import GEMMA3
+from backends.mindspore.families.gemma3.entry import GEMMA3
 from backends.mindspore.families.llama import LLAMA
 from backends.mindspore.families.qwen2 import QWEN2
-from backends.mindspore.families.qwen2_vl import QWEN2_VL
+from backends.mindspore.families.qwen2_vl.entry import QWEN2_VL
 from backends.mindspore.families.qwen3 import QWEN3
 from backends.mindspore.families.qwen3_moe import QWEN3_MOE
 

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from backends.mindspore.llama_config import LayerDefaults
+from backends.mindspore.modeldir.llama_config import LayerDefaults
 
 if TYPE_CHECKING:
-    from backends.mindspore.spec import ModelSpec
-    from backends.mindspore.yaml_tree import YamlSection
+    from backends.mindspore.modeldir.spec import ModelSpec
+    from backends.mindspore.modeldir.yaml_tree import YamlSection
 
 # (yaml path, the whole yaml tree, its ``model`` section, model.arch.type) -> the spec
 Reader = Callable[[Path, dict, "YamlSection", str], "ModelSpec"]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from backends.mindspore.families.family import Family, GgufArch
-from backends.mindspore.llama_config import llama_spec
+from backends.mindspore.modeldir.llama_config import llama_spec
 
 LLAMA = Family(
     name="llama", described="a Llama-family model",

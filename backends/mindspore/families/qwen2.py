@@ -4,7 +4,7 @@ from __future__ import annotations
 from functools import partial
 
 from backends.mindspore.families.family import Family, GgufArch
-from backends.mindspore.llama_config import LayerDefaults, llama_spec
+from backends.mindspore.modeldir.llama_config import LayerDefaults, llama_spec
 
 DEFAULTS = LayerDefaults(qkv_bias=True)
 

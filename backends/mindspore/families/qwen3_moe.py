@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import partial
 
 from backends.mindspore.families.family import Capabilities, Family, GgufArch
-from backends.mindspore.llama_config import LayerDefaults, llama_spec
+from backends.mindspore.modeldir.llama_config import LayerDefaults, llama_spec
 
 DEFAULTS = LayerDefaults(qk_norm=True)
 

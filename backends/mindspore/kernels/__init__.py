@@ -112,7 +112,7 @@ PACKED_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24, "q4_
 
 def packed_shape(q) -> tuple[int, int, int]:
     """The shape of ``prepare_qweight(q)``: ``(1, K/B * P, N)``."""
-    from backends.mindspore.quant import BLOCK_SIZE
+    from backends.mindspore.modeldir.quant import BLOCK_SIZE
 
     return 1, q.cols // BLOCK_SIZE[q.fmt] * PACKED_BYTES[q.fmt], q.rows
 
@@ -166,7 +166,7 @@ def prepare_qstack(parts) -> np.ndarray:
     segmented weight (qmatmul.cc's header): uint8 ``[1, L, N]`` with L the least odd length that holds the table
     (magic, count, then per run its format code, columns and the 64-byte-aligned offset of its own
     ``prepare_qweight`` packing) and the runs' packings. Each run keeps its format; the layout is ISA-neutral."""
-    from backends.mindspore.quant import QuantError, stack_segments
+    from backends.mindspore.modeldir.quant import QuantError, stack_segments
 
     runs = stack_segments(parts)
     if len(runs) == 1:

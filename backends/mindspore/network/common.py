@@ -9,9 +9,9 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Zero
 
-from backends.mindspore.kv_dtype import row_bytes
-from backends.mindspore.load_clock import timed
-from backends.mindspore.quant import QuantWeight
+from backends.mindspore.planning.kv_dtype import row_bytes
+from backends.mindspore.planning.load_clock import timed
+from backends.mindspore.modeldir.quant import QuantWeight
 
 log = logging.getLogger("mindserve.engine")
 DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
@@ -59,7 +59,7 @@ def aot_weight(parts: list[np.ndarray | QuantWeight], name: str) -> Parameter:
     writes straight into the Parameter; a stack whose parts ship in different formats, e.g. Q4_K_M's Q6_K attn_v
     beside Q4_K q and k, is a segmented weight: prepare_qstack), else float32 in the kernel's packed layout."""
     from backends.mindspore.kernels import packed_shape, prepare_qstack, prepare_qweight, prepare_weight
-    from backends.mindspore.quant import stack_segments
+    from backends.mindspore.modeldir.quant import stack_segments
 
     if all(isinstance(p, QuantWeight) for p in parts):
         runs = stack_segments(parts)
@@ -148,7 +148,7 @@ def head_norm_weights(spec, w: dict, p: str) -> np.ndarray | None:
     for a model without them."""
     if not spec.qk_norm:
         return None
-    from backends.mindspore.weights import WeightsError
+    from backends.mindspore.modeldir.weights import WeightsError
 
     names = [p + f"self_attn.{n}_norm.weight" for n in "qk"]
     missing = [n for n in names if n not in w]
@@ -204,7 +204,7 @@ def lora_factors(spec, p: str, group: str, slots: int, rank: int, dtype=ms.float
     """One group's adapter slots (lora_slots.py): a [S, K, G*R] and b [S, R, N], zeros until an adapter is
     loaded."""
     from backends.lora import BaseDims
-    from backends.mindspore.lora_slots import group_shapes
+    from backends.mindspore.engine.lora_slots import group_shapes
 
     a_shape, b_shape = group_shapes(BaseDims.of(spec), group, slots, rank)
     return (param(np.zeros(a_shape, np.float32), p + f"lora_{group}_a", dtype),

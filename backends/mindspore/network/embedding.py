@@ -7,7 +7,7 @@ from __future__ import annotations
 from mindspore import Parameter, nn
 
 from backends.mindspore.network.common import aot_param
-from backends.mindspore.quant import QuantWeight
+from backends.mindspore.modeldir.quant import QuantWeight
 
 
 class TableEmbedding(nn.Cell):

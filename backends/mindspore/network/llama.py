@@ -19,10 +19,10 @@ from mindspore import nn, ops
 
 from backends.mindspore.network.aot_layer import AotDecoderLayer, AotLoraDecoderLayer, AotMoeDecoderLayer
 from backends.mindspore.network.common import (DTYPES, AotRMSNorm, RMSNorm, aot_weight, param, rope_tables,
-                                              stock_weight)
+                                               stock_weight)
 from backends.mindspore.network.embedding import aot_embedding
 from backends.mindspore.network.stock_layer import StockDecoderLayer, StockMoeDecoderLayer
-from backends.mindspore.spec import ModelSpec
+from backends.mindspore.modeldir.spec import ModelSpec
 
 
 class _Llama(nn.Cell):

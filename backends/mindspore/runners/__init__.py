@@ -7,14 +7,14 @@ import logging
 import numpy as np
 
 from backends.mindspore.families import family_of
-from backends.mindspore.kernel_path import KERNELS, fits_aot, stock_expected
-from backends.mindspore.kv_dtype import cache_dtype
+from backends.mindspore.planning.kernel_path import KERNELS, fits_aot, stock_expected
+from backends.mindspore.planning.kv_dtype import cache_dtype
 from backends.mindspore.runners.base import ModelRunner, write_rows
 from backends.mindspore.runners.packed import PackedRunner
 from backends.mindspore.runners.split import SplitRunner
-from backends.mindspore.shapes import Shapes
-from backends.mindspore.spec import ModelSpec
-from backends.mindspore.step import DecodeRow, PrefillChunk, RowOutput
+from backends.mindspore.planning.shapes import Shapes
+from backends.mindspore.modeldir.spec import ModelSpec
+from backends.mindspore.engine.step import DecodeRow, PrefillChunk, RowOutput
 
 __all__ = ["KERNELS", "choose_kernels", "stock_expected",
            "DecodeRow", "ModelRunner", "PackedRunner", "PrefillChunk", "RowOutput", "SplitRunner",

@@ -18,13 +18,13 @@ from typing import ClassVar
 import numpy as np
 import mindspore as ms
 
-from backends.mindspore.device import free_network
+from backends.mindspore.planning.device import free_network
 from backends.mindspore.families import Family, family_of
-from backends.mindspore.kv_pages import CacheWarmer
+from backends.mindspore.engine.kv_pages import CacheWarmer
 from backends.mindspore.network.common import cache_memory
-from backends.mindspore.spec import ModelSpec
-from backends.mindspore.shapes import Shapes
-from backends.mindspore.step import DecodeRow, PrefillChunk, RowOutput, StepBatch
+from backends.mindspore.modeldir.spec import ModelSpec
+from backends.mindspore.planning.shapes import Shapes
+from backends.mindspore.engine.step import DecodeRow, PrefillChunk, RowOutput, StepBatch
 from backends.settings import EngineConfig
 
 log = logging.getLogger("mindserve.engine")

@@ -9,10 +9,10 @@ import dataclasses
 
 import numpy as np
 
-from backends.mindspore.kv_cache import block_table, token_slots
+from backends.mindspore.engine.kv_cache import block_table, token_slots
 from backends.mindspore.runners.base import ModelRunner, write_rows
-from backends.mindspore.step import DecodeRow, PrefillChunk, RowOutput, StepBatch
-from backends.mindspore.shapes import Shapes
+from backends.mindspore.engine.step import DecodeRow, PrefillChunk, RowOutput, StepBatch
+from backends.mindspore.planning.shapes import Shapes
 from backends.settings import EngineConfig
 
 PACKED_STEP, PACKED_STEPS = 16, 8  # packed token counts compiled every 16 tokens up to the largest (or 32, 48, ...:

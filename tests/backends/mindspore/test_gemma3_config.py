@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from backends.mindspore.config import load_model
-from backends.mindspore.yaml_tree import ConfigError
+from backends.mindspore.modeldir.config import load_model
+from backends.mindspore.modeldir.yaml_tree import ConfigError
 from tests.support.make_tiny_gemma3 import make_tiny_gemma3
 
 
@@ -80,7 +80,7 @@ def test_the_shipped_gemma3_1b_yaml_loads():
 def test_adapters_are_refused_by_the_family_rule(model_dir):
     """LoRA is not implemented for Gemma 3: its family declares no adapter slots, so the engine's adapters refuse
     (tests/backends/mindspore/test_families.py: before the weights are read)."""
-    from backends.mindspore.adapters import EngineAdapters
+    from backends.mindspore.engine.adapters import EngineAdapters
     from backends.settings import LoraSettings
 
     with pytest.raises(ValueError, match=r"LoRA adapters are not supported for Gemma 3 \(Gemma3ForCausalLM\)"):

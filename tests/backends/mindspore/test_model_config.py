@@ -8,12 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from backends.mindspore.config import (
-    ConfigError,
-    deep_merge,
-    load_model,
-    load_yaml_tree,
-)
+from backends.mindspore.modeldir.config import ConfigError, deep_merge, load_model, load_yaml_tree
 from tests.support.paths import REPO
 
 MODELS = REPO / "configs" / "models"
@@ -458,7 +453,7 @@ def test_a_vision_language_directory_is_read_once_into_spec_vision():
     model's spec with ``vision`` set (the same ``VLSpec`` ``load_vl_spec`` reads), a text yaml ``vision`` None."""
     from dataclasses import replace
 
-    from backends.mindspore.qwen2_vl.config import load_vl_spec
+    from backends.mindspore.families.qwen2_vl.config import load_vl_spec
     from backends.mindspore.families import family_of
 
     yaml_path = MODELS / "predict_qwen2_vl_7b_instruct.yaml"

@@ -97,7 +97,7 @@ def _aot_call(lib, entry: str, arrays: list[np.ndarray]) -> int:
 @pytest.mark.parametrize("variant", RUNNABLE)
 def test_embedding_rows_from_the_packed_head_are_the_tables(kernel_cache, variant):
     from backends.mindspore.kernels import dequantize_qweight, prepare_qweight
-    from backends.mindspore.quant import quantize
+    from backends.mindspore.modeldir.quant import quantize
 
     lib = variant_lib(kernel_cache, variant)
     rng = np.random.default_rng(5)

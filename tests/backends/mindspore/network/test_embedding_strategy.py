@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from backends.mindspore.network.embedding import PackedEmbedding, TableEmbedding, aot_embedding
-from backends.mindspore.quant import quantize
+from backends.mindspore.modeldir.quant import quantize
 
 
 @pytest.mark.parametrize("tied, fmt, want", [(True, "q8_0", PackedEmbedding), (False, "q8_0", TableEmbedding),

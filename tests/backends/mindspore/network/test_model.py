@@ -7,10 +7,10 @@ import sys
 import numpy as np
 import pytest
 
-from backends.mindspore.config import load_model
-from backends.mindspore.device import set_mode
+from backends.mindspore.modeldir.config import load_model
+from backends.mindspore.planning.device import set_mode
 from backends.mindspore.runners import DecodeRow, PrefillChunk
-from backends.mindspore.weights import load_weights
+from backends.mindspore.modeldir.weights import load_weights
 from tests.support.paths import REPO
 from tests.support.reference_numpy import RefModel
 from tests.support.runner import SHAPES, make_runner, prefill, prompt

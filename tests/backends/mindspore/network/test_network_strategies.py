@@ -9,7 +9,8 @@ import pytest
 from tests.support.paths import REPO
 
 NETWORK_FILES = sorted((REPO / "backends" / "mindspore" / "network").glob("*.py")) + [
-    REPO / "backends" / "mindspore" / "qwen2_vl" / "text.py"]
+    REPO / "backends" / "mindspore" / "families" / "qwen2_vl" / "text.py",
+    REPO / "backends" / "mindspore" / "families" / "gemma3" / "network.py"]
 FLAGS = {"lora", "vl", "fused", "fast"}
 
 
