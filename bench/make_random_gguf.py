@@ -243,7 +243,7 @@ def _default_tokenizer_gguf() -> Path:
         return TOKENIZER_GGUF
     from backends.mindspore.modeldir.default_model import ensure_default_gguf  # only when the anchors copy is absent
 
-    return ensure_default_gguf(Path(__file__).resolve().parent.parent / ".cache" / "models")  # serving.paths
+    return ensure_default_gguf(Path(__file__).resolve().parent.parent / ".cache" / "models")  # bench/harness/paths.py
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,6 +4,7 @@ graphs or starts a server process is marked ``slow`` (``pytest -m "not slow"`` i
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,19 @@ SLOW_FIXTURES = frozenset({"default_engine", "default_model_dir", "default_gguf_
                            "kernel_cache", "tiny_qwen3_moe_dir",
                            "tiny_gemma3_dir",  # the kernel library's C++ build
                            "gemma3_270m_gguf", "gemma3_270m_fp32_dir", "gemma3_270m_q4_dir"})
+
+
+# A module that declares every test of it slow (a line ``pytestmark = pytest.mark.slow``) is not even imported by
+# the inner loop: its imports (MindSpore, the anthropic and openai clients, ...) would cost seconds for nothing.
+_ALL_SLOW = re.compile(rb"^pytestmark = pytest\.mark\.slow\b", re.MULTILINE)
+
+
+def pytest_ignore_collect(collection_path, config):
+    if (config.getoption("markexpr", "") or "").strip() != "not slow" or collection_path.suffix != ".py":
+        return None
+    if collection_path.name.startswith("test_") and _ALL_SLOW.search(collection_path.read_bytes()):
+        return True
+    return None
 
 
 def pytest_collection_modifyitems(config, items):

@@ -143,6 +143,7 @@ def _serve_once(path: Path, env: dict) -> tuple[list[str], dict]:
             proc.kill()
 
 
+@pytest.mark.slow  # starts a server twice; its model fixture is chosen by name, which the slow rule cannot see
 @pytest.mark.parametrize("model", ["tiny_model_dir", "tiny_qwen3_moe_dir", "tiny_gemma3_dir"])
 def test_a_restart_loads_the_warm_up_graphs_from_the_graph_cache(tmp_path, request, model):
     """With graphCache, serve keeps MindSpore's compiled graphs under ~/.cache/mindserve/graphs/<digest>: the second

@@ -104,7 +104,8 @@ class EngineParts:
                 "weight_dtype": self.spec.weight_dtype, "kv_cache_dtype": runner.kv_dtype,
                 "prefix_caching": allocator.prefix_caching, "prefix_cache_blocks": allocator.cached_blocks,
                 "prefix_cache_hit_rate": scheduler.hit_tokens / max(scheduler.prompt_tokens, 1),
-                "prefix_cache_hit_tokens": scheduler.hit_tokens, "adapters": self.lora.describe(),
+                "prefix_cache_hit_tokens": scheduler.hit_tokens, "prefix_cache_query_tokens": scheduler.prompt_tokens,
+                **scheduler.queue_load(), "adapters": self.lora.describe(),
                 "lora": self.lora.info(), "speculation": self.speculator.info(), "steps": steps.snapshot()}
 
 

@@ -5,6 +5,7 @@ import collections
 import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from backends.mindspore.engine.kv_cache import BlockAllocator, block_hashes, part_hashes
 from backends.mindspore.engine.lora_slots import adapter_fits
@@ -258,6 +259,15 @@ class Scheduler:
             for seq in tuple(pool):
                 counts.setdefault(seq.priority, {"waiting": 0, "running": 0})[where] += 1
         return dict(sorted(counts.items()))
+
+    def queue_load(self) -> dict[str, Any]:
+        """What a gateway reads (service/loads.py, vllm:lora_requests_info), from another thread like
+        ``by_priority``: prompt tokens still to compute of the requests queued or prefilling, and the LoRA adapters
+        of the running and of the waiting requests."""
+        waiting, running = (*tuple(self.waiting), *tuple(self.prefilling)), tuple(self.running)
+        return {"waiting_prompt_tokens": sum(max(len(s.prompt_ids) - s.prefilled, 0) for s in waiting),
+                "running_adapters": sorted({s.adapter for s in running if s.adapter is not None}),
+                "waiting_adapters": sorted({s.adapter for s in waiting if s.adapter is not None})}
 
     def all(self) -> list[SeqState]:
         return [*self.running, *self.prefilling, *self.waiting]

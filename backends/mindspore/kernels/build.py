@@ -1,6 +1,5 @@
-"""Compile the kernels (``matmul.cc``, ``qmatmul.cc``, ``attention.cc``, ``fused.cc``, ``lora.cc``, ``moe.cc``,
-``pack.cc`` and their headers) into one shared library per named variant on first use, cached by content (one
-library, so every kernel shares the one thread pool).
+"""Compile the kernels (``SOURCES`` and their ``HEADERS``) into one shared library per named variant on first use,
+cached by content (one library, so every kernel shares the one thread pool).
 
 A variant is one instruction-set level with fixed compiler flags (``VARIANTS``): the same sources compile to
 the AVX-512, AVX2, NEON or scalar backend of ``vec.h``, and every variant gives the same output bits. The
@@ -31,9 +30,9 @@ from pathlib import Path
 
 log = logging.getLogger("mindserve.engine")
 
-SOURCES = ("matmul.cc", "attention.cc", "fused.cc", "lora.cc", "qmatmul.cc", "moe.cc", "pack.cc")
-HEADERS = ("entry.h", "pool.h", "lora.h", "qmatmul.h", "vec.h", "vec_avx512.h", "vec_avx2.h", "vec_neon.h",
-           "vec_scalar.h", "kv_format.h", "fpenv.h")
+SOURCES = ("matmul.cc", "attention.cc", "fused.cc", "lora.cc", "qmatmul.cc", "quantize.cc", "moe.cc", "pack.cc")
+HEADERS = ("entry.h", "pool.h", "lora.h", "qmatmul.h", "quantize.h", "vec.h", "vec_avx512.h",
+           "vec_avx2.h", "vec_neon.h", "vec_scalar.h", "kv_format.h", "fpenv.h")
 # Every variant: no contraction of a * b + c into an fma (vec.h's contract), no fast-math.
 CXXFLAGS = ("-O3", "-std=c++20", "-fPIC", "-shared", "-pthread", "-Wall", "-Wno-maybe-uninitialized",
             "-ffp-contract=off", "-fno-fast-math")

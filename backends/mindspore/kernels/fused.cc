@@ -72,8 +72,6 @@ using mindserve::is_f32;
 using mindserve::is_i32;
 using mindserve::rows_of;
 
-// Rows [0, n) split over the pool in chunks of at least `min_rows` rows.
-
 // Elements of a tensor: the product of all its dims.
 inline int64_t count_of(int ndim, const int64_t *shape) {
   int64_t n = 1;
@@ -89,21 +87,11 @@ bool gather_rows(const float *table, int64_t rows, int64_t width, const int32_t 
   return true;
 }
 
+// Rows [0, n) split over the pool in chunks of at least `min_rows` rows.
 template <class Fn>
 void for_rows(int64_t n, int64_t min_rows, const Fn &fn) {
-  struct Ctx {
-    const Fn *fn;
-    int64_t n, chunks;
-  };
-  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(n / std::max<int64_t>(1, min_rows),
-                                                                 2 * mindserve::pool().threads()));
-  Ctx ctx{&fn, n, chunks};
-  mindserve::pool().run(mindserve::Task{
-      [](const void *p, int64_t c) {
-        const Ctx &x = *static_cast<const Ctx *>(p);
-        for (int64_t r = x.n * c / x.chunks; r < x.n * (c + 1) / x.chunks; ++r) (*x.fn)(r);
-      },
-      &ctx, chunks});
+  mindserve::for_row_chunks(n, std::min<int64_t>(n / std::max<int64_t>(1, min_rows), 2 * mindserve::pool().threads()),
+                            fn);
 }
 
 void rmsnorm_row(const float *x, const float *w, float eps, float *y, int64_t C) {

@@ -150,6 +150,20 @@ inline Pool &pool() {
   return *p;
 }
 
+// fn(r) for every row r in [0, n), the rows cut into `chunks` nearly equal runs, one pool chunk each.
+template <class Fn>
+void for_row_chunks(int64_t n, int64_t chunks, const Fn &fn) {
+  struct Ctx {
+    const Fn *fn;
+    int64_t n, chunks;
+  } ctx{&fn, n, std::max<int64_t>(1, chunks)};
+  pool().run(Task{[](const void *p, int64_t c) {
+                    const Ctx &x = *static_cast<const Ctx *>(p);
+                    for (int64_t r = x.n * c / x.chunks; r < x.n * (c + 1) / x.chunks; ++r) (*x.fn)(r);
+                  },
+                  &ctx, ctx.chunks});
+}
+
 // Kernel-side accounting (cheap; for benchmarks): calls and nanoseconds spent inside each kind of
 // kernel, read with mindserve_kernel_stats(kind, ...).
 enum Kind { kMatMul = 0, kAttention, kRMSNorm, kSwiGLU, kQKVRope, kKinds };

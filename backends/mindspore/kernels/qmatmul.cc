@@ -12,17 +12,12 @@
 //   Q6_K  w = d * sc_j * (q - 32), q 0..63, int8 sc_j per sub-block of 16                (210 bytes)
 // (GGUF nibble byte i of a block holds weight i in its low half and weight i + 16 in its high half.)
 //
-// Activations are quantized per row and per block of 32 (as llama.cpp does for these dot products):
-//   amax = max |x_k|, qx_k = round-half-even(x_k * (127 / amax)) in -127..127 (0 if amax is 0 or 127 / amax is
-//   not finite), sx = sum qx_k, and, as llama.cpp's x86 quantize_row_q8_0 / quantize_row_q8_1 store them in
-//   block_q8_0.d / block_q8_1.s (fp16, nearest, ties to even; the product taken before either rounding):
-//   dx = fp16(amax / 127), sfx = fp16((amax / 127) * (float)sx). The quantization of a row depends on that row only.
+// Activations are quantized per row (quantize.h): blocks of 32 for the 32-weight formats, Q8_K for the K-quants.
 // Each output element then is, over the blocks b = 0 .. K/32 - 1 in order (all float32, exact integer sums):
 //   Q8_0, Q4_0: acc = fma(d_w * dx, (float)sum_k(q_k * qx_k) [- 8 sx for Q4_0], acc)
 //   Q4_1:       acc = fma(d_w * dx, (float)sum_k(q_k * qx_k), acc);  acc = fma(m_w, sfx, acc)
-// The Q5 formats take the same activations as Q4_0 / Q4_1 (offset 16 for Q5_0, m for Q5_1). The K-quants take
-// llama.cpp's Q8_K activations: per 256 values iscale = 127 / amax, q = round-half-even(x * iscale), dx = 1 / iscale,
-// and the sums of each 16 q (bsums); then per super-block (ktile below has the integer sums):
+// The Q5 formats as Q4_0 / Q4_1 (offset 16 for Q5_0, m for Q5_1); the K-quants per super-block (ktile below has
+// the integer sums):
 //   Q4_K, Q5_K: acc = fma(d_w * dx, (float)sum_j(sc_j * dot_j), acc);
 //               acc = fnmadd(dmin_w * dx, (float)sum_j(mn_j * (bsum_2j + bsum_2j+1)), acc)
 //   Q6_K:       acc = fma(d_w * dx, (float)sum_j(sc_j * (dot16_j - 32 bsum_j)), acc)
@@ -66,8 +61,7 @@
 //
 // Exported: mindserve_qmatmul_raw(x, w_packed, fmt, res, y, M, K, N) (tests; fmt 0 Q8_0, 1 Q4_0, 2 Q4_1, 3 Q5_0,
 // 4 Q5_1, 5 Q4_K, 6 Q5_K, 7 Q6_K), mindserve_qmatmul_packed_raw(x, w_packed, L, res, y, M, K, N) (either kind
-// of weight, as the AOT entry reads it), mindserve_quantize_rows_raw(x, M, K, q, d, s),
-// mindserve_quantize_rows_k_raw(x, M, K, q, d, bsums), mindserve_qmatmul_isa(); the AOT path is qmatmul_entry()
+// of weight, as the AOT entry reads it), mindserve_qmatmul_isa(); the AOT path is qmatmul_entry()
 // (qmatmul.h), reached through MindserveMatMul / MindserveMatMulAdd with a uint8 weight.
 #include "qmatmul.h"
 
@@ -83,8 +77,14 @@
 #include "pool.h"
 #include "vec.h"
 #include "lora.h"
+#include "quantize.h"
 
 namespace {
+
+using mindserve::kPairs;
+using mindserve::QX;
+using mindserve::quantize_rows;
+using mindserve::quantize_rows_k;
 
 enum Fmt { kQ8_0 = 0, kQ4_0 = 1, kQ4_1 = 2, kQ5_0 = 3, kQ5_1 = 4, kQ4_K = 5, kQ5_K = 6, kQ6_K = 7, kFormats = 8 };
 constexpr int kBlockBytes[kFormats] = {34, 18, 20, 22, 24, 148, 180, 210};  // packed bytes per column per block
@@ -120,137 +120,6 @@ template <bool FULL>
 inline void store_f(float *p, VF a, int w) {
   if constexpr (FULL) v::store(p, a);
   else v::store_part(p, a, w);
-}
-
-// ---------------------------------------------------------------------------------------------
-// Activation quantization (see the header comment): q [M, K] int8; d, sf [M, K/32] float (dx and sfx: fp16 values);
-// s [M, K/32] int32 (sum q). For the K-quants (quantize_rows_k): d [M, K/256], s [M, K/16] (the bsums), nb = K/256,
-// and bp [M, K/256, kPairs]: the bsums again as int16 pairs (low, high half of an int32) for vec.h's dot_i16, in the
-// order ktile's scale bytes come: 4 for Q4_K's / Q5_K's mins (bsum_2j + bsum_2j+1 for j = 0, 2 | 1, 3 | 4, 6 | 5, 7),
-// then 8 for Q6_K's (-bsum_i for i = 4d, 4d + 2 | 4d + 1, 4d + 3, d = 0..3). |bsum| <= 16 * 127: they fit.
-constexpr int kPairs = 12;
-struct QX {
-  std::vector<int8_t> q;
-  std::vector<float> d, sf;
-  std::vector<int32_t> s, bp;
-  int64_t K = 0, nb = 0;
-};
-
-// float -> the nearest fp16 (ties to even, +-inf at or above 65520, as F16C's vcvtps2ph) -> float, in integer
-// steps on the bits (the same on every ISA). In fp16's normal range the float keeps 11 significant bits,
-// rounded as kv_format.h's f32_to_f16 rounds (a carry moves into the exponent); zero, fp16 subnormals,
-// overflow and NaN take kv_format.h's conversions. (The two calls for every value cost 25% of quantize_rows.)
-inline float round_f16(float f) {
-  const uint32_t x = mindserve::kv::bits_of(f), ax = x & 0x7FFFFFFFu;
-  if (ax - 0x38800000u < 0x477FF000u - 0x38800000u) {  // 2^-14 <= |f| < 65520
-    const uint32_t r = (ax + 0xFFFu + ((ax >> 13) & 1u)) & ~0x1FFFu;
-    return mindserve::kv::float_of((x & 0x80000000u) | r);
-  }
-  return mindserve::kv::f16_to_f32(mindserve::kv::f32_to_f16(f));
-}
-
-inline void quantize_block(const float *x, int8_t *q, float *d, int32_t *s, float *sf) {
-  const VF v0 = v::load(x), v1 = v::load(x + 16);
-  const float amax = v::reduce_max(v::max(v::abs(v0), v::abs(v1)));
-  // 0 where 127 / amax is not finite (amax 0, or below 127 / FLT_MAX): x * id never overflows, so every ISA's
-  // float -> int conversion sees the same in-range values.
-  float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-  if (!(id <= 3.40282347e38f)) id = 0.0f;
-  const VF vid = v::set1(id);
-  const VI q0 = v::cvt_round(v::mul(v0, vid)), q1 = v::cvt_round(v::mul(v1, vid));
-  v::store_i8_sat(q, q0);
-  v::store_i8_sat(q + 16, q1);
-  const int32_t sum = v::reduce_add_i32(v::iadd(q0, q1));
-  const float dv = amax / 127.0f;
-  *d = round_f16(dv);
-  *s = sum;
-  *sf = round_f16(dv * static_cast<float>(sum));
-}
-
-void quantize_rows(const float *x, int64_t M, int64_t K, QX *out) {
-  const int64_t nb = K / 32;
-  out->K = K;
-  out->nb = nb;
-  out->q.resize(static_cast<size_t>(M * K));
-  out->d.resize(static_cast<size_t>(M * nb));
-  out->sf.resize(static_cast<size_t>(M * nb));
-  out->s.resize(static_cast<size_t>(M * nb));
-  struct Ctx {
-    const float *x;
-    QX *o;
-    int64_t M, K, nb, chunks;
-  } ctx{x, out, M, K, nb, 1};
-  ctx.chunks = std::clamp<int64_t>(M * K / 8192, 1, 4 * mindserve::pool().threads());
-  mindserve::pool().run(mindserve::Task{[](const void *p, int64_t c) {
-                                          const Ctx &j = *static_cast<const Ctx *>(p);
-                                          for (int64_t m = j.M * c / j.chunks; m < j.M * (c + 1) / j.chunks; ++m)
-                                            for (int64_t b = 0; b < j.nb; ++b) {
-                                              const int64_t i = m * j.nb + b;
-                                              quantize_block(j.x + m * j.K + 32 * b, j.o->q.data() + m * j.K + 32 * b,
-                                                             &j.o->d[i], &j.o->s[i], &j.o->sf[i]);
-                                            }
-                                        },
-                                        &ctx, ctx.chunks});
-}
-
-// Q8_K (the K-quants' activations, ggml's quantize_row_q8_K): per 256 values, amax = max |x|, iscale = 127 / amax
-// (0 if amax is 0 or 127 / amax is not finite), q = round-half-even(x * iscale), d = 1 / iscale (0 with iscale 0),
-// bsums = the sums of each 16 q. (ggml takes iscale = -127 / the signed extreme: the same |iscale|, and the
-// negated q and d give the same products.)
-inline int32_t pair16(int32_t lo, int32_t hi) {
-  return static_cast<int32_t>((static_cast<uint32_t>(lo) & 0xFFFFu) | (static_cast<uint32_t>(hi) << 16));
-}
-inline void quantize_superblock(const float *x, int8_t *q, float *d, int32_t *bs, int32_t *bp) {
-  VF m = v::abs(v::load(x));
-  for (int c = 1; c < 16; ++c) m = v::max(m, v::abs(v::load(x + 16 * c)));
-  const float amax = v::reduce_max(m);
-  float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-  if (!(id <= 3.40282347e38f)) id = 0.0f;
-  const VF vid = v::set1(id);
-  for (int c = 0; c < 16; ++c) {
-    const VI qc = v::cvt_round(v::mul(v::load(x + 16 * c), vid));
-    v::store_i8_sat(q + 16 * c, qc);
-    bs[c] = v::reduce_add_i32(qc);
-  }
-  *d = id != 0.0f ? 1.0f / id : 0.0f;
-  int32_t p[8];
-  for (int j = 0; j < 8; ++j) p[j] = bs[2 * j] + bs[2 * j + 1];
-  for (int h = 0; h < 2; ++h) {
-    bp[2 * h] = pair16(p[4 * h], p[4 * h + 2]);
-    bp[2 * h + 1] = pair16(p[4 * h + 1], p[4 * h + 3]);
-  }
-  for (int c = 0; c < 4; ++c) {
-    bp[4 + 2 * c] = pair16(-bs[4 * c], -bs[4 * c + 2]);
-    bp[5 + 2 * c] = pair16(-bs[4 * c + 1], -bs[4 * c + 3]);
-  }
-}
-
-void quantize_rows_k(const float *x, int64_t M, int64_t K, QX *out) {
-  const int64_t nb = K / 256;
-  out->K = K;
-  out->nb = nb;
-  out->q.resize(static_cast<size_t>(M * K));
-  out->d.resize(static_cast<size_t>(M * nb));
-  out->s.resize(static_cast<size_t>(M * nb * 16));
-  out->bp.resize(static_cast<size_t>(M * nb * kPairs));
-  out->sf.clear();
-  struct Ctx {
-    const float *x;
-    QX *o;
-    int64_t M, K, nb, chunks;
-  } ctx{x, out, M, K, nb, 1};
-  ctx.chunks = std::clamp<int64_t>(M * K / 8192, 1, 4 * mindserve::pool().threads());
-  mindserve::pool().run(mindserve::Task{[](const void *p, int64_t c) {
-                                          const Ctx &j = *static_cast<const Ctx *>(p);
-                                          for (int64_t m = j.M * c / j.chunks; m < j.M * (c + 1) / j.chunks; ++m)
-                                            for (int64_t b = 0; b < j.nb; ++b) {
-                                              const int64_t i = m * j.nb + b;
-                                              quantize_superblock(j.x + m * j.K + 256 * b,
-                                                                  j.o->q.data() + m * j.K + 256 * b, &j.o->d[i],
-                                                                  &j.o->s[16 * i], &j.o->bp[kPairs * i]);
-                                            }
-                                        },
-                                        &ctx, ctx.chunks});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -923,30 +792,6 @@ int mindserve_qmatmul_packed_raw(const float *x, const uint8_t *w_packed, int64_
   mindserve::FpScope fp;
   if (K <= 0) return 4;
   return mindserve::qmatmul_packed(x, w_packed, L, res, y, M, K, N);
-}
-
-// The activation quantization alone: q [M, K] int8, d [M, K/32] float (dx, an fp16 value), s [M, K/32] int32.
-int mindserve_quantize_rows_raw(const float *x, int64_t M, int64_t K, int8_t *q, float *d, int32_t *s) {
-  mindserve::FpScope fp;
-  if (K % 32 != 0) return 2;
-  QX qx;
-  quantize_rows(x, M, K, &qx);
-  std::memcpy(q, qx.q.data(), qx.q.size());
-  std::memcpy(d, qx.d.data(), sizeof(float) * qx.d.size());
-  std::memcpy(s, qx.s.data(), sizeof(int32_t) * qx.s.size());
-  return 0;
-}
-
-// The K-quants' activation quantization alone: q [M, K] int8, d [M, K/256] float, bsums [M, K/16] int32.
-int mindserve_quantize_rows_k_raw(const float *x, int64_t M, int64_t K, int8_t *q, float *d, int32_t *bs) {
-  mindserve::FpScope fp;
-  if (K % 256 != 0) return 2;
-  QX qx;
-  quantize_rows_k(x, M, K, &qx);
-  std::memcpy(q, qx.q.data(), qx.q.size());
-  std::memcpy(d, qx.d.data(), sizeof(float) * qx.d.size());
-  std::memcpy(bs, qx.s.data(), sizeof(int32_t) * qx.s.size());
-  return 0;
 }
 
 // Which instruction set the dot products use (vec.h's backend): "avx512-vnni", "avx512bw", "avx2", "neon-dotprod",

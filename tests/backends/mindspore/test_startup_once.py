@@ -110,6 +110,7 @@ def test_the_warm_up_compiles_with_older_objects_frozen(tiny_model_dir):
     assert gc.get_freeze_count() == 0
 
 
+@pytest.mark.slow  # a fresh process imports MindSpore
 def test_preload_imports_the_engine_modules():
     code = ("import sys; from backends.loader import preload_backend; "
             "assert 'mindspore' not in sys.modules; preload_backend().join(); "

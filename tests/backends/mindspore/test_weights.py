@@ -147,7 +147,8 @@ def test_bf16_safetensors_load_as_float32(tmp_path):
 
 
 def test_bf16_safetensors_load_before_mindspore_is_imported(tmp_path):
-    """A fresh process (e.g. a conversion tool) that has not imported MindSpore: plain NumPy has no bfloat16."""
+    """A fresh process (e.g. a conversion tool) that has not imported MindSpore, and does not for this: plain NumPy has
+    no bfloat16, its bits are widened to float32 by hand."""
     _write_bf16_safetensors(tmp_path / "model.safetensors", BF16_WANT)
     script = (
         "import json, sys\n"
@@ -155,6 +156,7 @@ def test_bf16_safetensors_load_before_mindspore_is_imported(tmp_path):
         "from backends.mindspore.modeldir.weights import load_safetensors\n"
         "assert 'mindspore' not in sys.modules\n"
         "w = load_safetensors(Path(sys.argv[1]))\n"
+        "assert 'mindspore' not in sys.modules  # widened in NumPy, not read by MindSpore (seconds of import)\n"
         "print(json.dumps({k: [str(v.dtype), v.tolist()] for k, v in w.items()}))\n"
     )
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "model.safetensors")],

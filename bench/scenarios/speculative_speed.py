@@ -3,8 +3,8 @@ each workload run alternately with it (``speculate`` true) and without it (the p
 graphs), so the shared box's drift falls on both; reported as tokens/s and the on/off ratio per round, and
 their median. Greedy outputs are checked equal on and off.
 
-    python bench/speculative_speed.py [--rounds 3] [--tokens 160] [--draft 8] [--clients 16] [--json out.json]
-                                      [--draft-model DIR]
+    python -m bench speculative-speed [--rounds 3] [--tokens 160] [--draft 8] [--clients 16] [--json out.json]
+                                      [--save] [--draft-model DIR]
 
 --draft-model: draft with that model (plugin_type draft_model) instead of prompt lookup; each round also
 reports the process's CPU seconds per token on and off (every thread of the process: less sensitive to the
@@ -20,24 +20,22 @@ requests the same way: edit a source file given in the prompt, each to its EOS w
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import statistics
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # serving/
+from backends.mindspore.engine.step import PrefillChunk
+from backends.settings import SpeculationSettings
+from backends.types import RequestParams
+from bench import harness
+from bench.serving.code_edits import CODE_NEW_TOKENS, build_code_prompts
+from bench.serving.scenarios import QUOTE_NEW_TOKENS, build_quote_prompts
 
-from backends.mindspore.modeldir.default_model import ensure_default_model  # noqa: E402
-from backends.mindspore.engine.engine import Engine  # noqa: E402
-from backends.mindspore.engine.step import PrefillChunk  # noqa: E402
-from backends.settings import EngineConfig, SpeculationSettings  # noqa: E402
-from backends.types import RequestParams  # noqa: E402
-from serving.code_edits import CODE_NEW_TOKENS, build_code_prompts  # noqa: E402
-from serving.scenarios import QUOTE_NEW_TOKENS, build_quote_prompts  # noqa: E402
+if TYPE_CHECKING:
+    from backends.mindspore.engine.engine import Engine
 
 PASSAGE = ("The committee met on Tuesday to review the harbour repairs. The north wall, damaged in the March storms, "
            "has been rebuilt with granite blocks from the old quarry, and the fishing boats returned to their "
@@ -81,7 +79,7 @@ def step_costs(engine: Engine, rounds: int = 15, at: int | None = None) -> dict[
     return {n: statistics.median(t) for n, t in times.items()}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=160)
@@ -90,19 +88,18 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", help="run only these workloads")
     ap.add_argument("--step-at", type=int, nargs="*", default=[],
                     help="also time the one-row steps from these positions (default: the window's end only)")
-    ap.add_argument("--json", type=Path)
+    harness.add_output_arguments(ap)
     ap.add_argument("--draft-model", type=Path, help="a same-tokenizer model directory drafting instead of n-grams")
     ap.add_argument("--model", type=Path, help="the model directory (default: the default model's fp32 conversion; "
                     "serve_bench's as-shipped target: its WORKDIR/models/as-shipped)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     batch = max(16, args.clients)
-    config = EngineConfig(max_seq_len=1024, max_input_tokens=512, max_batch_size=batch,
-                          max_iter_times=max(args.tokens, QUOTE_NEW_TOKENS, CODE_NEW_TOKENS),
-                          block_size=64, prefill_chunk=64, graph_cache=True,
-                          speculation=SpeculationSettings(max_draft=args.draft, draft_model=args.draft_model))
-    model = args.model or ensure_default_model(Path(__file__).resolve().parents[1] / ".cache" / "models")
-    engine = Engine(model, config).start()
+    engine = harness.engine(args.model, max_seq_len=1024, max_input_tokens=512, max_batch_size=batch,
+                            max_iter_times=max(args.tokens, QUOTE_NEW_TOKENS, CODE_NEW_TOKENS),
+                            block_size=64, prefill_chunk=64, graph_cache=True,
+                            speculation=SpeculationSettings(max_draft=args.draft, draft_model=args.draft_model)
+                            ).start()
     greedy = RequestParams(max_new_tokens=args.tokens, do_sample=False, ignore_eos=True)
     workloads = {"quote": ([QUOTE], greedy), "story": ([STORY], greedy),
                  "sampled": ([STORY], replace(greedy, do_sample=True, temperature=0.9, seed=7)),
@@ -150,9 +147,9 @@ def main() -> None:
         report[name] = {"rounds": rows, "median_ratio": ratio}
         print(f"{name:12s} median on/off x{ratio:.2f}", flush=True)
     engine.close()
-    if args.json:
-        args.json.write_text(json.dumps({"draft": args.draft, "tokens": args.tokens, "workloads": report,
-                                         "draft_model": str(args.draft_model) if args.draft_model else None}, indent=1))
+    harness.save_results(args, "speculative-speed", {
+        "draft": args.draft, "tokens": args.tokens, "workloads": report,
+        "draft_model": str(args.draft_model) if args.draft_model else None})
 
 
 if __name__ == "__main__":

@@ -10,23 +10,21 @@ CPU time this process spent on it (both kernel threads; less sensitive to other 
 the paged attention kernel alone on the same rows (SmolLM2-135M's 9 heads, 3 kv heads, head_dim 64; one layer's
 cache of those 16 sequences, called 30 times for the 30 layers; one kernel thread, CPU time).
 
-    python bench/kv_cache_dtype.py [--rounds 7] [--steps 20] [--json out.json] [--kernel-only]
+    python -m bench kv-cache-dtype [--rounds 7] [--steps 20] [--json out.json] [--save] [--kernel-only]
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench import harness
+from bench.harness.machine import cpu_model
+from bench.harness.paths import REPO
 
 FORMATS = ("float32", "float16", "bfloat16", "q8_0")
 NEW_TOKENS = 32
@@ -41,20 +39,10 @@ PROMPTS = [
 ]
 
 
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
 def engines(model_dir: Path) -> dict:
-    from backends.mindspore.engine.engine import Engine
-    from backends.settings import EngineConfig
-
     config = dict(max_seq_len=640, max_input_tokens=512, max_batch_size=ROWS, max_iter_times=128, block_size=64,
                   batch_buckets=(1, ROWS), kernels="aot", cache_gb=1.0)
-    return {f: Engine(model_dir, EngineConfig(**config, kv_cache_dtype=f)).__enter__() for f in FORMATS}
+    return {f: harness.engine(model_dir, **config, kv_cache_dtype=f).start() for f in FORMATS}
 
 
 def greedy(engine, prompt: str) -> tuple[list[int], list[int]]:
@@ -158,19 +146,16 @@ def kernel_speed(rounds: int, steps: int) -> dict:
     return {f: {"attention_cpu_ms_median": statistics.median(t), "attention_cpu_ms_rounds": t} for f, t in cpu.items()}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--json", type=Path)
     ap.add_argument("--kernel-only", action="store_true", help="only the attention kernel's timing")
-    args = ap.parse_args()
-    from backends.mindspore.modeldir.default_model import ensure_default_model
-
-    cache = Path(os.environ.get("MINDSERVE_CACHE", Path.home() / ".cache" / "mindserve"))
+    harness.add_output_arguments(ap)
+    args = ap.parse_args(argv)
     result = {"cpu": cpu_model(), "rows": ROWS, "contexts": [CONTEXTS[0], CONTEXTS[-1]]}
     if not args.kernel_only:
-        eng = engines(ensure_default_model(cache, progress=False))
+        eng = engines(harness.default_model_dir())
         try:
             result.update(accuracy=accuracy(eng), speed=speed(eng, args.rounds, args.steps),
                           kernel_variant=eng["float32"].runner.kernel_variant)
@@ -192,8 +177,7 @@ def main() -> None:
         print(f"| {f} | {s['step_ms_median']:.2f} | {s['step_cpu_ms_median']:.2f} | {k:.2f} | {k / a32:.3f} | "
               f"{a['max_abs']:.4g} | {a['mean_abs']:.3g} | {a['golden_ids_match']} | {a['prompts_matching']}/"
               f"{a['prompts']} |")
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    harness.save_results(args, "kv-cache-dtype", result)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Greedy token ids of mindserve against llama.cpp's own ``llama-server`` on the same GGUF (issue 14 item 2).
 
-    .venv/bin/python bench/llama_agreement.py [--dtypes fp32,q8_0,as-shipped] [--tokens 32] [--json OUT.json]
+    .venv/bin/python -m bench llama-agreement [--dtypes fp32,q8_0,as-shipped] [--tokens 32] [--json OUT.json] [--save]
 
-For each prompt of ``bench/serve_bench.py``'s set (tokenized once, by mindserve's tokenizer, and sent to both as
+For each prompt of ``python -m bench serve``'s set (tokenized once, by mindserve's tokenizer, and sent to both as
 token ids, so both start from the very same ids), both generate ``--tokens`` greedy tokens with EOS banned:
 llama-server (``-np 1``, 2 threads, ``POST /completion`` with ``temperature 0``, ``top_k 1``, ``ignore_eos``,
 ``n_probs 2``) and mindserve in process (the AOT runner on the default GGUF converted with each
@@ -28,11 +28,11 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from serve_bench import CACHE_DIR, LLAMA_ANCHORS, PROMPTS, THREADS, free_port  # noqa: E402
+from bench import harness
+from bench.harness.paths import CACHE_DIR, LLAMA_ANCHORS
+from bench.harness.server import free_port
+from bench.serving.scenarios import PROMPTS
+from bench.serving.servers import THREADS
 
 
 def start_llama_server(bindir: Path, gguf: Path, port: int, log_path: Path,
@@ -89,7 +89,7 @@ def llama_greedy(port: int, ids: list[int], n: int,
 
 def mindserve_prefill(runner, ids: list[int], blocks: list[int]) -> np.ndarray:
     """The logits after the prompt ``ids`` (prefilled in the runner's chunks into cache blocks ``blocks``)."""
-    from backends.mindspore.runners import PrefillChunk
+    from backends.mindspore.engine.step import PrefillChunk
 
     chunk = runner.shapes.prefill_chunk
     for start in range(0, len(ids), chunk):
@@ -110,7 +110,7 @@ def first_token_gaps(runner, prompts: list[list[int]], theirs) -> np.ndarray:
 
 def mindserve_greedy(runner, ids: list[int], n: int) -> tuple[list[int], list[float]]:
     """(generated ids, per step the top-1 minus top-2 logit)."""
-    from backends.mindspore.runners import DecodeRow
+    from backends.mindspore.engine.step import DecodeRow
 
     blocks = list(range(1, 1 + (len(ids) + n + 63) // 64))
     logits = mindserve_prefill(runner, ids, blocks)
@@ -126,17 +126,8 @@ def mindserve_greedy(runner, ids: list[int], n: int) -> tuple[list[int], list[fl
 
 
 def make_runner(model_dir: Path, kv_dtype: str = "float32"):
-    from backends.mindspore.modeldir.config import load_model
-    from backends.mindspore.planning.device import set_mode
-    from backends.mindspore.runners import build_runner
-    from backends.mindspore.planning.shapes import Shapes
-    from backends.mindspore.modeldir.weights import load_weights
-
-    spec = load_model(model_dir)
-    set_mode(0, "CPU", THREADS)
-    shapes = Shapes(block_size=64, prefill_chunk=32, batch_buckets=(1,), window_buckets=(256,))
-    return build_runner(spec, load_weights(spec.checkpoint, spec.checkpoint_format), shapes, 8, "aot",
-                        kv_dtype=kv_dtype)
+    return harness.runner(model_dir, num_blocks=8, kernels="aot", threads=THREADS, kv_dtype=kv_dtype,
+                          block_size=64, prefill_chunk=32, batch_buckets=(1,), window_buckets=(256,))
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -169,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="another llama.cpp build's directory (e.g. the AVX2-only one): its llama-server is run on "
                          "the same prompts and its agreement with the first printed as the noise floor")
     ap.add_argument("--workdir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "mindserve-bench")
-    ap.add_argument("--json", type=Path, default=None)
+    harness.add_output_arguments(ap)
     args = ap.parse_args(argv)
 
     from backends.mindspore.modeldir.default_model import MODEL_NAME, ensure_default_gguf
@@ -254,8 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         record["formats"][dtype] = {"identical": same, "mean_common_prefix": mean_prefix, "second_choice": second,
                                     "max_llama_gap": max(gaps, default=None), "rows": rows}
         del runner
-    if args.json:
-        args.json.write_text(json.dumps(record, indent=1))
+    harness.save_results(args, "llama-agreement", record)
     return 0
 
 

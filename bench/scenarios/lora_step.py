@@ -2,7 +2,7 @@
 the same packed decode step with every row on the base model, and with rows on adapters, interleaved
 round by round so both see the same machine.
 
-    .venv/bin/python bench/lora_step.py [--rounds 30] [--steps 8] [--rank 8] [--kernels auto|aot|ms]
+    .venv/bin/python -m bench lora-step [--rounds 30] [--steps 8] [--rank 8] [--kernels auto|aot|stock] [--save]
 
 Cases: B=1 (base; one adapter) and B=16 (all base; 4 adapters + base in turn, 4 distinct adapters per
 step). Four rank-``--rank`` adapters on all seven projections (tests/support/lora_adapters.py). Per case:
@@ -13,57 +13,39 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-MODEL_DIR = REPO / ".cache" / "models" / "SmolLM2-135M-Instruct"
+from bench import harness
+
 ADAPTERS = ("a", "b", "c", "d")
 
 
-def bandwidth_gbs(nbytes: int = 256 * 2**20, reps: int = 5) -> float:
-    src = np.ones(nbytes // 4, np.float32)
-    best = 0.0
-    for _ in range(reps):
-        t = time.perf_counter()
-        src.sum()
-        best = max(best, nbytes / (time.perf_counter() - t) / 1e9)
-    return best
-
-
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--steps", type=int, default=8, help="decode steps timed per case per round")
     ap.add_argument("--rank", type=int, default=8)
     ap.add_argument("--kernels", default="auto")
-    args = ap.parse_args()
+    harness.add_output_arguments(ap)
+    args = ap.parse_args(argv)
 
     from backends.lora import BaseDims, load_adapter
     from backends.mindspore.modeldir.config import load_model
-    from backends.mindspore.modeldir.default_model import ensure_default_model
     from backends.mindspore.engine.lora_slots import LoraSlots
-    from backends.mindspore.planning.device import set_mode
-    from backends.mindspore.runners import DecodeRow, build_runner
-    from backends.mindspore.planning.shapes import Shapes
-    from backends.mindspore.modeldir.weights import load_weights
+    from backends.mindspore.engine.step import DecodeRow
     from tests.support.lora_adapters import make_adapter
     from tests.support.reference_numpy import RefModel
 
-    model_dir = ensure_default_model(MODEL_DIR.parent, progress=False)
-    spec = load_model(model_dir)
-    dims = BaseDims.of(spec)
+    model_dir = harness.default_model_dir()
+    dims = BaseDims.of(load_model(model_dir))
     base = RefModel.from_dir(model_dir, dtype=np.float32).w
-    set_mode(0, "CPU", 2)
-    shapes = Shapes(block_size=64, prefill_chunk=32, batch_buckets=(1, 16), window_buckets=(256,),
-                    prefill_batch_buckets=(1,))
-    runner = build_runner(spec, load_weights(spec.checkpoint, spec.checkpoint_format), shapes, 80, args.kernels,
-                          lora=(len(ADAPTERS), args.rank))
+    runner = harness.runner(model_dir, num_blocks=80, kernels=args.kernels, lora=(len(ADAPTERS), args.rank),
+                            block_size=64, prefill_chunk=32, batch_buckets=(1, 16), window_buckets=(256,),
+                            prefill_batch_buckets=(1,))
     slots = LoraSlots(dims, len(ADAPTERS), args.rank, runner.write_lora)
     with tempfile.TemporaryDirectory() as tmp:
         for seed, name in enumerate(ADAPTERS, 1):
@@ -91,7 +73,8 @@ def main() -> int:
             for _ in range(args.steps):
                 runner.decode(r)
             times[name].append((time.perf_counter() - t) / args.steps)
-    bw = bandwidth_gbs()
+    machine = harness.machine_facts()
+    bw = machine["memory_bandwidth"]["read_gbs"]
     print(f"memory bandwidth (numpy, 1 thread, read): {bw:.1f} GB/s; {args.rounds} rounds x {args.steps} steps")
     print(f"{'case':<26} {'median ms':>10} {'best ms':>9}")
     for name, ts in times.items():
@@ -100,6 +83,8 @@ def main() -> int:
         med = statistics.median(times[plain]) / statistics.median(times[mixed])
         best = min(times[plain]) / min(times[mixed])
         print(f"throughput {mixed} ÷ {plain}: {best:.3f}x (best), {med:.3f}x (median)")
+    harness.save_results(args, "lora-step", {"rank": args.rank, "steps": args.steps,
+                                             "step_s": times, "kernels": runner.description}, machine=machine)
     return 0
 
 

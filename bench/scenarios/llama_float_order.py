@@ -1,6 +1,6 @@
 """How far float order alone moves a quantized model: mindserve's quantized dot products against llama.cpp's own.
 
-    .venv/bin/python bench/llama_float_order.py [--gguf FILE] [--tokens 504,3280,...] [--llama-dir DIR]
+    .venv/bin/python -m bench llama-float-order [--gguf FILE] [--tokens 504,3280,...] [--llama-dir DIR]
 
 llama.cpp's CPU library (``libggml-cpu.so`` of ``../shared/tools/build-llama-anchors.sh``'s build) exports the
 activation quantizers and dot products its matmuls run (``quantize_row_q8_0`` / ``q8_1`` / ``q8_K``,
@@ -24,11 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from serve_bench import CACHE_DIR, LLAMA_ANCHORS  # noqa: E402
+from bench import harness
+from bench.harness.paths import CACHE_DIR, LLAMA_ANCHORS
 
 F32 = np.float32
 # GGUF weight format -> (llama.cpp's activation quantizer, its dot product, bytes of one activation block, block size)
@@ -123,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gguf", type=Path, default=None, help="a llama-architecture GGUF (default: the default model's)")
     ap.add_argument("--tokens", default="504,3280,5965,788,36971", help="one-token prompts (comma-separated ids)")
     ap.add_argument("--llama-dir", type=Path, default=LLAMA_ANCHORS, help="the llama.cpp build's library directory")
+    harness.add_output_arguments(ap)
     args = ap.parse_args(argv)
 
     from backends.mindspore.modeldir.default_model import ensure_default_gguf
@@ -167,6 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     m = np.mean(rows, axis=0)
     print(f"mean over the prompts: llama.cpp vs mindserve {m[0]:.4f}; each against float64: llama.cpp {m[1]:.4f}, "
           f"mindserve {m[2]:.4f}")
+    harness.save_results(args, "llama-float-order", {
+        "gguf": str(gguf), "tokens": args.tokens,
+        "per_token": [dict(zip(("llama_vs_ours", "exact_vs_llama", "exact_vs_ours"), r)) for r in rows],
+        "matmul_rel": {fmt: {"median": float(np.median(r)), "max": max(r), "count": len(r)} for fmt, r in rel.items()}})
     return 0
 
 

@@ -1,6 +1,6 @@
 """Start ``mindserve serve`` under a hard memory cap and report whether and when it starts, and its peak RSS.
 
-    python bench/capped_start.py CONFIG --cap-gib 8 [--port 18931] [--timeout 1500] [--request]
+    python -m bench capped-start CONFIG --cap-gib 8 [--port 18931] [--timeout 1500] [--request]
 
 The cap is a child of this process's memory cgroup (v2: ``memory.max``; v1: ``memory.limit_in_bytes``, swap
 too where it can be set), made before the server starts, so a start that would take more is killed by the
@@ -21,6 +21,9 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from bench import harness
+from bench.harness.server import serve_command, serve_env
 
 ROOT = Path("/sys/fs/cgroup")
 GIB = 1 << 30
@@ -69,9 +72,8 @@ def run(config: Path, cap: int, port: int, timeout: float, request: bool, log_pa
     procs = cgroup / "cgroup.procs"
     started = time.monotonic()
     with log_path.open("wb") as log:
-        server = subprocess.Popen(["nice", "-n", "5", sys.executable, "-m", "service", "serve", "--config",
-                                   str(config), "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
-                                  preexec_fn=lambda: procs.write_text(str(os.getpid())))
+        server = subprocess.Popen(["nice", "-n", "5", *serve_command(config, port)], stdout=log, env=serve_env(),
+                                  stderr=subprocess.STDOUT, preexec_fn=lambda: procs.write_text(str(os.getpid())))
     result = {"config": str(config), "cap_gib": cap / GIB, "healthy_after_s": None, "exit_status": None}
     hwm = 0
     try:
@@ -120,9 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1500, help="seconds to wait for /health (default 1500)")
     parser.add_argument("--request", action="store_true", help="send one greedy 64-token request once healthy")
     parser.add_argument("--log", type=Path, default=Path("capped_start.log"), help="the server's log")
+    harness.add_output_arguments(parser)
     args = parser.parse_args(argv)
     result = run(args.config, int(args.cap_gib * GIB), args.port, args.timeout, args.request, args.log)
     print(json.dumps(result, indent=1))
+    harness.save_results(args, "capped-start", result)
     return 0 if result["healthy_after_s"] is not None else 1
 
 

@@ -2,7 +2,7 @@
 generation on the same load, at 1 and 16 concurrent clients, on the default model in-process (the engine
 the server runs; HTTP adds the same cost to both sides).
 
-    python bench/structured_bench.py [--clients 1 16] [--requests-per-client 3] [--max-new-tokens 64]
+    python -m bench structured [--clients 1 16] [--requests-per-client 3] [--max-new-tokens 64]
 
 Each client sends its requests one after another; every request is a chat prompt asking for one of the
 object schemas of tests/data/structured_schemas.json (client i, request j: schema (i + j) mod 9). The
@@ -17,18 +17,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import threading
 import time
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from backends.types import Grammar, RequestParams
+from bench import harness
+from bench.harness.paths import REPO
 
-from backends.mindspore.modeldir.default_model import ensure_default_model  # noqa: E402
-from backends.mindspore.engine.engine import Engine  # noqa: E402
-from backends.settings import EngineConfig  # noqa: E402
-from backends.types import Grammar, RequestParams  # noqa: E402
+if TYPE_CHECKING:
+    from backends.mindspore.engine.engine import Engine
 
 ALL_SCHEMAS = json.loads((REPO / "tests" / "data" / "structured_schemas.json").read_text())["schemas"]
 OBJECTS = ("person", "point", "nested", "array_objects", "nested_array_in_object", "object_enum_and_pattern",
@@ -74,17 +72,17 @@ def unconstrained_twin(load, counts):
              for (prompt, _), n in zip(mine, got)] for mine, got in zip(load, counts)]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--requests-per-client", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2, help="constrained/unconstrained pairs, interleaved")
-    args = parser.parse_args()
-    model_dir = ensure_default_model(REPO / ".cache" / "models", progress=False)
-    config = EngineConfig(max_seq_len=512, max_input_tokens=256, max_batch_size=max(args.clients),
-                          max_iter_times=args.max_new_tokens)
-    with Engine(model_dir, config) as engine:
+    harness.add_output_arguments(parser)
+    args = parser.parse_args(argv)
+    results = {}
+    with harness.engine(max_seq_len=512, max_input_tokens=256, max_batch_size=max(args.clients),
+                max_iter_times=args.max_new_tokens) as engine:
         engine.generate("warm", RequestParams(grammar=Grammar("regex", "[a-z]{3}"), max_new_tokens=4))
         print(f"structured_bench: {engine.model_name}, kernels {engine.runner.kernels}, "
               f"{args.requests_per_client} requests per client, max_new_tokens {args.max_new_tokens}, greedy")
@@ -106,6 +104,9 @@ def main() -> None:
             con, unc = statistics.median(on), statistics.median(off)
             print(f"{clients:>7} {con:>18.1f} {unc:>20.1f} {con / unc:>6.2f} {tokens:>7} "
                   f"{statistics.median(mask_ms):>14.3f}")
+            results[f"c{clients}"] = {"constrained_tok_s": con, "unconstrained_tok_s": unc, "ratio": con / unc,
+                                      "tokens": tokens, "mask_ms_per_token": statistics.median(mask_ms)}
+    harness.save_results(args, "structured", {"max_new_tokens": args.max_new_tokens, "clients": results})
 
 
 if __name__ == "__main__":

@@ -3,9 +3,9 @@ rows beside a 64-token prompt chunk (the step that prefills under load), of two 
 branch), measured in child processes that alternate tree by tree, round by round, so both see the same load on a
 shared box.
 
-    python bench/step_overhead.py --tree before=/work/main --tree after=. [--rounds 3] [--json out.json]
+    python -m bench step-overhead --tree before=/work/main --tree after=. [--rounds 3] [--json out.json] [--save]
 
-Each child loads the default model from its tree (or ``--model-dir``'s) with the engine_speed configuration
+Each child loads the default model from its tree (or ``--model-dir``'s) with the engine-speed configuration
 (max_seq_len 2048, block 128, batch 16) but a small cache (33 blocks), compiles the three graphs, then alternates
 B=1, B=16 (one 128-token block each, position 100) and 15+64 (15 of those rows and a prompt chunk of 64 tokens
 from position 0) for ``--reps`` repetitions of ``--steps`` steps, reading the AOT kernels' own counters
@@ -25,27 +25,26 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from bench import harness
+from bench.harness.paths import REPO
+from bench.scenarios.engine_speed import CpuMeter, _parse_profile
+
+# A child runs this module from this checkout (cwd: the tree measured, whose backends it imports).
+CHILD = (f"import sys; sys.path.insert(0, {str(REPO)!r}); "
+         "from bench.scenarios.step_overhead import main; main(sys.argv[1:])")
 MIXED = 79  # the key of the mixed step: 15 decode rows and a 64-token prompt chunk
 
 
 def child(tree: Path, steps: int, reps: int, profile_steps: int, model_dir: str | None = None) -> dict:
-    sys.path.insert(0, str(tree))
-    sys.path.insert(1, str(HERE))
-    from engine_speed import CpuMeter, _parse_profile  # noqa: E402  (the measurement helpers)
-
+    sys.path.insert(0, str(tree))  # its backends; bench (this module, the harness) is already this checkout's
     import mindspore
     from mindspore.profiler import ProfilerActivity
-    from backends.mindspore.modeldir.default_model import ensure_default_model
-    from backends.mindspore.engine.engine import Engine
     from backends.mindspore.kernels import KERNEL_KINDS, kernel_stats
-    from backends.mindspore.runners import DecodeRow, PrefillChunk
-    from backends.settings import EngineConfig
+    from backends.mindspore.engine.step import DecodeRow, PrefillChunk
 
-    cfg = EngineConfig(max_seq_len=2048, max_input_tokens=1536, max_batch_size=16, block_size=128, prefill_chunk=64,
-                       num_blocks=33, kernels="aot")
-    model = Path(model_dir) if model_dir else ensure_default_model(tree / ".cache" / "models")
-    engine = Engine(model, cfg, warmup=False, progress=False)
+    model = Path(model_dir) if model_dir else harness.default_model_dir(tree / ".cache" / "models")
+    engine = harness.engine(model, warmup=False, progress=False, max_seq_len=2048, max_input_tokens=1536,
+                            max_batch_size=16, block_size=128, prefill_chunk=64, num_blocks=33, kernels="aot")
     runner = engine.runner
     batches = {b: [DecodeRow(7, 100, engine.allocator.allocate(128)) for _ in range(b)] for b in (1, 16)}
     # 15 of those rows beside a 64-token prompt chunk (position 0, its own block): a step that prefills under load
@@ -109,7 +108,7 @@ def summarize(name: str, runs: list[dict]) -> list[str]:
     return lines
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tree", action="append", default=[], metavar="NAME=PATH", help="a source tree to measure")
     ap.add_argument("--rounds", type=int, default=3)
@@ -119,9 +118,9 @@ def main() -> None:
     ap.add_argument("--model-dir", default=None,
                     help="a converted model directory (e.g. convert-gguf of the 1.7B Q4_K_M file) instead of the "
                          "default model")
-    ap.add_argument("--json")
+    harness.add_output_arguments(ap)
     ap.add_argument("--child", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.child:
         print(json.dumps(child(Path(args.child).resolve(), args.steps, args.reps, args.profile_steps,
                                args.model_dir)))
@@ -134,7 +133,7 @@ def main() -> None:
         order = list(trees) if r % 2 == 0 else list(trees)[::-1]
         for name in order:
             t = time.perf_counter()
-            proc = subprocess.run([sys.executable, __file__, "--child", trees[name], "--steps", str(args.steps),
+            proc = subprocess.run([sys.executable, "-c", CHILD, "--child", trees[name], "--steps", str(args.steps),
                                    "--reps", str(args.reps), "--profile-steps", str(args.profile_steps),
                                    *(["--model-dir", args.model_dir] if args.model_dir else [])],
                                   cwd=trees[name], capture_output=True, text=True)
@@ -143,8 +142,7 @@ def main() -> None:
             runs[name].append(json.loads(proc.stdout.strip().splitlines()[-1]))
             print(f"round {r + 1} {name}: {time.perf_counter() - t:.0f} s, loadavg {os.getloadavg()[0]:.2f}",
                   flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(runs, indent=1))
+    harness.save_results(args, "step-overhead", runs)
     print(f"step_overhead: {args.rounds} rounds x {args.reps} reps x {args.steps} decode steps, context ~100, "
           f"{os.cpu_count()} CPUs")
     for name, rs in runs.items():

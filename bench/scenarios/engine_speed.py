@@ -5,11 +5,11 @@ through the engine and through the runner / bare graph call, batched decode at B
 chunked prefill of a 500-token prompt, the machine's memory read bandwidth (and the fp32
 decode ceiling it implies), a per-op profile of a decode step, and peak RSS.
 
-    python bench/engine_speed.py [--rounds N] [--json out.json] [--chart step.png]
-    python bench/engine_speed.py --chart-from out.json [--chart step.png]     # redraw, no run
+    python -m bench engine-speed [--rounds N] [--json out.json] [--save] [--chart step.png]
+    python -m bench engine-speed --chart-from out.json [--chart step.png]     # redraw, no run
 
 ``--chart`` draws the decode-step breakdown (time inside each AOT kernel and the rest, B=1 and B=16) with
-matplotlib (bench/charts.py).
+matplotlib (bench/harness/charts.py).
 
 The box is small (2 vCPU) and often shared, so every timed measurement records how many cores
 *other* processes used meanwhile (busy jiffies in /proc/stat minus this process's CPU time);
@@ -38,7 +38,10 @@ from pathlib import Path
 
 import numpy as np
 
-DEFAULT_CACHE = Path(__file__).resolve().parent.parent / ".cache" / "models"
+from bench import harness
+from bench.harness.machine import commit
+from bench.harness.paths import REPO
+
 BW_ARRAY_BYTES = 512 * 1024 * 1024
 CLEAN_CORES = 0.3  # a sample is "clean" if other processes used fewer cores than this meanwhile
 PROMPT_SHORT = 32
@@ -202,8 +205,8 @@ def bandwidth_probe(reps: int) -> dict:
 
 
 def run_bandwidth_child(reps: int) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--bandwidth-probe", str(reps)],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-m", "bench", "engine-speed", "--bandwidth-probe", str(reps)],
+                         cwd=REPO, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -298,17 +301,15 @@ class Bench:
 
         self.info["mindspore_import_s"] = time.perf_counter() - t
         self.info["mindspore"] = mindspore.__version__
-        from backends.mindspore.modeldir.default_model import ensure_default_model
-        from backends.mindspore.engine.engine import Engine
         from backends.settings import EngineConfig
 
-        model_dir = Path(self.args.model_dir) if self.args.model_dir else ensure_default_model(DEFAULT_CACHE)
+        model_dir = Path(self.args.model_dir) if self.args.model_dir else harness.default_model_dir()
         cfg = dict(max_seq_len=2048, max_input_tokens=1536, max_batch_size=16, block_size=128, prefill_chunk=64)
         if self.args.kernels:
             cfg["kernels"] = self.args.kernels
         if self.args.num_blocks:
             cfg["num_blocks"] = self.args.num_blocks
-        self.info["git"] = _git_state()
+        self.info["git"] = commit()
         self.config = EngineConfig(**cfg)
         self.info["config"] = {k: v for k, v in cfg.items()}
         self.info["model_dir"] = str(model_dir)
@@ -319,14 +320,13 @@ class Bench:
         logger.addHandler(handler)
 
         with CpuMeter() as m:
-            self.engine = Engine(model_dir, self.config, warmup=False, progress=False)
+            self.engine = harness.engine(model_dir, warmup=False, progress=False, **cfg)
         self.info["load_s"] = m.wall
         self.info["load_other_cores"] = m.other_cores
         self.info["rss_after_load_mb"] = _rss_mb()
         self.runner = self.engine.runner
-        layer0 = self.runner.net.layers[0]
         self.info["matmul_path"] = ("AOT kernels (backends/mindspore/kernels: matmul, paged attention, fused "
-                                    "norm/rope/SwiGLU)" if getattr(layer0, "fused", False)
+                                    "norm/rope/SwiGLU)" if self.runner.kernels == "aot"
                                     else "stock MindSpore ops (MatMul, windowed attention)")
         shapes = self.runner.shapes
         self.info["shapes"] = {"batch_buckets": list(shapes.batch_buckets),
@@ -375,7 +375,7 @@ class Bench:
         """Compile only the graphs this benchmark uses (all window-256 buckets, the B=1 prefill/decode
         graphs at every window, the prompt-logits head): the full default plan needs too much RSS for a
         shared 24 GB box. Calls the runner exactly as ``ModelRunner.warmup`` does (scratch block only)."""
-        from backends.mindspore.runners import DecodeRow
+        from backends.mindspore.engine.step import DecodeRow
 
         small = min(self.runner.shapes.window_buckets)
         keep = [k for k in full_plan
@@ -399,7 +399,7 @@ class Bench:
     def _prefill_call(self, chunks: list[tuple[list[int], int, list[int]]]):
         """runner.prefill for (ids, start, blocks) chunks; returns the logits [n, V]."""
         try:
-            from backends.mindspore.runners import PrefillChunk
+            from backends.mindspore.engine.step import PrefillChunk
         except ImportError:  # the older one-sequence signature prefill(ids, start, blocks)
             assert len(chunks) == 1
             logits, _ = self.runner.prefill(*chunks[0])
@@ -423,7 +423,7 @@ class Bench:
             (rec.times[0] - rec.submitted) * 1e3, m)
 
     def raw_single(self) -> None:
-        from backends.mindspore.runners import DecodeRow
+        from backends.mindspore.engine.step import DecodeRow
 
         self.quiet()
         alloc = self.engine.allocator
@@ -469,7 +469,7 @@ class Bench:
 
     def raw_windows(self) -> None:
         """runner.decode B=1 late in long contexts (the stock-op path: the larger attention windows)."""
-        from backends.mindspore.runners import DecodeRow
+        from backends.mindspore.engine.step import DecodeRow
 
         for window in LONG_CONTEXTS:
             if window > self.runner.shapes.max_window:
@@ -490,7 +490,7 @@ class Bench:
                 self.engine.allocator.release(blocks)
 
     def raw_batch(self, batch: int) -> None:
-        from backends.mindspore.runners import DecodeRow
+        from backends.mindspore.engine.step import DecodeRow
 
         self.quiet()
         alloc = self.engine.allocator
@@ -586,7 +586,7 @@ class Bench:
 
     def profile(self) -> None:
         """Per-op-type time of decode steps at B=1 and B=16 (MindSpore CPU profiler)."""
-        from backends.mindspore.runners import DecodeRow
+        from backends.mindspore.engine.step import DecodeRow
         import mindspore
         from mindspore.profiler import ProfilerActivity
 
@@ -688,19 +688,6 @@ class _CompileLogHandler(logging.Handler):
         if record.msg.startswith("compiled graph") and len(record.args) == 2:
             key, seconds = record.args
             self.sink.append(("/".join(str(k) for k in key), float(seconds), _rss_mb()))
-
-
-def _git_state() -> str:
-    root = Path(__file__).resolve().parent.parent
-    try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "backends"],
-                               capture_output=True, text=True, check=True).stdout.split("\n")
-        n = sum(1 for line in dirty if line.strip())
-        return f"{head}" + (f" + {n} uncommitted file(s) under backends/" if n else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def _rss_mb() -> float:
@@ -892,8 +879,8 @@ def report(res: dict, rounds: int) -> str:
 
 
 def charts():
-    """bench/charts.py (a script's directory is on sys.path; it exits with the install hint without matplotlib)."""
-    import charts as module
+    """bench/harness/charts.py (it exits with the install hint without matplotlib)."""
+    from bench.harness import charts as module
     return module
 
 
@@ -906,10 +893,9 @@ def draw_chart(res: dict, path: str | Path) -> Path:
     return charts().decode_breakdown_chart(info.get("profile") or {}, Path(path), title)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5, help="interleaved measurement rounds (default 5)")
-    ap.add_argument("--json", help="also write all samples and settings to this file")
     ap.add_argument("--model-dir", help="model directory (default: the converted SmolLM2-135M)")
     ap.add_argument("--full-warmup", action="store_true",
                     help="compile the engine's whole default plan (runner.warmup(); needs >12 GB RSS) "
@@ -930,28 +916,27 @@ def main() -> None:
     ap.add_argument("--chart", help="also draw the decode-step breakdown into this PNG (needs matplotlib)")
     ap.add_argument("--chart-from", metavar="JSON",
                     help="draw the chart of an earlier --json file (into --chart, default JSON with .png) and exit")
-    args = ap.parse_args()
+    harness.add_output_arguments(ap)
+    args = ap.parse_args(argv)
     if args.chart or args.chart_from:
         charts()  # before a long run, not after it
     if args.chart_from:
-        print(draw_chart(json.loads(Path(args.chart_from).read_text()),
+        print(draw_chart(harness.results_of(json.loads(Path(args.chart_from).read_text())),
                          args.chart or Path(args.chart_from).with_suffix(".png")))
         return
     if args.report_from:
-        res = json.loads(Path(args.report_from).read_text())
+        res = harness.results_of(json.loads(Path(args.report_from).read_text()))
         print(report(res, res["info"]["rounds"]))
         return
     if args.bandwidth_probe:
         print(json.dumps(bandwidth_probe(args.bandwidth_probe)))
         return
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     res = Bench(args).run()
     res["info"]["profile_steps"] = args.profile_steps
     res["info"]["rounds"] = args.rounds
     res["info"]["cpus"] = os.cpu_count()
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1, default=str))
+    harness.save_results(args, "engine-speed", res)
     print(report(res, args.rounds))
     if args.chart:
         print(f"chart: {draw_chart(res, args.chart)}")

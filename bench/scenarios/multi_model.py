@@ -1,16 +1,16 @@
 """Several models in one server: the RSS of a two-model server against each model served alone, and the
 maxLoadedModels: 1 round trip (unload one model, load the other, answer) with the RSS after each swap.
 
-    python bench/multi_model.py MODEL_DIR_A MODEL_DIR_B [--port 18600]
+    python -m bench multi-model MODEL_DIR_A MODEL_DIR_B [--port 18600] [--json OUT.json] [--save]
 
-Each server is the real CLI (``python -m service serve --config``) on the same small config; RSS is the
-server process's VmRSS after a few requests to each model it serves (VmHWM: its peak). Prints JSON.
+Each server is the real CLI (``mindserve serve --config``, started by ``bench.harness.server``) on the same small
+config; RSS is the server process's VmRSS after a few requests to each model it serves (VmHWM: its peak). Prints
+JSON.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -19,7 +19,8 @@ from pathlib import Path
 import requests
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+from bench import harness
+from bench.harness.server import start, wait_ready
 
 
 def write_config(path: Path, port: int, models: list[tuple[str, Path]], max_loaded: int = 0) -> Path:
@@ -46,21 +47,9 @@ def status(pid: int) -> dict[str, float]:
 
 class Server:
     def __init__(self, config: Path, port: int, log: Path) -> None:
-        self.url = f"http://127.0.0.1:{port}"
-        self.log = log.open("w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "service", "serve", "--config", str(config)], cwd=REPO,
-                                     stderr=self.log, stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 900
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: see {log}")
-            try:
-                if requests.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except requests.ConnectionError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError("server not ready")
+        self.served = start(config, port=port, log_path=log)
+        self.proc, self.url = self.served.proc, self.served.base
+        wait_ready(self.served, 900)
 
     def complete(self, model: str, tokens: int = 16) -> float:
         started = time.perf_counter()
@@ -71,8 +60,7 @@ class Server:
         return time.perf_counter() - started
 
     def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(60)
+        self.served.stop()
         self.log.close()
 
 
@@ -115,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model_a", type=Path)
     parser.add_argument("model_b", type=Path)
     parser.add_argument("--port", type=int, default=18600)
+    harness.add_output_arguments(parser)
     args = parser.parse_args(argv)
     models = [("model-a", args.model_a.resolve()), ("model-b", args.model_b.resolve())]
     with tempfile.TemporaryDirectory() as tmp:
@@ -122,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         result = {"rss_mib": alone_and_together(work, args.port, models),
                   "lru": round_trips(work, args.port, models)}
     print(json.dumps(result, indent=1))
+    harness.save_results(args, "multi-model", result)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Where serve_bench finds the repository, the default model and llama.cpp's builds."""
+"""Where the benchmarks find the repository, its default model, the golden answer and llama.cpp's builds."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -101,7 +101,7 @@ def decode_breakdown_chart(profile: dict, path: Path, title: str) -> Path:
     bars = [(label, int(label.removeprefix("B=")), p["kernels"]) for label, p in profile.items()
             if p.get("kernels")]
     if not bars:
-        raise ValueError("the JSON has no kernel breakdown (a run with --no-profile, or --kernels ms)")
+        raise ValueError("the JSON has no kernel breakdown (a run with --no-profile, or --kernels stock)")
     fig, axes = plt.subplots(1, 2, figsize=(12, 1.9 + 0.75 * len(bars)), dpi=DPI)
     for ax, per_token in zip(axes, (False, True)):
         widest = max(k["wall_ms"] / (batch if per_token else 1) for _, batch, k in bars)
