@@ -270,12 +270,24 @@ def run_one(name: str, args, fleet_mod, log_dir: Path, prefixes: list[str] | Non
         "ttft_p95": round(ttfts[int(0.95 * (len(ttfts) - 1))], 4) if ttfts else None,
         "ttft_p50_by_round": {r: round(statistics.median(sorted(x["ttft"] for x in ok if x["round"] == r)), 4)
                               for r in range(args.rounds) if any(x["round"] == r for x in ok)},
+        # HAProxy names the replica that answered (X-Mindserve-Replica); SMG does not
+        "tenants_on_several_replicas": tenants_split(ok),
         "seconds": round(seconds, 1), "per_replica_cache_tokens": per_replica_cache,
         "load_avg_start": [round(x, 2) for x in load0], "load_avg_end": [round(x, 2) for x in load1],
         "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
     }
     log(f"{name}: {json.dumps(record)}")
     return record, prefixes
+
+
+def tenants_split(ok: list[dict]) -> int | None:
+    """How many tenants were answered by more than one replica (None: the route does not say which)."""
+    seen: dict[int, set] = {}
+    for r in ok:
+        if r.get("replica") is None:
+            return None
+        seen.setdefault(r["tenant"], set()).add(r["replica"])
+    return sum(len(replicas) > 1 for replicas in seen.values())
 
 
 def ratios(runs: dict) -> dict:

@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 import jsonschema.exceptions
+import jsonschema.validators
 from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
 
 from service.checked_schemas import default_stamp_dir, mark_checked, schema_set_key, was_checked
 from service.errors import ValidationError
@@ -30,6 +32,19 @@ _STRICT_END = "$(?!\\n)"  # patterns end so; shown to users as plain "$"
 
 SchemaError = jsonschema.exceptions.SchemaError
 _JsonError = jsonschema.exceptions.ValidationError
+_DRAFT_ITEMS = Draft202012Validator.VALIDATORS["items"]
+
+
+def _items_within_max(validator, items, instance, schema):
+    """``items``, skipped for an array already over its ``maxItems``: that error is reported and is the one
+    ``best_match`` picks, while checking every item of, say, 200,000 stop strings would cost seconds of CPU per
+    request (all errors are collected to choose the most relevant)."""
+    if validator.is_type(instance, "array") and len(instance) > schema.get("maxItems", len(instance)):
+        return
+    yield from _DRAFT_ITEMS(validator, items, instance, schema)
+
+
+_Validator = jsonschema.validators.extend(Draft202012Validator, {"items": _items_within_max})
 
 
 class Schemas:
@@ -41,14 +56,16 @@ class Schemas:
         (``checked_schemas.py``; default under ~/.cache/mindserve)."""
         self.schema_dir = Path(schema_dir) if isinstance(schema_dir, (str, os.PathLike)) else schema_dir
         self._schemas = _read_schemas(self.schema_dir, stamp_dir or default_stamp_dir())
+        # Validated without their "$schema" (every file is Draft 2020-12, checked above): with it, a $ref into
+        # another file would be validated by jsonschema's stock Draft202012Validator, not by _Validator.
+        plain = {name: {k: v for k, v in schema.items() if k != "$schema"} for name, schema in self._schemas.items()}
         self.registry: Registry = Registry().with_resources(
-            (schema["$id"], Resource.from_contents(schema)) for schema in self._schemas.values()
+            (schema["$id"], Resource.from_contents(schema, default_specification=DRAFT202012))
+            for schema in plain.values()
         )
         self._validators = {
-            name: Draft202012Validator(
-                schema, registry=self.registry, format_checker=Draft202012Validator.FORMAT_CHECKER
-            )
-            for name, schema in self._schemas.items()
+            name: _Validator(schema, registry=self.registry, format_checker=Draft202012Validator.FORMAT_CHECKER)
+            for name, schema in plain.items()
         }
 
     @property

@@ -111,7 +111,9 @@ def topology(request, tmp_path_factory, default_q4_dir):
             fleet.replicas[0].start(REPO)
             started.append(fleet)
         for fleet in replica_fleets:
-            fleet._wait(fleet.replicas, lambda m: status(m.url + "/health") == 200, "/health 200")
+            member = fleet.replicas[0]
+            ready = first_time(lambda: status(member.url + "/health") == 200 or not member.alive(), START, poll=0.2)
+            assert ready is not None and member.alive(), member.log_tail()
         gw_host = hosts.addresses["gw"] if hosts else "127.0.0.1"
         smg = smg_binary()
         if hosts:  # SMG in the gateway's namespace: a wrapper that enters it

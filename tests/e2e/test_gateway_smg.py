@@ -122,6 +122,7 @@ def test_least_load_sends_the_next_requests_to_the_replica_not_loaded(fleet, mod
         assert loads[busy]["token_usage"] > loads[idle]["token_usage"], loads
         if loaded == 1:  # /v1/loads carries absolute KV-cache tokens too; /metrics only the ratio
             assert loads[busy]["max_total_num_tokens"] > 0 and loads[busy]["num_used_tokens"] > 0, loads
+            assert loads[busy]["num_waiting_uncached_tokens"] > 0, loads  # the queued prompts, still to prefill
         before = [received(u) for u in urls]
         for _ in range(PROBES):
             time.sleep(POLL + 1)  # a fresh load poll: the previous probe's booking is gone

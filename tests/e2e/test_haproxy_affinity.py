@@ -79,10 +79,10 @@ def replicas():
         replica.close()
 
 
-def start(tmp_path, replicas, config: str) -> HAProxy:
+def start(tmp_path, replicas, config: str, **env: str) -> HAProxy:
     (listen,) = free_ports(1)
     haproxy = HAProxy(tmp_path, listen, {name: ("127.0.0.1", r.port, r.port) for name, r in replicas.items()},
-                      config=config)
+                      config=config, **env)
     assert until(lambda: all(haproxy.is_up(name) for name in replicas), 15, poll=0.05), haproxy.states()
     return haproxy
 
@@ -152,8 +152,12 @@ def test_a_replica_that_leaves_and_returns_gets_its_own_prefixes_back(tmp_path, 
     assert after == before
 
 
-def test_one_hot_prefix_spills_over_instead_of_queueing_on_one_replica(tmp_path, replicas):
-    haproxy = start(tmp_path, replicas, "haproxy-affinity.cfg")
+@pytest.mark.parametrize("balance, spills", [("150", True), (None, False)])
+def test_one_hot_prefix_spills_over_past_the_load_bound(tmp_path, replicas, balance, spills):
+    """At MINDSERVE_AFFINITY_BALANCE=150 the home replica takes at most 1.5x the average of open requests and
+    the rest spill; at the default (200) two replicas never move a request."""
+    env = {"MINDSERVE_AFFINITY_BALANCE": balance} if balance else {}
+    haproxy = start(tmp_path, replicas, "haproxy-affinity.cfg", **env)
     hot = PREFIXES[0]
     try:
         (home,) = placement(haproxy.url, rounds=1)[hot]
@@ -171,9 +175,11 @@ def test_one_hot_prefix_spills_over_instead_of_queueing_on_one_replica(tmp_path,
     finally:
         haproxy.stop()
     other = "r2" if home == "r1" else "r1"
-    # bounded load (hash-balance-factor 150): the home replica takes at most 1.5x the average, the rest spill
-    assert held[home] > held[other] > 0, held
-    assert sorted(set(answered)) == ["r1", "r2"]
+    if spills:
+        assert held[home] > held[other] > 0, held
+        assert sorted(set(answered)) == ["r1", "r2"]
+    else:
+        assert held == {home: 8, other: 0}, held
     assert again == home  # once the load is gone, the prefix is home again
 
 

@@ -53,7 +53,7 @@
 
 namespace {
 
-constexpr int64_t kMaxHeadDim = 512;
+using mindserve::kv::kMaxHeadDim;
 
 namespace v = mindserve::vec;
 namespace kv = mindserve::kv;
@@ -460,11 +460,7 @@ int mindserve_attention_raw(const float *q, const float *k, const float *v, cons
                                     static_cast<int>(Format::kF32));
 }
 
-int MindservePagedAttention(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                            void *stream, void *extra) {
-  mindserve::FpScope fp;
-  (void)stream;
-  (void)extra;
+static int entry_paged_attention(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
   if (nparam != 8) return 1;
   if (!is_f32(dtypes[0]) || !is_i32(dtypes[3]) || !is_i32(dtypes[4]) || !is_i32(dtypes[5]) || !is_i32(dtypes[6]) ||
       !is_f32(dtypes[7]))
@@ -486,5 +482,6 @@ int MindservePagedAttention(int nparam, void **params, int *ndims, int64_t **sha
                                     static_cast<const int32_t *>(params[5]), static_cast<float *>(params[7]), N,
                                     shapes[3][0], H, D, KV, S, shapes[3][1], bs, static_cast<int>(fk));
 }
+MINDSERVE_ENTRY(MindservePagedAttention, entry_paged_attention)
 
 }  // extern "C"

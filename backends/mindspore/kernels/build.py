@@ -30,9 +30,10 @@ from pathlib import Path
 
 log = logging.getLogger("mindserve.engine")
 
-SOURCES = ("matmul.cc", "attention.cc", "fused.cc", "lora.cc", "qmatmul.cc", "quantize.cc", "moe.cc", "pack.cc")
-HEADERS = ("entry.h", "pool.h", "lora.h", "qmatmul.h", "quantize.h", "vec.h", "vec_avx512.h",
-           "vec_avx2.h", "vec_neon.h", "vec_scalar.h", "kv_format.h", "fpenv.h")
+SOURCES = ("matmul.cc", "attention.cc", "fused.cc", "fused_entries.cc", "lora.cc", "qmatmul.cc", "quantize.cc",
+           "moe.cc", "pack.cc")
+HEADERS = ("entry.h", "fused.h", "pool.h", "lora.h", "qmatmul.h", "qformat.h", "qtile.h", "quantize.h", "vec.h",
+           "vec_avx512.h", "vec_avx2.h", "vec_neon.h", "vec_scalar.h", "kv_format.h", "fpenv.h")
 # Every variant: no contraction of a * b + c into an fma (vec.h's contract), no fast-math.
 CXXFLAGS = ("-O3", "-std=c++20", "-fPIC", "-shared", "-pthread", "-Wall", "-Wno-maybe-uninitialized",
             "-ffp-contract=off", "-fno-fast-math")

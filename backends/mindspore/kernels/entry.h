@@ -1,5 +1,6 @@
-// mindserve kernels: the dtype and shape checks every AOT entry point makes on MindSpore's arguments, and the
-// plain-pointer entries one kernel calls from another.
+// mindserve kernels: the ABI of an AOT entry point once -- its preamble (MINDSERVE_ENTRY), the dtype and shape checks
+// every entry makes on MindSpore's arguments, every entry's declaration -- and the plain-pointer entries one kernel
+// calls from another.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,19 @@ inline bool all_f32(const char **dtypes, int n) {
   for (int i = 0; i < n; ++i)
     if (!is_f32(dtypes[i])) return false;
   return true;
+}
+
+// 0 if there are n arguments, the first `f32` of them float32; else 1 (a count) or 2 (a dtype).
+inline int expect(int nparam, int n, const char **dtypes, int f32) {
+  if (nparam != n) return 1;
+  return all_f32(dtypes, f32) ? 0 : 2;
+}
+
+// Elements of a tensor: the product of all its dims.
+inline int64_t count_of(int ndim, const int64_t *shape) {
+  int64_t n = 1;
+  for (int d = 0; d < ndim; ++d) n *= shape[d];
+  return n;
 }
 
 // Rows of a tensor seen as [rows, last dim]: the product of all dims but the last.
@@ -52,14 +66,45 @@ inline int call(Entry entry, std::initializer_list<Arg> args) {
   return entry(n, p, nd, sh, dt, nullptr, nullptr);
 }
 
+// An entry's body: the entry's arguments but MindSpore's stream and extra (unused on CPU).
+using Body = int(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes);
+
 }  // namespace mindserve
 
-// The matmul AOT entries (matmul.cc) and paged attention on plain pointers (attention.cc), for the entries
-// of fused.cc that end in them.
-extern "C" int MindserveMatMul(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                               void *stream, void *extra);
-extern "C" int MindserveMatMulAdd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                                  void *stream, void *extra);
+// Defines the AOT entry Name (the C symbol MindSpore's Custom op looks up): the floating-point mode every kernel
+// computes in (fpenv.h), then body(nparam, params, ndims, shapes, dtypes). Each returns 0, or non-zero on a
+// shape/dtype mismatch (MindSpore then raises).
+#define MINDSERVE_ENTRY(Name, body)                                                                       \
+  extern "C" int Name(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, \
+                      void *) {                                                                           \
+    mindserve::FpScope fp;                                                                                \
+    return body(nparam, params, ndims, shapes, dtypes);                                                   \
+  }
+
+// Every AOT entry of the library (kernels/ops.py lists them for Python), for the entries that call others.
+#define MINDSERVE_DECLARE(Name) \
+  extern "C" int Name(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *)
+MINDSERVE_DECLARE(MindserveMatMul);  // matmul.cc
+MINDSERVE_DECLARE(MindserveMatMulAdd);
+MINDSERVE_DECLARE(MindservePagedAttention);  // attention.cc
+MINDSERVE_DECLARE(MindserveRMSNorm);  // fused_entries.cc
+MINDSERVE_DECLARE(MindserveSwiGLU);
+MINDSERVE_DECLARE(MindserveQKVRope);
+MINDSERVE_DECLARE(MindserveQKVAttention);
+MINDSERVE_DECLARE(MindserveNormMatMul);
+MINDSERVE_DECLARE(MindserveSwiGLUMatMulAdd);
+MINDSERVE_DECLARE(MindserveGeGLUMatMul);
+MINDSERVE_DECLARE(MindserveNormAdd);
+MINDSERVE_DECLARE(MindserveDecoderLayer);
+MINDSERVE_DECLARE(MindserveGemmaDecoderLayer);
+MINDSERVE_DECLARE(MindserveEmbedRope);
+MINDSERVE_DECLARE(MindserveNormHead);
+MINDSERVE_DECLARE(MindserveMoE);  // moe.cc
+MINDSERVE_DECLARE(MindserveMoEDecoderLayer);
+MINDSERVE_DECLARE(MindservePackQWeight);  // pack.cc
+MINDSERVE_DECLARE(MindserveDequantize);
+
+// Paged attention on plain pointers (attention.cc), for the entries that end in it.
 extern "C" int mindserve_attention_raw(const float *q, const float *k, const float *v, const int32_t *table,
                                        const int32_t *pos, const int32_t *rows, float *out, int64_t N, int64_t R,
                                        int64_t H, int64_t D, int64_t KV, int64_t S, int64_t NB, int64_t bs);

@@ -23,6 +23,8 @@ namespace mindserve::kv {
 
 enum class Format : int { kF32 = 0, kF16 = 1, kBF16 = 2, kQ8_0 = 3 };
 
+constexpr int64_t kMaxHeadDim = 512;  // the longest head the attention kernels take (their stack buffers)
+
 constexpr int64_t kQ8Block = 32;       // values per q8_0 block
 constexpr int64_t kQ8BlockBytes = 34;  // the fp16 scale and 32 int8
 

@@ -291,20 +291,14 @@ static int matmul_entry(int nparam, void **params, int *ndims, int64_t **shapes,
   return 0;
 }
 
-int MindserveMatMul(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
-                    void *extra) {
-  mindserve::FpScope fp;
-  (void)stream;
-  (void)extra;
+static int entry_matmul(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
   return matmul_entry(nparam, params, ndims, shapes, dtypes, false);
 }
+MINDSERVE_ENTRY(MindserveMatMul, entry_matmul)
 
-int MindserveMatMulAdd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
-                       void *extra) {
-  mindserve::FpScope fp;
-  (void)stream;
-  (void)extra;
+static int entry_matmul_add(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
   return matmul_entry(nparam, params, ndims, shapes, dtypes, true);
 }
+MINDSERVE_ENTRY(MindserveMatMulAdd, entry_matmul_add)
 
 }  // extern "C"

@@ -32,10 +32,6 @@
 #include "entry.h"
 #include "vec.h"
 
-extern "C" int MindserveRMSNorm(int, void **, int *, int64_t **, const char **, void *, void *);
-extern "C" int MindserveSwiGLU(int, void **, int *, int64_t **, const char **, void *, void *);
-extern "C" int MindserveNormMatMul(int, void **, int *, int64_t **, const char **, void *, void *);
-extern "C" int MindserveQKVAttention(int, void **, int *, int64_t **, const char **, void *, void *);
 
 namespace {
 
@@ -101,11 +97,7 @@ struct Buffers {
 
 extern "C" {
 
-int MindserveMoE(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
-                 void *extra) {
-  mindserve::FpScope fp;
-  (void)stream;
-  (void)extra;
+static int entry_moe(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
   enum { H, NW, EPS, WR, WGU, WD, META, OUT };
   if (nparam != OUT + 1) return 1;
   if (!is_f32(dtypes[H]) || !is_f32(dtypes[NW]) || !is_f32(dtypes[EPS]) || !is_f32(dtypes[OUT]) ||
@@ -186,12 +178,9 @@ int MindserveMoE(int nparam, void **params, int *ndims, int64_t **shapes, const 
   }
   return 0;
 }
+MINDSERVE_ENTRY(MindserveMoE, entry_moe)
 
-int MindserveMoEDecoderLayer(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                             void *stream, void *extra) {
-  mindserve::FpScope fp;
-  (void)stream;
-  (void)extra;
+static int entry_moe_decoder_layer(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
   enum { X, NA, EPS, WQKV, BIAS, COS, SIN, KC, VC, WR, TAB, POS, ROWS, META, WO, NF, ROUTER, WGU, WD, MM, QKN, QEPS };
   if (nparam != MM + 2 && nparam != QEPS + 2) return 1;
   const bool has_norm = nparam == QEPS + 2;
@@ -227,5 +216,6 @@ int MindserveMoEDecoderLayer(int nparam, void **params, int *ndims, int64_t **sh
                             in(OUT)});
   return rc != 0 ? 400 + rc : 0;
 }
+MINDSERVE_ENTRY(MindserveMoEDecoderLayer, entry_moe_decoder_layer)
 
 }  // extern "C"

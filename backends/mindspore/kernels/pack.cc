@@ -1,9 +1,9 @@
 // mindserve weight loading: GGUF blocks of the eight formats (quant.py's docstring, ggml-common.h) repacked into the
-// quantized matmul's layout (qmatmul.cc's header), or dequantized to float32. Run once per weight at load time.
+// quantized matmul's layout (qformat.h), or dequantized to float32. Run once per weight at load time.
 //
 //   MindservePackQWeight(blocks [N, R] u8, fmt [1] i32, out [1, K/B * P, N] u8)
 //       R = K/B * the format's GGUF block bytes (B 32, or 256 for the K-quants), P its packed bytes per column
-//       per block; fmt as qmatmul.cc's codes (0 Q8_0, 1 Q4_0, 2 Q4_1, 3 Q5_0, 4 Q5_1, 5 Q4_K, 6 Q5_K, 7 Q6_K).
+//       per block; fmt a format code of qformat.h.
 //       The fp16 scales are copied as they are.
 //   MindserveDequantize(blocks [N, R] u8, fmt [1] i32, out [N, K] f32)
 //       ggml's float32 operation order (each product and sum rounded to float32, no fma): 32-blocks
@@ -21,14 +21,11 @@
 #include "entry.h"
 #include "kv_format.h"
 #include "pool.h"
+#include "qformat.h"
 
 namespace {
 
-enum Fmt { kQ8_0 = 0, kQ4_0 = 1, kQ4_1 = 2, kQ5_0 = 3, kQ5_1 = 4, kQ4_K = 5, kQ5_K = 6, kQ6_K = 7, kFormats = 8 };
-constexpr int kGgufBytes[kFormats] = {34, 18, 20, 22, 24, 144, 176, 210};    // GGUF bytes per block
-constexpr int kPackedBytes[kFormats] = {34, 18, 20, 22, 24, 148, 180, 210};  // packed bytes per column per block
-constexpr int kBlock[kFormats] = {32, 32, 32, 32, 32, 256, 256, 256};        // weights per block
-constexpr int kGroup = 16;                                                   // qmatmul.cc's kGroup
+using namespace mindserve::q;  // NOLINT: the formats and their traits (qformat.h)
 
 inline uint16_t le16(const uint8_t *p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
 inline uint32_t le32(const uint8_t *p) {
@@ -120,7 +117,7 @@ void decode(int fmt, const uint8_t *b, Block *o) {
   }
 }
 
-// The packed dwords of one column's block (qmatmul.cc's header), in the order the kernel reads them; returns how
+// The packed dwords of one column's block (qformat.h), in the order the kernel reads them; returns how
 // many. The 32-blocks' quant bytes are GGUF's (Q8_0 + 128); the others per sub-block of 32: 4 nibble dwords, then
 // Q5's one or Q6_K's two dwords of high bits; then the K-quants' 4 scale dwords.
 int block_dwords(int fmt, const uint8_t *b, const Block &k, uint8_t (*dw)[4]) {
@@ -133,7 +130,7 @@ int block_dwords(int fmt, const uint8_t *b, const Block &k, uint8_t (*dw)[4]) {
     return 4;
   }
   int n = 0;
-  for (int s = 0; s < kBlock[fmt] / 32; ++s) {
+  for (int s = 0; s < kTraits[fmt].block / 32; ++s) {
     const uint8_t *u = k.u + 32 * s;  // weight 16h + 4t + i of the sub-block: u[16h + 4t + i]
     for (int t = 0; t < 4; ++t, ++n)
       for (int i = 0; i < 4; ++i) dw[n][i] = static_cast<uint8_t>((u[4 * t + i] & 15) | ((u[16 + 4 * t + i] & 15) << 4));
@@ -170,7 +167,7 @@ struct PackJob {
 
 void pack_groups(const void *ctx, int64_t c) {
   const PackJob &j = *static_cast<const PackJob *>(ctx);
-  const int bytes = kGgufBytes[j.fmt], P = kPackedBytes[j.fmt];
+  const int bytes = kTraits[j.fmt].gguf_bytes, P = kTraits[j.fmt].packed_bytes;
   Block k;
   uint8_t dw[64][4];
   for (int64_t g = j.groups * c / j.chunks; g < j.groups * (c + 1) / j.chunks; ++g) {
@@ -228,7 +225,7 @@ void dequantize_block(int fmt, const Block &k, float *y) {
 
 void dequantize_rows(const void *ctx, int64_t c) {
   const DequantJob &j = *static_cast<const DequantJob *>(ctx);
-  const int bytes = kGgufBytes[j.fmt], B = kBlock[j.fmt];
+  const int bytes = kTraits[j.fmt].gguf_bytes, B = kTraits[j.fmt].block;
   Block k;
   for (int64_t r = j.N * c / j.chunks; r < j.N * (c + 1) / j.chunks; ++r)
     for (int64_t b = 0; b < j.nb; ++b) {
@@ -247,8 +244,8 @@ int check(int nparam, int *ndims, int64_t **shapes, const char **dtypes, void **
   *fmt = *static_cast<const int32_t *>(params[1]);
   if (*fmt < 0 || *fmt >= kFormats) return 3;
   *N = shapes[0][0];
-  if (shapes[0][1] % kGgufBytes[*fmt] != 0) return 4;
-  *nb = shapes[0][1] / kGgufBytes[*fmt];
+  if (shapes[0][1] % kTraits[*fmt].gguf_bytes != 0) return 4;
+  *nb = shapes[0][1] / kTraits[*fmt].gguf_bytes;
   return 0;
 }
 
@@ -258,34 +255,29 @@ int64_t chunks_of(int64_t units) { return std::clamp<int64_t>(units, 1, 8 * mind
 
 extern "C" {
 
-int MindservePackQWeight(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
-                         void *extra) {
-  mindserve::FpScope fp;
-  (void)stream;
-  (void)extra;
+static int entry_pack_qweight(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
   int fmt;
   int64_t N, nb;
   if (int rc = check(nparam, ndims, shapes, dtypes, params, "uint8", &fmt, &N, &nb)) return rc;
-  if (ndims[2] != 3 || shapes[2][0] != 1 || shapes[2][1] != nb * kPackedBytes[fmt] || shapes[2][2] != N) return 4;
+  if (ndims[2] != 3 || shapes[2][0] != 1 || shapes[2][1] != nb * kTraits[fmt].packed_bytes || shapes[2][2] != N)
+    return 4;
   PackJob job{static_cast<const uint8_t *>(params[0]), static_cast<uint8_t *>(params[2]), fmt, N, nb,
               (N + kGroup - 1) / kGroup, 1};
   job.chunks = chunks_of(job.groups);
   mindserve::pool().run(mindserve::Task{&pack_groups, &job, job.chunks});
   return 0;
 }
+MINDSERVE_ENTRY(MindservePackQWeight, entry_pack_qweight)
 
-int MindserveDequantize(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
-                        void *extra) {
-  mindserve::FpScope fp;
-  (void)stream;
-  (void)extra;
+static int entry_dequantize(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
   int fmt;
   int64_t N, nb;
   if (int rc = check(nparam, ndims, shapes, dtypes, params, "float32", &fmt, &N, &nb)) return rc;
-  if (ndims[2] != 2 || shapes[2][0] != N || shapes[2][1] != nb * kBlock[fmt]) return 4;
+  if (ndims[2] != 2 || shapes[2][0] != N || shapes[2][1] != nb * kTraits[fmt].block) return 4;
   DequantJob job{static_cast<const uint8_t *>(params[0]), static_cast<float *>(params[2]), fmt, N, nb, chunks_of(N)};
   mindserve::pool().run(mindserve::Task{&dequantize_rows, &job, job.chunks});
   return 0;
 }
+MINDSERVE_ENTRY(MindserveDequantize, entry_dequantize)
 
 }  // extern "C"

@@ -1,0 +1,398 @@
+// mindserve fused AOT entries: MindSpore's arguments checked, then the compute of fused.h (or other entries called
+// in order): each replaces a chain of small MindSpore ops (every op launch costs microseconds, and a decode step of a
+// small model is mostly launches).
+//
+//   MindserveRMSNorm(x [N, C], w [C], eps [1]) -> y [N, C]
+//       y = x / sqrt(mean(x^2) + eps) * w
+//   MindserveSwiGLU(gu [N, 2F]) -> y [N, F]
+//       y = silu(gu[:, :F]) * gu[:, F:]
+//   MindserveQKVRope(qkv [N, (H + 2 KV) D], cos [N, D], sin [N, D]) -> q [N, H, D], k [N KV, D], v [N KV, D]
+//       splits the fused projection and applies rotary embeddings (HF rotate_half layout: the
+//       tables repeat their D/2 frequencies over both halves) to q and k; H and KV come from the
+//       output shapes.
+//   MindserveQKVAttention(qkv [N, (H + 2 KV) D], bias [(H + 2 KV) D] or [1], cos [N, D], sin [N, D],
+//                         k_cache [KV S, W], v_cache [KV S, W] (one format of kv_format.h), write [N KV] i32,
+//                         table [R, NB] i32, pos [N] (or [1, N]) i32, rows [N] i32, meta [3] i32 = (KV, bs, has_bias),
+//                         (qk_norm [2, D], eps [1])) -> out [N, H D]
+//       a layer's whole attention after the qkv projection, in one op: (+ bias,) with the two optional inputs
+//       each q and k head RMS-normalised (row 0 of qk_norm the q weights, row 1 the k weights: Qwen3's
+//       q_norm / k_norm, rmsnorm_row over D), the split and RoPE of
+//       MindserveQKVRope, the new K/V rows written into the cache Parameters in place (row write[r KV + h]
+//       gets head h of token r, encoded as kv_format.h says), then the paged
+//       attention of attention.cc over the updated cache. H comes from the output shape. The writes
+//       all happen before any key is read, so a token always sees itself and the earlier tokens of its
+//       own chunk; duplicate rows (padding tokens all write the scratch slot 0) are written in token
+//       order, the last one wins (write_and_rope: each kv head's rows by one thread of the pool).
+//   MindserveNormMatMul(x [N, C], w [C], eps [1], W, (LoRA inputs)) -> y = MindserveMatMul(rmsnorm(x), W, ...)
+//   MindserveSwiGLUMatMulAdd(gu [N, 2F], W, res, (LoRA inputs)) -> y = MindserveMatMulAdd(swiglu(gu), W, res, ...)
+//       the row-wise kernel above written into a scratch buffer, then the matmul entry (matmul.cc: any
+//       weight format it takes, the four optional LoRA inputs of lora.h) called on it with the remaining
+//       inputs as they came: one op launch instead of two, the same arithmetic, the same bits.
+//   MindserveGeGLUMatMul(gu [N, 2F], W, ...) -> y = MindserveMatMul(gelu_tanh(gu[:, :F]) * gu[:, F:], W, ...)
+//   MindserveNormAdd(x [N, C], w [C], eps [1], res [N, C]) -> y = res + rmsnorm(x) * w
+//   MindserveGemmaDecoderLayer(...): a Gemma 3 decoder layer as one op (its comment below).
+//   MindserveQKVAttention's meta may be [5] = (KV, bs, has_bias, window, scale bits): a sliding window (0: none) and
+//       the score scale as float32 bits (0: 1 / sqrt(D)).
+//   MindserveEmbedRope(ids [N] i32, pos [N] i32 (any shape of N elements), embed [V, C], cos_t [P, D],
+//                      sin_t [P, D]) -> x [N, C], cos [N, D], sin [N, D]
+//       the rows of the embedding and of the rotary tables each token needs: three gathers in one op.
+//   MindserveNormHead(x [N, C], w [C], eps [1], last [R] i32, W) -> logits [R, V], hidden [N, C]
+//       hidden = rmsnorm(x); logits = MindserveMatMul(hidden[last], W): the final norm, the gather of the
+//       logit rows and the LM head in one op.
+//   MindserveDecoderLayer(x [N, C], attn_norm [C], eps [1], wqkv, bias, cos, sin, k_cache, v_cache, write, table,
+//                         pos, rows, meta, wo, ffn_norm [C], w_gate_up, w_down, (qk_norm, qk_eps)) -> y [N, C]
+//       a whole decoder layer (no adapters) as one op, by calling the entries above in order:
+//         qkv = NormMatMul(x, attn_norm, eps, wqkv); a = QKVAttention(qkv, bias, cos, sin, k_cache, ..., (qk_norm,
+//         qk_eps));
+//         h = MatMulAdd(a, wo, x); gu = NormMatMul(h, ffn_norm, eps, w_gate_up); y = SwiGLUMatMulAdd(gu, w_down, h)
+//       with the intermediates in scratch buffers of the calling thread: the same bits as those five ops.
+//       A failing stage s (1..5) returns 100 s + its own error code.
+//
+// Every output row is a function of its own input row only, computed by a fixed sequence of
+// operations, so results do not depend on the batch (the determinism contract of matmul.cc).
+// Each entry returns 0, or non-zero on a shape/dtype mismatch (MindSpore then raises).
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <utility>
+#include <vector>
+
+#include "entry.h"
+#include "fused.h"
+#include "kv_format.h"
+#include "pool.h"
+
+namespace {
+
+using mindserve::all_f32;
+using mindserve::Arg;  // entry.h: another entry called as MindSpore would
+using mindserve::call;
+using mindserve::count_of;
+using mindserve::is_f32;
+using mindserve::is_i32;
+using mindserve::rows_of;
+using mindserve::kv::kMaxHeadDim;
+using namespace mindserve::fused;  // NOLINT: the compute
+
+constexpr int kMaxParams = 16;
+
+// Call `entry` (a matmul AOT entry) with params[0] replaced by `x` [rows..., C] (the shape of input 0 with
+// its last dimension C) and params[1, skip) dropped: the prologue's own inputs.
+int forward(mindserve::Entry entry, int nparam, void **params,
+            int *ndims, int64_t **shapes, const char **dtypes, int skip, float *x, int64_t C) {
+  void *p[kMaxParams];
+  int nd[kMaxParams];
+  int64_t *sh[kMaxParams];
+  const char *dt[kMaxParams];
+  int64_t xshape[8];
+  const int n = nparam - skip + 1;
+  if (n > kMaxParams || ndims[0] > 8) return 41;
+  for (int d = 0; d < ndims[0]; ++d) xshape[d] = shapes[0][d];
+  xshape[ndims[0] - 1] = C;
+  p[0] = x, nd[0] = ndims[0], sh[0] = xshape, dt[0] = "float32";
+  for (int i = 1; i < n; ++i) p[i] = params[i + skip - 1], nd[i] = ndims[i + skip - 1], sh[i] = shapes[i + skip - 1],
+                              dt[i] = dtypes[i + skip - 1];
+  return entry(n, p, nd, sh, dt, nullptr, nullptr);
+}
+
+// A scratch buffer of this thread (the calling runtime thread) of at least n floats.
+float *scratch(int64_t n) {
+  thread_local std::vector<float> buf;
+  if (static_cast<int64_t>(buf.size()) < n) buf.resize(n);
+  return buf.data();
+}
+
+
+}  // namespace
+
+static int entry_rmsnorm(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+  mindserve::ScopeTimer timer(mindserve::kRMSNorm);
+  if (int rc = mindserve::expect(nparam, 4, dtypes, 4)) return rc;
+  if (ndims[0] < 1 || ndims[1] != 1 || ndims[2] != 1 || shapes[2][0] != 1) return 3;
+  const int64_t C = shapes[0][ndims[0] - 1], N = rows_of(ndims[0], shapes[0]);
+  if (shapes[1][0] != C || shapes[3][ndims[3] - 1] != C) return 4;
+  const float *x = static_cast<const float *>(params[0]), *w = static_cast<const float *>(params[1]);
+  const float eps = *static_cast<const float *>(params[2]);
+  float *y = static_cast<float *>(params[3]);
+  rmsnorm_rows(x, w, eps, y, N, C);
+  return 0;
+}
+MINDSERVE_ENTRY(MindserveRMSNorm, entry_rmsnorm)
+
+static int entry_swiglu(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+  mindserve::ScopeTimer timer(mindserve::kSwiGLU);
+  if (int rc = mindserve::expect(nparam, 2, dtypes, 2)) return rc;
+  if (ndims[0] < 1 || ndims[1] != ndims[0]) return 3;
+  const int64_t F = shapes[1][ndims[1] - 1], N = rows_of(ndims[0], shapes[0]);
+  if (shapes[0][ndims[0] - 1] != 2 * F) return 4;
+  const float *gu = static_cast<const float *>(params[0]);
+  float *y = static_cast<float *>(params[1]);
+  swiglu_rows(gu, y, N, F);
+  return 0;
+}
+MINDSERVE_ENTRY(MindserveSwiGLU, entry_swiglu)
+
+static int entry_qkv_rope(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+  mindserve::ScopeTimer timer(mindserve::kQKVRope);
+  if (int rc = mindserve::expect(nparam, 6, dtypes, 6)) return rc;
+  if (ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 2 || ndims[3] != 3 || ndims[4] != 2 || ndims[5] != 2) return 3;
+  const int64_t N = shapes[0][0], H = shapes[3][1], D = shapes[3][2];
+  if (N <= 0) return 0;
+  const int64_t KV = shapes[4][0] / N;
+  if (D % 2 != 0 || shapes[3][0] != N || shapes[4][0] != N * KV || shapes[4][1] != D || shapes[5][0] != N * KV ||
+      shapes[5][1] != D || shapes[0][1] != (H + 2 * KV) * D || shapes[1][0] != N || shapes[1][1] != D ||
+      shapes[2][0] != N || shapes[2][1] != D)
+    return 4;
+  const float *qkv = static_cast<const float *>(params[0]);
+  const float *cos = static_cast<const float *>(params[1]), *sin = static_cast<const float *>(params[2]);
+  float *q = static_cast<float *>(params[3]), *k = static_cast<float *>(params[4]), *v = static_cast<float *>(params[5]);
+  qkv_rope_rows(qkv, cos, sin, q, k, v, N, H, KV, D);
+
+  return 0;
+}
+MINDSERVE_ENTRY(MindserveQKVRope, entry_qkv_rope)
+
+static int entry_qkv_attention(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+  if (nparam != 12 && nparam != 14) return 1;
+  const bool has_norm = nparam == 14;  // (qk_norm [2, D], eps [1]) before the output
+  const int out = nparam - 1;
+  for (int i : {0, 1, 2, 3})  // the caches (4, 5) are in any format of kv_format.h, checked below
+    if (!is_f32(dtypes[i])) return 2;
+  for (int i : {6, 7, 8, 9, 10})
+    if (!is_i32(dtypes[i])) return 2;
+  if (!is_f32(dtypes[out]) || (has_norm && (!is_f32(dtypes[11]) || !is_f32(dtypes[12])))) return 2;
+  if (ndims[0] != 2 || ndims[1] != 1 || ndims[2] != 2 || ndims[3] != 2 || ndims[4] != 2 || ndims[5] != 2 ||
+      ndims[6] != 1 || ndims[7] != 2 || ndims[8] < 1 || ndims[9] != 1 || ndims[10] != 1 || ndims[out] != 2 ||
+      (shapes[10][0] != 3 && shapes[10][0] != 5) || (has_norm && (ndims[11] != 2 || ndims[12] != 1 ||
+                                                                  shapes[12][0] != 1)))
+    return 3;
+  const int32_t *meta = static_cast<const int32_t *>(params[10]);
+  const int64_t N = shapes[0][0], D = shapes[2][1], KV = meta[0], bs = meta[1];
+  const bool has_bias = meta[2] != 0;
+  // meta [5]: (..., window, the score scale's float32 bits): Gemma 3's sliding window (0: none) and scale (0: 1/sqrt D)
+  const int64_t window = shapes[10][0] == 5 ? meta[3] : 0;
+  float scale = 0.0f;
+  if (shapes[10][0] == 5) std::memcpy(&scale, meta + 4, sizeof(float));
+  if (N <= 0) return 0;
+  if (D <= 0 || D % 2 != 0 || KV <= 0 || shapes[out][1] % D != 0) return 4;
+  if (has_norm && (D > kMaxHeadDim || shapes[11][0] != 2 || shapes[11][1] != D)) return 4;
+  const int64_t H = shapes[out][1] / D, width = (H + 2 * KV) * D, cache_rows = shapes[4][0];
+  mindserve::kv::Format fk, fv;
+  if (!mindserve::kv::format_of(dtypes[4], shapes[4][1], D, &fk) ||
+      !mindserve::kv::format_of(dtypes[5], shapes[5][1], D, &fv) || fk != fv)
+    return 2;
+  if (shapes[0][1] != width || shapes[out][0] != N || shapes[1][0] != (has_bias ? width : 1) || shapes[2][0] != N ||
+      shapes[3][0] != N || shapes[3][1] != D || shapes[5][0] != cache_rows ||
+      shapes[6][0] != N * KV || count_of(ndims[8], shapes[8]) != N || shapes[9][0] != N || cache_rows % KV != 0)
+    return 4;
+  thread_local std::vector<float> q;
+  if (static_cast<int64_t>(q.size()) < N * H * D) q.resize(N * H * D);
+  auto *k = static_cast<uint8_t *>(params[4]), *v = static_cast<uint8_t *>(params[5]);
+  const QKVWrite args{static_cast<const float *>(params[0]), static_cast<const float *>(params[1]),
+                      static_cast<const float *>(params[2]), static_cast<const float *>(params[3]), k, v, q.data(),
+                      static_cast<const int32_t *>(params[6]), N, H, KV, D, cache_rows, fk,
+                      has_norm ? static_cast<const float *>(params[11]) : nullptr,
+                      has_norm ? *static_cast<const float *>(params[12]) : 0.0f};
+  {
+    mindserve::ScopeTimer timer(mindserve::kQKVRope);
+    const int rc = write_and_rope(args, has_bias, has_norm);
+    if (rc != 0) return rc;
+  }
+  return mindserve_attention_window_raw(q.data(), k, v, static_cast<const int32_t *>(params[7]),
+                                        static_cast<const int32_t *>(params[8]), static_cast<const int32_t *>(params[9]),
+                                        static_cast<float *>(params[out]), N, shapes[7][0], H, D, KV, cache_rows / KV,
+                                        shapes[7][1], bs, static_cast<int>(fk), window, scale);
+}
+MINDSERVE_ENTRY(MindserveQKVAttention, entry_qkv_attention)
+
+static int entry_norm_matmul(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+  if (nparam < 5) return 1;
+  if (!all_f32(dtypes, 3)) return 2;
+  if (ndims[0] < 1 || ndims[1] != 1 || ndims[2] != 1 || shapes[2][0] != 1) return 3;
+  const int64_t C = shapes[0][ndims[0] - 1], N = rows_of(ndims[0], shapes[0]);
+  if (shapes[1][0] != C) return 4;
+  const float *x = static_cast<const float *>(params[0]), *w = static_cast<const float *>(params[1]);
+  const float eps = *static_cast<const float *>(params[2]);
+  float *normed = scratch(N * C);
+  {
+    mindserve::ScopeTimer timer(mindserve::kRMSNorm);
+    rmsnorm_rows(x, w, eps, normed, N, C);
+  }
+  return forward(&MindserveMatMul, nparam, params, ndims, shapes, dtypes, 3, normed, C);
+}
+MINDSERVE_ENTRY(MindserveNormMatMul, entry_norm_matmul)
+
+// A gated activation ([N, 2F] gate|up -> [N, F], `rows` is swiglu_rows or geglu_rows), then `entry` on it
+// with the remaining inputs: the shared body of the SwiGLU and GeGLU entries.
+static int glu_forward(void (*rows)(const float *, float *, int64_t, int64_t),
+                       mindserve::Entry entry, int min_params,
+                       int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+  if (nparam < min_params) return 1;
+  if (!all_f32(dtypes, 1)) return 2;
+  if (ndims[0] < 1 || shapes[0][ndims[0] - 1] % 2 != 0) return 3;
+  const int64_t F = shapes[0][ndims[0] - 1] / 2, N = rows_of(ndims[0], shapes[0]);
+  const float *gu = static_cast<const float *>(params[0]);
+  float *act = scratch(N * F);
+  {
+    mindserve::ScopeTimer timer(mindserve::kSwiGLU);
+    rows(gu, act, N, F);
+  }
+  return forward(entry, nparam, params, ndims, shapes, dtypes, 1, act, F);
+}
+
+static int entry_swiglu_matmul_add(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+  return glu_forward(&swiglu_rows, &MindserveMatMulAdd, 4, nparam, params, ndims, shapes, dtypes);
+}
+MINDSERVE_ENTRY(MindserveSwiGLUMatMulAdd, entry_swiglu_matmul_add)
+
+static int entry_geglu_matmul(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+  return glu_forward(&geglu_rows, &MindserveMatMul, 3, nparam, params, ndims, shapes, dtypes);
+}
+MINDSERVE_ENTRY(MindserveGeGLUMatMul, entry_geglu_matmul)
+
+static int entry_norm_add(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+  mindserve::ScopeTimer timer(mindserve::kRMSNorm);
+  if (int rc = mindserve::expect(nparam, 5, dtypes, 5)) return rc;
+  if (ndims[0] != 2 || ndims[1] != 1 || ndims[2] != 1 || shapes[2][0] != 1 || ndims[3] != 2 || ndims[4] != 2) return 3;
+  const int64_t N = shapes[0][0], C = shapes[0][1];
+  if (shapes[1][0] != C || shapes[3][0] != N || shapes[3][1] != C || shapes[4][0] != N || shapes[4][1] != C) return 4;
+  const float *x = static_cast<const float *>(params[0]), *w = static_cast<const float *>(params[1]);
+  const float eps = *static_cast<const float *>(params[2]), *res = static_cast<const float *>(params[3]);
+  float *y = static_cast<float *>(params[4]);
+  if (y == res) return 5;  // norm_add_rows writes y before it reads res
+  norm_add_rows(x, w, eps, res, y, N, C);
+  return 0;
+}
+MINDSERVE_ENTRY(MindserveNormAdd, entry_norm_add)
+
+// MindserveGemmaDecoderLayer(x, attn_norm, eps, wqkv, bias, cos, sin, k_cache, v_cache, write, table, pos, rows,
+//                            meta [5], wo, post_attn_norm, ffn_norm, w_gate_up, w_down, post_ffn_norm, qk_norm, qk_eps)
+//     -> y [N, C]: a Gemma 3 layer (norm weights already 1 + w) as one op, the entries above in order:
+//   qkv = NormMatMul(x, attn_norm, eps, wqkv); a = QKVAttention(qkv, ..., meta, qk_norm, qk_eps) (meta's window and
+//   scale); o = MatMul(a, wo); h = NormAdd(o, post_attn_norm, eps, x); gu = NormMatMul(h, ffn_norm, eps, w_gate_up);
+//   m = GeGLUMatMul(gu, w_down); y = NormAdd(m, post_ffn_norm, eps, h). A failing stage s (1..7) returns 100 s + its
+//   own error code.
+static int entry_gemma_decoder_layer(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+  enum { X, NA, EPS, WQKV, BIAS, COS, SIN, KC, VC, WR, TAB, POS, ROWS, META, WO, PAN, NF, WGU, WD, PFN, QKN, QEPS, OUT };
+  if (nparam != OUT + 1) return 1;
+  if (!is_f32(dtypes[X]) || !is_f32(dtypes[OUT]) || !is_i32(dtypes[META])) return 2;
+  if (ndims[X] != 2 || ndims[OUT] != 2 || ndims[COS] != 2 || ndims[META] != 1 || shapes[META][0] != 5) return 3;
+  const int64_t N = shapes[X][0], C = shapes[X][1], D = shapes[COS][1];
+  const int64_t KV = static_cast<const int32_t *>(params[META])[0];
+  const int64_t width = shapes[WQKV][ndims[WQKV] - 1], gu_width = shapes[WGU][ndims[WGU] - 1];
+  const int64_t HD = width - 2 * KV * D;
+  if (N <= 0) return 0;
+  if (shapes[OUT][0] != N || shapes[OUT][1] != C || HD <= 0) return 4;
+  struct Buffers {
+    std::vector<float> qkv, attn, o, h, gu, m;
+  };
+  thread_local Buffers b;
+  for (auto [buf, size] : {std::pair{&b.qkv, N * width}, {&b.attn, N * HD}, {&b.o, N * C}, {&b.h, N * C},
+                           {&b.gu, N * gu_width}, {&b.m, N * C}})
+    buf->resize(std::max<size_t>(buf->size(), size));
+  int64_t s_qkv[2] = {N, width}, s_attn[2] = {N, HD}, s_c[2] = {N, C}, s_gu[2] = {N, gu_width};
+  const char *f32 = "float32";
+  auto in = [&](int i) { return Arg{params[i], ndims[i], shapes[i], dtypes[i]}; };
+  auto buf = [&](std::vector<float> &v, int64_t *shape) { return Arg{v.data(), 2, shape, f32}; };
+  int rc = call(&MindserveNormMatMul, {in(X), in(NA), in(EPS), in(WQKV), buf(b.qkv, s_qkv)});
+  if (rc != 0) return 100 + rc;
+  rc = call(&MindserveQKVAttention, {buf(b.qkv, s_qkv), in(BIAS), in(COS), in(SIN), in(KC), in(VC), in(WR), in(TAB),
+                                     in(POS), in(ROWS), in(META), in(QKN), in(QEPS), buf(b.attn, s_attn)});
+  if (rc != 0) return 200 + rc;
+  rc = call(&MindserveMatMul, {buf(b.attn, s_attn), in(WO), buf(b.o, s_c)});
+  if (rc != 0) return 300 + rc;
+  rc = call(&MindserveNormAdd, {buf(b.o, s_c), in(PAN), in(EPS), in(X), buf(b.h, s_c)});
+  if (rc != 0) return 400 + rc;
+  rc = call(&MindserveNormMatMul, {buf(b.h, s_c), in(NF), in(EPS), in(WGU), buf(b.gu, s_gu)});
+  if (rc != 0) return 500 + rc;
+  rc = call(&MindserveGeGLUMatMul, {buf(b.gu, s_gu), in(WD), buf(b.m, s_c)});
+  if (rc != 0) return 600 + rc;
+  rc = call(&MindserveNormAdd, {buf(b.m, s_c), in(PFN), in(EPS), buf(b.h, s_c), in(OUT)});
+  return rc != 0 ? 700 + rc : 0;
+}
+MINDSERVE_ENTRY(MindserveGemmaDecoderLayer, entry_gemma_decoder_layer)
+
+static int entry_decoder_layer(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+  enum { X, NA, EPS, WQKV, BIAS, COS, SIN, KC, VC, WR, TAB, POS, ROWS, META, WO, NF, WGU, WD, QKN, QEPS };
+  if (nparam != WD + 2 && nparam != QEPS + 2) return 1;
+  const bool has_norm = nparam == QEPS + 2;  // (qk_norm, qk_eps): QKVAttention's optional head norms
+  const int OUT = nparam - 1;
+  if (!is_f32(dtypes[X]) || !is_f32(dtypes[OUT]) || !is_i32(dtypes[META])) return 2;
+  if (ndims[X] != 2 || ndims[OUT] != 2 || ndims[COS] != 2 || ndims[META] != 1 || shapes[META][0] != 3) return 3;
+  const int64_t N = shapes[X][0], C = shapes[X][1], D = shapes[COS][1];
+  const int64_t KV = static_cast<const int32_t *>(params[META])[0];
+  const int64_t width = shapes[WQKV][ndims[WQKV] - 1], gu_width = shapes[WGU][ndims[WGU] - 1];
+  const int64_t HD = width - 2 * KV * D;
+  if (N <= 0) return 0;
+  if (shapes[OUT][0] != N || shapes[OUT][1] != C || HD <= 0) return 4;
+  struct Buffers {
+    std::vector<float> qkv, attn, h, gu;
+  };
+  thread_local Buffers b;
+  b.qkv.resize(std::max<size_t>(b.qkv.size(), N * width));
+  b.attn.resize(std::max<size_t>(b.attn.size(), N * HD));
+  b.h.resize(std::max<size_t>(b.h.size(), N * C));
+  b.gu.resize(std::max<size_t>(b.gu.size(), N * gu_width));
+  int64_t s_qkv[2] = {N, width}, s_attn[2] = {N, HD}, s_h[2] = {N, C}, s_gu[2] = {N, gu_width};
+  const char *f32 = "float32";
+  auto in = [&](int i) { return Arg{params[i], ndims[i], shapes[i], dtypes[i]}; };
+  int rc = call(&MindserveNormMatMul, {in(X), in(NA), in(EPS), in(WQKV), Arg{b.qkv.data(), 2, s_qkv, f32}});
+  if (rc != 0) return 100 + rc;
+  const Arg attn_out{b.attn.data(), 2, s_attn, f32};
+  rc = has_norm ? call(&MindserveQKVAttention, {Arg{b.qkv.data(), 2, s_qkv, f32}, in(BIAS), in(COS), in(SIN), in(KC),
+                                                in(VC), in(WR), in(TAB), in(POS), in(ROWS), in(META), in(QKN), in(QEPS),
+                                                attn_out})
+                : call(&MindserveQKVAttention, {Arg{b.qkv.data(), 2, s_qkv, f32}, in(BIAS), in(COS), in(SIN), in(KC),
+                                                in(VC), in(WR), in(TAB), in(POS), in(ROWS), in(META), attn_out});
+  if (rc != 0) return 200 + rc;
+  rc = call(&MindserveMatMulAdd, {Arg{b.attn.data(), 2, s_attn, f32}, in(WO), in(X), Arg{b.h.data(), 2, s_h, f32}});
+  if (rc != 0) return 300 + rc;
+  rc = call(&MindserveNormMatMul, {Arg{b.h.data(), 2, s_h, f32}, in(NF), in(EPS), in(WGU), Arg{b.gu.data(), 2, s_gu, f32}});
+  if (rc != 0) return 400 + rc;
+  rc = call(&MindserveSwiGLUMatMulAdd, {Arg{b.gu.data(), 2, s_gu, f32}, in(WD), Arg{b.h.data(), 2, s_h, f32}, in(OUT)});
+  return rc != 0 ? 500 + rc : 0;
+}
+MINDSERVE_ENTRY(MindserveDecoderLayer, entry_decoder_layer)
+
+static int entry_embed_rope(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+  if (nparam != 8) return 1;
+  if (!is_i32(dtypes[0]) || !is_i32(dtypes[1]) || !all_f32(dtypes + 2, 6)) return 2;
+  for (int i = 2; i < 8; ++i)
+    if (ndims[i] != 2) return 3;
+  const int64_t N = count_of(ndims[0], shapes[0]), C = shapes[2][1], D = shapes[3][1];
+  if (count_of(ndims[1], shapes[1]) != N || shapes[4][0] != shapes[3][0] || shapes[4][1] != D || shapes[5][0] != N ||
+      shapes[5][1] != C || shapes[6][0] != N || shapes[6][1] != D || shapes[7][0] != N || shapes[7][1] != D)
+    return 4;
+  const auto *ids = static_cast<const int32_t *>(params[0]), *pos = static_cast<const int32_t *>(params[1]);
+  if (!gather_rows(static_cast<const float *>(params[2]), shapes[2][0], C, ids, N, static_cast<float *>(params[5])))
+    return 5;  // a token id outside the embedding
+  if (!gather_rows(static_cast<const float *>(params[3]), shapes[3][0], D, pos, N, static_cast<float *>(params[6])) ||
+      !gather_rows(static_cast<const float *>(params[4]), shapes[4][0], D, pos, N, static_cast<float *>(params[7])))
+    return 6;  // a position outside the rotary tables
+  return 0;
+}
+MINDSERVE_ENTRY(MindserveEmbedRope, entry_embed_rope)
+
+static int entry_norm_head(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+  if (nparam != 7) return 1;
+  if (!all_f32(dtypes, 3) || !is_i32(dtypes[3]) || !is_f32(dtypes[5]) || !is_f32(dtypes[6])) return 2;
+  if (ndims[0] != 2 || ndims[1] != 1 || ndims[2] != 1 || shapes[2][0] != 1 || ndims[3] != 1 || ndims[6] != 2) return 3;
+  const int64_t N = shapes[0][0], C = shapes[0][1], R = shapes[3][0];
+  if (shapes[1][0] != C || shapes[6][0] != N || shapes[6][1] != C) return 4;
+  const float *x = static_cast<const float *>(params[0]), *w = static_cast<const float *>(params[1]);
+  const float eps = *static_cast<const float *>(params[2]);
+  float *hidden = static_cast<float *>(params[6]);
+  {
+    mindserve::ScopeTimer timer(mindserve::kRMSNorm);
+    rmsnorm_rows(x, w, eps, hidden, N, C);
+  }
+  float *last = scratch(R * C);
+  if (!gather_rows(hidden, N, C, static_cast<const int32_t *>(params[3]), R, last)) return 7;
+  int64_t s_last[2] = {R, C};
+  const int rc = call(&MindserveMatMul, {Arg{last, 2, s_last, "float32"}, Arg{params[4], ndims[4], shapes[4], dtypes[4]},
+                                         Arg{params[5], ndims[5], shapes[5], dtypes[5]}});
+  return rc != 0 ? 100 + rc : 0;
+}
+MINDSERVE_ENTRY(MindserveNormHead, entry_norm_head)
+
