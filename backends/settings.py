@@ -93,14 +93,14 @@ class EngineConfig:
     # "aot": the AOT matmul + paged attention kernels (rows batch-independent; attention reads only each
     # row's real keys, so one window serves every length); "stock": MindSpore MatMul and ops attention over
     # bucketed windows; "auto": aot if the kernels build (g++; a variant for every x86-64 and AArch64 CPU), else
-    # stock. "ms", the old name of "stock", is still accepted (bench/ and tests pass it).
+    # stock.
     kernels: str = "auto"
     # which build of the AOT kernels (kernels/build.py VARIANTS); "auto": MINDSERVE_KERNEL_ISA, else the best
     # this CPU runs
     kernel_isa: str = "auto"
-    # the KV cache's format (backends/mindspore/kv_dtype.py): auto, float32, float16, bfloat16 or q8_0. A server
-    # config's kvCacheDtype is auto by default (the measured default, float16 on the AOT kernels); an engine of the
-    # Python API keeps float32, the model's own arithmetic, unless asked
+    # the KV cache's format (backends/mindspore/planning/kv_dtype.py): auto, float32, float16, bfloat16 or q8_0.
+    # A server config's kvCacheDtype is auto by default (the measured default, float16 on the AOT kernels); an engine
+    # of the Python API keeps float32, the model's own arithmetic, unless asked
     kv_cache_dtype: str = "float32"
     # keep the warm-up's compiled graphs (MindSpore's compile cache) under ~/.cache/mindserve/graphs, one directory
     # per everything that shapes them (graph_cache.py): a restart loads them instead of compiling. Only for a process

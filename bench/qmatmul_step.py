@@ -65,7 +65,7 @@ def load_build(spec: str, cache: str) -> ctypes.CDLL:
 
 def random_qweight(rng, fmts: list[str], rows: list[int], k: int) -> np.ndarray:
     """Parts of ``rows`` outputs each in its format, stacked (segmented where the formats differ)."""
-    from backends.mindspore.quant import quantize  # the gguf package's for the 32-blocks, its own for the K-quants
+    from backends.mindspore.modeldir.quant import quantize  # gguf's for the 32-blocks, its own for the K-quants
 
     return prepare_qstack([quantize((rng.standard_normal((n, k)) * 0.05).astype(np.float32), f)
                            for f, n in zip(fmts, rows)])

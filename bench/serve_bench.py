@@ -1,7 +1,8 @@
 """Served throughput and latency: mindserve against llama.cpp's servers, same model, same run.
 
-    .venv/bin/python bench/serve_bench.py [--quick] [--workdir DIR] [--json OUT.json] [--chart OUT.png]
-    .venv/bin/python bench/serve_bench.py --chart-from OUT.json [--chart OUT.png]   # redraw, no run
+    .venv/bin/python -m bench serve [--quick] [--workdir DIR] [--json OUT.json | --save] [--chart OUT.png]
+    .venv/bin/python -m bench serve --chart-from OUT.json [--chart OUT.png]   # redraw, no run
+    .venv/bin/python bench/serve_bench.py ...                                  # the same
 
 One command starts each server in turn (never two at once: the box has 2 cores), drives it with an
 asyncio load generator (aiohttp) and stops it:
@@ -52,7 +53,7 @@ mindserve also its engine steps by kind (decode / with a prompt chunk: how many,
 the wall time; from the ``engine_step_*`` histograms of its /metrics, scraped before and after the scenario).
 Then the ratios mindserve ÷ llama.cpp and the issue's bars, with the machine's memory bandwidth (a numpy copy
 and read, measured before the servers start) beside them. ``--chart`` also draws throughput and TTFT
-against the number of clients, one line per target (bench/charts.py, matplotlib). It never runs in the
+against the number of clients, one line per target (bench/harness/charts.py, matplotlib). It never runs in the
 test suite.
 """
 from __future__ import annotations
@@ -67,19 +68,18 @@ from pathlib import Path
 
 import aiohttp
 
-HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))  # serving/, charts.py and make_f32_gguf.py, however this file was started
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # `python bench/serve_bench.py` as well as `python -m bench serve`
 
-# bench/llama_agreement.py imports CACHE_DIR, LLAMA_ANCHORS, PROMPTS, THREADS and free_port from here.
-from serving.meters import memory_bandwidth  # noqa: E402
-from serving.paths import BENCH_VENV_PY, CACHE_DIR, GOLDEN, LLAMA_ANCHORS, MODEL_DIR, SERVER_YAML  # noqa: E402
-from serving.report import Run, charts, draw_chart, print_report, run_record  # noqa: E402
-from serving.scenarios import (PREFIX, PROMPTS, PromptSets, Scenario, bench_adapters, build_prompts,  # noqa: E402
-                               load_tokenizer, run_scenario, scenario_table)
-from serving.servers import THREADS, LlamaCppServer, LlamaServer, MindServe, Server, free_port, log  # noqa: E402
+from bench.harness import machine_facts, record, results_of, write_record  # noqa: E402
+from bench.harness.paths import BENCH_VENV_PY, CACHE_DIR, GOLDEN, LLAMA_ANCHORS, MODEL_DIR, SERVER_YAML  # noqa: E402
+from bench.serving.report import Run, charts, draw_chart, print_report, run_record  # noqa: E402
+from bench.serving.scenarios import (PREFIX, PromptSets, Scenario, bench_adapters, build_prompts,  # noqa: E402
+                                     load_tokenizer, run_scenario, scenario_table)
+from bench.serving.servers import LlamaCppServer, LlamaServer, MindServe, Server, log  # noqa: E402
 
-__all__ = ["CACHE_DIR", "LLAMA_ANCHORS", "PROMPTS", "THREADS", "free_port", "main"]
+SCENARIO = "serve"  # its records: bench/results/serve-<date>-<host>.json
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -124,7 +124,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--llama-python", type=Path, default=BENCH_VENV_PY,
                     help="python of the venv with llama-cpp-python[server] (default ~/.cache/llama-anchors/venv)")
     ap.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for a server to be ready")
-    ap.add_argument("--json", type=Path, default=None, help="also write every result here")
+    ap.add_argument("--json", type=Path, default=None, help="also write the result record here")
+    ap.add_argument("--save", action="store_true",
+                    help="also write the result record to bench/results/serve-<date>-<host>.json")
     ap.add_argument("--chart", type=Path, default=None,
                     help="also draw throughput and TTFT by concurrency per target into this PNG (needs matplotlib)")
     ap.add_argument("--chart-from", type=Path, default=None, metavar="JSON",
@@ -149,7 +151,7 @@ def llama_gguf(args: argparse.Namespace, targets: list[str]) -> Path | None:
     """The Q4_1 GGUF the llama.cpp targets serve, once their builds are found to exist."""
     q4 = args.gguf
     if any(t in ("q4_1", "f32", "llama-server", "llama-server+ngram") for t in targets) and q4 is None:
-        from backends.mindspore.default_model import ensure_default_gguf
+        from backends.mindspore.modeldir.default_model import ensure_default_gguf
 
         q4 = ensure_default_gguf(CACHE_DIR)
     if any(t.startswith("llama-server") for t in targets) and not (args.llama_server_dir / "llama-server").exists():
@@ -181,8 +183,8 @@ def make_server(t: str, args: argparse.Namespace, q4: Path | None) -> Server:
     if t in ("mindserve", "mindserve-nocache"):
         return MindServe(workdir, args.model_dir, args.mindserve_config, t == "mindserve", model_ref=args.model)
     if t in ("mindserve-fp32", "mindserve-q8_0", "mindserve-as-shipped"):
-        from backends.mindspore.default_model import MODEL_NAME, ensure_default_gguf
-        from backends.mindspore.gguf_convert import convert_gguf
+        from backends.mindspore.modeldir.default_model import MODEL_NAME, ensure_default_gguf
+        from backends.mindspore.modeldir.gguf_convert import convert_gguf
 
         dtype = t.removeprefix("mindserve-")
         gguf = args.gguf or ensure_default_gguf(CACHE_DIR)
@@ -201,7 +203,7 @@ def make_server(t: str, args: argparse.Namespace, q4: Path | None) -> Server:
         f32 = args.f32_gguf or workdir / (q4.stem.replace(".Q4_1", "") + ".F32.gguf")
         if not f32.exists():
             log(f"writing the F32 GGUF {f32} (bench/make_f32_gguf.py)")
-            from make_f32_gguf import convert
+            from bench.make_f32_gguf import convert
 
             convert(q4, f32, quiet=True)
         return LlamaCppServer(workdir, f32, "F32", args.llama_python)
@@ -228,15 +230,16 @@ def chat_template(model_dir: Path) -> str | None:
 
 
 def start_run(servers: list[Server], scenarios: list[Scenario], prompts: PromptSets, max_new: int) -> Run:
-    """A run with no results yet, after measuring the memory bandwidth and noting the machine's load."""
-    bandwidth = memory_bandwidth()
+    """A run with no results yet, after noting the machine (its memory bandwidth measured) and its load."""
+    machine = machine_facts()
+    bandwidth = machine["memory_bandwidth"]
     log(f"memory bandwidth (numpy, 1 thread, 256 MiB): copy {bandwidth['copy_gbs']:.1f} GB/s (read + write), "
         f"read {bandwidth['read_gbs']:.1f} GB/s")
     load0, started = os.getloadavg(), time.strftime("%Y-%m-%d %H:%M")
     log(f"load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} on {os.cpu_count()} CPUs; "
         f"targets {[s.name for s in servers]}; scenarios {[s.name for s in scenarios]}; max_new_tokens {max_new}")
     return Run(servers, scenarios, prompts, max_new, bandwidth, load0, started,
-               results={sc.name: {} for sc in scenarios}, info={})
+               results={sc.name: {} for sc in scenarios}, info={}, machine=machine)
 
 
 async def greedy_check(server: Server, session: aiohttp.ClientSession, run: Run, golden: dict) -> None:
@@ -288,13 +291,13 @@ async def drive(run: Run, golden: dict, ready_timeout: float) -> None:
 
 
 def write_outputs(args: argparse.Namespace, run: Run) -> None:
-    """The ``--json`` record and the ``--chart``, if asked for."""
-    record = run_record(run)
-    if args.json:
-        args.json.write_text(json.dumps(record, indent=1, default=str))
-        print(f"  results: {args.json}")
+    """The result record (``--json``, ``--save``) and the ``--chart``, if asked for."""
+    results = run_record(run)
+    rec = record(SCENARIO, results, run.machine)
+    for path in ([args.json] if args.json else []) + ([None] if args.save else []):
+        print(f"  results: {write_record(rec, path)}")
     if args.chart:
-        print(f"  chart: {draw_chart(record, args.chart)}")
+        print(f"  chart: {draw_chart(results, args.chart)}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -302,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.chart or args.chart_from:
         charts()  # before a long run, not after it
     if args.chart_from:
-        print(draw_chart(json.loads(args.chart_from.read_text()), args.chart or args.chart_from.with_suffix(".png")))
+        print(draw_chart(results_of(json.loads(args.chart_from.read_text())),
+                         args.chart or args.chart_from.with_suffix(".png")))
         return 0
 
     max_new = args.max_new_tokens or (16 if args.quick else 64)

@@ -25,8 +25,8 @@ from service.media.loader import MediaLoader
 from service.media.policy import MediaPolicy
 from service.metrics import ServiceMetrics
 from service.models import ModelRegistry
-from service.ops_handlers import (HealthHandler, InfoHandler, LiveHandler, MetricsHandler, ModelHandler,
-                                  ModelsHandler, OpenAPIHandler, TokenizerHandler)
+from service.ops_handlers import (HealthHandler, InfoHandler, LiveHandler, LoadsHandler, MetricsHandler,
+                                  ModelHandler, ModelsHandler, OpenAPIHandler, TokenizerHandler)
 from service.pipeline import GenerationHandler
 from service.playground import playground_routes
 from service.root import root_routes
@@ -61,6 +61,7 @@ def business_routes(ctx: AppContext) -> list[Route]:
         (r"/detokenize", DetokenizeHandler, args),
         (r"/v1/models", ModelsHandler, args),
         (r"/v1/models/(.+)", ModelHandler, args),
+        (r"/v1/loads", LoadsHandler, args),  # for a gateway: SGLang's load shape (service/loads.py)
         (r"/openapi\.json", OpenAPIHandler, args),
     ]
 

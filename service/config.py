@@ -49,6 +49,7 @@ class ServerSettings:
     e2e_timeout: float = 600.0
     max_request_bytes: int = 40 * 1024 * 1024
     token_id_format: str = "list"
+    owned_by: str = "mindserve"  # /v1/models' owned_by: what a gateway classifies the worker by
     shutdown_grace_period: float = 30.0  # seconds in-flight requests get to finish after SIGTERM/SIGINT
     # What a client controls about its connection (service/connections.py, service/http.py)
     header_timeout: float = 10.0  # a request head must be complete within this of its first byte
@@ -171,7 +172,8 @@ def _server(data: dict, base: Path) -> ServerSettings:
                                       if m.get("toolCallFormat") is not None),
         token_timeout=float(s["tokenTimeout"]), e2e_timeout=float(s["e2eTimeout"]),
         max_request_bytes=int(s["maxRequestLength"]) * 1024 * 1024,
-        token_id_format=s["tokenIdFormat"], shutdown_grace_period=float(s["shutdownGracePeriod"]),
+        token_id_format=s["tokenIdFormat"], owned_by=s["ownedBy"],
+        shutdown_grace_period=float(s["shutdownGracePeriod"]),
         header_timeout=float(s["headerTimeout"]), body_timeout=float(s["bodyTimeout"]),
         keep_alive_timeout=float(s["keepAliveTimeout"]), max_header_bytes=int(s["maxHeaderBytes"]),
         max_reading_requests=int(s["maxReadingRequests"]),

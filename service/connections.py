@@ -32,7 +32,7 @@ import tornado.web
 from service.access_log import format_fields
 from service.config import ServerSettings
 from service.errors import HeaderTooLarge, RequestTimeout, ServiceError, error_body
-from service.sse import dumps
+from service.jsonio import dumps
 
 log = logging.getLogger("mindserve.access")
 

@@ -87,7 +87,9 @@ class ValidationError(ServiceError):
     error_type = ErrorType.VALIDATION
 
 
-class GenerationFailed(ServiceError):
+class FailedDependency(ServiceError):
+    """The backend failed while generating (``backends.errors.GenerationFailed``): HTTP 424, as TGI answers."""
+
     status = 424
     error_type = ErrorType.GENERATION
 
@@ -117,7 +119,7 @@ class ServiceUnavailable(ServiceError):
 _BY_STATUS: dict[int, type[ServiceError]] = {
     cls.status: cls
     for cls in (BadRequest, Unauthorized, NotFound, MethodNotAllowed, RequestTimeout, PayloadTooLarge,
-                UnsupportedMediaType, ValidationError, GenerationFailed, TooManyRequests, HeaderTooLarge,
+                UnsupportedMediaType, ValidationError, FailedDependency, TooManyRequests, HeaderTooLarge,
                 IncompleteGeneration, ServiceUnavailable)
 }
 
@@ -126,7 +128,7 @@ _BACKEND_MAP: tuple[tuple[type[Exception], type[ServiceError]], ...] = (
     (backend_errors.InputRejected, ValidationError),
     (backend_errors.EngineOverloaded, TooManyRequests),
     (backend_errors.EngineUnavailable, ServiceUnavailable),
-    (backend_errors.GenerationFailed, GenerationFailed),
+    (backend_errors.GenerationFailed, FailedDependency),
     (backend_errors.BackendError, IncompleteGeneration),
 )
 

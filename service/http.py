@@ -17,14 +17,14 @@ import tornado.routing
 import tornado.web
 
 from backends.errors import BackendError
-from service import sse
 from service.access_log import REQUEST_ID_HEADER, log_request, request_id_for
 from service.auth import SCHEME, key_refusal
-from service.body import BodyBuffer, check_content_type, declared_length, too_large
+from service.body import (BodyBuffer, check_content_type, decode_body, declared_length, parse_json_body,
+                          too_large)
 from service.context import AppContext
 from service.errors import (MethodNotAllowed, NotFound, RequestTimeout, ServiceError, ServiceUnavailable,
                             TooManyRequests, Unauthorized, error_body, for_status, from_backend_error)
-from service.validation import decode_body, parse_json_body
+from service.jsonio import dumps
 
 log = logging.getLogger("mindserve.http")
 
@@ -62,7 +62,7 @@ class BaseHandler(tornado.web.RequestHandler):
         return request_id_for(self.request)
 
     def write_json(self, obj: Any) -> None:
-        self.write(sse.dumps(obj))
+        self.write(dumps(obj))
 
     def as_service_error(self, status_code: int, exc: BaseException | None) -> ServiceError:
         """Any failure as the taxonomy's error; internal faults are masked (nothing leaks)."""
@@ -93,7 +93,7 @@ class BaseHandler(tornado.web.RequestHandler):
             self.set_header("WWW-Authenticate", SCHEME)
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
-        self.finish(sse.dumps(body))
+        self.finish(dumps(body))
 
     def send_error(self, status_code: int = 500, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]

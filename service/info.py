@@ -10,7 +10,6 @@ from service.context import AppContext
 
 DEVICE_TYPE = "cpu"
 PIPELINE_TAG = "text-generation"
-OWNED_BY = "mindserve"
 MAX_BEST_OF = 1  # best_of > 1 is not supported
 
 
@@ -104,15 +103,15 @@ def _max_stop_sequences(ctx: AppContext) -> int | None:
 def model_card(ctx: AppContext, name: str | None = None) -> dict[str, Any]:
     """One entry of ``GET /v1/models`` (OpenAI's model object): model ``name`` (default: the first)."""
     return {"id": name or ctx.backend.model_name, "object": "model", "created": int(ctx.state.started_at),
-            "owned_by": OWNED_BY}
+            "owned_by": ctx.settings.owned_by}
 
 
 def adapter_card(ctx: AppContext, adapter: dict[str, Any], base: str | None = None) -> dict[str, Any]:
     """A LoRA adapter's entry of ``GET /v1/models``: its parent is its base model ``base`` (default: the first),
     as vLLM lists them."""
     base = base or ctx.backend.model_name
-    return {"id": adapter["name"], "object": "model", "created": int(ctx.state.started_at), "owned_by": OWNED_BY,
-            "parent": base, "root": base}
+    return {"id": adapter["name"], "object": "model", "created": int(ctx.state.started_at),
+            "owned_by": ctx.settings.owned_by, "parent": base, "root": base}
 
 
 def model_list(ctx: AppContext) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from backends.types import GenerationResult, TokenEvent
 from service.access_log import CLIENT_GONE
+from service.vllm_metrics import HistogramAliases, engine_families, kv_usage
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 LABELS = ("model_name",)
@@ -64,7 +65,7 @@ class _Engine:
              info.get("running")),
             ("num_requests_waiting", "Requests queued or still prefilling.", info.get("waiting")),
             ("cpu_cache_usage_perc", "Fraction (0..1) of KV-cache blocks in use; the cache is in host memory.",
-             _usage(info.get("free_blocks"), info.get("total_blocks"))),
+             kv_usage(info)),
             ("prefix_cache_hit_rate", "Prompt tokens found in the prefix cache / prompt tokens admitted, since "
              "start-up.", info.get("prefix_cache_hit_rate")),
             ("prefix_cache_blocks", "KV-cache blocks findable by their hash (in use or idle).",
@@ -92,6 +93,7 @@ class _Engine:
                 yield family
         yield from self._by_priority(info.get("priorities") or {})
         yield from self._steps(info.get("steps") or {})
+        yield from engine_families(info, self._model_name)  # the same figures under vLLM's names
 
     def _by_priority(self, priorities: dict[int, dict[str, int]]) -> Iterable[Metric]:
         """Requests per priority (a series per priority that has requests now)."""
@@ -187,12 +189,6 @@ class ModelLoadCollector:
 LOAD_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 
 
-def _usage(free: int | None, total: int | None) -> float | None:
-    if free is None or not total:
-        return None
-    return 1.0 - free / total
-
-
 class ServiceMetrics:
     """The metrics of one server process; every app of the process shares one instance."""
 
@@ -216,6 +212,7 @@ class ServiceMetrics:
                                              "by LoRA adapter.", by_adapter, registry=self.registry)
         self.adapter_generation_tokens = Counter("adapter_generation_tokens_total", "Generated tokens of successful "
                                                  "requests by LoRA adapter.", by_adapter, registry=self.registry)
+        self._histograms: list[Histogram] = []
         histogram = self._histogram
         self.ttft = histogram("time_to_first_token_seconds", "From request received to first token.", TTFT_BUCKETS)
         self.tpot = histogram("time_per_output_token_seconds", "Gap between consecutive tokens.", TPOT_BUCKETS)
@@ -223,6 +220,7 @@ class ServiceMetrics:
         self.request_prompt_tokens = histogram("request_prompt_tokens", "Prompt tokens per request.", TOKEN_BUCKETS)
         self.request_generation_tokens = histogram("request_generation_tokens", "Generated tokens per request.",
                                                    TOKEN_BUCKETS)
+        self.registry.register(HistogramAliases(self._histograms))  # TTFT, inter-token, e2e under vLLM's names
         self._watching_http = False
         if info is not None:
             self.registry.register(EngineCollector([(model_name, info)]))
@@ -250,7 +248,9 @@ class ServiceMetrics:
         return Counter(name, doc, LABELS, registry=self.registry).labels(self.model_name)
 
     def _histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Any:
-        return Histogram(name, doc, LABELS, registry=self.registry, buckets=buckets).labels(self.model_name)
+        parent = Histogram(name, doc, LABELS, registry=self.registry, buckets=buckets)
+        self._histograms.append(parent)
+        return parent.labels(self.model_name)
 
     def exposition(self) -> bytes:
         """The Prometheus text format of everything in this registry."""

@@ -80,6 +80,8 @@ ROUTES: tuple[RouteDoc, ...] = (
     RouteDoc("get", "/v1/models", "The served model (OpenAI list shape)", response="model_list"),
     RouteDoc("get", "/v1/models/{model_id}", "One model (OpenAI shape)", response="model_list/$defs/model",
              errors=(404,)),
+    RouteDoc("get", "/v1/loads", "Each model's load in SGLang's shape, for a gateway (?model=NAME: that model's)",
+             response="loads_response", errors=(404,)),
     RouteDoc("get", "/openapi.json", "This document"),
     RouteDoc("get", "/", "The playground page (text/html) for a GET whose Accept ranks text/html above "
              "application/json (a browser); any other GET / gets a JSON document pointing at this document",

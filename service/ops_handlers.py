@@ -9,6 +9,7 @@ from backends.errors import BackendError
 from service.errors import NotFound, ServiceUnavailable, from_backend_error
 from service.http import GetHandler, JsonBodyHandler
 from service.info import adapter_card, model_card, model_list, server_info
+from service.loads import worker_loads
 from service.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from service.openapi import Served, build_openapi
 
@@ -88,6 +89,18 @@ class MetricsHandler(GetHandler):
     def get(self) -> None:
         self.set_header("Content-Type", METRICS_CONTENT_TYPE)
         self.write(self.ctx.metrics.exposition())
+
+
+class LoadsHandler(GetHandler):
+    """``GET /v1/loads[?model=NAME]``: each model's load in SGLang's shape, for a gateway (service/loads.py)."""
+
+    public = True  # the figures /metrics shows, as JSON
+
+    def get(self) -> None:
+        model = self.get_query_argument("model", None)
+        if model is not None and model not in self.ctx.models.names:
+            raise NotFound(f"model {model!r} is not served here (served: {', '.join(self.ctx.models.names)})")
+        self.write_json(worker_loads(self.ctx.models.slots, model))
 
 
 class OpenAPIHandler(GetHandler):

@@ -83,6 +83,9 @@ def add_serve_arguments(p: argparse.ArgumentParser, models_dir_default: Path) ->
     server.add_argument("--port", type=int_in(0, 65535), default=None, help="business port (ServerConfig.port)")
     server.add_argument("--api-key", type=non_empty, default=None, metavar="KEY",
                         help="requests need Authorization: Bearer KEY (ServerConfig.apiKey)")
+    server.add_argument("--owned-by", type=non_empty, default=None, metavar="NAME",
+                        help="owned_by in /v1/models (ServerConfig.ownedBy; default mindserve): \"vllm\" makes "
+                        "a gateway such as SMG read load from /metrics in vLLM's names")
     engine = p.add_argument_group("engine")
     engine.add_argument("--ctx-size", "--max-seq-len", "-c", dest="ctx_size", type=int_in(2), default=None,
                         metavar="N", help="prompt + generated tokens per request (maxSeqLen; maxInputTokenLen "
@@ -117,7 +120,7 @@ def serve_config(args: argparse.Namespace, model_entries: list[dict[str, Any]] |
 
 
 def changed_flags(args: argparse.Namespace) -> list[str]:
-    names = ("host", "port", "ctx_size", "max_batch_size", "kv_cache_dtype", "threads", "speculative")
+    names = ("host", "port", "owned_by", "ctx_size", "max_batch_size", "kv_cache_dtype", "threads", "speculative")
     shown = [f"--{n.replace('_', '-')} {getattr(args, n)}" for n in names if getattr(args, n) is not None]
     return shown + ["--api-key ..."] * (args.api_key is not None) + [f"--lora {lo.name}=..." for lo in args.lora]
 
@@ -144,6 +147,7 @@ def apply_flags(data: dict[str, Any], args: argparse.Namespace,
             server["allowAllZeroIpListening"] = True
     _set(server, "port", args.port)
     _set(server, "apiKey", args.api_key)
+    _set(server, "ownedBy", args.owned_by)
     _set(deploy, "threads", args.threads)
     if args.ctx_size is not None:
         _ctx_size(deploy, schedule, args.ctx_size)

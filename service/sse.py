@@ -1,13 +1,9 @@
 """Server-sent events framing: one ``data: <compact JSON>`` event per message, no [DONE] sentinel."""
 from __future__ import annotations
 
-import json
 from typing import Any
 
-
-def dumps(obj: Any) -> str:
-    """Compact JSON, UTF-8 text kept as is (the wire format of every body and event)."""
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+from service.jsonio import dumps
 
 
 def event(obj: Any) -> str:

@@ -12,15 +12,11 @@ import asyncio
 from dataclasses import replace
 from typing import Any
 
-import jsonschema.exceptions
-
 from backends.errors import BackendError, InputRejected, ParameterRejected
 from service.dialects.openai import openai_error
-from service.dialects.openai_request import ROLE_ALIASES, InvalidRequest
-from service.dialects.openai_request import _param_of as param_of  # one home: OpenAI's error.param
+from service.dialects.openai_request import ROLE_ALIASES, InvalidRequest, check_body
 from service.errors import ServiceError, from_backend_error
 from service.http import JsonBodyHandler
-from service.validation import describe
 
 
 class _VllmHandler(JsonBodyHandler):
@@ -37,9 +33,7 @@ class _VllmHandler(JsonBodyHandler):
         """The schema-checked body; ``ctx.backend`` is then the model it names (loaded if need be: within
         e2eTimeout), an unknown name is 404 model_not_found."""
         body = self.json_body()
-        error = jsonschema.exceptions.best_match(self.ctx.schemas.validator(self.schema).iter_errors(body))
-        if error is not None:
-            raise InvalidRequest(describe(error), param_of(error))
+        check_body(self.ctx.schemas, self.schema, body)
         self._lease = await self.ctx.models.acquire(body.get("model"), self.ctx.settings.e2e_timeout)
         self.ctx = replace(self.ctx, backend=self._lease.backend)
         return body

@@ -9,20 +9,20 @@ from __future__ import annotations
 import difflib
 import functools
 import json
-import math
 import os
-import re
 from collections.abc import Iterable, Mapping
 from importlib.abc import Traversable
 from pathlib import Path
 from typing import Any, Callable
 
 import jsonschema.exceptions
+import jsonschema.validators
 from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
 
 from service.checked_schemas import default_stamp_dir, mark_checked, schema_set_key, was_checked
-from service.errors import BadRequest, ValidationError
+from service.errors import ValidationError
 from service.package_data import SCHEMA_DIR
 
 SCHEMA_SUFFIX = ".schema.json"
@@ -32,6 +32,19 @@ _STRICT_END = "$(?!\\n)"  # patterns end so; shown to users as plain "$"
 
 SchemaError = jsonschema.exceptions.SchemaError
 _JsonError = jsonschema.exceptions.ValidationError
+_DRAFT_ITEMS = Draft202012Validator.VALIDATORS["items"]
+
+
+def _items_within_max(validator, items, instance, schema):
+    """``items``, skipped for an array already over its ``maxItems``: that error is reported and is the one
+    ``best_match`` picks, while checking every item of, say, 200,000 stop strings would cost seconds of CPU per
+    request (all errors are collected to choose the most relevant)."""
+    if validator.is_type(instance, "array") and len(instance) > schema.get("maxItems", len(instance)):
+        return
+    yield from _DRAFT_ITEMS(validator, items, instance, schema)
+
+
+_Validator = jsonschema.validators.extend(Draft202012Validator, {"items": _items_within_max})
 
 
 class Schemas:
@@ -43,14 +56,16 @@ class Schemas:
         (``checked_schemas.py``; default under ~/.cache/mindserve)."""
         self.schema_dir = Path(schema_dir) if isinstance(schema_dir, (str, os.PathLike)) else schema_dir
         self._schemas = _read_schemas(self.schema_dir, stamp_dir or default_stamp_dir())
+        # Validated without their "$schema" (every file is Draft 2020-12, checked above): with it, a $ref into
+        # another file would be validated by jsonschema's stock Draft202012Validator, not by _Validator.
+        plain = {name: {k: v for k, v in schema.items() if k != "$schema"} for name, schema in self._schemas.items()}
         self.registry: Registry = Registry().with_resources(
-            (schema["$id"], Resource.from_contents(schema)) for schema in self._schemas.values()
+            (schema["$id"], Resource.from_contents(schema, default_specification=DRAFT202012))
+            for schema in plain.values()
         )
         self._validators = {
-            name: Draft202012Validator(
-                schema, registry=self.registry, format_checker=Draft202012Validator.FORMAT_CHECKER
-            )
-            for name, schema in self._schemas.items()
+            name: _Validator(schema, registry=self.registry, format_checker=Draft202012Validator.FORMAT_CHECKER)
+            for name, schema in plain.items()
         }
 
     @property
@@ -70,9 +85,14 @@ class Schemas:
     def is_valid(self, name: str, instance: Any) -> bool:
         return self.validator(name).is_valid(instance)
 
+    def first_error(self, name: str, instance: Any) -> _JsonError | None:
+        """The most relevant of ``instance``'s errors against schema ``name`` (``best_match``), None when valid:
+        the one error every refusal reports (``describe`` words it)."""
+        return jsonschema.exceptions.best_match(self.validator(name).iter_errors(instance))
+
     def validate(self, name: str, instance: Any, *, root: str = REQUEST_BODY) -> None:
         """Raise ``ValidationError`` describing the most relevant error; ``root`` names the whole instance."""
-        error = jsonschema.exceptions.best_match(self.validator(name).iter_errors(instance))
+        error = self.first_error(name, instance)
         if error is not None:
             raise ValidationError(describe(error, root=root))
 
@@ -86,127 +106,6 @@ def default_schemas() -> Schemas:
 def validate(name: str, instance: Any, *, root: str = REQUEST_BODY) -> None:
     """``default_schemas().validate(...)``: validate against ``schemas/<name>.schema.json``."""
     default_schemas().validate(name, instance, root=root)
-
-
-MAX_JSON_DEPTH = 64  # nesting levels of arrays/objects; real requests use fewer than 10
-_LONE_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # only \\uD800-\\uDFFF escapes can leave one
-
-
-_TOO_DEEP = f"request body JSON is rejected: nested deeper than {MAX_JSON_DEPTH} levels"
-# Values and keys in one body: bounds the parsed tree (~100 bytes a value at most), whatever the body's shape
-# (30 MB of "{}," would be 10 million dicts, 700 MB). /detokenize takes 2^20 ids.
-MAX_JSON_VALUES = 1 << 21
-# A JSON string, or the rest of the text from an unclosed quote: every quote starts a match, possessively, so
-# stripping the strings is one linear pass whatever the text.
-_STRING = re.compile(r'"(?:[^"\\]++|\\.?+)*+(?:"|\Z)', re.DOTALL)
-
-
-class _JsonRejected(ValueError):
-    """Raised by the parse hooks: the message is the whole client-facing reason."""
-
-
-def decode_body(body: bytes | bytearray) -> str:
-    """A request body's text; ``BadRequest`` when it is not UTF-8."""
-    try:
-        return body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: not UTF-8 ({exc.reason} at byte {exc.start})") from None
-
-
-def parse_json_body(body: bytes | bytearray | str) -> Any:
-    """Decode a request body strictly; anything but one well-formed JSON document → ``BadRequest``.
-
-    Rejected: invalid UTF-8, NaN/Infinity, numbers that overflow a float, duplicate keys, nesting deeper
-    than ``MAX_JSON_DEPTH``, and ``\\u`` escapes that leave a lone UTF-16 surrogate.
-    """
-    if not isinstance(body, str):
-        body = decode_body(body)
-    _check_value_count(body)
-    try:
-        value = json.loads(body, parse_constant=_reject_constant, parse_float=_finite_float,
-                           parse_int=_float_range_int, object_pairs_hook=_unique_keys)
-    except RecursionError:
-        raise BadRequest(_TOO_DEEP) from None
-    except _JsonRejected as exc:
-        raise BadRequest(f"request body JSON is rejected: {exc}") from None
-    except ValueError as exc:  # JSONDecodeError
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
-    _check_tree(value, check_strings=_LONE_SURROGATE_ESCAPE.search(body) is not None)
-    return value
-
-
-def _check_value_count(text: str) -> None:
-    """At most ``MAX_JSON_VALUES`` values, counted before the parse builds them: from the separators, with the
-    strings' contents left out only when counting them in would pass the limit."""
-    if _values_at_most(text) > MAX_JSON_VALUES and _values_at_most(_STRING.sub("", text)) > MAX_JSON_VALUES:
-        raise BadRequest(f"request body JSON is rejected: more than {MAX_JSON_VALUES} values")
-
-
-def _values_at_most(text: str) -> int:
-    """Every value and key but the first follows one of ``[{,:`` (outside strings)."""
-    return 1 + text.count("[") + text.count("{") + text.count(",") + text.count(":")
-
-
-def _reject_constant(name: str) -> Any:
-    raise _JsonRejected(f"{name} is not a JSON number")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise _JsonRejected(f"number {text[:MAX_SHOWN_CHARS]} is out of range")
-    return value
-
-
-def _float_range_int(text: str) -> int:
-    """An integer literal; one a float cannot hold (over ~1.8e308) is out of range for every field."""
-    if len(text.lstrip("-")) > 309:
-        raise _JsonRejected(f"integer {text[:20]}… ({len(text.lstrip('-'))} digits) is out of range")
-    value = int(text)
-    try:
-        float(value)
-    except OverflowError:
-        raise _JsonRejected(f"integer {text[:20]}… ({len(text.lstrip('-'))} digits) is out of range") from None
-    return value
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj = dict(pairs)
-    if len(obj) != len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise _JsonRejected(f"duplicate key {show(key)} in one object")
-            seen.add(key)
-    return obj
-
-
-def _check_tree(value: Any, *, check_strings: bool) -> None:
-    """Depth limit (the validators recurse per level) and, if asked, no lone surrogates in strings."""
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, dict):
-            items: Iterable[Any] = node.values()
-            if check_strings:
-                items = [*node.keys(), *node.values()]
-        elif isinstance(node, list):
-            items = node
-        else:
-            if check_strings and isinstance(node, str):
-                _check_text(node)
-            continue
-        if depth >= MAX_JSON_DEPTH:
-            raise BadRequest(_TOO_DEEP)
-        stack.extend((item, depth + 1) for item in items)
-
-
-def _check_text(text: str) -> None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise BadRequest(f"request body JSON is rejected: an unpaired UTF-16 surrogate "
-                         f"\\u{ord(text[exc.start]):04x} in a string") from None
 
 
 def _read_schemas(schema_dir: Traversable, stamp_dir: Path) -> dict[str, dict[str, Any]]:

@@ -4,12 +4,13 @@ graphs or starts a server process is marked ``slow`` (``pytest -m "not slow"`` i
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from backends.mindspore.default_model import ensure_default_gguf, ensure_default_model
+from backends.mindspore.modeldir.default_model import ensure_default_gguf, ensure_default_model
 from tests.support.paths import REPO
 from tests.support.make_tiny_gemma3 import make_tiny_gemma3
 from tests.support.make_tiny_qwen3 import make_tiny_qwen3
@@ -25,6 +26,19 @@ SLOW_FIXTURES = frozenset({"default_engine", "default_model_dir", "default_gguf_
                            "kernel_cache", "tiny_qwen3_moe_dir",
                            "tiny_gemma3_dir",  # the kernel library's C++ build
                            "gemma3_270m_gguf", "gemma3_270m_fp32_dir", "gemma3_270m_q4_dir"})
+
+
+# A module that declares every test of it slow (a line ``pytestmark = pytest.mark.slow``) is not even imported by
+# the inner loop: its imports (MindSpore, the anthropic and openai clients, ...) would cost seconds for nothing.
+_ALL_SLOW = re.compile(rb"^pytestmark = pytest\.mark\.slow\b", re.MULTILINE)
+
+
+def pytest_ignore_collect(collection_path, config):
+    if (config.getoption("markexpr", "") or "").strip() != "not slow" or collection_path.suffix != ".py":
+        return None
+    if collection_path.name.startswith("test_") and _ALL_SLOW.search(collection_path.read_bytes()):
+        return True
+    return None
 
 
 def pytest_collection_modifyitems(config, items):
@@ -132,7 +146,7 @@ def gemma3_270m_q4_dir(gemma3_270m_gguf, model_cache_dir) -> Path:
 @pytest.fixture(scope="session")
 def default_engine(default_model_dir):
     """The real default model on a small engine config (few graphs to compile), shared by the session."""
-    from backends.mindspore.engine import Engine
+    from backends.mindspore.engine.engine import Engine
     from backends.settings import EngineConfig
 
     config = EngineConfig(max_seq_len=256, max_input_tokens=200, max_batch_size=4, max_iter_times=64,
@@ -158,7 +172,7 @@ LORA_STRENGTH = 0.1
 def lora_adapter_dirs(tmp_path_factory, default_model_dir) -> dict[str, Path]:
     """The LORA_ADAPTERS as PEFT directories under one adapter root (the runtime-load root too)."""
     from backends.lora import BaseDims
-    from backends.mindspore.config import load_model
+    from backends.mindspore.modeldir.config import load_model
     from tests.support.lora_adapters import make_adapter
     from tests.support.reference_numpy import RefModel
 
@@ -175,7 +189,7 @@ def lora_adapter_dirs(tmp_path_factory, default_model_dir) -> dict[str, Path]:
 def lora_engine(default_model_dir, lora_adapter_dirs):
     """The default model with the LORA_ADAPTERS loaded, two spare slots and runtime updates on (root: the
     adapters' directory); the default_engine's small shapes."""
-    from backends.mindspore.engine import Engine
+    from backends.mindspore.engine.engine import Engine
     from backends.settings import EngineConfig, LoraModuleConfig, LoraSettings
 
     root = next(iter(lora_adapter_dirs.values())).parent

@@ -1,31 +1,10 @@
-"""What a benchmark run measures beside the requests: memory bandwidth, a server's RSS, other processes' CPU."""
+"""What a benchmark run measures beside the requests: a server's RSS, other processes' CPU."""
 from __future__ import annotations
 
 import threading
 import time
 
 import psutil
-
-BW_BYTES = 256 * 2**20  # the bandwidth probe's array
-
-
-def memory_bandwidth(reps: int = 5) -> dict:
-    """The machine's memory bandwidth in GB/s, best of ``reps``: ``copy`` = np.copyto of a 256 MiB float32
-    array into another (bytes read + bytes written ÷ time) and ``read`` = its sum (bytes read ÷ time), one
-    thread each. Single-stream decode streams every weight once per token, so it is bounded by ``read``."""
-    import numpy as np
-
-    src = np.ones(BW_BYTES // 4, np.float32)
-    dst = np.zeros_like(src)  # both touched: no page faults inside the timings
-    copy, read = [], []
-    for _ in range(reps):
-        t = time.perf_counter()
-        np.copyto(dst, src)
-        copy.append(2 * BW_BYTES / (time.perf_counter() - t) / 1e9)
-        t = time.perf_counter()
-        src.sum()
-        read.append(BW_BYTES / (time.perf_counter() - t) / 1e9)
-    return {"copy_gbs": max(copy), "read_gbs": max(read), "copy_all": copy, "read_all": read}
 
 
 class CpuMeter:

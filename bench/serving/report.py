@@ -26,6 +26,7 @@ class Run:
     started: str
     results: dict[str, dict[str, dict]]  # scenario name → server name → run_scenario's figures
     info: dict[str, dict]  # server name → ready time, greedy check, peak RSS, or its error
+    machine: dict  # bench.harness.machine_facts()
 
 
 def fmt(x: float, spec: str) -> str:
@@ -60,8 +61,8 @@ def ratio(a: float, b: float) -> float:
 
 
 def charts():
-    """bench/charts.py (a script's directory is on sys.path; it exits with the install hint without matplotlib)."""
-    import charts as module
+    """bench/harness/charts.py (it exits with the install hint without matplotlib)."""
+    from bench.harness import charts as module
     return module
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import math
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,7 @@ import psutil
 
 from .code_edits import CODE, CODE_EDITS, CODE_NEW_TOKENS, build_code_prompts
 from .meters import CpuMeter
-from .paths import MODEL_DIR, REPO
+from bench.harness.paths import MODEL_DIR
 
 if TYPE_CHECKING:
     from .servers import RequestResult, Server
@@ -208,10 +207,8 @@ BENCH_ADAPTERS = ("lora-a", "lora-b", "lora-c", "lora-d")  # rank 8 on all seven
 def bench_adapters(root: Path, model_dir: Path) -> dict[str, Path]:
     """Four PEFT adapters of the model (tests/support/lora_adapters.py, fixed seeds, non-zero B, deltas of 0.1
     times each weight's spread), written once under ``root``."""
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))  # tests.support: the adapter maker the tests use
     from backends.lora import BaseDims
-    from backends.mindspore.config import load_model_spec
+    from backends.mindspore.modeldir.config import load_model
     from tests.support.lora_adapters import make_adapter
     from tests.support.reference_numpy import RefModel
 
@@ -219,7 +216,7 @@ def bench_adapters(root: Path, model_dir: Path) -> dict[str, Path]:
     if not all((d / "adapter_model.safetensors").exists() for d in dirs.values()):
         import numpy as np
 
-        dims = BaseDims.of(load_model_spec(model_dir))
+        dims = BaseDims.of(load_model(model_dir))
         base = RefModel.from_dir(model_dir, dtype=np.float32).w
         for seed, (name, path) in enumerate(dirs.items(), 1):
             make_adapter(path, dims, seed=seed, rank=8, alpha=16, base_weights=base, strength=0.1)

@@ -6,14 +6,14 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+
+from bench.harness.server import free_port, serve_command, serve_env
 
 from .meters import RssSampler
 
@@ -24,13 +24,6 @@ SPEC_DRAFT = 8  # draft tokens per verify step, both servers (mindserve's decodi
 # that followed drafted; N 3 (its default 12 rarely matches a short answer's first tokens).
 LLAMA_NGRAM = ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3",
                "--spec-ngram-simple-size-m", str(SPEC_DRAFT))
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def log(msg: str) -> None:
@@ -267,15 +260,10 @@ class MindServe(Server):
         return {kind: tuple(t) for kind, t in totals.items()} or None
 
     def command(self) -> list[str]:
-        exe = Path(sys.executable).with_name("mindserve")
-        prefix = [str(exe)] if exe.exists() else [sys.executable, "-m", "service"]
-        model = [self.model_ref] if self.model_ref else []
-        return prefix + ["serve", "--config", str(self.config_path), "--port", str(self.port), *model]
+        return serve_command(self.config_path, self.port, *([self.model_ref] if self.model_ref else []))
 
     def env(self) -> dict:
-        env = dict(os.environ)
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        return env
+        return serve_env(extra={"PYTHONUNBUFFERED": os.environ.get("PYTHONUNBUFFERED", "1")})
 
     async def ready(self, session) -> bool:
         return "listening on" in self.tail(40) and await self.answers_200(session, "/health")

@@ -63,7 +63,8 @@ def usage(result: GenerationResult, reasoning: int | None = None) -> dict[str, A
     """The usage counts; ``reasoning`` (a model that reasons): its reasoning tokens, in
     completion_tokens_details."""
     counts: dict[str, Any] = {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.generated_tokens,
-                              "total_tokens": result.prompt_tokens + result.generated_tokens}
+                              "total_tokens": result.prompt_tokens + result.generated_tokens,
+                              "prompt_tokens_details": {"cached_tokens": result.cached_tokens}}
     if reasoning is not None:
         counts["completion_tokens_details"] = {"reasoning_tokens": reasoning}
     return counts
@@ -113,7 +114,8 @@ def render_completion(req: OpenAIRequest, results: GenerationResult | list[Gener
     completion_tokens = sum(r.generated_tokens for r in results)
     choices, reasoning = zip(*(_choice(req, i, r) for i, r in enumerate(results)))
     counts = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-              "total_tokens": prompt_tokens + completion_tokens}
+              "total_tokens": prompt_tokens + completion_tokens,
+              "prompt_tokens_details": {"cached_tokens": results[0].cached_tokens}}
     if req.chat.fmt.reasoning is not None:
         counts["completion_tokens_details"] = {"reasoning_tokens": sum(reasoning)}
     return {"id": response_id, "object": object_, "created": created or int(time.time()), "model": model,

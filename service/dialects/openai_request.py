@@ -271,7 +271,7 @@ def _message(message: dict[str, Any], content: str) -> dict[str, Any]:
 
 def check_body(schemas: Schemas, schema: str, body: Any) -> None:
     """``body`` against the schema named ``schema``; the best error as an ``InvalidRequest`` naming its field."""
-    error = jsonschema.exceptions.best_match(schemas.validator(schema).iter_errors(body))
+    error = schemas.first_error(schema, body)
     if error is not None:
         raise InvalidRequest(describe(error), _param_of(error))
 

@@ -53,7 +53,7 @@ def response_object(req: ResponsesRequest, model: str, created: int, status: str
 
 
 def usage(result: GenerationResult, reasoning: int) -> dict[str, Any]:
-    return {"input_tokens": result.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
+    return {"input_tokens": result.prompt_tokens, "input_tokens_details": {"cached_tokens": result.cached_tokens},
             "output_tokens": result.generated_tokens, "output_tokens_details": {"reasoning_tokens": reasoning},
             "total_tokens": result.prompt_tokens + result.generated_tokens}
 

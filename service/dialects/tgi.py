@@ -24,12 +24,6 @@ from service.media.parts import MediaRef, media_refs
 from service.validation import show
 
 BASE_MODEL_ADAPTER = "None"
-# Keys the HuggingFace text-generation client always sends; accepted only with these values.
-NEUTRAL_CLIENT_KEYS: dict[str, tuple[Any, ...]] = {
-    "best_of": (None, 1),
-    "top_n_tokens": (None, 0),
-    "frequency_penalty": (None, 0),
-}
 _BOOL_FIELDS = ("watermark", "decoder_input_details", "speculate")
 _FLOAT_FIELDS = ("temperature", "top_p", "typical_p", "repetition_penalty")
 _INT_FIELDS = ("top_k", "seed", "truncate", "max_new_tokens", "priority")
@@ -76,7 +70,6 @@ class ParsedRequest:
 def parse_generate_request(body: dict[str, Any], *, limits: RequestLimits = RequestLimits()) -> ParsedRequest:
     """Convert a body that passed ``generate_request.schema.json``; cross-field errors → ``ValidationError``."""
     raw: dict[str, Any] = body.get("parameters") or {}
-    _check_client_keys(raw)
     inputs = _parse_inputs(body["inputs"], limits)
     params = _parse_params(raw, limits)
     stream = bool(body.get("stream"))
@@ -86,16 +79,6 @@ def parse_generate_request(body: dict[str, Any], *, limits: RequestLimits = Requ
 
 
 # --- request ---------------------------------------------------------------------------------------
-
-def _check_client_keys(raw: dict[str, Any]) -> None:
-    for name, neutral in NEUTRAL_CLIENT_KEYS.items():
-        value = raw.get(name)
-        if value is None:
-            continue
-        if isinstance(value, bool) or value not in neutral:
-            accepted = " or ".join(show(v) for v in neutral)
-            raise ValidationError(f"parameters.{name} is not supported: send {accepted}, got {show(value)}")
-
 
 def _parse_inputs(inputs: str | list[Any], limits: RequestLimits) -> str | tuple[InputPart, ...]:
     if isinstance(inputs, str):

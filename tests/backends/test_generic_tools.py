@@ -14,7 +14,7 @@ from backends.chat_output import ChatOutputParser, ParsedCall, fold
 from backends.generic_output import GenericOutputParser, output_parser
 from backends.generic_tools import generic_messages, output_schema, system_prompt
 from backends.grammar import GrammarCompiler
-from backends.mindspore.tokenizer import Tokenizer
+from backends.mindspore.modeldir.tokenizer import Tokenizer
 from backends.tool_grammar import tool_call_constraint
 from tests.support.grammar_walk import grammar_walk
 from tests.support.tiny_chat_model import make_tiny_chat_model

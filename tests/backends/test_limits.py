@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from backends.limits import PromptLimit, longest_sequence, prompt_token_limit
-from backends.mindspore.shapes import ShapeError, plan_shapes
+from backends.mindspore.planning.shapes import ShapeError, plan_shapes
 from backends.settings import EngineConfig
 
 

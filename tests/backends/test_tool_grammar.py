@@ -10,7 +10,7 @@ import pytest
 from backends.chat_format import chat_format
 from backends.chat_output import parse_chat_output
 from backends.grammar import GrammarCompiler
-from backends.mindspore.tokenizer import Tokenizer
+from backends.mindspore.modeldir.tokenizer import Tokenizer
 from backends.tool_grammar import tool_call_constraint
 from tests.support.grammar_walk import grammar_walk
 from tests.support.tiny_chat_model import make_tiny_chat_model, marker_ids

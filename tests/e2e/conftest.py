@@ -84,7 +84,7 @@ def chat_model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def chat_url(live_servers, chat_model):
     """A server of ``chat_model`` (one per test module)."""
-    from backends.mindspore.engine import Engine
+    from backends.mindspore.engine.engine import Engine
     from backends.settings import EngineConfig
 
     config = EngineConfig(max_seq_len=1536, max_input_tokens=1400, max_batch_size=4, max_iter_times=64,

@@ -35,7 +35,7 @@ OPENS_THINKING = ("{%- if enable_thinking is defined and enable_thinking is fals
 
 @pytest.fixture(scope="module")
 def url(live_servers, chat_model):
-    from backends.mindspore.engine import Engine
+    from backends.mindspore.engine.engine import Engine
     from backends.settings import EngineConfig
 
     config_file = chat_model / "tokenizer_config.json"

@@ -57,7 +57,7 @@ def test_lora_modules_are_checked_before_start_up(tmp_path, tiny_model_dir):
     """A good adapter passes validate-config; a broken one stops both validate-config and serve, naming the entry,
     before anything is loaded (the reference server would warn and serve without it)."""
     from backends.lora import BaseDims
-    from backends.mindspore.config import load_model
+    from backends.mindspore.modeldir.config import load_model
     from tests.support.lora_adapters import make_adapter
 
     adapter = make_adapter(tmp_path / "sql", BaseDims.of(load_model(tiny_model_dir)), seed=1, rank=4)
@@ -143,6 +143,7 @@ def _serve_once(path: Path, env: dict) -> tuple[list[str], dict]:
             proc.kill()
 
 
+@pytest.mark.slow  # starts a server twice; its model fixture is chosen by name, which the slow rule cannot see
 @pytest.mark.parametrize("model", ["tiny_model_dir", "tiny_qwen3_moe_dir", "tiny_gemma3_dir"])
 def test_a_restart_loads_the_warm_up_graphs_from_the_graph_cache(tmp_path, request, model):
     """With graphCache, serve keeps MindSpore's compiled graphs under ~/.cache/mindserve/graphs/<digest>: the second

@@ -33,7 +33,7 @@ def write(tmp_path: Path, model_dir: Path, draft_dir: Path) -> Path:
 
 
 def test_served_draft_model_answers_as_plain_decoding(tmp_path, tiny_model_dir, live_servers):
-    from backends.mindspore.engine import Engine
+    from backends.mindspore.engine.engine import Engine
     from service.config import load_server_config
 
     config = load_server_config(write(tmp_path, tiny_model_dir, tiny_model_dir))

@@ -19,7 +19,7 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.mindspore.engine import Engine
+from backends.mindspore.engine.engine import Engine
 from backends.settings import EngineConfig
 from service.admission import Admission
 from service.config import ServerSettings

@@ -35,7 +35,7 @@ served, url = served_fixtures("tiny_gemma3_dir", model_name="tiny-gemma3", arch=
 def test_openai_chat_renders_the_gemma_template_and_gives_the_golden_text(url, golden, served):
     """/v1/chat/completions: the golden messages through the checkpoint's Gemma-style template (bos, user / model
     turns) give HF's prompt, so the golden ids' text."""
-    from backends.mindspore.tokenizer import Tokenizer
+    from backends.mindspore.modeldir.tokenizer import Tokenizer
 
     want = golden["prompts"]["capital"]
     messages = [{"role": "user", "content": "What is the capital of France?"}]  # scripts/hf_goldens.PROMPTS

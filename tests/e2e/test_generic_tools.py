@@ -33,7 +33,7 @@ WEATHER_CALL = {"type": "function", "function": {"name": "get_weather"}}
 @pytest.fixture(scope="module")
 def url(live_servers, default_model_dir):
     """The default model with room for the tools' system message (the session engine takes 200 tokens)."""
-    from backends.mindspore.engine import Engine
+    from backends.mindspore.engine.engine import Engine
     from backends.settings import EngineConfig
 
     config = EngineConfig(max_seq_len=512, max_input_tokens=440, max_batch_size=4, max_iter_times=64,

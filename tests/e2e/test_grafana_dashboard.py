@@ -2,17 +2,21 @@
 
 The PromQL of every panel and variable is reduced to the metric names it reads; each must be a series
 of a real ``/metrics`` scrape of a server on the real engine (a counter family ``x`` exports ``x_total``,
-a histogram ``x`` exports ``x_bucket``, ``x_sum`` and ``x_count``).
+a histogram ``x`` exports ``x_bucket``, ``x_sum`` and ``x_count``), or, for the fleet row's ``smg_`` names, of
+the real gateway (SMG) routing to such a server.
 """
 from __future__ import annotations
 
 import json
 import re
+import subprocess
 
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.fleet import smg_binary
+from tests.support.http import free_ports, until
 from tests.support.paths import REPO
 
 DASHBOARD = REPO / "deploy" / "grafana-dashboard.json"
@@ -108,5 +112,39 @@ def test_every_metric_the_dashboard_queries_is_exported_by_a_live_server(live_se
     exported = exported_series(scrape.text)
     queries = dashboard_queries(json.loads(DASHBOARD.read_text()))
     assert len(queries) > 20
-    missing = {name: expr for expr in queries for name in metric_names(expr) if name not in exported}
+    missing = {name: expr for expr in queries for name in metric_names(expr)
+               if name not in exported and not name.startswith(GATEWAY)}
     assert not missing, f"the dashboard queries series the server does not export: {missing}"
+
+
+GATEWAY = "smg_"  # the gateway's own series (the fleet row)
+
+
+@pytest.mark.skipif(smg_binary() is None, reason="smg is not installed (pip install 'mindserve[gateway]')")
+def test_every_gateway_metric_the_dashboard_queries_is_exported_by_smg_in_front_of_a_live_server(
+        live_servers, default_engine):
+    url = live_servers.start(default_engine)
+    port, prometheus = free_ports(2)
+    gateway = subprocess.Popen([smg_binary(), "launch", "--host", "127.0.0.1", "--port", str(port),
+                                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prometheus),
+                                "--policy", "round_robin", "--worker-urls", url],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def routable() -> bool:
+            try:
+                workers = requests.get(f"http://127.0.0.1:{port}/workers", timeout=5).json()["workers"]
+            except (requests.RequestException, ValueError, KeyError):
+                return False
+            return any(w.get("is_healthy") for w in workers)
+
+        assert until(routable, 60, poll=0.2)
+        scrape = requests.get(f"http://127.0.0.1:{prometheus}/metrics", timeout=30)
+    finally:
+        gateway.terminate()
+        gateway.wait(30)
+    assert scrape.status_code == 200
+    exported = exported_series(scrape.text)
+    queries = dashboard_queries(json.loads(DASHBOARD.read_text()))
+    wanted = {name for expr in queries for name in metric_names(expr) if name.startswith(GATEWAY)}
+    assert {"smg_worker_requests_total", "smg_worker_cb_state", "smg_worker_health"} <= wanted
+    assert wanted <= exported, sorted(wanted - exported)

@@ -20,7 +20,7 @@ PROMPTS = json.loads((GOLDEN_DIR / "gemma3_tiny.json").read_text(encoding="utf-8
 
 
 def test_gemma3_greedy_ids_agree_with_llama_server(tmp_path):
-    from backends.mindspore.gguf_convert import convert_gguf
+    from backends.mindspore.modeldir.gguf_convert import convert_gguf
     from tests.support.runner import greedy, make_runner
 
     gguf = write_gguf(make_tiny_gemma3(tmp_path / "src", llama_cpp=True), tmp_path / "gemma3.gguf", "gemma3")
@@ -28,7 +28,7 @@ def test_gemma3_greedy_ids_agree_with_llama_server(tmp_path):
     prompts = {name: p["input_ids"][-40:] for name, p in PROMPTS.items()}  # within the runner's 64-token window
     with llama_server(gguf, tmp_path / "llama-server.log") as url:
         theirs = {name: llama_greedy(url, ids, NEW_TOKENS) for name, ids in prompts.items()}
-    for kernels in ("aot", "ms"):
+    for kernels in ("aot", "stock"):
         runner = make_runner(converted, num_blocks=24, kernels=kernels)
         ours = {name: greedy(runner, ids, NEW_TOKENS, [1, 2, 3, 4])[0] for name, ids in prompts.items()}
         assert ours == theirs, kernels
@@ -42,8 +42,8 @@ def test_the_sentencepiece_import_tokenizes_as_llama_server(tmp_path, variant):
     import numpy as np
     from safetensors.numpy import load_file, save_file
 
-    from backends.mindspore.gguf_convert import convert_gguf
-    from backends.mindspore.tokenizer import Tokenizer
+    from backends.mindspore.modeldir.gguf_convert import convert_gguf
+    from backends.mindspore.modeldir.tokenizer import Tokenizer
     from tests.support.llama_server import llama_tokenize
 
     spm = json.loads((GOLDEN_DIR / "spm_tiny.json").read_text(encoding="utf-8"))["variants"][variant]

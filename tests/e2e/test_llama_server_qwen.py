@@ -33,7 +33,7 @@ SOURCES = {"qwen3": make_tiny_qwen3, "qwen3moe": lambda out: make_tiny_qwen3_moe
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3moe", "qwen2"])
 def test_greedy_ids_agree_with_llama_server(arch, tmp_path):
-    from backends.mindspore.gguf_convert import convert_gguf
+    from backends.mindspore.modeldir.gguf_convert import convert_gguf
     from tests.support.runner import greedy, make_runner
 
     src = SOURCES[arch](tmp_path / "src")

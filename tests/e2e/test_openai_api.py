@@ -20,7 +20,7 @@ import requests
 from backends.base import RequestHandle
 from backends.chat_template import render_chat_template
 from backends.errors import GenerationFailed, InputRejected
-from backends.mindspore.tokenizer import Tokenizer
+from backends.mindspore.modeldir.tokenizer import Tokenizer
 from backends.types import FinishReason, GenerationResult, Token, TokenEvent
 from service.errors import from_backend_error
 from service.validation import default_schemas

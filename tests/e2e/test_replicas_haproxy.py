@@ -9,14 +9,9 @@ and reported in docs/deploy.md.
 """
 from __future__ import annotations
 
-import csv
-import io
 import json
-import os
 import re
-import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -28,15 +23,12 @@ import requests
 import yaml
 
 from tests.support.cli import server_config
+from tests.support.haproxy import HAPROXY, MISSING, HAProxy
 from tests.support.http import free_ports, until
-from tests.support.paths import REPO
 from tests.support.served import Served
 
-HAPROXY = shutil.which("haproxy", path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/local/sbin"]))
-pytestmark = pytest.mark.skipif(HAPROXY is None,
-                                reason="haproxy is not installed (Debian package haproxy; .ci/run installs it)")
+pytestmark = pytest.mark.skipif(HAPROXY is None, reason=MISSING)
 
-HAPROXY_CFG = REPO / "deploy" / "haproxy" / "haproxy.cfg"
 CLIENTS = 32
 NEW_TOKENS = 12
 SLOW_DECODE = 0.03       # s per decode step: a request takes about half a second on a replica
@@ -64,51 +56,6 @@ def replica_config(tmp_path: Path, model_dir: Path, name: str, port: int, health
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
-
-
-class HAProxy:
-    """``haproxy -db -f deploy/haproxy/haproxy.cfg`` with the replicas' addresses in its environment."""
-
-    def __init__(self, tmp_path: Path, listen: int, replicas: dict[str, tuple[int, int]]) -> None:
-        self.socket_path = str(tmp_path / "haproxy.sock")
-        env = {**os.environ, "MINDSERVE_LISTEN": f"127.0.0.1:{listen}", "MINDSERVE_ADMIN_SOCKET": self.socket_path}
-        for name, (port, health) in replicas.items():
-            env[f"MINDSERVE_{name.upper()}"] = f"127.0.0.1:{port}"
-            env[f"MINDSERVE_{name.upper()}_HEALTH"] = str(health)
-        check = subprocess.run([HAPROXY, "-c", "-f", str(HAPROXY_CFG)], env=env, capture_output=True, text=True,
-                               timeout=30)
-        assert check.returncode == 0, check.stdout + check.stderr
-        self.proc = subprocess.Popen([HAPROXY, "-db", "-f", str(HAPROXY_CFG)], env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
-        self.log: list[str] = []
-        threading.Thread(target=lambda: self.log.extend(iter(self.proc.stdout.readline, "")), daemon=True).start()
-        self.url = f"http://127.0.0.1:{listen}"
-
-    def states(self) -> dict[str, str]:
-        """Server name → HAProxy's status of it ("UP", "DOWN", "UP 1/2", ...), from the admin socket."""
-        try:
-            with socket.socket(socket.AF_UNIX) as s:
-                s.settimeout(2)
-                s.connect(self.socket_path)
-                s.sendall(b"show stat\n")
-                data = b"".join(iter(lambda: s.recv(65536), b""))
-        except OSError:
-            return {}
-        rows = csv.DictReader(io.StringIO(data.decode().lstrip("# ")))
-        return {row["svname"]: row["status"] for row in rows if row["pxname"] == "replicas"
-                and row["svname"] not in ("BACKEND", "FRONTEND")}
-
-    def is_up(self, name: str) -> bool:
-        return self.states().get(name, "").startswith("UP")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
 
 
 def one_request(session: requests.Session, url: str, client: int, n: int) -> Outcome:
@@ -175,7 +122,7 @@ def test_two_replicas_behind_haproxy_lose_no_request_through_a_sigterm_and_a_res
     try:
         for served in replicas.values():
             served.wait_url()
-        haproxy = HAProxy(tmp_path, listen, {"r1": (p1, h1), "r2": (p2, h2)})
+        haproxy = HAProxy(tmp_path, listen, {"r1": ("127.0.0.1", p1, h1), "r2": ("127.0.0.1", p2, h2)})
         assert until(lambda: haproxy.is_up("r1") and haproxy.is_up("r2"), 30, poll=0.1), haproxy.states()
 
         t0 = time.monotonic()

@@ -27,7 +27,7 @@ import pytest
 import requests
 from jsonschema import Draft202012Validator
 
-from backends.mindspore.engine import Engine
+from backends.mindspore.engine.engine import Engine
 from backends.settings import EngineConfig
 from tests.support.paths import REPO
 

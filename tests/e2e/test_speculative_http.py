@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def engine(default_model_dir):
-    from backends.mindspore.engine import Engine
+    from backends.mindspore.engine.engine import Engine
 
     config = EngineConfig(max_seq_len=256, max_input_tokens=200, max_batch_size=8, max_iter_times=64, block_size=64,
                           prefill_chunk=32, window_buckets=(256,), batch_buckets=(1, 4, 8),

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
-from backends.mindspore.engine import Engine
+from backends.mindspore.engine.engine import Engine
 from backends.settings import EngineConfig
 from service.admission import Admission
 from service.config import ServerSettings

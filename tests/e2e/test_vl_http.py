@@ -34,7 +34,7 @@ def media_root(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def vl_engine(tmp_path_factory):
-    from backends.mindspore.engine import Engine
+    from backends.mindspore.engine.engine import Engine
     from backends.settings import EngineConfig
 
     model_dir = make_tiny_qwen2_vl(tmp_path_factory.mktemp("tiny_vl_http") / ARCH, arch=ARCH)

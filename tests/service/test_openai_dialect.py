@@ -2,6 +2,7 @@
 logit_bias, ignore_eos, min_tokens) and how an engine refusal of one of them is reported."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -80,7 +81,7 @@ def test_engine_refusals_name_the_openai_field(dialect):
 # --- logprobs --------------------------------------------------------------------------------------------
 
 from backends.types import FinishReason, GenerationResult, Token  # noqa: E402
-from service.dialects.openai import ChunkRenderer, OpenAIStream, render_completion  # noqa: E402
+from service.dialects.openai import ChunkRenderer, OpenAIStream, render_completion, usage  # noqa: E402
 
 
 def _result() -> GenerationResult:
@@ -197,4 +198,17 @@ def test_n_choices_render_in_order_with_usage_summed():
     SCHEMAS.validate("openai_chat_response", body)
     assert [(c["index"], c["message"]["content"], c["finish_reason"]) for c in body["choices"]] == [
         (0, "Hi!", "stop"), (1, "Yo", "length")]
-    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 8, "total_tokens": 11}
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 8, "total_tokens": 11,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_usage_reports_the_prompt_tokens_found_in_the_prefix_cache(kind):
+    """usage.prompt_tokens_details.cached_tokens: the body's (the prompt once: the first choice's), and the
+    include_usage chunk's."""
+    cached = dataclasses.replace(_result(), cached_tokens=2)
+    other = GenerationResult("Yo", FinishReason.LENGTH, 3, 5, 2, (), cached_tokens=3)
+    req = chat(n=2) if kind == "chat" else completion(n=2)
+    body = render_completion(req, [cached, other], response_id="x", model=MODEL)
+    assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 2}
+    assert usage(cached)["prompt_tokens_details"] == {"cached_tokens": 2}

@@ -72,6 +72,7 @@ APPLIED = {
     ("ServerConfig", "maxRequestLength"): lambda c: c.server.max_request_bytes // (1024 * 1024),
     ("ServerConfig", "shutdownGracePeriod"): lambda c: c.server.shutdown_grace_period,
     ("ServerConfig", "tokenIdFormat"): lambda c: c.server.token_id_format,
+    ("ServerConfig", "ownedBy"): lambda c: c.server.owned_by,
     ("ServerConfig", "headerTimeout"): lambda c: c.server.header_timeout,
     ("ServerConfig", "bodyTimeout"): lambda c: c.server.body_timeout,
     ("ServerConfig", "keepAliveTimeout"): lambda c: c.server.keep_alive_timeout,
@@ -129,7 +130,7 @@ OTHER = {
     "fullTextEnabled": (True, {}), "playgroundEnabled": (False, {}), "tokenTimeout": (5, {}), "e2eTimeout": (9, {}),
     "toolCallFormat": ("hermes", {}), "reasoningFormat": ("none", {}),
     "maxRequestLength": (2, {}),
-    "shutdownGracePeriod": (0.5, {}), "tokenIdFormat": ("int", {}), "headerTimeout": (2.5, {}),
+    "shutdownGracePeriod": (0.5, {}), "tokenIdFormat": ("int", {}), "ownedBy": ("vllm", {}), "headerTimeout": (2.5, {}),
     "bodyTimeout": (7, {}), "keepAliveTimeout": (4, {}), "maxHeaderBytes": (8192, {}), "maxReadingRequests": (5, {}),
     "maxBufferedBodyMB": (64, {}), "listenBacklog": (16, {}), "mediaRoot": ("/srv/media", {}),
     "maxMediaLoads": (2, {}), "maxMediaBufferMB": (100, {}), "maxSeqLen": (300, {"maxIterTimes": 100}),
@@ -272,8 +273,8 @@ def test_planes_by_listener(tmp_path, server, listeners):
 def test_the_engine_rules_agree_with_the_engine(tiny_model_dir):
     """``check_engine`` + preflight's window rule refuse exactly what the engine's ``plan_shapes`` refuses
     (preflight asks ``plan_shapes`` itself; ``check_engine`` asks its config-only part)."""
-    from backends.mindspore.config import load_model
-    from backends.mindspore.shapes import check_window_coverage, plan_shapes
+    from backends.mindspore.modeldir.config import load_model
+    from backends.mindspore.planning.shapes import check_window_coverage, plan_shapes
 
     spec = load_model(tiny_model_dir)
     base = EngineConfig(max_seq_len=64, max_batch_size=4, max_prefill_batch=1, max_iter_times=32, block_size=16)
@@ -345,7 +346,7 @@ def test_validate_config_checks_the_model_directory(tmp_path, tiny_model_dir, br
 
 
 def test_window_coverage_uses_the_models_max_position_embeddings(tmp_path, tiny_model_dir):
-    from backends.mindspore.config import load_model
+    from backends.mindspore.modeldir.config import load_model
 
     max_pos = load_model(tiny_model_dir).max_position_embeddings
     config = cli_config(tiny_model_dir)

@@ -87,16 +87,30 @@ def test_stream_and_details_flags(body: dict[str, Any], stream: bool, details: b
 
 
 @pytest.mark.parametrize("parameters, fragments", [
-    ({"best_of": 2}, ["parameters.best_of", "2"]),
-    ({"best_of": True}, ["parameters.best_of", "true"]),
-    ({"top_n_tokens": 5}, ["parameters.top_n_tokens", "5"]),
-    ({"frequency_penalty": 0.5}, ["parameters.frequency_penalty", "0.5"]),
     ({"stop": ["x" * 1024] * 32 + ["y"]}, ["parameters.stop", "32768", "32769"]),
 ])
 def test_cross_field_rules_name_field_and_value(parameters: dict[str, Any], fragments: list[str]) -> None:
     with pytest.raises(ValidationError) as caught:
         _parse(parameters)
     assert all(f in str(caught.value) for f in fragments), str(caught.value)
+
+
+@pytest.mark.parametrize("parameters, fragments", [
+    ({"best_of": 2}, ["parameters.best_of", "2"]),
+    ({"best_of": True}, ["parameters.best_of", "true"]),
+    ({"top_n_tokens": 5}, ["parameters.top_n_tokens", "5"]),
+    ({"top_n_tokens": False}, ["parameters.top_n_tokens", "false"]),
+    ({"frequency_penalty": 0.5}, ["parameters.frequency_penalty", "0.5"]),
+])
+def test_client_keys_take_only_their_neutral_values_by_the_schema(schemas, parameters: dict[str, Any],
+                                                                  fragments: list[str]) -> None:
+    """The HuggingFace client's keys (best_of, top_n_tokens, frequency_penalty): the schema's enums are their
+    one rule, checked before the dialect parses."""
+    with pytest.raises(ValidationError) as caught:
+        schemas.validate("generate_request", {"inputs": PROMPT, "parameters": parameters})
+    assert all(f in str(caught.value) for f in fragments), str(caught.value)
+    neutral = {key: 1 if key == "best_of" else 0.0 for key in parameters}
+    schemas.validate("generate_request", {"inputs": PROMPT, "parameters": neutral})
 
 
 def test_stop_total_at_limit_is_accepted() -> None:
@@ -245,7 +259,7 @@ def test_stream_renderer_return_full_text_and_no_details() -> None:
     (errors.MethodNotAllowed("x"), 405, "Method Not Allowed"),
     (errors.PayloadTooLarge("x"), 413, "Payload Too Large"),
     (errors.ValidationError("x"), 422, "Input Validation Error"),
-    (errors.GenerationFailed("x"), 424, "Generation Error"),
+    (errors.FailedDependency("x"), 424, "Generation Error"),
     (errors.TooManyRequests("x"), 429, "Too Many Requests"),
     (errors.IncompleteGeneration("x"), 500, "Incomplete Generation"),
     (errors.ServiceUnavailable("x"), 503, "Service Unavailable"),

@@ -35,7 +35,7 @@ def engine_fixture(checkpoint_fixture: str):
     ``checkpoint_fixture`` gives."""
     @pytest.fixture(scope="module", name="engine", params=["stock", "aot"])
     def engine(request):
-        from backends.mindspore.engine import Engine
+        from backends.mindspore.engine.engine import Engine
         from backends.settings import EngineConfig
 
         config = EngineConfig(max_seq_len=256, max_input_tokens=200, max_batch_size=4, max_iter_times=64,

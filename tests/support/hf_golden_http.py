@@ -35,7 +35,7 @@ def served_fixtures(checkpoint_fixture: str, model_name: str, arch: str):
 
     @pytest.fixture(scope="module", name="url")
     def url(live_servers, served):
-        from backends.mindspore.engine import Engine
+        from backends.mindspore.engine.engine import Engine
         from backends.settings import EngineConfig
 
         config = EngineConfig(max_seq_len=256, max_input_tokens=200, max_batch_size=4, max_iter_times=64,
@@ -76,7 +76,7 @@ def check_concurrent_requests_each_give_their_golden_ids(url, golden):
 
 def check_openai_completions_gives_the_golden_text(url, golden, served):
     """/v1/completions: the golden prompt as text in, the golden ids' text out (what the tokenizer decodes)."""
-    from backends.mindspore.tokenizer import Tokenizer
+    from backends.mindspore.modeldir.tokenizer import Tokenizer
     from service.validation import default_schemas
 
     want = golden["prompts"]["capital"]

@@ -61,7 +61,7 @@ def _out(*shape) -> np.ndarray:
 
 
 def _qweight(fmt: str, n: int, k: int, rng) -> np.ndarray:
-    from backends.mindspore.quant import quantize  # the gguf package's for the 32-blocks, its own for the K-quants
+    from backends.mindspore.modeldir.quant import quantize  # gguf's for the 32-blocks, its own for the K-quants
     from tests.support.qpack_ref import pack_qweight  # NumPy: making the cases needs no library
 
     w = _f32(rng, n, k, scale=0.05)
@@ -72,7 +72,7 @@ def _qweight(fmt: str, n: int, k: int, rng) -> np.ndarray:
 def _qstack(fmts: tuple[str, ...], rows: tuple[int, ...], k: int, rng) -> np.ndarray:
     """A segmented weight (kernels.prepare_qstack): parts of the given formats and rows stacked along the outputs."""
     from backends.mindspore.kernels import prepare_qstack
-    from backends.mindspore.quant import quantize
+    from backends.mindspore.modeldir.quant import quantize
 
     parts = []
     for fmt, n in zip(fmts, rows):
@@ -99,7 +99,7 @@ def _x(rng, m: int, k: int) -> np.ndarray:
 
 def _attention_inputs(rng, n: int, h: int, kv: int, d: int, bs: int, nb: int, bias: bool) -> dict:
     """One packed step of two sequences (table rows 0 and 1), and the cache rows each token writes."""
-    from backends.mindspore.model import rope_tables
+    from backends.mindspore.network.common import rope_tables
 
     num_blocks = 2 * nb + 3
     width, slots = (h + 2 * kv) * d, num_blocks * bs
@@ -259,7 +259,7 @@ def cases(seed: int = 0) -> list[Case]:
 def _load_cases(rng) -> list[Case]:
     """pack.cc: random GGUF blocks of every format (odd N: a narrow last group of columns) packed and dequantized."""
     from backends.mindspore.kernels import kernel_constants
-    from backends.mindspore.quant import FORMATS
+    from backends.mindspore.modeldir.quant import FORMATS
     from tests.support.qpack_ref import random_blocks
 
     out = []

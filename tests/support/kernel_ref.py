@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from backends.mindspore.quant import QuantWeight, unpack
+from backends.mindspore.modeldir.quant import QuantWeight, unpack
 from tests.support import kv_ref
 
 F32 = np.float32

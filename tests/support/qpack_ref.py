@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from backends.mindspore.kernels import kernel_constants
-from backends.mindspore.quant import BLOCK, BLOCK_BYTES, BLOCK_SIZE, QuantWeight, unpack
+from backends.mindspore.modeldir.quant import BLOCK, BLOCK_BYTES, BLOCK_SIZE, QuantWeight, unpack
 
 # Byte offsets of each format's fp16 fields in its GGUF block (quant.py's docstring).
 HALF_FIELDS = {"q8_0": (0,), "q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q4_k": (0, 2),

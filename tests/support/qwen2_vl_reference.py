@@ -16,26 +16,26 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import mindspore as ms
 
 from backends.chat_template import render_chat_template
-from backends.mindspore.kv_cache import block_table, token_slots
-from backends.mindspore.device import set_device
+from backends.mindspore.engine.kv_cache import block_table, token_slots
+from backends.mindspore.planning.device import set_device
 from backends.mindspore.runners.packed import packed_inputs
-from backends.mindspore.qwen2_vl.config import VISION_BUCKETS, load_vl_spec, processor_chat_template
-from backends.mindspore.qwen2_vl.positions import (WindowLayout, frame_ids, rope_index, segment_mask, vision_cos_sin,
-                                                   window_ids, window_layout)
-from backends.mindspore.qwen2_vl.preprocess import MediaError, Patches, expand_media_tokens
-from backends.mindspore.qwen2_vl.text import AotQwen2VLText, StockQwen2VLText
-from backends.mindspore.qwen2_vl.vision import VisionTower
-from backends.mindspore.qwen2_vl.weights import load_vl_weights
-from backends.mindspore.runners import KERNEL_ALIASES, _aot_ops  # the text models' AOT kernel build (and its fit check)
+from backends.mindspore.families.qwen2_vl.config import VISION_BUCKETS, load_vl_spec, processor_chat_template
+from backends.mindspore.families.qwen2_vl.positions import (WindowLayout, frame_ids, rope_index, segment_mask,
+                                                            vision_cos_sin, window_ids, window_layout)
+from backends.mindspore.families.qwen2_vl.preprocess import MediaError, Patches, expand_media_tokens
+from backends.mindspore.families.qwen2_vl.text import AotQwen2VLText, StockQwen2VLText
+from backends.mindspore.families.qwen2_vl.vision import VisionTower
+from backends.mindspore.families.qwen2_vl.weights import load_vl_weights
+from backends.mindspore.runners import _aot_ops  # the text models' AOT kernel build (and its fit check)
 from backends.mindspore.runners.split import window_inputs
-from backends.mindspore.tokenizer import Tokenizer
+from backends.mindspore.modeldir.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +70,6 @@ class Qwen2VL:
                  prefill_chunk: int = 64, window: int = 256,
                  vision_buckets: Sequence[int] = VISION_BUCKETS, threads: int | None = None,
                  kernels: str = "stock") -> None:
-        kernels = KERNEL_ALIASES.get(kernels, kernels)
         if kernels not in ("stock", "aot"):
             raise ValueError(f"kernels must be 'stock' or 'aot', got {kernels!r}")
         if window % block_size or window > (num_blocks - 1) * block_size:
@@ -90,8 +89,9 @@ class Qwen2VL:
         self.aot = _aot_ops(spec.text) if kernels == "aot" else None
         if kernels == "aot" and self.aot is None:
             raise RuntimeError("kernels 'aot' asked for, but the AOT kernels could not be built (see the log)")
-        self.text = (AotQwen2VLText(spec, weights, num_blocks, block_size, self.max_positions, self.aot)
-                     if self.aot is not None else StockQwen2VLText(spec, weights, num_blocks, block_size,
+        model = replace(spec.text, vision=spec)  # the networks take the model's spec (its vision part set)
+        self.text = (AotQwen2VLText(model, weights, num_blocks, block_size, self.max_positions, self.aot)
+                     if self.aot is not None else StockQwen2VLText(model, weights, num_blocks, block_size,
                                                                    self.max_positions))
         self.vision.set_train(False)
         self.text.set_train(False)

@@ -5,17 +5,17 @@ from pathlib import Path
 
 import numpy as np
 
-from backends.mindspore.config import load_model
-from backends.mindspore.device import set_mode
+from backends.mindspore.modeldir.config import load_model
+from backends.mindspore.planning.device import set_mode
 from backends.mindspore.runners import DecodeRow, ModelRunner, PrefillChunk, build_runner
-from backends.mindspore.shapes import Shapes
-from backends.mindspore.weights import load_weights
+from backends.mindspore.planning.shapes import Shapes
+from backends.mindspore.modeldir.weights import load_weights
 
 SHAPES = Shapes(block_size=16, prefill_chunk=8, batch_buckets=(1, 4), window_buckets=(32, 64),
                 prefill_batch_buckets=(1, 2))
 
 
-def make_runner(model_dir: Path, num_blocks: int = 24, mode: int = 0, kernels: str = "ms",
+def make_runner(model_dir: Path, num_blocks: int = 24, mode: int = 0, kernels: str = "stock",
                 kernel_isa: str = "auto") -> ModelRunner:
     spec = load_model(model_dir)
     set_mode(mode, "CPU", 2)

@@ -22,9 +22,9 @@ NEW_TOKENS = 24
 
 
 def run(model_dir: Path, threads: int, kernels: str) -> dict[str, np.ndarray]:
-    from backends.mindspore.device import mindspore_threads
-    from backends.mindspore.engine import Engine
-    from backends.mindspore.sequence import SeqState
+    from backends.mindspore.planning.device import mindspore_threads
+    from backends.mindspore.engine.engine import Engine
+    from backends.mindspore.engine.sequence import SeqState
     from backends.settings import EngineConfig
     from backends.types import RequestParams
 

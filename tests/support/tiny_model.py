@@ -230,7 +230,7 @@ def quantized_copy(src: str | Path, out_dir: str | Path, fmt: str, formats: dict
 
     from safetensors.numpy import load_file
 
-    from backends.mindspore.quant import layers_format, quantize
+    from backends.mindspore.modeldir.quant import layers_format, quantize
 
     formats = formats or {}
     src, out = Path(src), Path(out_dir)

@@ -161,7 +161,7 @@ def prepare_qstack(parts) -> np.ndarray:
     segmented weight (qformat.h): uint8 ``[1, L, N]`` with L the least odd length that holds the table
     (magic, count, then per run its format code, columns and the 64-byte-aligned offset of its own
     ``prepare_qweight`` packing) and the runs' packings. Each run keeps its format; the layout is ISA-neutral."""
-    from backends.mindspore.quant import QuantError, stack_segments
+    from backends.mindspore.modeldir.quant import QuantError, stack_segments
 
     runs = stack_segments(parts)
     if len(runs) == 1:

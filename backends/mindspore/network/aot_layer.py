@@ -13,8 +13,8 @@ import numpy as np
 from mindspore import Tensor, nn
 
 from backends.mindspore.network.common import (AotRMSNorm, aot_experts, aot_weight, head_norm_weights, kv_cache_param,
-                                              lora_factors, param)
-from backends.mindspore.spec import ModelSpec
+                                               lora_factors, param)
+from backends.mindspore.modeldir.spec import ModelSpec
 
 
 class AotDecoderLayer(nn.Cell):
@@ -104,7 +104,7 @@ class AotLoraDecoderLayer(AotDecoderLayer):
                  slots: int, rank: int, kv_dtype: str = "float32") -> None:
         super().__init__(spec, w, i, num_slots, block_size, aot, kv_dtype)
         from backends.lora import BaseDims
-        from backends.mindspore.lora_slots import GROUPS, group_segments
+        from backends.mindspore.engine.lora_slots import GROUPS, group_segments
 
         p, dims = f"model.layers.{i}.", BaseDims.of(spec)
         for group in GROUPS:

@@ -1,6 +1,7 @@
-"""The Llama-family network (Llama 2/3, Qwen2, Mistral, SmolLM2) with a paged KV cache, in MindSpore GRAPH
-mode, in two strategies chosen with the runner: ``AotLlama`` on the AOT kernels (``PackedRunner``) and
-``StockLlama`` on stock ops (``SplitRunner``).
+"""The Llama-shaped network (Llama 2/3, Qwen2, Qwen3, Mistral, SmolLM2; with routed experts, Qwen3-MoE) with a
+paged KV cache, in MindSpore GRAPH mode, in two strategies chosen with the runner: ``AotLlama`` on the AOT kernels
+(``PackedRunner``) and ``StockLlama`` on stock ops (``SplitRunner``); ``AotMoeLlama`` / ``StockMoeLlama`` pick the
+expert layers.
 
 One ``construct`` serves prefill chunks and decode steps: tokens are written into the cache first, then
 attend through it, so the graph depends only on the shapes (batch, tokens, and, for the stock-op path, the
@@ -18,9 +19,9 @@ from mindspore import nn, ops
 
 from backends.mindspore.network.aot_layer import AotDecoderLayer, AotLoraDecoderLayer, AotMoeDecoderLayer
 from backends.mindspore.network.common import (DTYPES, AotRMSNorm, RMSNorm, aot_param, aot_weight, param, rope_tables,
-                                              stock_weight)
+                                               stock_weight)
 from backends.mindspore.network.stock_layer import StockDecoderLayer, StockMoeDecoderLayer
-from backends.mindspore.spec import ModelSpec
+from backends.mindspore.modeldir.spec import ModelSpec
 
 
 class _Llama(nn.Cell):
@@ -55,13 +56,16 @@ class AotLlama(_Llama):
         cos, sin = rope_tables(spec.head_dim, max_positions, spec.rope_theta)
         self.cos, self.sin = param(cos, "rope_cos"), param(sin, "rope_sin")
         slots = num_blocks * block_size
-        _refuse_moe_adapters(spec, lora)
-        self.layers = nn.CellList([
-            AotMoeDecoderLayer(spec, w, i, slots, block_size, aot, kv_dtype) if _sparse(spec, i)
-            else AotDecoderLayer(spec, w, i, slots, block_size, aot, kv_dtype) if lora is None
-            else AotLoraDecoderLayer(spec, w, i, slots, block_size, aot, *lora, kv_dtype=kv_dtype)
-            for i in range(spec.num_layers)])
+        self.layers = nn.CellList([self.layer(spec, w, i, slots, block_size, aot, lora, kv_dtype)
+                                   for i in range(spec.num_layers)])
         self.norm = AotRMSNorm(w["model.norm.weight"], spec.rms_norm_eps, "norm", aot)
+
+    @staticmethod
+    def layer(spec: ModelSpec, w: dict, i: int, slots: int, block_size: int, aot, lora, kv_dtype: str) -> nn.Cell:
+        """Decoder layer ``i``: with adapter slots where there are some."""
+        if lora is None:
+            return AotDecoderLayer(spec, w, i, slots, block_size, aot, kv_dtype)
+        return AotLoraDecoderLayer(spec, w, i, slots, block_size, aot, *lora, kv_dtype=kv_dtype)
 
     def lm_head(self) -> nn.Cell:
         return AotLMHead(self.head, self.aot)
@@ -89,10 +93,14 @@ class StockLlama(_Llama):
         self.head = stock_weight([head], "lm_head", dt)  # [D, V]: a separate copy even when tied
         cos, sin = rope_tables(spec.head_dim, max_positions, spec.rope_theta)
         self.cos, self.sin = param(cos, "rope_cos", dt), param(sin, "rope_sin", dt)
-        _refuse_moe_adapters(spec, lora)
-        self.layers = nn.CellList([(StockMoeDecoderLayer if _sparse(spec, i) else StockDecoderLayer)(
-            spec, w, i, num_blocks * block_size, dt, lora) for i in range(spec.num_layers)])
+        self.layers = nn.CellList([self.layer(spec, w, i, num_blocks * block_size, dt, lora)
+                                   for i in range(spec.num_layers)])
         self.norm = RMSNorm(w["model.norm.weight"], spec.rms_norm_eps, "norm", dt)
+
+    @staticmethod
+    def layer(spec: ModelSpec, w: dict, i: int, slots: int, dtype, lora) -> nn.Cell:
+        """Decoder layer ``i`` (adapter deltas inside it where ``lora`` gives slots)."""
+        return StockDecoderLayer(spec, w, i, slots, dtype, lora)
 
     def lm_head(self) -> nn.Cell:
         return StockLMHead(self.head, self.dtype)
@@ -113,15 +121,24 @@ class StockLlama(_Llama):
         return logits, hidden
 
 
-def _sparse(spec: ModelSpec, i: int) -> bool:
-    """Layer i has routed experts (Qwen3-MoE's sparse layers)."""
-    return spec.moe is not None and i in spec.moe.sparse_layers
+class AotMoeLlama(AotLlama):
+    """``AotLlama`` with routed experts (Qwen3-MoE) in the layers ``spec.moe`` names; no adapter slots (its family
+    declares none: refused before this is built)."""
+
+    @staticmethod
+    def layer(spec: ModelSpec, w: dict, i: int, slots: int, block_size: int, aot, lora, kv_dtype: str) -> nn.Cell:
+        if i in spec.moe.sparse_layers:
+            return AotMoeDecoderLayer(spec, w, i, slots, block_size, aot, kv_dtype)
+        return AotDecoderLayer(spec, w, i, slots, block_size, aot, kv_dtype)
 
 
-def _refuse_moe_adapters(spec: ModelSpec, lora) -> None:
-    if spec.moe is not None and lora is not None:
-        raise ValueError(f"{spec.yaml_path}: adapter slots (LoRA) are not supported on a model with routed experts "
-                         f"({spec.arch})")
+class StockMoeLlama(StockLlama):
+    """``StockLlama`` with routed experts in the layers ``spec.moe`` names."""
+
+    @staticmethod
+    def layer(spec: ModelSpec, w: dict, i: int, slots: int, dtype, lora) -> nn.Cell:
+        return (StockMoeDecoderLayer if i in spec.moe.sparse_layers else StockDecoderLayer)(spec, w, i, slots, dtype,
+                                                                                            None)
 
 
 class AotLMHead(nn.Cell):

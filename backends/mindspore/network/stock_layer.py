@@ -8,8 +8,8 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from backends.mindspore.network.common import (RMSNorm, head_norm_weights, lora_factors, param, stock_experts,
-                                              stock_weight, zeros_param)
-from backends.mindspore.spec import ModelSpec
+                                               stock_weight, zeros_param)
+from backends.mindspore.modeldir.spec import ModelSpec
 
 
 class NoDelta(nn.Cell):
@@ -34,7 +34,7 @@ class SlotDelta(nn.Cell):
     def __init__(self, spec: ModelSpec, p: str, group: str, slots: int, rank: int, dtype) -> None:
         super().__init__()
         from backends.lora import BaseDims
-        from backends.mindspore.lora_slots import group_segments
+        from backends.mindspore.engine.lora_slots import group_segments
 
         self.a, self.b = lora_factors(spec, p, group, slots, rank, dtype)
         segs = group_segments(BaseDims.of(spec), group)

@@ -6,14 +6,15 @@ import logging
 
 import numpy as np
 
-from backends.mindspore.kernel_path import KERNEL_ALIASES, KERNELS, fits_aot, stock_expected
-from backends.mindspore.kv_dtype import cache_dtype
+from backends.mindspore.families import family_of
+from backends.mindspore.planning.kernel_path import KERNELS, fits_aot, stock_expected
+from backends.mindspore.planning.kv_dtype import cache_dtype
 from backends.mindspore.runners.base import ModelRunner, write_rows
 from backends.mindspore.runners.packed import PackedRunner
 from backends.mindspore.runners.split import SplitRunner
-from backends.mindspore.shapes import Shapes
-from backends.mindspore.spec import ModelSpec
-from backends.mindspore.step import DecodeRow, PrefillChunk, RowOutput
+from backends.mindspore.planning.shapes import Shapes
+from backends.mindspore.modeldir.spec import ModelSpec
+from backends.mindspore.engine.step import DecodeRow, PrefillChunk, RowOutput
 
 __all__ = ["KERNELS", "choose_kernels", "stock_expected",
            "DecodeRow", "ModelRunner", "PackedRunner", "PrefillChunk", "RowOutput", "SplitRunner",
@@ -48,7 +49,6 @@ def _aot_ops(spec: ModelSpec, kernel_isa: str = "auto"):
 def choose_kernels(spec: ModelSpec, kernels: str = "stock", device: str = "CPU", kernel_isa: str = "auto"):
     """The AOT operators the runner will use (an ``AotOps``), or None for the stock-op path: decided once, before
     the memory budget (the stock path holds float32 weights and every graph's activations)."""
-    kernels = KERNEL_ALIASES.get(kernels, kernels)
     if kernels not in KERNELS:
         raise ValueError(f"kernels must be one of {', '.join(KERNELS)}, got {kernels!r}")
     if device != "CPU":
@@ -64,19 +64,20 @@ def choose_kernels(spec: ModelSpec, kernels: str = "stock", device: str = "CPU",
 
 def build_runner(spec: ModelSpec, weights: dict[str, np.ndarray], shapes: Shapes, num_blocks: int,
                  kernels: str = "stock", device: str = "CPU", lora: tuple[int, int] | None = None,
-                 vl=None, kernel_isa: str = "auto", aot=False, kv_dtype: str = "float32") -> ModelRunner:
+                 kernel_isa: str = "auto", aot=False, kv_dtype: str = "float32") -> ModelRunner:
     """The runner for ``kernels`` (auto|aot|stock) on ``device``: on CPU the AOT kernels where asked and they
     build (float32, the KV cache in ``kv_dtype``: ``kv_dtype.cache_dtype``); elsewhere the stock ops in the yaml's
-    compute_dtype (float32 for a vision-language model, ``vl`` its VLSpec). ``aot``: the operators
+    compute_dtype where the family's stock path computes in it (else float32). ``aot``: the operators
     ``choose_kernels`` already chose (None: stock ops)."""
     if aot is False:
         aot = choose_kernels(spec, kernels, device, kernel_isa)
     kv_dtype = cache_dtype(kv_dtype, stock=aot is None)
     if aot is None:
-        dtype = spec.compute_dtype if device != "CPU" and vl is None else "float32"
-        runner: ModelRunner = SplitRunner(spec, weights, shapes, num_blocks, dtype=dtype, lora=lora, vl=vl)
+        low = device != "CPU" and family_of(spec.arch).capabilities.stock_low_precision
+        runner: ModelRunner = SplitRunner(spec, weights, shapes, num_blocks, dtype=spec.compute_dtype if low
+                                          else "float32", lora=lora)
     else:
-        runner = PackedRunner(spec, weights, shapes, num_blocks, aot, lora=lora, vl=vl, kv_dtype=kv_dtype)
+        runner = PackedRunner(spec, weights, shapes, num_blocks, aot, lora=lora, kv_dtype=kv_dtype)
     variant = f" [variant {runner.kernel_variant['variant']}, {runner.kernel_variant['isa']} vectors]" \
         if runner.kernel_variant else ""
     log.info("kernels: %s%s on %s, %s, KV cache %s", runner.description, variant, device, runner.dtype,

@@ -3,9 +3,9 @@ output per row. Two strategies implement it, chosen once by ``runners.build_runn
 AOT kernels: one packed forward per step, packed.py) and ``SplitRunner`` (stock MindSpore ops: a prefill
 call, then a decode call, split.py). The engine never asks which one it has.
 
-Each strategy builds its network (``network``: ``network/llama.py``'s, or for a vision-language model
-``qwen2_vl/text.py``'s), and the network completes its own graph inputs (``arguments``: adapter slots, or
-media rows and M-RoPE positions), so the runner never asks which network it has.
+Each strategy builds the network its model's family names (``families/``: ``Family.network``), and the network
+completes its own graph inputs (``arguments``: adapter slots, or media rows and M-RoPE positions), so the runner
+never asks which network it has.
 """
 from __future__ import annotations
 
@@ -18,11 +18,13 @@ from typing import ClassVar
 import numpy as np
 import mindspore as ms
 
-from backends.mindspore.device import free_network
-from backends.mindspore.network.common import CacheWarmer, cache_memory
-from backends.mindspore.spec import ModelSpec
-from backends.mindspore.shapes import Shapes
-from backends.mindspore.step import DecodeRow, PrefillChunk, RowOutput, StepBatch
+from backends.mindspore.planning.device import free_network
+from backends.mindspore.families import Family, family_of
+from backends.mindspore.engine.kv_pages import CacheWarmer
+from backends.mindspore.network.common import cache_memory
+from backends.mindspore.modeldir.spec import ModelSpec
+from backends.mindspore.planning.shapes import Shapes
+from backends.mindspore.engine.step import DecodeRow, PrefillChunk, RowOutput, StepBatch
 from backends.settings import EngineConfig
 
 log = logging.getLogger("mindserve.engine")
@@ -41,7 +43,7 @@ class ModelRunner(ABC):
     prefill_first: ClassVar[int]  # the scheduler's prefill-only steps in a row while prompts wait
 
     def __init__(self, spec: ModelSpec, weights: dict[str, np.ndarray], shapes: Shapes, num_blocks: int,
-                 aot=None, dtype: str = "float32", lora: tuple[int, int] | None = None, vl=None,
+                 aot=None, dtype: str = "float32", lora: tuple[int, int] | None = None,
                  kv_dtype: str = "float32") -> None:
         self.spec = spec
         self.shapes = shapes = self.compiled_shapes(shapes)
@@ -51,8 +53,9 @@ class ModelRunner(ABC):
         if spec.num_kv_heads * self.num_slots >= 2**31:
             raise ValueError(f"a KV cache of {num_blocks} blocks x {shapes.block_size} tokens x {spec.num_kv_heads} "
                              "kv heads has more rows than int32 indices address; lower cacheBlockNum")
-        # The network of this strategy: the Llama family's, or a vision-language model's (``vl`` its VLSpec).
-        self.net = self.network(spec, weights, num_blocks, aot, dtype, lora, vl)
+        family = family_of(spec.arch)  # adapter slots only where the family has them (refused before, in preflight)
+        assert lora is None or family.capabilities.lora, f"{spec.arch} takes no adapter slots"
+        self.net = self.network(family, spec, weights, num_blocks, aot, dtype, lora)
         self.net.set_train(False)
         self._lora_host: dict[tuple[int, str, str], np.ndarray] = {}  # host copies of the slot arrays
         self._caches = cache_memory(self.net)  # each KV cache and a view of its memory
@@ -71,8 +74,8 @@ class ModelRunner(ABC):
         # Everything of this runner that shapes its graphs (graph_cache.graph_key): the strategy, the compiled
         # shapes, the cache size, dtype, adapter slots, a vision model's spec, the kernel library (its file
         # name hashes its build) and the cache's format.
-        self.graph_parts = [type(self).__name__, repr(shapes), str(self.num_slots), dtype, repr(lora), repr(vl),
-                            library, kv_dtype]
+        self.graph_parts = [type(self).__name__, repr(shapes), str(self.num_slots), dtype, repr(lora),
+                            repr(spec.vision), library, kv_dtype]
 
     # --- what a strategy defines ---
 
@@ -81,9 +84,9 @@ class ModelRunner(ABC):
         return shapes
 
     @abstractmethod
-    def network(self, spec: ModelSpec, weights: dict[str, np.ndarray], num_blocks: int, aot, dtype: str,
-                lora: tuple[int, int] | None, vl):
-        """The network cell this strategy runs (its layer classes chosen here, once)."""
+    def network(self, family: Family, spec: ModelSpec, weights: dict[str, np.ndarray], num_blocks: int, aot,
+                dtype: str, lora: tuple[int, int] | None):
+        """The network cell of ``family`` on this strategy's kernels (its layer classes chosen there, once)."""
 
     @abstractmethod
     def prefill_budget(self, config: EngineConfig) -> int:

@@ -9,11 +9,10 @@ import dataclasses
 
 import numpy as np
 
-from backends.mindspore.kv_cache import block_table, token_slots
-from backends.mindspore.network.llama import AotLlama
+from backends.mindspore.engine.kv_cache import block_table, token_slots
 from backends.mindspore.runners.base import ModelRunner, write_rows
-from backends.mindspore.step import DecodeRow, PrefillChunk, RowOutput, StepBatch
-from backends.mindspore.shapes import Shapes
+from backends.mindspore.engine.step import DecodeRow, PrefillChunk, RowOutput, StepBatch
+from backends.mindspore.planning.shapes import Shapes
 from backends.settings import EngineConfig
 
 PACKED_STEP, PACKED_STEPS = 16, 8  # packed token counts compiled every 16 tokens up to the largest (or 32, 48, ...:
@@ -34,17 +33,10 @@ class PackedRunner(ModelRunner):
     prefill_first = 0  # the decode rows ride along with the prompt chunks: decoding never pauses
     description = "AOT (matmul, paged attention, fused norm/rope/SwiGLU; row-deterministic)"
 
-    def network(self, spec, weights, num_blocks, aot, dtype, lora, vl):
+    def network(self, family, spec, weights, num_blocks, aot, dtype, lora):
         s = self.shapes
-        if vl is not None:
-            from backends.mindspore.qwen2_vl.text import AotQwen2VLText
-
-            return AotQwen2VLText(vl, weights, num_blocks, s.block_size, s.max_window, aot, self.kv_dtype)
-        if spec.gemma3 is not None:
-            from backends.mindspore.network.gemma3 import AotGemma3
-
-            return AotGemma3(spec, weights, num_blocks, s.block_size, s.max_window, aot, lora, self.kv_dtype)
-        return AotLlama(spec, weights, num_blocks, s.block_size, s.max_window, aot, lora, self.kv_dtype)
+        return family.network("aot")(spec, weights, num_blocks, s.block_size, s.max_window, aot, lora=lora,
+                                     kv_dtype=self.kv_dtype)
 
     def compiled_shapes(self, shapes: Shapes) -> Shapes:
         """One window (the largest); graphs per packed token count: the decode batch buckets, the prompt chunk,

@@ -8,11 +8,10 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from backends.mindspore.kv_cache import block_table, token_slots
-from backends.mindspore.network.llama import StockLlama
+from backends.mindspore.engine.kv_cache import block_table, token_slots
 from backends.mindspore.runners.base import ModelRunner, write_rows
-from backends.mindspore.scheduler import PREFILL_FIRST
-from backends.mindspore.step import DecodeRow, PrefillChunk, RowOutput, StepBatch
+from backends.mindspore.engine.scheduler import PREFILL_FIRST
+from backends.mindspore.engine.step import DecodeRow, PrefillChunk, RowOutput, StepBatch
 from backends.settings import EngineConfig
 
 _NEG = np.float32(-1e9)
@@ -41,17 +40,9 @@ class SplitRunner(ModelRunner):
     prefill_first = PREFILL_FIRST
     description = "stock MindSpore ops (MatMul, windowed attention)"
 
-    def network(self, spec, weights, num_blocks, aot, dtype, lora, vl):
+    def network(self, family, spec, weights, num_blocks, aot, dtype, lora):
         s = self.shapes
-        if vl is not None:
-            from backends.mindspore.qwen2_vl.text import StockQwen2VLText
-
-            return StockQwen2VLText(vl, weights, num_blocks, s.block_size, s.max_window)
-        if spec.gemma3 is not None:
-            from backends.mindspore.network.gemma3 import StockGemma3
-
-            return StockGemma3(spec, weights, num_blocks, s.block_size, s.max_window, dtype, lora)
-        return StockLlama(spec, weights, num_blocks, s.block_size, s.max_window, dtype, lora)
+        return family.network("stock")(spec, weights, num_blocks, s.block_size, s.max_window, dtype=dtype, lora=lora)
 
     def prefill_budget(self, config: EngineConfig) -> int:
         return max(config.max_prefill_tokens, self.shapes.prefill_chunk)

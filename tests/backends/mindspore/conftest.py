@@ -8,7 +8,7 @@ import pytest
 @pytest.fixture
 def logits_log(monkeypatch):
     """The logits each request's chooser was given, position by position: {request id: [V] arrays}."""
-    from backends.mindspore.sequence import SeqState
+    from backends.mindspore.engine.sequence import SeqState
 
     seen: dict[str, list[np.ndarray]] = {}
     plain = SeqState.advance

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from backends.mindspore.engine import Engine
+from backends.mindspore.engine.engine import Engine
 from backends.settings import EngineConfig
 from backends.types import GenerationResult, RequestParams
 

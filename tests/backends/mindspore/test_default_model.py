@@ -32,8 +32,8 @@ def test_the_default_kv_cache_dtype_keeps_float32s_greedy_ids(default_engine, de
     """kvCacheDtype auto (a server config's default) is the fastest format whose greedy ids on the golden prompts
     match float32's (docs/performance.md, "The KV cache dtype"); the Python API's engine keeps float32, and its
     ids on the golden prompt are the golden's (from the NumPy reference)."""
-    from backends.mindspore.engine import Engine
-    from backends.mindspore.kv_dtype import DEFAULT
+    from backends.mindspore.engine.engine import Engine
+    from backends.mindspore.planning.kv_dtype import DEFAULT
 
     assert default_engine.runner.kv_dtype == "float32"
     prompts = [GOLDEN["prompt"], "The capital of France is", "def fibonacci(n):"]

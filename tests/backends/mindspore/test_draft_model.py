@@ -11,10 +11,10 @@ from dataclasses import replace
 
 import pytest
 
-from backends.mindspore.draft_model import KEY, DraftModelError, check_draft_spec
-from backends.mindspore.engine import Engine
-from backends.mindspore.memory import Available, Footprint, plan_cache
-from backends.mindspore.speculative import DraftCache
+from backends.mindspore.engine.draft_model import KEY, DraftModelError, check_draft_spec
+from backends.mindspore.engine.engine import Engine
+from backends.mindspore.planning.memory import Available, Footprint, plan_cache
+from backends.mindspore.engine.speculative import DraftCache
 from backends.settings import EngineConfig, SpeculationSettings
 from backends.types import GenerationResult, Grammar, RequestParams
 from tests.support.tiny_model import make_tiny_model
@@ -102,7 +102,7 @@ def test_no_graph_compiles_after_warmup(engine):
 def test_the_budget_counts_the_draft_model(tiny_model_dir):
     """On a budget that binds, a draft model of the target's own size halves the cache blocks at least (each block
     holds both models' K/V) and its weights count."""
-    from backends.mindspore.config import load_model
+    from backends.mindspore.modeldir.config import load_model
 
     spec = load_model(tiny_model_dir)
     alone = Footprint.of(spec, kv_dtype="float16")
@@ -114,7 +114,7 @@ def test_the_budget_counts_the_draft_model(tiny_model_dir):
 
 
 def test_a_draft_model_of_another_tokenizer_stops_start_up(tiny_model_dir, tmp_path):
-    from backends.mindspore.preflight import SPECULATION, PreflightError, check_model
+    from backends.mindspore.planning.preflight import SPECULATION, PreflightError, check_model
 
     other = make_tiny_model(tmp_path / "other_vocab", seed=2, vocab=320)
     config = replace(CONFIG, speculation=replace(DRAFTING, draft_model=other))
@@ -148,19 +148,20 @@ def test_drafting_needs_no_draft_model_for_prompt_lookup(tiny_model_dir):
 def test_a_draft_model_must_reach_the_window_and_be_a_text_model(tmp_path):
     from types import SimpleNamespace
 
-    short = SimpleNamespace(vision=None, max_position_embeddings=64, model_dir=tmp_path)
+    short = SimpleNamespace(arch="LlamaForCausalLM", max_position_embeddings=64, model_dir=tmp_path)
     with pytest.raises(DraftModelError, match="max_position_embeddings 64 is below the served sequence length 128"):
         check_draft_spec(short, 128)
     check_draft_spec(short, 64)
     with pytest.raises(DraftModelError, match="a vision-language model cannot be a draft model"):
-        check_draft_spec(SimpleNamespace(vision=object(), max_position_embeddings=4096, model_dir=tmp_path), 128)
+        check_draft_spec(SimpleNamespace(arch="Qwen2VLForConditionalGeneration", max_position_embeddings=4096,
+                                         model_dir=tmp_path), 128)
 
 
 def test_lora_rows_with_a_draft_model_keep_their_adapters_output(tiny_model_dir, tmp_path):
     """The draft model has no adapter: it drafts the base model's guess for an adapter row, and the verify row
     runs with the adapter, so the output is the adapter's plain run (alone and beside a base row)."""
     from backends.lora import BaseDims
-    from backends.mindspore.config import load_model
+    from backends.mindspore.modeldir.config import load_model
     from backends.settings import LoraModuleConfig, LoraSettings
     from tests.support.lora_adapters import make_adapter
 

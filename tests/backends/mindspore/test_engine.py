@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from backends.errors import InputRejected
-from backends.mindspore.config import ConfigError
-from backends.mindspore.engine import Engine
+from backends.mindspore.modeldir.config import ConfigError
+from backends.mindspore.engine.engine import Engine
 from backends.settings import EngineConfig
 from backends.types import FinishReason, GenerationResult, RequestParams, TokenEvent
 from tests.support.reference_numpy import RefModel
@@ -156,7 +156,7 @@ def tiny_engine_ms(tiny_model_dir):
     """The stock-op path (no AOT kernels): separate prefill and decode calls, prompts-first scheduling."""
     from dataclasses import replace
 
-    with Engine(tiny_model_dir, replace(TINY, kernels="ms", max_prefill_batch=2)) as engine:
+    with Engine(tiny_model_dir, replace(TINY, kernels="stock", max_prefill_batch=2)) as engine:
         assert engine.runner.kernels == "stock"
         yield engine
 
@@ -198,7 +198,7 @@ def ascend_copy(model_dir: Path, to: Path) -> Path:
 def test_a_device_target_without_its_runtime_fails_with_one_line_naming_the_yaml_key(tiny_model_dir, tmp_path,
                                                                                       monkeypatch):
     """No silent fallback to CPU: the yaml's device_target is what MindSpore runs on, or start-up stops."""
-    import backends.mindspore.engine_parts as engine_module  # where the engine's parts are loaded
+    import backends.mindspore.engine.engine_parts as engine_module  # where the engine's parts are loaded
 
     model = ascend_copy(tiny_model_dir, tmp_path / "model")
     monkeypatch.setattr(engine_module, "load_weights", lambda *a: pytest.fail("weights loaded before the device check"))

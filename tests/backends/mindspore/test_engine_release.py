@@ -23,7 +23,7 @@ def rss_mib() -> float:
 
 def load_and_close(model_dir: Path) -> tuple[float, float]:
     """RSS (MiB) with the engine loaded and warmed up, and after it is closed and dropped."""
-    from backends.mindspore.engine import Engine
+    from backends.mindspore.engine.engine import Engine
 
     engine = Engine(model_dir, CONFIG, model_name="m").start()
     loaded = rss_mib()

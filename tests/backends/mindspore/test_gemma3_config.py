@@ -1,4 +1,4 @@
-"""Gemma 3's predict-yaml keys (backends/mindspore/gemma3_config.py): what the tiny checkpoint's yaml gives, the
+"""Gemma 3's predict-yaml keys (backends/mindspore/families/gemma3.py): what the tiny checkpoint's yaml gives, the
 older sliding_window_pattern, and each refusal naming its key (soft-capping, another activation or rope scaling, a
 layer_types list that does not fit)."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from backends.mindspore.config import load_model
-from backends.mindspore.yaml_tree import ConfigError
+from backends.mindspore.modeldir.config import load_model
+from backends.mindspore.modeldir.yaml_tree import ConfigError
 from tests.support.make_tiny_gemma3 import make_tiny_gemma3
 
 
@@ -65,18 +65,6 @@ def test_what_is_not_implemented_is_refused_naming_the_key(model_dir, tmp_path, 
     assert "predict.yaml" in str(err.value)
 
 
-@pytest.mark.parametrize("kernels", ["stock", pytest.param("aot", marks=pytest.mark.slow)])  # aot: builds the C++
-def test_adapter_slots_are_refused(model_dir, kernels):
-    """LoRA is not implemented for Gemma 3: a network with adapter slots is refused when it is built, saying so."""
-    from backends.mindspore.runners import build_runner
-    from backends.mindspore.weights import WeightsError, load_weights
-    from tests.support.runner import SHAPES
-
-    spec = load_model(model_dir)
-    with pytest.raises(WeightsError, match="adapter slots \\(LoRA\\) are not implemented for Gemma 3"):
-        build_runner(spec, load_weights(spec.checkpoint, spec.checkpoint_format), SHAPES, 8, kernels, lora=(2, 4))
-
-
 def test_the_shipped_gemma3_1b_yaml_loads():
     from tests.support.paths import REPO
 
@@ -87,3 +75,13 @@ def test_the_shipped_gemma3_1b_yaml_loads():
     assert spec.gemma3.sliding_layers == tuple((i + 1) % 6 != 0 for i in range(26))
     assert spec.gemma3.sliding_window == 512 and spec.gemma3.attn_scale == 256 ** -0.5
     assert spec.gemma3.rope_scaling_factor == 1.0 and spec.eos_token_ids == (1, 106) and spec.tie_word_embeddings
+
+
+def test_adapters_are_refused_by_the_family_rule(model_dir):
+    """LoRA is not implemented for Gemma 3: its family declares no adapter slots, so the engine's adapters refuse
+    (tests/backends/mindspore/test_families.py: before the weights are read)."""
+    from backends.mindspore.engine.adapters import EngineAdapters
+    from backends.settings import LoraSettings
+
+    with pytest.raises(ValueError, match=r"LoRA adapters are not supported for Gemma 3 \(Gemma3ForCausalLM\)"):
+        EngineAdapters(load_model(model_dir), LoraSettings(runtime_updates=True))

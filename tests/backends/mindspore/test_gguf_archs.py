@@ -13,10 +13,10 @@ import pytest
 import yaml
 from safetensors.numpy import load_file
 
-from backends.mindspore.config import load_model
-from backends.mindspore.gguf_archs import UnsupportedGguf
-from backends.mindspore.gguf_convert import convert_gguf
-from backends.mindspore.tokenizer import Tokenizer
+from backends.mindspore.modeldir.config import load_model
+from backends.mindspore.modeldir.gguf_archs import UnsupportedGguf
+from backends.mindspore.modeldir.gguf_convert import convert_gguf
+from backends.mindspore.modeldir.tokenizer import Tokenizer
 from tests.support.gguf_rows import TINY_TOKENS
 from tests.support.hf_to_gguf import write_gguf
 from tests.support.make_tiny_qwen3 import make_tiny_qwen3
@@ -94,7 +94,7 @@ def test_another_architecture_is_refused_by_name_with_the_supported_list(tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kernels", ["aot", "ms"])
+@pytest.mark.parametrize("kernels", ["aot", "stock"])
 def test_the_converted_qwen3_generates_as_its_safetensors_source(sources, converted, kernels):
     """fp32 conversion: the same greedy ids and the same logits as the safetensors path (and so HF's goldens)."""
     from tests.support.runner import greedy, make_runner

@@ -14,9 +14,9 @@ import yaml
 from gguf.quants import dequantize
 from safetensors import safe_open
 
-from backends.mindspore.default_model import MODEL_NAME, ensure_default_model
-from backends.mindspore.gguf_convert import convert_gguf
-from backends.mindspore.tokenizer import Tokenizer
+from backends.mindspore.modeldir.default_model import MODEL_NAME, ensure_default_model
+from backends.mindspore.modeldir.gguf_convert import convert_gguf
+from backends.mindspore.modeldir.tokenizer import Tokenizer
 from tests.support.gguf_rows import TINY_TOKENS, hf_to_gguf_rows
 
 PROMPT_IDS = [5965, 1462, 314, 11256, 380, 1153, 284, 339]  # "My name is Olivier and I"

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from backends.mindspore.config import load_model
-from backends.mindspore.gguf_convert import convert_gguf
+from backends.mindspore.modeldir.config import load_model
+from backends.mindspore.modeldir.gguf_convert import convert_gguf
 from tests.support.hf_to_gguf import write_gguf
 from tests.support.make_tiny_gemma3 import make_tiny_gemma3
 from tests.support.paths import GOLDEN_DIR
@@ -64,7 +64,7 @@ def test_the_converted_spec_is_the_sources(source, converted):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kernels", ["aot", "ms"])
+@pytest.mark.parametrize("kernels", ["aot", "stock"])
 def test_the_converted_gemma3_generates_as_its_safetensors_source(source, converted, kernels):
     """fp32 conversion: the same greedy ids and the same logits as the safetensors path."""
     from tests.support.runner import greedy, make_runner

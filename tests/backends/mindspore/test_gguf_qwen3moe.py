@@ -15,8 +15,8 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file
 
-from backends.mindspore.config import load_model
-from backends.mindspore.gguf_convert import convert_gguf
+from backends.mindspore.modeldir.config import load_model
+from backends.mindspore.modeldir.gguf_convert import convert_gguf
 from tests.support import act_quant_ref
 from tests.support.hf_to_gguf import write_gguf
 from tests.support.make_tiny_qwen3_moe import make_tiny_qwen3_moe
@@ -80,7 +80,7 @@ def _golden() -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kernels", ["aot", "ms"])
+@pytest.mark.parametrize("kernels", ["aot", "stock"])
 def test_the_converted_model_generates_as_its_source_and_hf(source, converted, kernels):
     from tests.support.runner import greedy, make_runner
 

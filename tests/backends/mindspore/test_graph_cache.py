@@ -1,4 +1,5 @@
-"""The graph cache's directory key (backends/mindspore/graph_cache.py): the same inputs give the same key, and a
+"""The graph cache's directory key (backends/mindspore/planning/graph_cache.py): the same inputs give the same key,
+and a
 change to any of them (a part, a model file, the weights' layout) gives another, so a graph is never loaded for a
 network it was not compiled from."""
 from __future__ import annotations
@@ -6,7 +7,7 @@ from __future__ import annotations
 import json
 import struct
 
-from backends.mindspore.graph_cache import graph_key
+from backends.mindspore.planning.graph_cache import graph_key
 
 
 def _model(tmp_path, weights_dtype: str = "F32"):

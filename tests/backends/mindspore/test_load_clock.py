@@ -7,8 +7,8 @@ import logging
 import numpy as np
 import pytest
 
-from backends.mindspore import load_clock
-from backends.mindspore.load_clock import LoadClock, phase, timed
+from backends.mindspore.planning import load_clock
+from backends.mindspore.planning.load_clock import LoadClock, phase, timed
 
 
 class _Time:

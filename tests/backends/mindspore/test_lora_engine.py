@@ -13,7 +13,7 @@ import pytest
 
 from backends.errors import ParameterRejected
 from backends.lora import BaseDims
-from backends.mindspore.config import load_model
+from backends.mindspore.modeldir.config import load_model
 from backends.mindspore.runners import PrefillChunk
 from backends.types import RequestParams
 from tests.conftest import LORA_ADAPTERS
@@ -168,13 +168,13 @@ def test_runtime_load_refuses_a_rank_over_the_slots(lora_engine, tmp_path, defau
 
 # --- both kernel paths on a tiny model ---------------------------------------------------------------
 
-@pytest.mark.parametrize("kernels", ["aot", "ms"])
+@pytest.mark.parametrize("kernels", ["aot", "stock"])
 def test_tiny_model_adapter_logits_on_both_kernel_paths(tiny_model_dir, tmp_path_factory, kernels):
-    from backends.mindspore.lora_slots import LoraSlots
+    from backends.mindspore.engine.lora_slots import LoraSlots
     from backends.lora import load_adapter
     from backends.mindspore.runners import build_runner
-    from backends.mindspore.weights import load_weights
-    from backends.mindspore.device import set_mode
+    from backends.mindspore.modeldir.weights import load_weights
+    from backends.mindspore.planning.device import set_mode
     from tests.support.runner import SHAPES, prompt
 
     if kernels == "aot" and shutil.which("g++") is None:

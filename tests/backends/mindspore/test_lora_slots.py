@@ -1,4 +1,4 @@
-"""Adapter slots (backends/mindspore/lora_slots.py) and the scheduler's maxLoras rule: pure logic, no model.
+"""Adapter slots (backends/mindspore/engine/lora_slots.py) and the scheduler's maxLoras rule: pure logic, no model.
 
 The slot packing is checked against a NumPy delta written here: for every row, x @ (scale * B @ A).T per
 projection equals what the kernels compute from the packed a/b (x @ a[s]) @ b[s] on that projection's columns.
@@ -12,10 +12,10 @@ import pytest
 
 from backends.errors import ParameterRejected
 from backends.lora import BaseDims, LoraAdapter, LoraModule
-from backends.mindspore.kv_cache import BlockAllocator
-from backends.mindspore.lora_slots import GROUPS, LoraSlots, adapter_fits, group_segments, pack_slot
-from backends.mindspore.scheduler import Scheduler
-from backends.mindspore.sequence import SeqState
+from backends.mindspore.engine.kv_cache import BlockAllocator
+from backends.mindspore.engine.lora_slots import GROUPS, LoraSlots, adapter_fits, group_segments, pack_slot
+from backends.mindspore.engine.scheduler import Scheduler
+from backends.mindspore.engine.sequence import SeqState
 
 DIMS = BaseDims(num_layers=2, hidden=12, q_out=12, kv_out=4, intermediate=20)
 
@@ -172,7 +172,7 @@ def test_a_held_back_request_is_not_starved():
 
 
 def test_slot_bytes_count_every_group_twice_in_float32():
-    from backends.mindspore.lora_slots import slot_bytes
+    from backends.mindspore.engine.lora_slots import slot_bytes
 
     h, q, kv, f = DIMS.hidden, DIMS.q_out, DIMS.kv_out, DIMS.intermediate
     rank, slots = 4, 3

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from backends.mindspore.memory import (GIB, LOAD_COPIES, MARGIN, RUNTIME_RESERVE, Available, CachePlan, Footprint,
-                                       StockGraphs,
-                                       MemoryBudgetError, available_memory, plan_cache, weights_bytes)
+from backends.mindspore.planning.memory import (GIB, LOAD_COPIES, MARGIN, RUNTIME_RESERVE, Available, CachePlan,
+                                                Footprint, StockGraphs, MemoryBudgetError, available_memory, plan_cache,
+                                                weights_bytes)
 from backends.settings import EngineConfig
 
 # SmolLM2-135M: 30 layers, 3 kv heads, head_dim 64, float32 cache -> 2 * 30 * 3 * 64 * 4 bytes per token.
@@ -158,7 +158,7 @@ def test_quantized_weights_count_as_blocks_on_the_aot_path_and_as_float32_on_the
 
     from safetensors.numpy import save_file
 
-    from backends.mindspore.quant import QUANT_KEY
+    from backends.mindspore.modeldir.quant import QUANT_KEY
 
     # a q4_1 [8, 64] matrix (2 blocks of 20 bytes per row), a quantized embedding [10, 32] (1 block), a float bias
     tensors = {"model.layers.0.mlp.down_proj.weight": np.zeros((8, 40), np.uint8),
@@ -188,7 +188,7 @@ def test_the_stock_graph_estimate_covers_what_was_measured():
     for (batch, tokens, window), mib in MEASURED_SMOL.items():
         estimate = SMOL_GRAPHS.graph_bytes(batch, tokens, window) / (1 << 20)
         assert 0.8 * mib <= estimate <= 1.8 * mib, (batch, tokens, window, mib, estimate)
-    from backends.mindspore.shapes import plan_shapes
+    from backends.mindspore.planning.shapes import plan_shapes
 
     total = SMOL_GRAPHS.total(plan_shapes(SERVED, 8192))
     assert sum(MEASURED_SMOL.values()) << 20 <= total <= 1.2 * (sum(MEASURED_SMOL.values()) << 20)
@@ -203,7 +203,7 @@ def test_the_stock_path_caps_the_prefill_batch_so_a_large_model_fits_instead_of_
     assert plan.prefill_capped and plan.max_prefill_batch == 1 and 1 <= plan.max_batch_size < 16
     applied = plan.apply(SERVED)
     assert applied.max_prefill_batch == 1 and applied.max_batch_size == plan.max_batch_size
-    from backends.mindspore.shapes import plan_shapes
+    from backends.mindspore.planning.shapes import plan_shapes
 
     graphs = BIG_GRAPHS.total(plan_shapes(applied, 8192))
     peak = max(2 * model.weights_bytes, model.weights_bytes + graphs) + RUNTIME_RESERVE + plan.cache_bytes
@@ -213,7 +213,7 @@ def test_the_stock_path_caps_the_prefill_batch_so_a_large_model_fits_instead_of_
 
 
 def _shapes(config: EngineConfig):
-    from backends.mindspore.shapes import plan_shapes
+    from backends.mindspore.planning.shapes import plan_shapes
 
     return plan_shapes(config, 8192)
 
@@ -245,7 +245,7 @@ def _big_checkpoint(tmp_path: Path) -> SimpleNamespace:
     import json
     import struct
 
-    from backends.mindspore.quant import QUANT_KEY
+    from backends.mindspore.modeldir.quant import QUANT_KEY
 
     q4_1 = {"self_attn.q_proj": (2048, 2048), "self_attn.k_proj": (2048, 2048), "self_attn.v_proj": (2048, 2048),
             "self_attn.o_proj": (2048, 2048), "mlp.gate_proj": (8192, 2048), "mlp.up_proj": (8192, 2048),

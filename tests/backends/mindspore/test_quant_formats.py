@@ -8,8 +8,8 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize as gguf_dequantize
 
-from backends.mindspore.quant import (BLOCK_BYTES, BLOCK_SIZE, FORMATS, QuantError, QuantWeight, dequantize,
-                                      quantize, stack_segments)
+from backends.mindspore.modeldir.quant import (BLOCK_BYTES, BLOCK_SIZE, FORMATS, QuantError, QuantWeight, dequantize,
+                                               quantize, stack_segments)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -1,11 +1,13 @@
 """The continuous-batching scheduler's plan, step by step (pure logic: no model)."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
-from backends.mindspore.kv_cache import BlockAllocator
-from backends.mindspore.scheduler import Scheduler
-from backends.mindspore.sequence import SeqState
+from backends.mindspore.engine.kv_cache import BlockAllocator
+from backends.mindspore.engine.scheduler import Scheduler
+from backends.mindspore.engine.sequence import SeqState
 
 
 class _Handle:
@@ -205,3 +207,16 @@ def test_by_priority_counts_waiting_and_running():
     run_prefill(sched, sched.plan())  # -1 and 0 admitted and prefilled: running
     assert sched.by_priority() == {-1: {"waiting": 0, "running": 1}, 0: {"waiting": 0, "running": 1},
                                    3: {"waiting": 2, "running": 0}}
+
+
+def test_queue_load_counts_the_prompt_tokens_still_to_compute_and_names_the_adapters():
+    """What a gateway reads (GET /v1/loads, vllm:lora_requests_info): the queued prompts' tokens not yet
+    computed, and the adapters of the running and of the waiting requests."""
+    sched = make(max_batch=1, rows=1)
+    running, queued = seq(20), seq(30)
+    queued.lora = SimpleNamespace(name="fr", slot=0)
+    sched.add(running)
+    sched.add(queued)
+    assert sched.queue_load()["waiting_prompt_tokens"] == 50
+    run_prefill(sched, sched.plan())  # the first runs; the second waits for a batch row
+    assert sched.queue_load() == {"waiting_prompt_tokens": 30, "running_adapters": [], "waiting_adapters": ["fr"]}

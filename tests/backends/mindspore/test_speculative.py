@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from backends.mindspore.speculative import FIRST_PAUSE, PAUSE_WINDOW, Drafter, NgramIndex, Speculator
+from backends.mindspore.engine.speculative import FIRST_PAUSE, PAUSE_WINDOW, Drafter, NgramIndex, Speculator
 from backends.settings import SpeculationSettings
 
 

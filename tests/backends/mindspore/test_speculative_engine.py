@@ -11,7 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from backends.mindspore.engine import Engine
+from backends.mindspore.engine.engine import Engine
 from backends.settings import EngineConfig, SpeculationSettings
 from backends.types import GenerationResult, Grammar, RequestParams, TokenEvent
 from tests.support.golden import EOS_PROMPT, NUMPY_GOLDEN, PROMPT

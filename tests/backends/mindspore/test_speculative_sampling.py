@@ -13,8 +13,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from backends.mindspore.engine import Engine
-from backends.mindspore.sequence import SeqState
+from backends.mindspore.engine.engine import Engine
+from backends.mindspore.engine.sequence import SeqState
 from backends.settings import EngineConfig, SpeculationSettings
 from backends.types import GenerationResult, RequestParams
 from tests.support.chi_square import chi2_sf, homogeneity

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from backends.grammar import GrammarCompiler
-from backends.mindspore import engine_parts
-from backends.mindspore.collector import older_objects_frozen
-from backends.mindspore.preflight import check_model
-from backends.mindspore.tokenizer import Tokenizer
+from backends.mindspore.engine import engine_parts
+from backends.mindspore.engine.collector import older_objects_frozen
+from backends.mindspore.planning.preflight import check_model
+from backends.mindspore.modeldir.tokenizer import Tokenizer
 from backends.settings import EngineConfig
 from backends.types import Grammar
 
@@ -99,21 +99,22 @@ def test_a_freeze_made_by_someone_else_is_left_alone(monkeypatch):
 
 
 def test_the_warm_up_compiles_with_older_objects_frozen(tiny_model_dir):
-    from backends.mindspore.engine import Engine
+    from backends.mindspore.engine.engine import Engine
 
     frozen: list[int] = []
     with Engine(tiny_model_dir, TINY, warmup=False) as engine:
         real = engine.runner.warmup
         engine.runner.warmup = lambda progress: (frozen.append(gc.get_freeze_count()), real(progress))
-        engine_parts.warm_up(engine, progress=False)
+        engine.parts.warm_up(progress=False)
     assert frozen and frozen[0] > 0
     assert gc.get_freeze_count() == 0
 
 
+@pytest.mark.slow  # a fresh process imports MindSpore
 def test_preload_imports_the_engine_modules():
     code = ("import sys; from backends.loader import preload_backend; "
             "assert 'mindspore' not in sys.modules; preload_backend().join(); "
-            "print('backends.mindspore.engine' in sys.modules and 'mindspore' in sys.modules)")
+            "print('backends.mindspore.engine.engine' in sys.modules and 'mindspore' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "True"

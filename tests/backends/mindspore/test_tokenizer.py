@@ -9,12 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from backends.mindspore.tokenizer import (
-    IncrementalDetokenizer,
-    Tokenizer,
-    TokenizerLoadError,
-    from_yaml_tokenizer_section,
-)
+from backends.mindspore.modeldir.tokenizer import (IncrementalDetokenizer, Tokenizer, TokenizerLoadError,
+                                                   from_yaml_tokenizer_section)
 
 OLIVIER_IDS = [5965, 1462, 314, 11256, 380, 1153, 284, 339]
 ROUND_TRIP = ["My name is Olivier and I", "Hello 12345 world", "  def f(x):\n\treturn x**2  ",

@@ -14,16 +14,9 @@ import pytest
 import yaml
 from safetensors.numpy import save_file
 
-from backends.mindspore.config import load_model
-from backends.mindspore.weights import (
-    WeightsError,
-    hf_to_mindformers,
-    load_ckpt,
-    load_safetensors,
-    load_weights,
-    mindformers_to_hf,
-    save_ckpt,
-)
+from backends.mindspore.modeldir.config import load_model
+from backends.mindspore.modeldir.weights import (WeightsError, hf_to_mindformers, load_ckpt, load_safetensors,
+                                                 load_weights, mindformers_to_hf, save_ckpt)
 from tests.support.paths import REPO
 
 # Every HF name pattern and its MindFormers (legacy Llama) name.
@@ -154,14 +147,16 @@ def test_bf16_safetensors_load_as_float32(tmp_path):
 
 
 def test_bf16_safetensors_load_before_mindspore_is_imported(tmp_path):
-    """A fresh process (e.g. a conversion tool) that has not imported MindSpore: plain NumPy has no bfloat16."""
+    """A fresh process (e.g. a conversion tool) that has not imported MindSpore, and does not for this: plain NumPy has
+    no bfloat16, its bits are widened to float32 by hand."""
     _write_bf16_safetensors(tmp_path / "model.safetensors", BF16_WANT)
     script = (
         "import json, sys\n"
         "from pathlib import Path\n"
-        "from backends.mindspore.weights import load_safetensors\n"
+        "from backends.mindspore.modeldir.weights import load_safetensors\n"
         "assert 'mindspore' not in sys.modules\n"
         "w = load_safetensors(Path(sys.argv[1]))\n"
+        "assert 'mindspore' not in sys.modules  # widened in NumPy, not read by MindSpore (seconds of import)\n"
         "print(json.dumps({k: [str(v.dtype), v.tolist()] for k, v in w.items()}))\n"
     )
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "model.safetensors")],
@@ -237,7 +232,7 @@ def _ckpt_variant(src: Path, dst: Path) -> Path:
 
 
 def test_ckpt_model_dir_generates_like_safetensors(tiny_qwen2_dir, tmp_path):
-    from backends.mindspore.engine import Engine
+    from backends.mindspore.engine.engine import Engine
     from backends.settings import EngineConfig
     from backends.types import RequestParams
 

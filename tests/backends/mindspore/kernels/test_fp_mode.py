@@ -14,6 +14,8 @@ import pytest
 from tests.support.kernel_entries import Case, cases
 from tests.support.kernel_variants import HOST_VARIANTS, variant_lib
 
+pytestmark = pytest.mark.slow  # every test builds the kernel library (kernel_cache); CASES imports MindSpore
+
 
 def _mode_calls(lib):
     lib.mindserve_swap_fp_mode.argtypes = [ctypes.c_uint64]

@@ -32,7 +32,7 @@ def _mm(lib, x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 
 def test_the_library_exports_its_constants(lib):
-    from backends.mindspore.quant import BLOCK_SIZE, FORMATS
+    from backends.mindspore.modeldir.quant import BLOCK_SIZE, FORMATS
 
     c = kernel_constants()
     assert c.panel == lib.mindserve_matmul_panel_width()
@@ -233,7 +233,7 @@ def test_qkv_attention_writes_its_cache_parameters_in_place_in_graph_mode(ms_gra
     from mindspore import Parameter, Tensor, nn
 
     from backends.mindspore.kernels import aot_ops
-    from backends.mindspore.model import rope_tables
+    from backends.mindspore.network.common import rope_tables
 
     h, kv, d, bs, num_blocks = 6, 2, 16, 4, 5
     ops_ = aot_ops(h, kv, d, cache_dir)
@@ -459,7 +459,7 @@ def test_swiglu_kernel_matches_numpy(lib, rows, ffn):
 @pytest.mark.parametrize("rows,heads,kv,d",
                          [(1, 9, 3, 64), (6, 4, 4, 32), (3, 28, 4, 128), (2, 3, 1, 40), (4, 2, 2, 6)])
 def test_qkv_rope_kernel_matches_numpy(lib, rows, heads, kv, d):
-    from backends.mindspore.model import rope_tables
+    from backends.mindspore.network.common import rope_tables
 
     rng = np.random.default_rng(rows * heads + d)
     qkv = rng.standard_normal((rows, (heads + 2 * kv) * d)).astype(np.float32)
@@ -480,7 +480,7 @@ def test_qkv_rope_kernel_matches_numpy(lib, rows, heads, kv, d):
 
 def _qkv_attention_case(seed, n, h, kv, d, bs, nb, num_blocks, bias: bool):
     """One packed step: n tokens of two sequences (table rows 0, 1), each token's K/V rows to write."""
-    from backends.mindspore.model import rope_tables
+    from backends.mindspore.network.common import rope_tables
 
     rng = np.random.default_rng(seed)
     width, slots = (h + 2 * kv) * d, num_blocks * bs

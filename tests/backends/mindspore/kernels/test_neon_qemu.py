@@ -20,8 +20,8 @@ from gguf.quants import quantize as gguf_quantize
 
 from backends.mindspore.kernels import prepare_qweight, prepare_weight
 from backends.mindspore.kernels import build as kbuild
-from backends.mindspore.quant import QuantWeight
-from backends.mindspore.quant import quantize as quant_quantize
+from backends.mindspore.modeldir.quant import QuantWeight
+from backends.mindspore.modeldir.quant import quantize as quant_quantize
 from tests.support.kernel_variants import NATIVE, variant_lib
 from tests.support.kernel_driver import DriverError, Result, SetThreads, build_driver, qemu, run_driver, run_library
 from tests.support.kernel_entries import Case, cases

@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize as gguf_dequantize
 
 from backends.mindspore.kernels import dequantize_qweight, prepare_qweight
-from backends.mindspore.quant import FORMATS, QuantWeight, dequantize
+from backends.mindspore.modeldir.quant import FORMATS, QuantWeight, dequantize
 from tests.support.kernel_entries import call_entry
 from tests.support.qpack_ref import pack_qweight, random_blocks
 

@@ -25,7 +25,7 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize as gguf_dequantize, quantize as gguf_quantize
 
 from backends.mindspore.kernels import prepare_qweight
-from backends.mindspore.quant import BLOCK_BYTES, QuantWeight, dequantize
+from backends.mindspore.modeldir.quant import BLOCK_BYTES, QuantWeight, dequantize
 from tests.support import act_quant_ref
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
@@ -155,7 +155,7 @@ def test_q5_and_k_quants_within_the_activation_quantization_bound(lib, fmt, m, k
     reader of the GGUF layouts): within what quantizing x implies, per block of 32 (dx = amax / 127, plus
     fp16_bound) or, for the K-quants, per 256 (dx = 1 / (127 / amax)), |error| <= sum_b (dx_b / 2) sum_{k in b} |w_k|
     (+ float32 slack)."""
-    from backends.mindspore.quant import quantize
+    from backends.mindspore.modeldir.quant import quantize
 
     rng = np.random.default_rng(k + n)
     w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)

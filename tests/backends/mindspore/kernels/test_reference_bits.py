@@ -14,8 +14,8 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import quantize as gguf_quantize
 
 from backends.mindspore.kernels import prepare_qstack, prepare_qweight, prepare_weight
-from backends.mindspore.quant import BLOCK_BYTES, BLOCK_SIZE, QuantWeight
-from backends.mindspore.quant import quantize as quant_quantize
+from backends.mindspore.modeldir.quant import BLOCK_BYTES, BLOCK_SIZE, QuantWeight
+from backends.mindspore.modeldir.quant import quantize as quant_quantize
 from tests.support.kernel_variants import HOST_VARIANTS, variant_lib
 from tests.support import kernel_ref as ref
 from tests.support import kv_ref

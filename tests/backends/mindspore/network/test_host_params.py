@@ -53,7 +53,7 @@ def test_the_packed_weight_is_prepare_qweights_bytes():
 
     from backends.mindspore.kernels import packed_shape, prepare_qweight
     from backends.mindspore.network.common import aot_weight
-    from backends.mindspore.quant import concat_rows, quantize
+    from backends.mindspore.modeldir.quant import concat_rows, quantize
 
     rng = np.random.default_rng(1)
     parts = [quantize(rng.standard_normal((n, 512)).astype(np.float32), "q4_k") for n in (40, 24)]
@@ -68,7 +68,7 @@ def test_kv_caches_are_zeros_in_their_dtype(dtype):
     import mindspore as ms
     from mindspore import Tensor
 
-    from backends.mindspore.kv_dtype import row_bytes
+    from backends.mindspore.planning.kv_dtype import row_bytes
     from backends.mindspore.network.common import kv_cache_param
 
     cache = kv_cache_param(dtype, 5000, 64, "k_cache")
@@ -86,7 +86,7 @@ def _resident_mib() -> float:
 
 
 def test_populate_maps_every_page_of_an_untouched_array_in_one_call():
-    from backends.mindspore.network.common import populate
+    from backends.mindspore.engine.kv_pages import populate
 
     memory = np.zeros(96 << 20, np.uint8)  # calloc'd: no page is mapped until written
     before = _resident_mib()
@@ -98,7 +98,7 @@ def test_populate_maps_every_page_of_an_untouched_array_in_one_call():
 
 def test_the_runners_cache_views_are_the_caches_memory(tiny_model_dir):
     """cache_memory's views are what the graphs write: a generation's K/V rows show in them."""
-    from backends.mindspore.engine import Engine
+    from backends.mindspore.engine.engine import Engine
     from backends.settings import EngineConfig
     from backends.types import RequestParams
 
@@ -115,7 +115,7 @@ def test_the_runners_cache_views_are_the_caches_memory(tiny_model_dir):
 
 
 def test_the_cache_warmer_maps_every_block_of_every_cache():
-    from backends.mindspore.network.common import CacheWarmer, populate
+    from backends.mindspore.engine.kv_pages import CacheWarmer, populate
 
     if not populate(np.zeros(4096, np.uint8)):
         pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux 5.14+)")
@@ -142,7 +142,7 @@ def test_the_warm_up_waits_for_the_first_blocks_and_the_rest_map_at_idle_priorit
     import threading
     import time
 
-    from backends.mindspore.network import common
+    from backends.mindspore.engine import kv_pages as common
 
     if not common.populate(np.zeros(4096, np.uint8)):
         pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux 5.14+)")

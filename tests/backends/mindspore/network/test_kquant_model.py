@@ -23,7 +23,7 @@ from gguf.quants import dequantize as gguf_dequantize
 from safetensors import safe_open
 from safetensors.numpy import load_file
 
-from backends.mindspore.quant import BLOCK_SIZE, QuantWeight, cols_of
+from backends.mindspore.modeldir.quant import BLOCK_SIZE, QuantWeight, cols_of
 from backends.mindspore.runners import DecodeRow
 from tests.support import act_quant_ref, tiny_model
 from tests.support.reference_numpy import RefConfig, RefModel

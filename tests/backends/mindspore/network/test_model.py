@@ -7,10 +7,10 @@ import sys
 import numpy as np
 import pytest
 
-from backends.mindspore.config import load_model
-from backends.mindspore.device import set_mode
+from backends.mindspore.modeldir.config import load_model
+from backends.mindspore.planning.device import set_mode
 from backends.mindspore.runners import DecodeRow, PrefillChunk
-from backends.mindspore.weights import load_weights
+from backends.mindspore.modeldir.weights import load_weights
 from tests.support.paths import REPO
 from tests.support.reference_numpy import RefModel
 from tests.support.runner import SHAPES, make_runner, prefill, prompt
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow  # every test here compiles the network (its fixtu
 TOL = 1e-4
 
 
-@pytest.fixture(scope="module", params=[(d, k) for k in ("ms", "aot")
+@pytest.fixture(scope="module", params=[(d, k) for k in ("stock", "aot")
                                         for d in ("tiny_model_dir", "tiny_qwen2_dir", "tiny_qwen3_dir")],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def model(request):
@@ -93,7 +93,7 @@ def test_aot_kernel_rows_are_bit_identical_whatever_the_batch(tiny_model_dir):
     assert np.array_equal(solo, runner.decode(rows)[0])
 
 
-@pytest.mark.parametrize("kernels", ["ms", "aot"])
+@pytest.mark.parametrize("kernels", ["stock", "aot"])
 def test_warmup_compiles_each_planned_shape_once(tiny_model_dir, kernels):
     runner = make_runner(tiny_model_dir, kernels=kernels)
     runner.warmup()
@@ -103,7 +103,7 @@ def test_warmup_compiles_each_planned_shape_once(tiny_model_dir, kernels):
     runner.decode([DecodeRow(5, 20, [1, 2])] * 3)
     runner.decode([DecodeRow(5, 40, [3, 4, 5])])
     assert runner.compiled == plan, "a request shape fell outside the warmed-up set"
-    if kernels == "ms":  # every (batch, window) bucket, prefill and decode, and the prompt-logits head
+    if kernels == "stock":  # every (batch, window) bucket, prefill and decode, and the prompt-logits head
         assert len(plan) == len(SHAPES.prefill_batch_buckets + SHAPES.batch_buckets) * len(SHAPES.window_buckets) + 1
     else:  # packed graphs for the batch buckets (1, 4), the chunk (8) and chunk + largest batch (12), the head
         assert runner.shapes.prefill_sizes == (1, 4, 8, 12)
@@ -122,7 +122,7 @@ print("DIFF", diff)
 """
 
 
-@pytest.mark.parametrize("kernels", ["ms", "aot"])
+@pytest.mark.parametrize("kernels", ["stock", "aot"])
 def test_pynative_mode_gives_the_same_logits(tiny_model_dir, kernels):
     root = str(REPO)
     script = PYNATIVE_SCRIPT.format(root=root, path=str(tiny_model_dir), kernels=kernels)

@@ -9,7 +9,8 @@ import pytest
 from tests.support.paths import REPO
 
 NETWORK_FILES = sorted((REPO / "backends" / "mindspore" / "network").glob("*.py")) + [
-    REPO / "backends" / "mindspore" / "qwen2_vl" / "text.py"]
+    REPO / "backends" / "mindspore" / "families" / "qwen2_vl" / "text.py",
+    REPO / "backends" / "mindspore" / "families" / "gemma3" / "network.py"]
 FLAGS = {"lora", "vl", "fused", "fast"}
 
 
@@ -29,8 +30,8 @@ def test_no_network_class_stores_a_strategy_flag(path):
 
 
 def test_one_vocabulary_for_the_kernel_path():
-    """ "aot" | "stock" everywhere; "ms" is only the old name, still accepted."""
-    from backends.mindspore.runners import KERNEL_ALIASES, KERNELS, PackedRunner, SplitRunner
+    """ "aot" | "stock" everywhere (no other name)."""
+    from backends.mindspore.runners import KERNELS, PackedRunner, SplitRunner
 
-    assert KERNELS == ("auto", "aot", "stock") and KERNEL_ALIASES == {"ms": "stock"}
+    assert KERNELS == ("auto", "aot", "stock")
     assert (PackedRunner.kernels, SplitRunner.kernels) == ("aot", "stock")

@@ -21,7 +21,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 from safetensors.numpy import load_file
 
-from backends.mindspore.gguf_convert import convert_gguf
+from backends.mindspore.modeldir.gguf_convert import convert_gguf
 from backends.mindspore.runners import DecodeRow, PrefillChunk
 from tests.support import act_quant_ref
 from tests.support.reference_numpy import RefConfig, RefModel
@@ -138,7 +138,7 @@ def test_tiny_rows_are_bit_identical_alone_or_batched(tiny_quant):
 
 def test_stock_ops_dequantize_once_and_match_the_plain_reference(tiny_quant):
     _, path, _, _, plain = tiny_quant
-    runner = make_runner(path, kernels="ms")
+    runner = make_runner(path, kernels="stock")
     ids = prompt(13, 3, runner.spec.vocab_size)
     np.testing.assert_allclose(prefill(runner, ids, [1, 2]), plain.next_logits(ids), atol=1e-4, rtol=0)
 
@@ -200,7 +200,7 @@ def test_default_model_rows_are_bit_identical_alone_or_batched(default_as_shippe
 
 
 def _small_engine(path):
-    from backends.mindspore.engine import Engine
+    from backends.mindspore.engine.engine import Engine
     from backends.settings import EngineConfig
 
     config = EngineConfig(max_seq_len=128, max_input_tokens=64, max_batch_size=2, max_iter_times=16, block_size=16,
@@ -209,7 +209,7 @@ def _small_engine(path):
 
 
 def test_the_engine_reports_the_format_and_checks_the_yaml_against_the_file(tiny_model_dir, tmp_path):
-    from backends.mindspore.config import ConfigError
+    from backends.mindspore.modeldir.config import ConfigError
 
     path = quantized_copy(tiny_model_dir, tmp_path / "q", "q4_1")
     with _small_engine(path) as engine:
@@ -237,11 +237,11 @@ class LoraActQuantRef(ActQuantRef):
 def test_lora_adapters_on_quantized_weights(tiny_model_dir, tmp_path_factory):
     """Adapters on a q8_0 base: each row's logits against the reference (quantized base product, float delta)."""
     from backends.lora import BaseDims, load_adapter
-    from backends.mindspore.config import load_model
-    from backends.mindspore.lora_slots import LoraSlots
-    from backends.mindspore.device import set_mode
+    from backends.mindspore.modeldir.config import load_model
+    from backends.mindspore.engine.lora_slots import LoraSlots
+    from backends.mindspore.planning.device import set_mode
     from backends.mindspore.runners import build_runner
-    from backends.mindspore.weights import load_weights
+    from backends.mindspore.modeldir.weights import load_weights
     from tests.support.lora_adapters import make_adapter, merged_weights
     from tests.support.runner import SHAPES
 

@@ -12,7 +12,7 @@ from functools import cache
 import numpy as np
 import pytest
 
-from backends.mindspore.config import load_model
+from backends.mindspore.modeldir.config import load_model
 from tests.support.make_tiny_qwen3 import SHAPE, make_tiny_qwen3
 from tests.support.paths import GOLDEN_DIR
 from tests.support.reference_numpy import RefModel
@@ -65,7 +65,7 @@ def test_a_llama_yaml_has_no_head_norms_and_the_key_can_say_otherwise(host_dir, 
 
 def test_missing_head_norm_weights_are_named(host_dir):
     from backends.mindspore.network.common import head_norm_weights
-    from backends.mindspore.weights import WeightsError, load_weights
+    from backends.mindspore.modeldir.weights import WeightsError, load_weights
 
     spec = load_model(host_dir)
     w = load_weights(spec.checkpoint, spec.checkpoint_format)
@@ -89,7 +89,7 @@ def test_the_numpy_reference_equals_hf(host_dir, name):
 
 
 def test_the_tokenizer_gives_hf_input_ids(host_dir):
-    from backends.mindspore.tokenizer import Tokenizer
+    from backends.mindspore.modeldir.tokenizer import Tokenizer
 
     tok = Tokenizer.from_model_dir(host_dir)
     for name, want in prompts().items():
@@ -99,10 +99,10 @@ def test_the_tokenizer_gives_hf_input_ids(host_dir):
 # --- the network in MindSpore GRAPH mode (slow: compiles graphs) ---
 
 def make_runner(model_dir, kernels: str, spec=None):
-    from backends.mindspore.device import set_mode
+    from backends.mindspore.planning.device import set_mode
     from backends.mindspore.runners import build_runner
-    from backends.mindspore.shapes import Shapes
-    from backends.mindspore.weights import load_weights
+    from backends.mindspore.planning.shapes import Shapes
+    from backends.mindspore.modeldir.weights import load_weights
 
     spec = spec or load_model(model_dir)
     set_mode(0, "CPU", 2)
@@ -111,7 +111,7 @@ def make_runner(model_dir, kernels: str, spec=None):
     return build_runner(spec, load_weights(spec.checkpoint, spec.checkpoint_format), shapes, 40, kernels)
 
 
-@pytest.fixture(scope="module", params=["ms", "aot"])
+@pytest.fixture(scope="module", params=["stock", "aot"])
 def runner(request, tiny_qwen3_dir):
     return make_runner(tiny_qwen3_dir, request.param)
 
@@ -194,14 +194,14 @@ def test_without_the_head_norms_the_logits_move(tiny_qwen3_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kernels", ["ms", "aot"])
+@pytest.mark.parametrize("kernels", ["stock", "aot"])
 def test_a_network_with_adapter_slots_keeps_the_head_norms(tiny_qwen3_dir, kernels):
     """The adapter-slot layers (AotLoraDecoderLayer's five ops, the stock layer's deltas) with no adapter in use:
     HF's logits and ids."""
-    from backends.mindspore.device import set_mode
+    from backends.mindspore.planning.device import set_mode
     from backends.mindspore.runners import build_runner
-    from backends.mindspore.shapes import Shapes
-    from backends.mindspore.weights import load_weights
+    from backends.mindspore.planning.shapes import Shapes
+    from backends.mindspore.modeldir.weights import load_weights
 
     spec = load_model(tiny_qwen3_dir)
     set_mode(0, "CPU", 2)

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from backends.mindspore.config import ConfigError
-from backends.mindspore.qwen2_vl.config import load_vl_spec
-from backends.mindspore.qwen2_vl.positions import frame_ids, rope_index, segment_mask, window_ids
-from backends.mindspore.qwen2_vl.preprocess import (MediaError, Patches, expand_media_tokens, preprocess_image,
-                                                    preprocess_video, sample_frame_indices, smart_resize)
-from backends.mindspore.qwen2_vl.video import read_video
-from backends.mindspore.tokenizer import Tokenizer
+from backends.mindspore.modeldir.config import ConfigError
+from backends.mindspore.families.qwen2_vl.config import load_vl_spec
+from backends.mindspore.families.qwen2_vl.positions import frame_ids, rope_index, segment_mask, window_ids
+from backends.mindspore.families.qwen2_vl.preprocess import (MediaError, Patches, expand_media_tokens, preprocess_image,
+                                                             preprocess_video, sample_frame_indices, smart_resize)
+from backends.mindspore.families.qwen2_vl.video import read_video
+from backends.mindspore.modeldir.tokenizer import Tokenizer
 from backends.chat_template import render_chat_template
 from tests.support.scripts.make_qwen2_vl_goldens import PROMPTS, messages_for
 from tests.support.make_tiny_qwen2_vl import make_tiny_qwen2_vl
@@ -202,7 +202,7 @@ def test_window_ids_group_patches_as_the_reference_window_index(grid):
 
 @pytest.mark.parametrize("grid", [(1, 12, 18), (2, 6, 8), (3, 20, 10)])
 def test_window_layout_gathers_each_window_and_back(grid):
-    from backends.mindspore.qwen2_vl.positions import window_layout
+    from backends.mindspore.families.qwen2_vl.positions import window_layout
 
     segments = window_ids(grid, 2, 4)
     n = int(np.prod(grid))
@@ -298,8 +298,8 @@ def test_released_keys_fall_back_to_config_json(tmp_path):
 def test_weights_are_checked_by_name_and_shape(tmp_path):
     from safetensors.numpy import load_file, save_file
 
-    from backends.mindspore.qwen2_vl.weights import load_vl_weights
-    from backends.mindspore.weights import WeightsError
+    from backends.mindspore.families.qwen2_vl.weights import load_vl_weights
+    from backends.mindspore.modeldir.weights import WeightsError
 
     d = make_tiny_qwen2_vl(tmp_path / "m", arch="qwen2_vl")
     spec = load_vl_spec(d)
@@ -323,7 +323,7 @@ def test_weights_are_checked_by_name_and_shape(tmp_path):
 
 # --- the model in MindSpore GRAPH mode (slow: compiles graphs) ---
 
-@pytest.fixture(scope="module", params=["ms", "aot"])
+@pytest.fixture(scope="module", params=["stock", "aot"])
 def models(request, model_dirs):
     """Both archs on one kernel path: stock MindSpore ops (SplitRunner's) or the AOT kernels (PackedRunner's)."""
     from tests.support.qwen2_vl_reference import Qwen2VL
@@ -379,7 +379,7 @@ def test_vision_rows_equal_hf(arch, prompt, runs):
 @pytest.mark.slow
 def test_window_attention_matters_for_qwen2_5(models, monkeypatch):
     """The negative control: image A spans 2x3 windows; with the whole frame as one window the rows move."""
-    from backends.mindspore.qwen2_vl.positions import window_layout
+    from backends.mindspore.families.qwen2_vl.positions import window_layout
 
     model = models["qwen2_5_vl"]
     item = preprocess_image(Image.open(DATA_DIR / IMAGE_FILES["a"]), model.spec.processor)

@@ -12,8 +12,8 @@ import pytest
 from PIL import Image
 
 from backends.errors import InputRejected
-from backends.mindspore.kv_cache import block_hashes
-from backends.mindspore.qwen2_vl.text import media_inputs
+from backends.mindspore.engine.kv_cache import block_hashes
+from backends.mindspore.families.qwen2_vl.text import media_inputs
 from backends.mindspore.runners import PrefillChunk
 from backends.types import MediaInput, RequestParams
 from tests.support.make_tiny_qwen2_vl import make_tiny_qwen2_vl
@@ -45,10 +45,10 @@ def _config(kernels: str, **overrides):
     return EngineConfig(**{**base, **overrides})
 
 
-@pytest.fixture(scope="module", params=["ms", "aot"])
+@pytest.fixture(scope="module", params=["stock", "aot"])
 def engines(request, model_dirs):
     """Both archs on one kernel path, each with the graph count its warm-up left."""
-    from backends.mindspore.engine import Engine
+    from backends.mindspore.engine.engine import Engine
 
     out = {arch: Engine(d, _config(request.param)).start() for arch, d in model_dirs.items()}
     warm = {arch: (e.compiled_graphs, set(e.runner.compiled), set(e.vision.compiled)) for arch, e in out.items()}
@@ -99,9 +99,9 @@ def test_media_inputs_lay_out_rows_positions_and_deltas():
 def test_vision_buckets_and_the_memory_budget(model_dirs):
     """The released yamls compile buckets up to their largest image exactly (5120 patches, no 8192); a
     vision-language model's footprint has the tower's activations, a text model's none."""
-    from backends.mindspore.config import load_model
-    from backends.mindspore.memory import Footprint, _vision_activations
-    from backends.mindspore.qwen2_vl.config import activation_bytes, load_vl_spec, vision_buckets
+    from backends.mindspore.modeldir.config import load_model
+    from backends.mindspore.planning.memory import Footprint, _vision_activations
+    from backends.mindspore.families.qwen2_vl.config import activation_bytes, load_vl_spec, vision_buckets
     from tests.support.paths import REPO
 
     released = load_vl_spec(REPO / "configs" / "models" / "predict_qwen2_vl_7b_instruct.yaml")
@@ -117,11 +117,11 @@ def test_vision_buckets_and_the_memory_budget(model_dirs):
 def test_videos_are_bounded_before_their_frames_are_decoded(model_dirs, tmp_path):
     """A video whose sampled frames exceed the largest vision bucket is refused from its header; frames fitted
     while decoding give the same patches as full-size frames resized by the preprocessing."""
-    from backends.mindspore.qwen2_vl.config import load_vl_spec
-    from backends.mindspore.qwen2_vl.preprocess import MediaError, preprocess_video
-    from backends.mindspore.qwen2_vl.request import build_prompt
-    from backends.mindspore.qwen2_vl.video import read_video
-    from backends.mindspore.tokenizer import Tokenizer
+    from backends.mindspore.families.qwen2_vl.config import load_vl_spec
+    from backends.mindspore.families.qwen2_vl.preprocess import MediaError, preprocess_video
+    from backends.mindspore.families.qwen2_vl.request import build_prompt
+    from backends.mindspore.families.qwen2_vl.video import read_video
+    from backends.mindspore.modeldir.tokenizer import Tokenizer
     from tests.support.vlm_media import video_frames, write_mp4
 
     spec = load_vl_spec(model_dirs["qwen2_vl"])
@@ -139,8 +139,8 @@ def test_videos_are_bounded_before_their_frames_are_decoded(model_dirs, tmp_path
 
 
 def test_frame_pixels_are_bounded():
-    from backends.mindspore.qwen2_vl.preprocess import MediaError
-    from backends.mindspore.qwen2_vl.video import MAX_FRAME_PIXELS, _check_pixels
+    from backends.mindspore.families.qwen2_vl.preprocess import MediaError
+    from backends.mindspore.families.qwen2_vl.video import MAX_FRAME_PIXELS, _check_pixels
 
     _check_pixels("ok.mp4", 7680, 4320)
     with pytest.raises(MediaError, match=f"big.mp4: frames of 7681x4320 = 33181920 pixels; a video frame may have "
@@ -150,9 +150,9 @@ def test_frame_pixels_are_bounded():
 
 def test_golden_requests_rebuild_the_golden_prompts(model_dirs, clip):
     """The engine's prompt construction (text + parts at positions) gives the golden ids and positions."""
-    from backends.mindspore.qwen2_vl.config import load_vl_spec
-    from backends.mindspore.qwen2_vl.request import build_prompt
-    from backends.mindspore.tokenizer import Tokenizer
+    from backends.mindspore.families.qwen2_vl.config import load_vl_spec
+    from backends.mindspore.families.qwen2_vl.request import build_prompt
+    from backends.mindspore.modeldir.tokenizer import Tokenizer
 
     for arch, d in model_dirs.items():
         spec = load_vl_spec(d)

@@ -1,0 +1,1 @@
+"""mindserve's benchmarks: ``python -m bench COMMAND`` (``bench/__main__.py``), built on ``bench/harness``."""
