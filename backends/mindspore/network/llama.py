@@ -18,8 +18,9 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from backends.mindspore.network.aot_layer import AotDecoderLayer, AotLoraDecoderLayer
-from backends.mindspore.network.common import (DTYPES, AotRMSNorm, RMSNorm, aot_param, aot_weight, param, rope_tables,
+from backends.mindspore.network.common import (DTYPES, AotRMSNorm, RMSNorm, aot_weight, param, rope_tables,
                                                stock_weight)
+from backends.mindspore.network.embedding import aot_embedding
 from backends.mindspore.network.stock_layer import StockDecoderLayer
 from backends.mindspore.modeldir.spec import ModelSpec
 
@@ -50,9 +51,9 @@ class AotLlama(_Llama):
                  max_positions: int, aot, lora: tuple[int, int] | None = None, kv_dtype: str = "float32") -> None:
         super().__init__(lora)
         self.aot = aot
-        self.embed = aot_param(w["model.embed_tokens.weight"], "embed")
         head = w["model.embed_tokens.weight"] if spec.tie_word_embeddings else w["lm_head.weight"]
-        self.head = aot_weight([head], "lm_head")  # a separate copy even when tied
+        self.head = aot_weight([head], "lm_head")
+        self.embedding = aot_embedding(spec, w, self.head, aot)  # rows of the head's own blocks when tied Q8_0
         cos, sin = rope_tables(spec.head_dim, max_positions, spec.rope_theta)
         self.cos, self.sin = param(cos, "rope_cos"), param(sin, "rope_sin")
         slots = num_blocks * block_size
@@ -71,7 +72,7 @@ class AotLlama(_Llama):
         return AotLMHead(self.head, self.aot)
 
     def construct(self, ids, pos, write_idx, table, token_rows, last_rows, lora=None):
-        x, cos, sin = self.aot.embed_rope(ids, pos, self.embed, self.cos, self.sin)  # [N, dim], [N, hd], [N, hd]
+        x, cos, sin = self.embedding(ids, pos, self.cos, self.sin)  # [N, dim], [N, hd], [N, hd]
         for layer in self.layers:
             x = layer(x, cos, sin, pos, write_idx, table, token_rows, lora)
         return self.aot.norm_head(x, self.norm.weight, self.norm.eps_t, last_rows, self.head)
