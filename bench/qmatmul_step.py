@@ -3,8 +3,8 @@ Q4_1 q/k/v/o/gate/up/down, the Q8_0 tied head), distinct random weights per laye
 cache from one step to the next), in model order through ``mindserve_qmatmul_raw``; the builds alternate round by
 round, and each reports its fastest and median step.
 
-    python bench/qmatmul_step.py TREE:VARIANT [TREE:VARIANT ...] [--rows 16] [--threads 1] [--rounds 7]
-        [--format q4_1] [--shape HIDDEN,FFN --layers 2] [--matrices qkv]
+    python bench/qmatmul_step.py TREE:VARIANT [TREE:VARIANT ...] [--rows 16 | --rows 1,2,4,8,16] [--threads 1]
+        [--rounds 7] [--format q4_1] [--shape HIDDEN,FFN --layers 2] [--matrices qkv]
 
 ``--format`` stores the layers' matrices in another GGUF format (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k;
 the K-quants written by quant.quantize); several, comma-separated (``--format q4_1,q4_k``), are timed round by round
@@ -84,7 +84,8 @@ def parse_format(spec: str) -> dict[str, str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("builds", nargs="+", metavar="TREE:VARIANT")
-    ap.add_argument("--rows", type=int, default=16, help="M, the activation rows (default 16)")
+    ap.add_argument("--rows", default="16", help="M, the activation rows; several comma-separated, each timed on the "
+                    "same weights (default 16)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--layers", type=int, default=30)
@@ -123,17 +124,23 @@ def main() -> None:
         if not args.shape and not args.matrices:
             mats.append(("q8_0", *HEAD, random_qweight(rng, ["q8_0"], [HEAD[1]], HEAD[0])))
         models[spec] = mats
+    for rows in (int(r) for r in args.rows.split(",")):
+        time_rows(libs, models, rows, args.threads, args.rounds, rng)
+
+
+def time_rows(libs: dict, models: dict, rows: int, threads: int, rounds: int, rng) -> None:
+    """Every build on every format's step at M = ``rows``, round by round alternately; the fastest and median step."""
     every = [m for mats in models.values() for m in mats]
-    x = {k: rng.standard_normal((args.rows, k)).astype(np.float32) for _, k, _, _ in every}
-    y = np.empty((args.rows, max(n for _, _, n, _ in every)), np.float32)
-    clock = time.thread_time if args.threads == 1 else time.perf_counter
+    x = {k: rng.standard_normal((rows, k)).astype(np.float32) for _, k, _, _ in every}
+    y = np.empty((rows, max(n for _, _, n, _ in every)), np.float32)
+    clock = time.thread_time if threads == 1 else time.perf_counter
     for fmt, mats in models.items():
         print(f"{fmt}: {sum(m[3].nbytes for m in mats) / 1e6:.1f} MB of weights", end="; ")
-    print(f"M={args.rows}, {args.threads} thread(s), {'CPU' if args.threads == 1 else 'wall'} time")
+    print(f"M={rows}, {threads} thread(s), {'CPU' if threads == 1 else 'wall'} time")
     runs = [(spec, fmt) for spec in libs for fmt in models]
     steps: dict[tuple, list[float]] = {r: [] for r in runs}
     heads: dict[tuple, list[float]] = {r: [] for r in runs}
-    for _ in range(args.rounds):
+    for _ in range(rounds):
         for spec, fmt in runs:
             lib = libs[spec]
             started = clock()
@@ -141,10 +148,10 @@ def main() -> None:
                 head_started = clock()
                 if f is None:  # a segmented weight
                     rc = lib.mindserve_qmatmul_packed_raw(x[k].ctypes.data, w.ctypes.data, w.shape[1], None,
-                                                          y.ctypes.data, args.rows, k, n)
+                                                          y.ctypes.data, rows, k, n)
                 else:
                     rc = lib.mindserve_qmatmul_raw(x[k].ctypes.data, w.ctypes.data, FORMATS[f], None, y.ctypes.data,
-                                                   args.rows, k, n)
+                                                   rows, k, n)
                 assert rc == 0, rc
             ended = clock()
             steps[spec, fmt].append(ended - started)

@@ -1,4 +1,4 @@
-"""The AOT quantized matmuls' activation quantization (qmatmul.cc's header comment) for the float64 references of
+"""The AOT quantized matmuls' activation quantization (quantize.h) for the float64 references of
 the network tests; tests/support/kernel_ref.py has its float32-exact twin for the kernel tests.
 
 32-block formats, per row and block of 32: q = round_half_even(x * 127 / amax), dx = fp16(amax / 127) and

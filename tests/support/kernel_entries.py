@@ -258,7 +258,7 @@ def cases(seed: int = 0) -> list[Case]:
 
 def _load_cases(rng) -> list[Case]:
     """pack.cc: random GGUF blocks of every format (odd N: a narrow last group of columns) packed and dequantized."""
-    from backends.mindspore.kernels import PACKED_BYTES
+    from backends.mindspore.kernels import kernel_constants
     from backends.mindspore.modeldir.quant import FORMATS
     from tests.support.qpack_ref import random_blocks
 
@@ -267,7 +267,7 @@ def _load_cases(rng) -> list[Case]:
         q = random_blocks(fmt, 21, 2, rng)  # finite scales: a NaN's payload after NaN + NaN is not specified
         meta = np.array([code], np.int32)
         out.append(Case(f"pack-{fmt}", "MindservePackQWeight",
-                        (q.blocks, meta, np.full((1, 2 * PACKED_BYTES[fmt], 21), 0xAB, np.uint8))))
+                        (q.blocks, meta, np.full((1, 2 * kernel_constants().packed_bytes[fmt], 21), 0xAB, np.uint8))))
         out.append(Case(f"dequantize-{fmt}", "MindserveDequantize", (q.blocks, meta, _out(21, q.cols))))
     return out
 

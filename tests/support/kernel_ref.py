@@ -151,7 +151,7 @@ def lora_apply(y: np.ndarray, x: np.ndarray, lora: Lora) -> np.ndarray:
 
 @dataclass(frozen=True)
 class QuantizedX:
-    """qmatmul.cc quantize_rows: q [M, nb, 32] int8 values, the int32 lanes before narrowing, d, s and sf [M, nb]
+    """quantize.cc quantize_rows: q [M, nb, 32] int8 values, the int32 lanes before narrowing, d, s and sf [M, nb]
     (d and sf: fp16 values in float32)."""
 
     q: np.ndarray
@@ -186,7 +186,7 @@ def quantize_rows(x: np.ndarray) -> QuantizedX:
 
 @dataclass(frozen=True)
 class QuantizedXK:
-    """qmatmul.cc quantize_rows_k (Q8_K): q [M, nb, 256] int8 values, d [M, nb], bsums [M, nb, 16]."""
+    """quantize.cc quantize_rows_k (Q8_K): q [M, nb, 256] int8 values, d [M, nb], bsums [M, nb, 16]."""
 
     q: np.ndarray
     d: np.ndarray
@@ -208,7 +208,7 @@ def quantize_rows_k(x: np.ndarray) -> QuantizedXK:
 
 
 def _qmatmul_k(x: np.ndarray, w: QuantWeight) -> np.ndarray:
-    """qmatmul.cc ktile for the K-quants: per super-block b in order (exact int sums)
+    """qtile.h ktile for the K-quants: per super-block b in order (exact int sums)
     q4_k/q5_k: isum = sum_j sc_j dot_j, imin = sum_j mn_j (bsum_2j + bsum_2j+1);
                acc = fma(d_w dx, (float)isum, acc); acc = fma(-(dmin_w dx), (float)imin, acc)
     q6_k:      isum = sum_j sc_j (dot16_j - 32 bsum_j); acc = fma(d_w dx, (float)isum, acc)."""

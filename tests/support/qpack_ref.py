@@ -1,11 +1,11 @@
-"""NumPy reference of the quantized weights' packing (qmatmul.cc's header; the library packs with pack.cc's
+"""NumPy reference of the quantized weights' packing (qformat.h; the library packs with pack.cc's
 MindservePackQWeight): the GGUF blocks of a ``QuantWeight`` read through ``quant.unpack`` and rearranged with array
 operations, so the kernel's byte shuffling is checked against an independent writing of the same layout."""
 from __future__ import annotations
 
 import numpy as np
 
-from backends.mindspore.kernels import PACKED_BYTES, QGROUP
+from backends.mindspore.kernels import kernel_constants
 from backends.mindspore.modeldir.quant import BLOCK, BLOCK_BYTES, BLOCK_SIZE, QuantWeight, unpack
 
 # Byte offsets of each format's fp16 fields in its GGUF block (quant.py's docstring).
@@ -68,8 +68,9 @@ def _pack_q5k(q: QuantWeight) -> np.ndarray:
     halves = [p.d] + ([p.m] if p.m is not None else [])
     half = np.stack(halves, -1).astype(np.float16).view(np.uint8).reshape(n, nb, len(halves), 2)
     dwords = np.concatenate(per_block, 2)  # [N, nb, D, 4]
-    assert dwords.shape[2] * 4 + half.shape[2] * 2 == PACKED_BYTES[fmt]
-    return _groups(dwords, half, PACKED_BYTES[fmt])
+    packed_bytes = kernel_constants().packed_bytes[fmt]
+    assert dwords.shape[2] * 4 + half.shape[2] * 2 == packed_bytes
+    return _groups(dwords, half, packed_bytes)
 
 
 def _groups(dwords: np.ndarray, halves: np.ndarray, pb: int) -> np.ndarray:
@@ -77,8 +78,9 @@ def _groups(dwords: np.ndarray, halves: np.ndarray, pb: int) -> np.ndarray:
     n, nb = dwords.shape[:2]
     out = np.empty(n * nb * pb, np.uint8)
     pos = 0
-    for n0 in range(0, n, QGROUP):
-        w = min(QGROUP, n - n0)
+    width = kernel_constants().qgroup
+    for n0 in range(0, n, width):
+        w = min(width, n - n0)
         qd = dwords[n0:n0 + w].transpose(1, 2, 0, 3).reshape(nb, -1)  # [nb, D * w * 4]
         sc = halves[n0:n0 + w].transpose(1, 2, 0, 3).reshape(nb, -1)  # [nb, (1|2) * w * 2]
         group = np.concatenate([qd, sc], axis=1).ravel()

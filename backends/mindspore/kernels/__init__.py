@@ -1,52 +1,8 @@
 """Hand-written CPU kernels for MindSpore, exposed as ``ops.Custom(func_type="aot")`` operators.
 
-``aot_ops(heads, kv_heads, head_dim)`` returns every operator the network uses (``AotOps``):
-
-* ``matmul`` -- ``fast_matmul()`` below (a float32 weight from ``prepare_weight``, or a GGUF-quantized one,
-  q8_0/q4_0/q4_1/q5_0/q5_1/q4_k/q5_k/q6_k, from ``prepare_qweight``, or a stack of parts in several of them,
-  from ``prepare_qstack``: dequantized on the fly inside the dot product, qmatmul.cc);
-  ``matmul_add(x, w, res)`` = ``res + x @ W`` (a residual connection without a separate Add; the residual is
-  added once, after the product);
-  ``matmul_lora`` / ``matmul_add_lora`` take four more inputs ``(a, b, rows, segs)`` and add each row's
-  LoRA delta (multi-LoRA serving, lora.h);
-* ``qkv_attention(qkv [N, (H+2KV)*D], bias [(H+2KV)*D] or [1], cos, sin [N, D], k_cache, v_cache
-  [KV*S, D], write [N*KV] int32, table [R, NB] int32, pos [N] int32, rows [N] int32, meta [3] int32 =
-  (KV, block_size, has_bias)) -> [N, H*D]`` (fused.cc): a layer's attention after the qkv projection in
-  one op. The bias, the split and RoPE; this step's K/V rows written into the cache Parameters in place
-  (row ``write[i * KV + h]`` gets head h of token i), on the calling thread, before any key is read, so
-  the graph has no ScatterUpdate and no ordering to get right; then causal attention straight out of
-  the paged cache (attention.cc) for N query tokens of any sequences (token i belongs to the sequence
-  of table row ``rows[i]``). It reads only each token's real keys (0..pos), so its cost follows the
-  sequence lengths, and tokens of several prompts can share one packed chunk;
-* ``norm_matmul(x, w_norm, eps, W)`` = ``matmul(rmsnorm(x, w_norm, eps), W)`` and
-  ``swiglu_matmul_add(gu, W, res)`` = ``matmul_add(swiglu(gu), W, res)`` in one launch each (fused.cc: the
-  row-wise kernel into a scratch buffer, then the matmul entry itself, so any weight it takes and the
-  ``_lora`` variants' four LoRA inputs work the same); the same bits as the two ops;
-* ``decoder_layer(x, attn_norm, eps, wqkv, bias, cos, sin, k_cache, v_cache, write, table, pos, rows, meta,
-  wo, ffn_norm, w_gate_up, w_down) -> [N, C]`` (fused.cc): a whole decoder layer without adapters in one
-  op -- norm_matmul, qkv_attention, matmul_add, norm_matmul, swiglu_matmul_add called in order inside the
-  kernel, on scratch buffers: the same bits as those five ops, one launch;
-* ``embed_rope(ids, pos, embed, cos_t, sin_t) -> (x [N, C], cos [N, D], sin [N, D])`` (fused.cc): the
-  embedding and rotary rows of every token (ids/pos of N elements, any shape), and ``norm_head(x, w_norm,
-  eps, last [R], W) -> (logits [R, V], hidden [N, C])``: the final norm, the logit rows' gather and the LM
-  head. With them and ``decoder_layer`` a step is 32 ops;
-* ``embed_rope_packed(ids, pos, head, cos_t, sin_t)``: ``embed_rope`` with the embedding rows dequantized from a
-  tied head's packed Q8_0 weight (vocab.cc; no float32 table);
-* ``rmsnorm(x [..., C], w [C], eps [1]) -> [..., C]`` (fused.cc);
-* ``moe(h, ffn_norm, eps, router, w_gate_up [E, ...], w_down [E, ...], meta [2] = (top_k, norm_topk)) -> [N, C]``
-  (moe.cc): a routed-experts MLP with its residual (Qwen3-MoE): the norm, the router's softmax and top-k, then
-  each expert some row chose on the block of those rows (each expert's slice of the stacked weights is one matmul
-  weight, float32 or GGUF blocks: the other experts are never read); ``moe_decoder_layer(<decoder_layer's inputs up
-  to ffn_norm>, router, w_gate_up, w_down, moe_meta, (qk_norm, qk_eps))``: a whole MoE layer as one op.
-* ``gemma_decoder_layer(x, attn_norm, eps, wqkv, bias, cos, sin, k_cache, v_cache, write, table, pos, rows, meta [5],
-  wo, post_attn_norm, ffn_norm, w_gate_up, w_down, post_ffn_norm, qk_norm, qk_eps) -> [N, C]`` (fused.cc): a Gemma 3
-  layer in one op (the sliding window and score scale in meta, the post-norms before each residual add, GeGLU).
-
-The library also keeps the parts the fused entries are made of as entries of their own
-(``MindserveSwiGLU``, ``MindserveQKVRope``, ``MindservePagedAttention``): the tests check each fused entry
-against its parts bit for bit, and the parts against NumPy.
-
-All of them compute each row the same way whatever else is in the batch.
+``aot_ops(heads, kv_heads, head_dim)`` returns every operator the network uses, an ``AotOps``: the fields, their
+entries, inputs, outputs and what each computes are one table, ``ops.OPS`` (``print(ops.manual())``). All of them
+compute each row the same way whatever else is in the batch.
 
 ``fast_matmul()`` returns an operator computing ``y[..., N] = x[..., K] @ W[K, N]`` (float32). The
 weight is packed once at load time by ``prepare_weight(W)`` (``W`` given ``[in, out]`` like the
@@ -58,31 +14,80 @@ batch holds, so a request's logits are bit-identical alone or batched.
     mm = fast_matmul(threads=2)   # build (cached) + create the op; reuse one op everywhere
     w = Parameter(Tensor(prepare_weight(w_kn)))
     y = mm(x, w)                  # inside construct(), like ops.matmul(x, w_kn)
+
+The library's constants (the panel width, the quantized formats and their sizes, the column group, the segment
+table's bounds, the longest attention head, the stats kinds) are read from the library (``kernel_constants()``);
+``PANEL``, ``QGROUP``, ``PACKED_BYTES``, ``MAX_SEGMENTS``, ``SEGMENT_MAGIC`` and ``KERNEL_KINDS`` are those values.
 """
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from backends.mindspore.kernels.build import VARIANTS, KernelBuildError, build_kernel, choose_variant, default_cache_dir
+from backends.mindspore.kernels.ops import OPS, AotOps, Geometry, build_ops
 
-__all__ = ["fast_matmul", "aot_ops", "AotOps", "prepare_weight", "prepare_qweight", "prepare_qstack", "QGROUP",
-           "qmatmul_isa", "KERNEL_KINDS", "PANEL", "dequantize_qweight", "packed_shape", "build_kernel",
+__all__ = ["fast_matmul", "aot_ops", "AotOps", "OPS", "prepare_weight", "prepare_qweight", "prepare_qstack",
+           "kernel_constants", "KernelConstants", "qmatmul_isa", "dequantize_qweight", "packed_shape", "build_kernel",
            "set_kernel_threads", "kernel_library", "kernel_stats", "KernelBuildError",
-           "default_cache_dir", "ENTRY", "VARIANTS", "choose_variant", "kernel_variant",
+           "default_cache_dir", "VARIANTS", "choose_variant", "kernel_variant",
            "active_library"]
 
-ENTRY = "MindserveMatMul"
 _lib: dict[str, ctypes.CDLL] = {}
 _active: list[str] = []  # the library the last fast_matmul() op uses; the default for the helpers
+_constants: dict[str, KernelConstants] = {}
 
 
-PANEL = 48  # columns per packed panel; must equal kPanel in matmul.cc (checked by the tests)
+@dataclass(frozen=True)
+class KernelConstants:
+    """The library's constants (``mindserve_kernel_constants``: matmul.cc, qformat.h, pool.h)."""
+
+    panel: int  # columns per packed float panel (prepare_weight)
+    qgroup: int  # output columns per group of a packed quantized weight
+    formats: tuple[str, ...]  # the quantized formats, in code order
+    block: dict[str, int]  # weights per block of each format
+    packed_bytes: dict[str, int]  # packed bytes per column per block of each format
+    max_segments: int  # most runs of a segmented weight
+    segment_magic: bytes  # a segmented weight's first bytes
+    max_head_dim: int  # the longest attention head
+    kinds: tuple[str, ...]  # kernel_stats kinds, in order
+
+
+def kernel_constants(cache_dir: str | os.PathLike | None = None, variant: str | None = None) -> KernelConstants:
+    """The constants of the library in use (any one already loaded in this process -- every build has the same --,
+    else ``kernel_library(cache_dir, variant)``)."""
+    if cache_dir is None and variant is None and (_active or _lib):
+        path = _active[-1] if _active else next(iter(_lib))
+        lib = kernel_library(None) if _active else _lib[path]
+    else:
+        lib = kernel_library(cache_dir, variant)
+        path = next(p for p, loaded in _lib.items() if loaded is lib)
+    if path not in _constants:
+        raw = json.loads(lib.mindserve_kernel_constants().decode())
+        formats = raw["formats"]
+        _constants[path] = KernelConstants(
+            panel=raw["panel"], qgroup=raw["qgroup"], formats=tuple(f["name"] for f in formats),
+            block={f["name"]: f["block"] for f in formats},
+            packed_bytes={f["name"]: f["packed_bytes"] for f in formats},
+            max_segments=raw["max_segments"], segment_magic=int(raw["segment_magic"]).to_bytes(4, "little"),
+            max_head_dim=raw["max_head_dim"], kinds=tuple(raw["kinds"]))
+    return _constants[path]
+
+
+_CONSTANT_NAMES = {"PANEL": "panel", "QGROUP": "qgroup", "PACKED_BYTES": "packed_bytes", "MAX_SEGMENTS": "max_segments",
+                   "SEGMENT_MAGIC": "segment_magic", "KERNEL_KINDS": "kinds"}
+
+
+def __getattr__(name: str):
+    """``PANEL``, ``QGROUP``, ... : ``kernel_constants()``'s values (read when first asked for)."""
+    if name in _CONSTANT_NAMES:
+        return getattr(kernel_constants(), _CONSTANT_NAMES[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def prepare_weight(w: np.ndarray) -> np.ndarray:
@@ -96,6 +101,7 @@ def prepare_weight(w: np.ndarray) -> np.ndarray:
     if w.ndim != 2:
         raise ValueError(f"prepare_weight expects a [K, N] matrix, got shape {w.shape}")
     k, n = w.shape
+    PANEL = kernel_constants().panel  # noqa: N806 (the library's constant)
     full = n // PANEL
     packed = np.empty(k * n, np.float32)  # each part written once, straight from w (no intermediate copies)
     body = w[:, :full * PANEL].reshape(k, full, PANEL).transpose(1, 0, 2)  # [panels, K, PANEL]
@@ -104,24 +110,17 @@ def prepare_weight(w: np.ndarray) -> np.ndarray:
     return packed.reshape(1, k, n)
 
 
-QGROUP = 16  # output columns per group of a packed quantized weight (kGroup in qmatmul.cc)
-_QFORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")  # qmatmul.cc's format codes, in order
-# Bytes per column per block (32 weights; K-quants: super-block of 256) of a packed weight (qmatmul.cc's header).
-PACKED_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24, "q4_k": 148, "q5_k": 180, "q6_k": 210}
-
-
 def packed_shape(q) -> tuple[int, int, int]:
-    """The shape of ``prepare_qweight(q)``: ``(1, K/B * P, N)``."""
-    from backends.mindspore.modeldir.quant import BLOCK_SIZE
-
-    return 1, q.cols // BLOCK_SIZE[q.fmt] * PACKED_BYTES[q.fmt], q.rows
+    """The shape of ``prepare_qweight(q)``: ``(1, K/B * P, N)``, B and P the format's block size and packed bytes."""
+    c = kernel_constants()
+    return 1, q.cols // c.block[q.fmt] * c.packed_bytes[q.fmt], q.rows
 
 
 def prepare_qweight(q, cache_dir: str | os.PathLike | None = None, variant: str | None = None,
                     out: np.ndarray | None = None) -> np.ndarray:
     """Pack a ``QuantWeight`` (GGUF blocks of a ``[N, K]`` matrix, HF layout) for the quantized matmul: uint8
-    ``[1, K/B * P, N]`` (B the format's block size, P = ``PACKED_BYTES``), laid out as qmatmul.cc's header
-    describes: groups of 16 output columns, each holding, block after block, the quants of its columns
+    ``[1, K/B * P, N]`` (B the format's block size, P its packed bytes: ``kernel_constants()``), laid out as
+    qformat.h describes: groups of 16 output columns, each holding, block after block, the quants of its columns
     dword-major (one 64-byte load = one dword of each of 16 columns; q8_0 quants stored + 128) and then their
     scales. The layout is the same on every CPU (only the kernels' instructions differ). Packed by the kernel
     library (pack.cc's MindservePackQWeight, on the kernel threads; ``kernel_library`` says which library), into
@@ -144,7 +143,7 @@ def _blocks_entry(lib: ctypes.CDLL, entry: str, q, out: np.ndarray) -> None:
     """``entry(blocks, fmt, out)`` called as MindSpore calls an AOT entry (pack.cc)."""
     if not out.flags.c_contiguous or not out.flags.writeable:
         raise ValueError(f"{entry} writes a C-contiguous, writeable array, got one with flags {out.flags}")
-    arrays = [np.ascontiguousarray(q.blocks), np.array([_QFORMATS.index(q.fmt)], np.int32), out]
+    arrays = [np.ascontiguousarray(q.blocks), np.array([kernel_constants().formats.index(q.fmt)], np.int32), out]
     n = len(arrays)
     shapes = [(ctypes.c_int64 * a.ndim)(*a.shape) for a in arrays]
     rc = getattr(lib, entry)(n, (ctypes.c_void_p * n)(*[a.ctypes.data for a in arrays]),
@@ -156,14 +155,10 @@ def _blocks_entry(lib: ctypes.CDLL, entry: str, q, out: np.ndarray) -> None:
         raise ValueError(f"{entry} refused a {q.fmt} [{q.rows}, {q.cols}] weight (code {rc}, pack.cc)")
 
 
-SEGMENT_MAGIC = b"MSQS"  # a segmented weight's first bytes (qmatmul.cc kSegMagic)
-MAX_SEGMENTS = 8  # qmatmul.cc kMaxSegments
-
-
 def prepare_qstack(parts) -> np.ndarray:
     """Pack ``QuantWeight`` parts stacked along their outputs (q, k, v -> qkv; ``quant.stack_segments`` merges
     neighbours of one format) for the quantized matmul: one format is ``prepare_qweight``'s layout; several are a
-    segmented weight (qmatmul.cc's header): uint8 ``[1, L, N]`` with L the least odd length that holds the table
+    segmented weight (qformat.h): uint8 ``[1, L, N]`` with L the least odd length that holds the table
     (magic, count, then per run its format code, columns and the 64-byte-aligned offset of its own
     ``prepare_qweight`` packing) and the runs' packings. Each run keeps its format; the layout is ISA-neutral."""
     from backends.mindspore.modeldir.quant import QuantError, stack_segments
@@ -171,8 +166,9 @@ def prepare_qstack(parts) -> np.ndarray:
     runs = stack_segments(parts)
     if len(runs) == 1:
         return prepare_qweight(runs[0])
-    if len(runs) > MAX_SEGMENTS:
-        raise QuantError(f"a stack of {len(runs)} runs of formats {[r.fmt for r in runs]}: at most {MAX_SEGMENTS}")
+    c = kernel_constants()
+    if len(runs) > c.max_segments:
+        raise QuantError(f"a stack of {len(runs)} runs of formats {[r.fmt for r in runs]}: at most {c.max_segments}")
     packed = [prepare_qweight(r).reshape(-1) for r in runs]
     offsets, end = [], 8 + 16 * len(runs)
     for p in packed:
@@ -182,9 +178,9 @@ def prepare_qstack(parts) -> np.ndarray:
     rows = -(-end // n)
     rows += 1 - rows % 2  # odd: no single format's packed length is
     out = np.zeros(rows * n, np.uint8)
-    table = [np.frombuffer(SEGMENT_MAGIC, np.uint8), np.array([len(runs)], "<i4").view(np.uint8)]
+    table = [np.frombuffer(c.segment_magic, np.uint8), np.array([len(runs)], "<i4").view(np.uint8)]
     for r, off in zip(runs, offsets):
-        table += [np.array([_QFORMATS.index(r.fmt), r.rows], "<i4").view(np.uint8),
+        table += [np.array([c.formats.index(r.fmt), r.rows], "<i4").view(np.uint8),
                   np.array([off], "<i8").view(np.uint8)]
     head = np.concatenate(table)
     out[:head.size] = head
@@ -210,14 +206,6 @@ def kernel_variant(cache_dir: str | os.PathLike | None = None) -> dict[str, str]
     return {"variant": lib.mindserve_kernel_variant().decode(), "isa": lib.mindserve_vec_isa().decode()}
 
 
-def _out_shape(x_shape, w_shape):
-    return list(x_shape[:-1]) + [w_shape[-1]]  # w is the packed [1, K, N]
-
-
-def _out_dtype(x_dtype, _w_dtype):
-    return x_dtype
-
-
 def kernel_library(cache_dir: str | os.PathLike | None = None, variant: str | None = None) -> ctypes.CDLL:
     """The kernel library loaded in this process (the same handle MindSpore's dlopen gets).
 
@@ -233,6 +221,7 @@ def kernel_library(cache_dir: str | os.PathLike | None = None, variant: str | No
         lib = ctypes.CDLL(path)
         lib.mindserve_kernel_variant.restype = ctypes.c_char_p
         lib.mindserve_vec_isa.restype = ctypes.c_char_p
+        lib.mindserve_kernel_constants.restype = ctypes.c_char_p
         want = choose_variant(variant).name if variant is not None else None
         if want is not None and lib.mindserve_kernel_variant().decode() != want:
             raise KernelBuildError(f"{path} is the {lib.mindserve_kernel_variant().decode()} build, not {want}")
@@ -269,15 +258,12 @@ def kernel_library(cache_dir: str | os.PathLike | None = None, variant: str | No
     return _lib[path]
 
 
-KERNEL_KINDS = ("matmul", "attention", "rmsnorm", "swiglu", "qkv_rope")  # pool.h Kind, in order
-
-
 def kernel_stats(reset: bool = False, cache_dir: str | os.PathLike | None = None,
                  kind: str = "matmul") -> tuple[int, float]:
     """(calls, seconds spent inside one kind of kernel, see ``KERNEL_KINDS``) since the last reset, for
     this process."""
     calls, ns = ctypes.c_uint64(), ctypes.c_uint64()
-    kernel_library(cache_dir).mindserve_kernel_stats(KERNEL_KINDS.index(kind), ctypes.byref(calls),
+    kernel_library(cache_dir).mindserve_kernel_stats(kernel_constants(cache_dir).kinds.index(kind), ctypes.byref(calls),
                                                      ctypes.byref(ns), int(reset))
     return calls.value, ns.value / 1e9
 
@@ -301,73 +287,20 @@ def fast_matmul(cache_dir: str | os.PathLike | None = None, threads: int | None 
     _active.append(str(path))
     if threads is not None:
         set_kernel_threads(threads)
-    return ops.Custom(f"{path}:{ENTRY}", out_shape=_out_shape, out_dtype=_out_dtype, func_type="aot")
-
-
-def _first_dtype(dtype, *_):
-    return dtype
-
-
-def _embed_rope_shapes(ids, _pos, embed, cos_t, _sin_t):
-    n = int(np.prod(ids))
-    return [n, embed[1]], [n, cos_t[1]], [n, cos_t[1]]
-
-
-def _embed_rope_packed_shapes(ids, _pos, head, cos_t, _sin_t):
-    n = int(np.prod(ids))
-    return [n, head[1] // 34 * 32], [n, cos_t[1]], [n, cos_t[1]]  # head: a packed Q8_0 [1, C/32 * 34, V]
-
-
-@dataclass(frozen=True)
-class AotOps:
-    """The network's AOT operators (module docstring), all from one library and one thread pool."""
-
-    matmul: Any
-    matmul_add: Any
-    matmul_add_lora: Any  # matmul_add(x, w, res, a, b, rows, segs)
-    qkv_attention: Any  # qkv_attention(qkv, bias, cos, sin, k_cache, v_cache, write, table, pos, rows, meta)
-    norm_matmul: Any  # norm_matmul(x, w_norm, eps, w) = matmul(rmsnorm(x), w)
-    norm_matmul_lora: Any  # norm_matmul(x, w_norm, eps, w, a, b, rows, segs)
-    swiglu_matmul_add: Any  # swiglu_matmul_add(gu, w, res) = matmul_add(swiglu(gu), w, res)
-    swiglu_matmul_add_lora: Any  # swiglu_matmul_add(gu, w, res, a, b, rows, segs)
-    decoder_layer: Any  # the five ops above as one (no adapters)
-    embed_rope: Any  # embed_rope(ids, pos, embed, cos_t, sin_t) -> (x, cos, sin)
-    norm_head: Any  # norm_head(x, w_norm, eps, last_rows, head) -> (logits, hidden)
-    rmsnorm: Any
-    moe: Any  # moe(h, ffn_norm, eps, router, w_gate_up, w_down, meta) = h + experts(rmsnorm(h))
-    moe_decoder_layer: Any  # attention half of decoder_layer, then moe, as one op
-    gemma_decoder_layer: Any = None  # Gemma 3's layer as one op (fused.cc MindserveGemmaDecoderLayer)
-    embed_rope_packed: Any = None  # embed_rope reading a tied Q8_0 head's packed weight (vocab.cc)
+    matmul = OPS[0]
+    return ops.Custom(f"{path}:{matmul.entry}", out_shape=lambda *shapes: matmul.out_shape(None, *shapes),
+                      out_dtype=matmul.out_dtype, func_type="aot")
 
 
 def aot_ops(heads: int, kv_heads: int, head_dim: int, cache_dir: str | os.PathLike | None = None,
             variant: str | None = None) -> AotOps:
-    """Every operator of the network, from the library of ``variant`` (``build.choose_variant``)."""
+    """Every operator of the network (``ops.OPS``), from the library of ``variant`` (``build.choose_variant``)."""
     from mindspore import ops
 
     path: Path = build_kernel(cache_dir, variant=variant)
     _active.append(str(path))
 
-    def custom(entry: str, out_shape, out_dtype=_first_dtype):
+    def custom(entry: str, out_shape, out_dtype):
         return ops.Custom(f"{path}:{entry}", out_shape=out_shape, out_dtype=out_dtype, func_type="aot")
 
-    return AotOps(
-        matmul=custom(ENTRY, _out_shape, _out_dtype),
-        matmul_add=custom("MindserveMatMulAdd", lambda x, w, r: _out_shape(x, w), _first_dtype),
-        matmul_add_lora=custom("MindserveMatMulAdd", lambda x, w, *_: _out_shape(x, w)),
-        qkv_attention=custom("MindserveQKVAttention", lambda qkv, *_: [qkv[0], heads * head_dim]),
-        norm_matmul=custom("MindserveNormMatMul", lambda x, _nw, _eps, w: _out_shape(x, w)),
-        norm_matmul_lora=custom("MindserveNormMatMul", lambda x, _nw, _eps, w, *_: _out_shape(x, w)),
-        swiglu_matmul_add=custom("MindserveSwiGLUMatMulAdd", lambda gu, w, res: list(res)),
-        swiglu_matmul_add_lora=custom("MindserveSwiGLUMatMulAdd", lambda gu, w, res, *_: list(res)),
-        decoder_layer=custom("MindserveDecoderLayer", lambda x, *_: list(x)),
-        embed_rope=custom("MindserveEmbedRope", _embed_rope_shapes, lambda _i, _p, emb, *_: (emb, emb, emb)),
-        norm_head=custom("MindserveNormHead", lambda x, _w, _e, last, head: ([last[0], head[-1]], list(x)),
-                         lambda x, *_: (x, x)),
-        rmsnorm=custom("MindserveRMSNorm", lambda x, *_: list(x)),
-        moe=custom("MindserveMoE", lambda h, *_: list(h)),
-        moe_decoder_layer=custom("MindserveMoEDecoderLayer", lambda x, *_: list(x)),
-        gemma_decoder_layer=custom("MindserveGemmaDecoderLayer", lambda x, *_: list(x)),
-        embed_rope_packed=custom("MindserveEmbedRopePacked", _embed_rope_packed_shapes,
-                                 lambda _i, _p, _h, cos_t, *_: (cos_t, cos_t, cos_t)),
-    )
+    return build_ops(custom, Geometry(heads, kv_heads, head_dim))

@@ -121,9 +121,7 @@ void norm_rope_head(const float *x, const float *b, const float *w, float eps, c
 }
 
 // One new cache row in the cache's format; float16 through the vector layer's store_f16 (kv::f32_to_f16's bits;
-// the row's last D % 16 values take that function itself). Measured on the SmolLM2-1.7B shape (24 layers, 32 kv
-// heads of 64, 16 decode rows at position 100, Zen 5 v4-vnni, bench/step_overhead.py --model-dir): the qkv_rope stage
-// 4.48 -> 2.02 ms a step (1 row: 0.33 -> 0.18), the step 70.3 -> 65.6 ms; the scalar conversion was most of it.
+// the row's last D % 16 values take that function itself): the scalar conversion was most of the qkv_rope stage.
 __attribute__((always_inline)) inline void encode_cache_row(mindserve::kv::Format f, const float *x, int64_t D,
                                                             uint8_t *dst) {
   if (f != mindserve::kv::Format::kF16) return mindserve::kv::encode_row(f, x, D, dst);

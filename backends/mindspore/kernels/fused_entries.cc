@@ -1,56 +1,17 @@
-// mindserve fused AOT entries: MindSpore's arguments checked, then the compute of fused.h (or other entries called
-// in order): each replaces a chain of small MindSpore ops (every op launch costs microseconds, and a decode step of a
-// small model is mostly launches).
-//
-//   MindserveRMSNorm(x [N, C], w [C], eps [1]) -> y [N, C]
-//       y = x / sqrt(mean(x^2) + eps) * w
-//   MindserveSwiGLU(gu [N, 2F]) -> y [N, F]
-//       y = silu(gu[:, :F]) * gu[:, F:]
-//   MindserveQKVRope(qkv [N, (H + 2 KV) D], cos [N, D], sin [N, D]) -> q [N, H, D], k [N KV, D], v [N KV, D]
-//       splits the fused projection and applies rotary embeddings (HF rotate_half layout: the
-//       tables repeat their D/2 frequencies over both halves) to q and k; H and KV come from the
-//       output shapes.
-//   MindserveQKVAttention(qkv [N, (H + 2 KV) D], bias [(H + 2 KV) D] or [1], cos [N, D], sin [N, D],
-//                         k_cache [KV S, W], v_cache [KV S, W] (one format of kv_format.h), write [N KV] i32,
-//                         table [R, NB] i32, pos [N] (or [1, N]) i32, rows [N] i32, meta [3] i32 = (KV, bs, has_bias),
-//                         (qk_norm [2, D], eps [1])) -> out [N, H D]
-//       a layer's whole attention after the qkv projection, in one op: (+ bias,) with the two optional inputs
-//       each q and k head RMS-normalised (row 0 of qk_norm the q weights, row 1 the k weights: Qwen3's
-//       q_norm / k_norm, rmsnorm_row over D), the split and RoPE of
-//       MindserveQKVRope, the new K/V rows written into the cache Parameters in place (row write[r KV + h]
-//       gets head h of token r, encoded as kv_format.h says), then the paged
-//       attention of attention.cc over the updated cache. H comes from the output shape. The writes
-//       all happen before any key is read, so a token always sees itself and the earlier tokens of its
-//       own chunk; duplicate rows (padding tokens all write the scratch slot 0) are written in token
-//       order, the last one wins (write_and_rope: each kv head's rows by one thread of the pool).
-//   MindserveNormMatMul(x [N, C], w [C], eps [1], W, (LoRA inputs)) -> y = MindserveMatMul(rmsnorm(x), W, ...)
-//   MindserveSwiGLUMatMulAdd(gu [N, 2F], W, res, (LoRA inputs)) -> y = MindserveMatMulAdd(swiglu(gu), W, res, ...)
-//       the row-wise kernel above written into a scratch buffer, then the matmul entry (matmul.cc: any
-//       weight format it takes, the four optional LoRA inputs of lora.h) called on it with the remaining
-//       inputs as they came: one op launch instead of two, the same arithmetic, the same bits.
-//   MindserveGeGLUMatMul(gu [N, 2F], W, ...) -> y = MindserveMatMul(gelu_tanh(gu[:, :F]) * gu[:, F:], W, ...)
-//   MindserveNormAdd(x [N, C], w [C], eps [1], res [N, C]) -> y = res + rmsnorm(x) * w
-//   MindserveGemmaDecoderLayer(...): a Gemma 3 decoder layer as one op (its comment below).
-//   MindserveQKVAttention's meta may be [5] = (KV, bs, has_bias, window, scale bits): a sliding window (0: none) and
-//       the score scale as float32 bits (0: 1 / sqrt(D)).
-//   MindserveEmbedRope(ids [N] i32, pos [N] i32 (any shape of N elements), embed [V, C], cos_t [P, D],
-//                      sin_t [P, D]) -> x [N, C], cos [N, D], sin [N, D]
-//       the rows of the embedding and of the rotary tables each token needs: three gathers in one op.
-//   MindserveNormHead(x [N, C], w [C], eps [1], last [R] i32, W) -> logits [R, V], hidden [N, C]
-//       hidden = rmsnorm(x); logits = MindserveMatMul(hidden[last], W): the final norm, the gather of the
-//       logit rows and the LM head in one op.
-//   MindserveDecoderLayer(x [N, C], attn_norm [C], eps [1], wqkv, bias, cos, sin, k_cache, v_cache, write, table,
-//                         pos, rows, meta, wo, ffn_norm [C], w_gate_up, w_down, (qk_norm, qk_eps)) -> y [N, C]
-//       a whole decoder layer (no adapters) as one op, by calling the entries above in order:
-//         qkv = NormMatMul(x, attn_norm, eps, wqkv); a = QKVAttention(qkv, bias, cos, sin, k_cache, ..., (qk_norm,
-//         qk_eps));
-//         h = MatMulAdd(a, wo, x); gu = NormMatMul(h, ffn_norm, eps, w_gate_up); y = SwiGLUMatMulAdd(gu, w_down, h)
-//       with the intermediates in scratch buffers of the calling thread: the same bits as those five ops.
-//       A failing stage s (1..5) returns 100 s + its own error code.
-//
-// Every output row is a function of its own input row only, computed by a fixed sequence of
-// operations, so results do not depend on the batch (the determinism contract of matmul.cc).
-// Each entry returns 0, or non-zero on a shape/dtype mismatch (MindSpore then raises).
+// mindserve fused AOT entries: MindSpore's arguments checked, then the compute of fused.h, or other entries called in
+// order on scratch buffers of the calling thread: each replaces a chain of small MindSpore ops (every op launch costs
+// microseconds, and a decode step of a small model is mostly launches). The entries the network uses are the rows of
+// kernels/ops.py (their inputs, outputs and what they compute); here are what that table leaves out:
+//   - the parts, entries of their own so the tests can check each fused entry against them bit for bit:
+//     MindserveSwiGLU(gu [N, 2F]) -> [N, F]; MindserveQKVRope(qkv [N, (H + 2 KV) D], cos, sin [N, D]) -> q [N, H, D],
+//     k, v [N KV, D] (H and KV from the output shapes); MindserveGeGLUMatMul(gu, W, ...) = MatMul(geglu(gu), W, ...);
+//     MindserveNormAdd(x [N, C], w [C], eps [1], res [N, C]) -> res + rmsnorm(x) * w.
+//   - the prologue entries (NormMatMul, SwiGLUMatMulAdd, GeGLUMatMul) hand their remaining inputs to the matmul entry
+//     as they came (any weight it takes, the four optional LoRA inputs of lora.h).
+//   - QKVAttention writes all its cache rows before any key is read, so a token always sees itself and the earlier
+//     tokens of its own chunk; duplicate rows (padding tokens all write the scratch slot 0) are written in token
+//     order, the last one wins.
+//   - a layer entry's failing stage s returns 100 s + that stage's own error code.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>

@@ -39,10 +39,13 @@
 #include <cstdint>
 #include <cstring>
 #include <utility>
+#include <string>
 
 #include "entry.h"
+#include "kv_format.h"
 #include "lora.h"
 #include "pool.h"
+#include "qformat.h"
 #include "qmatmul.h"
 #include "vec.h"
 
@@ -51,6 +54,8 @@
 #endif
 
 namespace {
+
+namespace q = mindserve::q;
 
 namespace v = mindserve::vec;
 
@@ -206,6 +211,28 @@ void mindserve_kernel_stats(int kind, uint64_t *calls, uint64_t *ns, int reset) 
 }
 
 int mindserve_matmul_panel_width() { return static_cast<int>(kPanel); }
+
+// The constants the Python side needs, as JSON (kernels.kernel_constants reads them; nothing restates them): the
+// float panel width, the quantized formats in code order (qformat.h's traits), the column group, the segment table's
+// bounds, the longest attention head and the stats kinds (pool.h).
+const char *mindserve_kernel_constants() {
+  static const std::string json = [] {
+    std::string s = "{\"panel\": " + std::to_string(kPanel) + ", \"qgroup\": " + std::to_string(q::kGroup) +
+                    ", \"max_segments\": " + std::to_string(q::kMaxSegments) +
+                    ", \"segment_magic\": " + std::to_string(q::kSegMagic) +
+                    ", \"max_head_dim\": " + std::to_string(mindserve::kv::kMaxHeadDim) + ", \"formats\": [";
+    for (int f = 0; f < q::kFormats; ++f) {
+      const q::Traits &t = q::kTraits[f];
+      s += std::string(f ? ", " : "") + "{\"name\": \"" + t.name + "\", \"block\": " + std::to_string(t.block) +
+           ", \"gguf_bytes\": " + std::to_string(t.gguf_bytes) +
+           ", \"packed_bytes\": " + std::to_string(t.packed_bytes) + "}";
+    }
+    s += "], \"kinds\": [";
+    for (int k = 0; k < mindserve::kKinds; ++k) s += std::string(k ? ", " : "") + "\"" + mindserve::kKindNames[k] + "\"";
+    return s + "]}";
+  }();
+  return json.c_str();
+}
 // The named build variant (build.py's -DMINDSERVE_VARIANT) and the vector backend it compiled to.
 const char *mindserve_kernel_variant() { return MINDSERVE_VARIANT; }
 const char *mindserve_vec_isa() { return v::kIsa; }

@@ -167,6 +167,7 @@ void for_row_chunks(int64_t n, int64_t chunks, const Fn &fn) {
 // Kernel-side accounting (cheap; for benchmarks): calls and nanoseconds spent inside each kind of
 // kernel, read with mindserve_kernel_stats(kind, ...).
 enum Kind { kMatMul = 0, kAttention, kRMSNorm, kSwiGLU, kQKVRope, kKinds };
+constexpr const char *kKindNames[kKinds] = {"matmul", "attention", "rmsnorm", "swiglu", "qkv_rope"};
 
 struct Stats {
   std::atomic<uint64_t> calls{0}, ns{0};

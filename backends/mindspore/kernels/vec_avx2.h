@@ -11,12 +11,11 @@ namespace mindserve::vec {
 
 constexpr const char *kIsa = "avx2";
 constexpr int kMatMulRows = 2;  // fp32 tile rows: 2 x 6 ymm accumulators + the weights in 16 ymm
-constexpr int kQRows = 4;   // quantized tile rows (measured: 2 -> 4 cut M=16 q4_1 time ~40%, spills and all)
+constexpr int kQRows = 4;   // quantized tile rows (4 beat 2 even with the spills)
 constexpr int kKRows2 = 0;  // no two-group K-quant tiles either
-constexpr int kQRows2 = 0;  // no two-group tiles: measured at M=16, one group of 4 rows is 7% faster (fewer spills)
+constexpr int kQRows2 = 0;  // no two-group tiles: one group of 4 rows is faster (fewer spills)
 // Tiles of 2+ rows keep their loop over a block's quant dwords rolled: unrolled, GCC hoists the nibble unpacks of
-// all four dwords and spills the rows' int16 sums (16 ymm registers); measured at M=16, 7% faster rolled (and one
-// row 7% slower rolled).
+// all four dwords and spills the rows' int16 sums (16 ymm registers); one row is faster unrolled.
 constexpr int kQRolledRows = 2;
 constexpr int kQ8Bias = 0;  // dot_q8 flips u = q + 128 back to the signed q: sum q * x directly
 

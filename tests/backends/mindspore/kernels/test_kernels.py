@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from backends.mindspore.kernels import PANEL, prepare_weight
+from backends.mindspore.kernels import kernel_constants, prepare_weight
 from backends.mindspore.kernels import build as kbuild
 from tests.support.kernel_entries import call_aot as _aot_call
 
@@ -31,13 +31,31 @@ def _mm(lib, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return y
 
 
-def test_panel_width_matches_the_library(lib):
-    assert lib.mindserve_matmul_panel_width() == PANEL
+def test_the_library_exports_its_constants(lib):
+    from backends.mindspore.modeldir.quant import BLOCK_SIZE, FORMATS
+
+    c = kernel_constants()
+    assert c.panel == lib.mindserve_matmul_panel_width()
+    assert c.formats == tuple(FORMATS) and c.block == {f: BLOCK_SIZE[f] for f in FORMATS}
+    assert c.kinds[0] == "matmul" and c.max_segments >= 2 and len(c.segment_magic) == 4
 
 
-@pytest.mark.parametrize("k,n", [(3, PANEL), (4, 2 * PANEL + 5), (2, 7)])
-def test_prepare_weight_layout(k, n):
-    """Panels of PANEL columns, each [K, width] row-major, back to back; the last may be narrower."""
+def test_every_operator_of_the_table_is_an_entry_of_the_library(lib):
+    import dataclasses
+
+    from backends.mindspore.kernels import OPS, AotOps
+    from backends.mindspore.kernels.ops import manual
+
+    assert [f.name for f in dataclasses.fields(AotOps)] == [op.name for op in OPS]
+    assert [op.entry for op in OPS if not hasattr(lib, op.entry)] == []
+    assert all(f"{op.name} ({op.entry})" in manual() for op in OPS)
+
+
+@pytest.mark.parametrize("k,panels,extra", [(3, 1, 0), (4, 2, 5), (2, 0, 7)])
+def test_prepare_weight_layout(lib, k, panels, extra):
+    """Panels of the library's panel width, each [K, width] row-major, back to back; the last may be narrower."""
+    PANEL = kernel_constants().panel  # noqa: N806
+    n = panels * PANEL + extra
     w = np.arange(k * n, dtype=np.float32).reshape(k, n)
     packed = prepare_weight(w)
     assert packed.shape == (1, k, n) and packed.dtype == np.float32 and packed.flags.c_contiguous
