@@ -17,6 +17,22 @@ from backends.types import SamplingParams
 # NextTokenChooser hands each chain its own float64 copy.
 Processor = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
+
+@dataclass(frozen=True, slots=True)
+class RowScan:
+    """What one pass over a logits row tells a chooser: its argmax (first index of the largest value), its
+    log-sum-exp, and its k best ids with their values, best first (value descending, then id ascending)."""
+
+    argmax: int
+    lse: float
+    best_ids: np.ndarray  # [<= k] int64
+    best_vals: np.ndarray  # [<= k] float64: the row's values, widened
+
+
+# (row [V], k) -> RowScan, or None where it cannot (a row it does not take, k past its limit). The engine picks
+# one at start-up (the kernel library's, kernels/vocab.py); a chooser without one uses NumPy on whole rows.
+RowScanner = Callable[[np.ndarray, int], "RowScan | None"]
+
 WATERMARK_GAMMA = 0.5  # share of the vocabulary on the green list
 WATERMARK_DELTA = 2.0  # logit bonus of green tokens
 WATERMARK_HASH_KEY = 15485863  # a large prime, as in TGI and the paper's code
@@ -246,11 +262,17 @@ class NextTokenChooser:
     """
 
     def __init__(self, params: SamplingParams, vocab_size: int | None = None,
-                 first: Sequence[Processor] = ()) -> None:
+                 first: Sequence[Processor] = (), scan: RowScanner | None = None) -> None:
         self.params = params
         self.vocab_size = vocab_size  # logits past it (padded vocab rows) are never chosen
         self.processors = [*first, *build_processors(params)]
         self.rng = np.random.Generator(np.random.PCG64(params.seed))
+        self.scan = scan
+        # A sampling chain of only temperature, top-k and the nucleus warpers (top-k among them) is decided by the
+        # row's best k + 1: chosen from them alone when the (k+1)-th is not tied with the k-th (_choose_best_k).
+        warpers = all(isinstance(p, (Temperature, TopK, TopP, TypicalP)) for p in self.processors)
+        top_k = [p.k for p in self.processors if isinstance(p, TopK)]
+        self.best_k = top_k[0] + 1 if params.do_sample and warpers and len(top_k) == 1 else 0
 
     def choose(self, logits: np.ndarray, history_ids: Sequence[int] | np.ndarray,
                allowed: np.ndarray | None = None) -> tuple[int, float]:
@@ -267,6 +289,10 @@ class NextTokenChooser:
                         ) -> tuple[int, float, tuple[tuple[int, float], ...]]:
         """``choose``, plus the ``top`` most likely (id, logprob) under the same distribution, best first
         (ties by id; fewer if fewer tokens are possible)."""
+        if allowed is None and self.scan is not None:
+            chosen = self._choose_scanned(np.asarray(logits)[: self.vocab_size], top)
+            if chosen is not None:
+                return chosen
         if allowed is None and not self.processors and not self.params.do_sample and top <= 0:
             return _plain_greedy(np.asarray(logits)[: self.vocab_size])
         scores = np.asarray(logits)[: self.vocab_size].astype(np.float64)  # always a fresh copy
@@ -278,6 +304,40 @@ class NextTokenChooser:
         token = _sample(scores, self.rng) if self.params.do_sample else int(np.argmax(scores))
         norm = log_sum_exp(scores)
         return token, float(scores[token] - norm), _top(scores, norm, top)
+
+    def _choose_scanned(self, row: np.ndarray, top: int) -> tuple[int, float, tuple] | None:
+        """``choose_with_top`` from one ``scan`` of the row, without a copy or a sort of it: a greedy chooser with
+        nothing to apply, or a top-k sampling chain (``best_k``); None where the scan cannot say (the general path
+        then runs, with the same result)."""
+        if not self.processors and not self.params.do_sample:
+            scan = self.scan(row, max(top, 0))
+            if scan is None:
+                return None
+            alternatives = tuple((int(i), float(v - scan.lse)) for i, v in zip(scan.best_ids, scan.best_vals)
+                                 if v > -np.inf)
+            return scan.argmax, float(row[scan.argmax]) - scan.lse, alternatives
+        return self._choose_best_k(row, top) if self.best_k else None
+
+    def _choose_best_k(self, row: np.ndarray, top: int) -> tuple[int, float, tuple] | None:
+        """The sampling chain on the row's best k + 1 only, in id order (the order the whole row has), so every
+        processor, the draw and the logprob compute what they would on the whole row, whose other tokens the
+        top-k leaves at -inf: unless the chain's top-k keeps the (k+1)-th (a tie at the k-th value), when tokens
+        outside these may be tied too (None: the whole row is needed)."""
+        scan = self.scan(row, self.best_k)
+        if scan is None:
+            return None
+        order = np.argsort(scan.best_ids, kind="stable")
+        ids, scores = scan.best_ids[order], scan.best_vals[order]  # a fresh float64 array
+        last = order.argsort()[-1] if ids.size == self.best_k else None  # where the (k+1)-th best went
+        history = np.empty(0, np.int64)  # no processor of such a chain reads it
+        for process in self.processors:
+            scores = process(scores, history)
+            if isinstance(process, TopK) and last is not None and scores[last] > -np.inf:
+                return None
+        token = _sample(scores, self.rng)
+        norm = log_sum_exp(scores)
+        alternatives = tuple((int(ids[i]), lp) for i, lp in _top(scores, norm, top))
+        return int(ids[token]), float(scores[token] - norm), alternatives
 
 
 def _plain_greedy(logits: np.ndarray) -> tuple[int, float, tuple]:

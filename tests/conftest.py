@@ -12,20 +12,17 @@ import pytest
 
 from backends.mindspore.modeldir.default_model import ensure_default_gguf, ensure_default_model
 from tests.support.paths import REPO
-from tests.support.make_tiny_gemma3 import make_tiny_gemma3
-from tests.support.make_tiny_qwen3 import make_tiny_qwen3
-from tests.support.make_tiny_qwen3_moe import make_tiny_qwen3_moe
-from tests.support.tiny_model import make_tiny_model
+from tests.support.families import TINY, TinyFamily
 
 # Fixtures that load a model into MindSpore, compile graphs or C++, or start a server process: a test using one
 # (directly or through another fixture) is slow. Modules that compile without them say so themselves
 # (``pytestmark = pytest.mark.slow``).
+# The families' tiny checkpoints (tests/support/families.py) are among them: the tests that take one compile it.
 SLOW_FIXTURES = frozenset({"default_engine", "default_model_dir", "default_gguf_path", "default_q4_dir",
-                           "default_q8_dir", "tiny_model_dir",
-                           "tiny_qwen2_dir", "tiny_qwen3_dir", "ms_graph", "lora_engine", "lora_adapter_dirs",
-                           "kernel_cache", "tiny_qwen3_moe_dir",
-                           "tiny_gemma3_dir",  # the kernel library's C++ build
-                           "gemma3_270m_gguf", "gemma3_270m_fp32_dir", "gemma3_270m_q4_dir"})
+                           "default_q8_dir", "ms_graph", "lora_engine", "lora_adapter_dirs",
+                           "kernel_cache",  # the kernel library's C++ build
+                           "gemma3_270m_gguf", "gemma3_270m_fp32_dir", "gemma3_270m_q4_dir"}
+                          | {t.checkpoint.fixture for t in TINY if t.checkpoint.fixture})
 
 
 # A module that declares every test of it slow (a line ``pytestmark = pytest.mark.slow``) is not even imported by
@@ -47,37 +44,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory):
-    """Tiny Llama (2 layers, hidden 64, GQA 4:2, tied head, seed 0) with tokenizer and predict_tiny.yaml."""
-    return make_tiny_model(tmp_path_factory.mktemp("tiny_llama"), seed=0, arch="llama")
+def _tiny_checkpoint(tiny: TinyFamily):
+    """The session fixture named ``tiny.checkpoint.fixture``: the family's tiny checkpoint, written once."""
+    def checkpoint(tmp_path_factory) -> Path:
+        return tiny.checkpoint.make(tmp_path_factory.mktemp("tiny_" + tiny.name))
+
+    checkpoint.__doc__ = tiny.checkpoint.about
+    return pytest.fixture(scope="session", name=tiny.checkpoint.fixture)(checkpoint)
 
 
-@pytest.fixture(scope="session")
-def tiny_qwen2_dir(tmp_path_factory):
-    """Tiny Qwen2 (q/k/v biases, separate lm_head, seed 1)."""
-    return make_tiny_model(tmp_path_factory.mktemp("tiny_qwen2"), seed=1, arch="qwen2")
-
-
-@pytest.fixture(scope="session")
-def tiny_qwen3_dir(tmp_path_factory):
-    """Tiny Qwen3 (q/k head norms, head_dim 32 != hidden / heads, tied head; tests/support/make_tiny_qwen3.py),
-    the checkpoint of tests/golden/qwen3_tiny.json."""
-    return make_tiny_qwen3(tmp_path_factory.mktemp("tiny_qwen3"))
-
-
-@pytest.fixture(scope="session")
-def tiny_qwen3_moe_dir(tmp_path_factory):
-    """Tiny Qwen3-MoE (8 experts top-2, normalised top-k, layer 1 dense; tests/support/make_tiny_qwen3_moe.py), the
-    checkpoint of tests/golden/qwen3_moe_tiny.json."""
-    return make_tiny_qwen3_moe(tmp_path_factory.mktemp("tiny_qwen3_moe"))
-
-
-@pytest.fixture(scope="session")
-def tiny_gemma3_dir(tmp_path_factory):
-    """Tiny Gemma 3 text (sliding-window layers 0, 1, 3 with a window of 8, a global layer 2, tied head;
-    tests/support/make_tiny_gemma3.py), the checkpoint of tests/golden/gemma3_tiny.json."""
-    return make_tiny_gemma3(tmp_path_factory.mktemp("tiny_gemma3"))
+# tiny_model_dir (Llama), tiny_qwen2_dir, tiny_qwen3_dir, tiny_qwen3_moe_dir, tiny_gemma3_dir
+for _tiny in TINY:
+    if _tiny.checkpoint.fixture:
+        globals()[_tiny.checkpoint.fixture] = _tiny_checkpoint(_tiny)
 
 
 def _default_model_cache() -> Path:

@@ -10,7 +10,7 @@ import pytest
 
 from backends.grammar import MAX_GRAMMAR_BYTES, GrammarCompiler, GrammarRejected, MaskWorker
 from backends.types import Grammar
-from tests.support.tiny_model import EOS, train_tokenizer
+from tests.support.tiny_checkpoint import EOS, train_tokenizer
 
 
 @pytest.fixture(scope="module")

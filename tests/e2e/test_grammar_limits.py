@@ -20,7 +20,7 @@ from service.admission import Admission
 from service.config import ServerSettings
 from tests.support.fake_backend import FakeBackend
 from tests.support.http import until
-from tests.support.tiny_model import EOS, train_tokenizer
+from tests.support.tiny_checkpoint import EOS, train_tokenizer
 
 HUGE_REGEX = {"type": "regex", "value": "a{1000000}"}
 

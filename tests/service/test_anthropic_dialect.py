@@ -17,7 +17,7 @@ from service.errors import (IncompleteGeneration, NotFound, PayloadTooLarge, Ser
                             Unauthorized, ValidationError)
 from service.validation import default_schemas
 from tests.support.tiny_chat_model import QWEN3_LIKE_TEMPLATE, TemplateBackend
-from tests.support.tiny_model import CHAT_TEMPLATE
+from tests.support.tiny_checkpoint import CHAT_TEMPLATE
 
 SCHEMAS = default_schemas()
 MODEL = "m"

@@ -15,7 +15,7 @@ from service.config import ConfigFileError, ServerSettings, load_server_config
 from service.dialects.openai import ChunkRenderer, InvalidRequest, OpenAIStream, parse_openai_request, render_completion
 from service.validation import default_schemas
 from tests.support.tiny_chat_model import QWEN3_LIKE_TEMPLATE, TemplateBackend
-from tests.support.tiny_model import CHAT_TEMPLATE
+from tests.support.tiny_checkpoint import CHAT_TEMPLATE
 
 SCHEMAS = default_schemas()
 MODEL = "m"

@@ -15,7 +15,7 @@ from service.dialects.openai_responses import RESPONSES, ResponsesStream
 from service.dialects.openai_responses_request import chat_request, parse_responses_request
 from service.validation import default_schemas
 from tests.support.tiny_chat_model import QWEN3_LIKE_TEMPLATE, TemplateBackend
-from tests.support.tiny_model import CHAT_TEMPLATE
+from tests.support.tiny_checkpoint import CHAT_TEMPLATE
 
 SCHEMAS = default_schemas()
 MODEL = "m"

@@ -9,6 +9,8 @@ pre-tokenizer (digits split, then byte-level: what ``tiny_model.train_tokenizer`
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import gguf
@@ -30,19 +32,42 @@ _GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight"
            "lm_head.weight": "output.weight"}
 
 
+def _gemma3_metadata(w: gguf.GGUFWriter, cfg: dict) -> None:
+    """As convert_hf_to_gguf.py's Gemma3Model: the window, the global layers' linear scaling."""
+    w.add_sliding_window(cfg["sliding_window"])
+    if cfg.get("rope_scaling"):
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(cfg["rope_scaling"]["factor"])
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """What convert_hf_to_gguf.py's model class for one GGUF architecture does its own way (this writer's own table,
+    kept apart from the registry's GgufArch: it is the converter's independent counterpart)."""
+
+    layer_names: dict[str, str] = field(default_factory=lambda: _LAYER)  # HF module -> GGUF tensor kind
+    permuted_qk: bool = False  # interleaved RoPE: the Q/K rows permuted, the rope dimension count written
+    norm_shift: float = 0.0  # every ``*norm.weight`` stored as shift + w (Gemma3RMSNorm's 1 + w)
+    metadata: Callable[[gguf.GGUFWriter, dict], None] | None = None  # its own keys from config.json
+
+
+_LAYOUTS = {"llama": _Layout(permuted_qk=True), "qwen2": _Layout(), "qwen3": _Layout(), "qwen3moe": _Layout(),
+            "gemma3": _Layout(_GEMMA3_LAYER, norm_shift=1.0, metadata=_gemma3_metadata)}
+
+
 def gguf_name(hf: str, arch: str = "llama") -> str:
     if hf in _GLOBAL:
         return _GLOBAL[hf]
     _, _, layer, rest = hf.split(".", 3)
     module, kind = rest.rsplit(".", 1)
-    return f"blk.{layer}.{(_GEMMA3_LAYER if arch == 'gemma3' else _LAYER)[module]}.{kind}"
+    return f"blk.{layer}.{_LAYOUTS[arch].layer_names[module]}.{kind}"
 
 
 def write_gguf(model_dir: Path, path: Path, arch: str, spm: dict | None = None) -> Path:
     """Write ``model_dir`` (config.json, model.safetensors, tokenizer.json) as a float32 GGUF of ``arch``; with
     ``spm`` (``tokenizer.ggml.*`` metadata of a SentencePiece vocabulary, tests/golden/spm_tiny.json) that vocabulary
     instead of the directory's tokenizer (the embedding must have as many rows)."""
-    cfg = json.loads((model_dir / "config.json").read_text())
+    cfg, layout = json.loads((model_dir / "config.json").read_text()), _LAYOUTS[arch]
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim") or cfg["hidden_size"] // heads
     w = gguf.GGUFWriter(str(path), arch)
@@ -55,14 +80,11 @@ def write_gguf(model_dir: Path, path: Path, arch: str, spm: dict | None = None) 
     w.add_head_count_kv(kv)
     w.add_key_length(hd)
     w.add_value_length(hd)
-    if arch == "llama":
+    if layout.permuted_qk:
         w.add_rope_dimension_count(hd)
     w.add_rope_freq_base(cfg["rope_theta"])
-    if arch == "gemma3":  # as convert_hf_to_gguf.py's Gemma3Model: the window, the global layers' linear scaling
-        w.add_sliding_window(cfg["sliding_window"])
-        if cfg.get("rope_scaling"):
-            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-            w.add_rope_scaling_factor(cfg["rope_scaling"]["factor"])
+    if layout.metadata:
+        layout.metadata(w, cfg)
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     if cfg.get("num_experts"):
@@ -80,10 +102,10 @@ def write_gguf(model_dir: Path, path: Path, arch: str, spm: dict | None = None) 
         if ".mlp.experts." in name:
             continue
         kind = name.split(".")[-2]
-        if arch == "llama" and kind in ("q_proj", "k_proj") and name.endswith(".weight"):
+        if layout.permuted_qk and kind in ("q_proj", "k_proj") and name.endswith(".weight"):
             tensor = hf_to_gguf_rows(tensor, heads if kind == "q_proj" else kv)
-        if arch == "gemma3" and name.endswith("norm.weight"):
-            tensor = tensor + np.float32(1)  # llama.cpp stores Gemma3RMSNorm's 1 + w
+        if layout.norm_shift and name.endswith("norm.weight"):
+            tensor = tensor + np.float32(layout.norm_shift)
         w.add_tensor(gguf_name(name, arch), np.ascontiguousarray(tensor, np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()

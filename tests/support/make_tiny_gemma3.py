@@ -15,10 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
-from tests.support import tiny_hf_checkpoint
-from tests.support.tiny_model import _tokenizer_config
+from tests.support import tiny_checkpoint
+from tests.support.tiny_checkpoint import Layout, random_weights, tokenizer_config
 
 ARCH = "Gemma3ForCausalLM"
 SHAPE = {
@@ -56,29 +54,19 @@ def make_tiny_gemma3(out_dir: str | Path, *, seed: int = DEFAULT_SEED, llama_cpp
     """Write a complete tiny Gemma 3 text model directory and return its path; ``llama_cpp``: 7 layers in the
     pattern a GGUF implies (layer 5 global) and query_pre_attn_scalar = head_dim, for the llama-server agreement."""
     shape, types = ({**SHAPE, **LLAMA_CPP}, LLAMA_CPP_LAYER_TYPES) if llama_cpp else (SHAPE, LAYER_TYPES)
-    return tiny_hf_checkpoint.write_checkpoint(
-        out_dir, vocab_size=VOCAB, weights=lambda vocab: random_weights(vocab, seed, shape),
+    return tiny_checkpoint.write_checkpoint(
+        out_dir, vocab_size=VOCAB, weights=lambda vocab: random_weights(vocab, seed, layout(shape)),
         config=lambda vocab, ids: hf_config(vocab, ids, shape, types),
-        tokenizer_config=lambda ids: {**_tokenizer_config(ids), "chat_template": CHAT_TEMPLATE},
+        tokenizer_config=lambda ids: {**tokenizer_config(ids), "chat_template": CHAT_TEMPLATE},
         yaml_name="predict_tiny_gemma3.yaml", yaml=lambda vocab, ids: predict_yaml(vocab, ids, shape, types))
 
 
-def random_weights(vocab: int, seed: int, shape: dict = SHAPE) -> dict[str, np.ndarray]:
-    """HF-named float32 tensors [out, in]; norm weights noise around 0 (Gemma scales by 1 + weight), the head norms
-    with a wide spread so the scores depend on them visibly."""
-    draws = tiny_hf_checkpoint.Draws(seed, center=0.0)
-    d, inter = shape["hidden_size"], shape["intermediate_size"]
-    # A small embedding: the layers, not the (sqrt(hidden)-scaled) input row, drive the tied head's logits.
-    w = {"model.embed_tokens.weight": draws.normal(vocab, d, std=0.02)}
-    for i in range(shape["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        tiny_hf_checkpoint.attention_weights(w, p, draws, shape)
-        w[p + "post_attention_layernorm.weight"] = draws.norm(d)
-        w[p + "pre_feedforward_layernorm.weight"] = draws.norm(d)
-        w[p + "post_feedforward_layernorm.weight"] = draws.norm(d)
-        tiny_hf_checkpoint.mlp_weights(w, p + "mlp.", draws, d, inter)
-    w["model.norm.weight"] = draws.norm(d)
-    return w
+def layout(shape: dict) -> Layout:
+    """Gemma's layer: four norms (pre-/post-attention, pre-/post-feedforward) and the q/k head norms, their weights
+    noise around 0 (Gemma scales by 1 + weight); a small embedding: the layers, not the (sqrt(hidden)-scaled) input
+    row, drive the tied head's logits."""
+    return Layout(shape, embed_std=0.02, norm_center=0.0,
+                  ffn_norms=("pre_feedforward_layernorm", "post_feedforward_layernorm"))
 
 
 def hf_config(vocab: int, ids: dict[str, int], shape: dict = SHAPE, layer_types: list[str] = LAYER_TYPES) -> dict:
@@ -95,7 +83,7 @@ def hf_config(vocab: int, ids: dict[str, int], shape: dict = SHAPE, layer_types:
         "rope_scaling": ROPE_SCALING,
         "final_logit_softcapping": None,
         "attn_logit_softcapping": None,
-        **tiny_hf_checkpoint.config_tail(ids),
+        **tiny_checkpoint.config_tail(ids),
     }
 
 
@@ -114,11 +102,11 @@ def predict_yaml(vocab: int, ids: dict[str, int], shape: dict = SHAPE, layer_typ
     qkv_has_bias: false
     tie_word_embeddings: true
 """
-    return tiny_hf_checkpoint.predict_yaml(ARCH, "make_tiny_gemma3.py", "Gemma3TextConfig", shape, fields, ids)
+    return tiny_checkpoint.predict_yaml(ARCH, "make_tiny_gemma3.py", "Gemma3TextConfig", shape, fields, ids)
 
 
 def main() -> None:
-    tiny_hf_checkpoint.main(__doc__, make_tiny_gemma3, DEFAULT_SEED)
+    tiny_checkpoint.main(__doc__, make_tiny_gemma3, DEFAULT_SEED)
 
 
 if __name__ == "__main__":

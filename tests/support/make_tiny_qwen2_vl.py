@@ -17,10 +17,8 @@ import json
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import save_file
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from tests.support.tiny_model import CORPUS
+from tests.support.tiny_checkpoint import CORPUS, Draws, Layout, decoder_weights, train_tokenizer, write_checkpoint
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
                   "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")  # ids 0..7
@@ -28,6 +26,7 @@ PAD, EOS = "<|endoftext|>", "<|im_end|>"
 ARCHS = {"qwen2_vl": ("Qwen2VLForConditionalGeneration", "qwen2_vl"),
          "qwen2_5_vl": ("Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl")}
 DEFAULT_SEED = {"qwen2_vl": 20, "qwen2_5_vl": 25}
+VISION_CORPUS = "Describe the picture. What is in this image? Compare the two images. What happens in the video?\n"
 
 TEXT = {
     "hidden_size": 64,
@@ -82,77 +81,28 @@ def make_tiny_qwen2_vl(out_dir: str | Path, *, arch: str = "qwen2_vl", seed: int
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {sorted(ARCHS)}, got {arch!r}")
     seed = DEFAULT_SEED[arch] if seed is None else seed
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = train_tokenizer(448)
-    (out / "tokenizer.json").write_text(tokenizer.to_str(pretty=True), encoding="utf-8")
-    vocab = tokenizer.get_vocab_size()
-    ids = {tok: tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS}
     tie = False  # tied tiny heads (as the 2B ships) make greedy repeat its input token; the loader handles both
-    save_file(random_weights(arch, vocab, seed, tie), str(out / "model.safetensors"), metadata={"format": "pt"})
-    _write_json(out / "config.json", hf_config(arch, vocab, tie, ids))
-    _write_json(out / "tokenizer_config.json", _tokenizer_config(ids, arch))
-    _write_json(out / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
-    _write_json(out / "preprocessor_config.json", _preprocessor_config(arch))
-    (out / f"predict_tiny_{arch}.yaml").write_text(predict_yaml(arch, vocab, tie, ids), encoding="utf-8")
-    return out
-
-
-def train_tokenizer(vocab_size: int) -> Tokenizer:
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    corpus = CORPUS + ("Describe the picture. What is in this image? Compare the two images. "
-                       "What happens in the video?\n")
-    tokenizer.train_from_iterator(corpus.splitlines(keepends=True), trainer=trainer)
-    return tokenizer
-
-
-class _Rng:
-    def __init__(self, seed: int) -> None:
-        self.rng = np.random.default_rng(seed)
-
-    def normal(self, *shape: int, std: float = 0.1) -> np.ndarray:
-        return (self.rng.standard_normal(shape) * std).astype(np.float32)
-
-    def norm(self, n: int) -> np.ndarray:
-        """A norm weight: 1 + noise, so a network that drops it gives different logits."""
-        return (1.0 + self.rng.standard_normal(n) * 0.1).astype(np.float32)
+    return write_checkpoint(
+        out_dir, vocab_size=448, tokenizer=train_tokenizer(448, SPECIAL_TOKENS, CORPUS + VISION_CORPUS),
+        specials=SPECIAL_TOKENS, weights=lambda vocab: random_weights(arch, vocab, seed, tie),
+        config=lambda vocab, ids: hf_config(arch, vocab, tie, ids),
+        tokenizer_config=lambda ids: _tokenizer_config(ids, arch),
+        extra_json={"chat_template.json": {"chat_template": CHAT_TEMPLATE},
+                    "preprocessor_config.json": _preprocessor_config(arch)},
+        yaml_name=f"predict_tiny_{arch}.yaml", yaml=lambda vocab, ids: predict_yaml(arch, vocab, tie, ids))
 
 
 def random_weights(arch: str, vocab: int, seed: int, tie: bool) -> dict[str, np.ndarray]:
-    r = _Rng(seed)
-    w = _text_weights(r, vocab, tie)
-    w.update(_vision_weights(r, arch))
+    """The text decoder (Qwen2's: q/k/v biases, each drawn after its projection), then the vision tower, from one
+    seeded generator."""
+    draws = Draws(seed)
+    w = decoder_weights(vocab, draws, Layout(TEXT, std=0.1, qkv_bias=True, bias_after_each=True, qk_norm=False,
+                                             tied=tie))
+    w.update(_vision_weights(draws, arch))
     return w
 
 
-def _text_weights(r: _Rng, vocab: int, tie: bool) -> dict[str, np.ndarray]:
-    d, inter, heads, kv = (TEXT[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads",
-                                             "num_key_value_heads"))
-    hd = d // heads
-    w = {"model.embed_tokens.weight": r.normal(vocab, d)}
-    for i in range(TEXT["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        w[p + "input_layernorm.weight"] = r.norm(d)
-        for name, out in (("q", heads * hd), ("k", kv * hd), ("v", kv * hd)):
-            w[p + f"self_attn.{name}_proj.weight"] = r.normal(out, d)
-            w[p + f"self_attn.{name}_proj.bias"] = r.normal(out, std=0.5)
-        w[p + "self_attn.o_proj.weight"] = r.normal(d, heads * hd)
-        w[p + "post_attention_layernorm.weight"] = r.norm(d)
-        w[p + "mlp.gate_proj.weight"] = r.normal(inter, d)
-        w[p + "mlp.up_proj.weight"] = r.normal(inter, d)
-        w[p + "mlp.down_proj.weight"] = r.normal(d, inter)
-    w["model.norm.weight"] = r.norm(d)
-    if not tie:
-        w["lm_head.weight"] = r.normal(vocab, d)
-    return w
-
-
-def _vision_weights(r: _Rng, arch: str) -> dict[str, np.ndarray]:
+def _vision_weights(r: Draws, arch: str) -> dict[str, np.ndarray]:
     v = VISION[arch]
     width = v["embed_dim"] if arch == "qwen2_vl" else v["hidden_size"]
     out_dim = v["hidden_size"] if arch == "qwen2_vl" else v["out_hidden_size"]
@@ -303,10 +253,6 @@ processor:
     min_frames: 4
     max_frames: 768
 """
-
-
-def _write_json(path: Path, obj: dict) -> None:
-    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
-from tests.support import tiny_hf_checkpoint
-from tests.support.tiny_model import _tokenizer_config
+from tests.support import tiny_checkpoint
+from tests.support.tiny_checkpoint import Layout, random_weights, tokenizer_config
 
 ARCH = "Qwen3ForCausalLM"
 SHAPE = {
@@ -29,31 +27,17 @@ SHAPE = {
     "rms_norm_eps": 1e-6,
     "max_position_embeddings": 512,
 }
+LAYOUT = Layout(SHAPE)  # the Llama layer with q/k head norms; norm weights (the head norms too) 1 + noise
 DEFAULT_SEED = 30
 VOCAB = 384
 
 
 def make_tiny_qwen3(out_dir: str | Path, *, seed: int = DEFAULT_SEED) -> Path:
     """Write a complete tiny Qwen3 model directory and return its path."""
-    return tiny_hf_checkpoint.write_checkpoint(
-        out_dir, vocab_size=VOCAB, weights=lambda vocab: random_weights(vocab, seed), config=hf_config,
-        tokenizer_config=lambda ids: {**_tokenizer_config(ids), "tokenizer_class": "Qwen2TokenizerFast"},
+    return tiny_checkpoint.write_checkpoint(
+        out_dir, vocab_size=VOCAB, weights=lambda vocab: random_weights(vocab, seed, LAYOUT), config=hf_config,
+        tokenizer_config=lambda ids: {**tokenizer_config(ids), "tokenizer_class": "Qwen2TokenizerFast"},
         yaml_name="predict_tiny_qwen3.yaml", yaml=predict_yaml)
-
-
-def random_weights(vocab: int, seed: int) -> dict[str, np.ndarray]:
-    """HF-named float32 tensors [out, in]; norm weights (the head norms too) 1 + noise, so a network that drops
-    one gives different logits."""
-    draws = tiny_hf_checkpoint.Draws(seed)
-    d, inter = SHAPE["hidden_size"], SHAPE["intermediate_size"]
-    w = {"model.embed_tokens.weight": draws.normal(vocab, d, std=0.1)}
-    for i in range(SHAPE["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        tiny_hf_checkpoint.attention_weights(w, p, draws, SHAPE)
-        w[p + "post_attention_layernorm.weight"] = draws.norm(d)
-        tiny_hf_checkpoint.mlp_weights(w, p + "mlp.", draws, d, inter)
-    w["model.norm.weight"] = draws.norm(d)
-    return w
 
 
 def hf_config(vocab: int, ids: dict[str, int], *, arch: str = ARCH, shape: dict = SHAPE,
@@ -75,7 +59,7 @@ def hf_config(vocab: int, ids: dict[str, int], *, arch: str = ARCH, shape: dict 
         "max_window_layers": shape["num_hidden_layers"],
         **({"output_router_logits": False, "router_aux_loss_coef": 0.001} if moe else {}),
         "rope_scaling": None,
-        **tiny_hf_checkpoint.config_tail(ids),
+        **tiny_checkpoint.config_tail(ids),
     }
 
 
@@ -93,11 +77,11 @@ def yaml_fields(vocab: int, shape: dict = SHAPE) -> str:
 
 
 def predict_yaml(vocab: int, ids: dict[str, int]) -> str:
-    return tiny_hf_checkpoint.predict_yaml(ARCH, "make_tiny_qwen3.py", "Qwen3Config", SHAPE, yaml_fields(vocab), ids)
+    return tiny_checkpoint.predict_yaml(ARCH, "make_tiny_qwen3.py", "Qwen3Config", SHAPE, yaml_fields(vocab), ids)
 
 
 def main() -> None:
-    tiny_hf_checkpoint.main(__doc__, make_tiny_qwen3, DEFAULT_SEED)
+    tiny_checkpoint.main(__doc__, make_tiny_qwen3, DEFAULT_SEED)
 
 
 if __name__ == "__main__":

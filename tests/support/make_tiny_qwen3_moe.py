@@ -12,10 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
-from tests.support import make_tiny_qwen3, tiny_hf_checkpoint
-from tests.support.tiny_model import _tokenizer_config
+from tests.support import make_tiny_qwen3, tiny_checkpoint
+from tests.support.tiny_checkpoint import Experts, Layout, random_weights, tokenizer_config
 
 ARCH = "Qwen3MoeForCausalLM"
 SHAPE = {
@@ -51,36 +49,18 @@ def make_tiny_qwen3_moe(out_dir: str | Path, *, seed: int = DEFAULT_SEED, mlp_on
     """Write a complete tiny Qwen3-MoE model directory and return its path. ``mlp_only``: the dense layers (default
     MOE's [1]; [] gives every layer experts, as llama.cpp's qwen3moe requires)."""
     moe = MOE if mlp_only is None else {**MOE, "mlp_only_layers": list(mlp_only)}
-    return tiny_hf_checkpoint.write_checkpoint(
-        out_dir, vocab_size=VOCAB, weights=lambda vocab: random_weights(vocab, seed, moe["mlp_only_layers"]),
+    return tiny_checkpoint.write_checkpoint(
+        out_dir, vocab_size=VOCAB, weights=lambda vocab: random_weights(vocab, seed, layout(moe["mlp_only_layers"])),
         config=lambda vocab, ids: hf_config(vocab, ids, moe),
-        tokenizer_config=lambda ids: {**_tokenizer_config(ids), "tokenizer_class": "Qwen2TokenizerFast"},
+        tokenizer_config=lambda ids: {**tokenizer_config(ids), "tokenizer_class": "Qwen2TokenizerFast"},
         yaml_name="predict_tiny_qwen3_moe.yaml", yaml=lambda vocab, ids: predict_yaml(vocab, ids, moe))
 
 
-def random_weights(vocab: int, seed: int, mlp_only: list[int]) -> dict[str, np.ndarray]:
-    """HF-named float32 tensors [out, in]; norm weights 1 + noise; a router of spread-out logits, so each token's
-    top-2 experts are clear winners and differ between tokens."""
-    draws = tiny_hf_checkpoint.Draws(seed)
-    d, inter = SHAPE["hidden_size"], SHAPE["intermediate_size"]
-    experts, f = MOE["num_experts"], MOE["moe_intermediate_size"]
-    sparse = sparse_layers(mlp_only)
-    w = {"model.embed_tokens.weight": draws.normal(vocab, d, std=0.1)}
-    for i in range(SHAPE["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        tiny_hf_checkpoint.attention_weights(w, p, draws, SHAPE)
-        w[p + "post_attention_layernorm.weight"] = draws.norm(d)
-        if i in sparse:
-            w[p + "mlp.gate.weight"] = draws.normal(experts, d, std=0.3)
-            for e in range(experts):
-                q = f"{p}mlp.experts.{e}."
-                w[q + "gate_proj.weight"] = draws.normal(f, d, std=0.25)
-                w[q + "up_proj.weight"] = draws.normal(f, d, std=0.25)
-                w[q + "down_proj.weight"] = draws.normal(d, f, std=0.25)
-        else:
-            tiny_hf_checkpoint.mlp_weights(w, p + "mlp.", draws, d, inter)
-    w["model.norm.weight"] = draws.norm(d)
-    return w
+def layout(mlp_only: list[int]) -> Layout:
+    """Qwen3's layer with routed experts on the sparse layers: norm weights 1 + noise; a router of spread-out logits,
+    so each token's top-2 experts are clear winners and differ between tokens."""
+    return Layout(SHAPE, experts=Experts(MOE["num_experts"], MOE["moe_intermediate_size"],
+                                         tuple(sparse_layers(mlp_only))))
 
 
 def hf_config(vocab: int, ids: dict[str, int], moe: dict) -> dict:
@@ -96,11 +76,11 @@ def predict_yaml(vocab: int, ids: dict[str, int], moe: dict) -> str:
     decoder_sparse_step: {moe["decoder_sparse_step"]}
     mlp_only_layers: {moe["mlp_only_layers"]}
 """ + make_tiny_qwen3.yaml_fields(vocab, SHAPE)
-    return tiny_hf_checkpoint.predict_yaml(ARCH, "make_tiny_qwen3_moe.py", "Qwen3MoeConfig", SHAPE, fields, ids)
+    return tiny_checkpoint.predict_yaml(ARCH, "make_tiny_qwen3_moe.py", "Qwen3MoeConfig", SHAPE, fields, ids)
 
 
 def main() -> None:
-    tiny_hf_checkpoint.main(__doc__, make_tiny_qwen3_moe, DEFAULT_SEED)
+    tiny_checkpoint.main(__doc__, make_tiny_qwen3_moe, DEFAULT_SEED)
 
 
 if __name__ == "__main__":

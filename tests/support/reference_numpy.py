@@ -36,6 +36,19 @@ _ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np
 
 
 @dataclass(frozen=True, slots=True)
+class _HfModelType:
+    """What HF transformers' config class of a ``model_type`` implies beyond config.json's keys (the reference's own
+    table, read as HF reads the file: independent of the registry under test)."""
+
+    qkv_bias: bool = False  # Qwen2: biases on q/k/v always
+    qk_norm: bool = False  # Qwen3: q_norm / k_norm always
+    window_needs_switch: bool = False  # Qwen2: sliding_window applies only with use_sliding_window
+
+
+_HF_MODEL_TYPES = {"qwen2": _HfModelType(qkv_bias=True, window_needs_switch=True), "qwen3": _HfModelType(qk_norm=True)}
+
+
+@dataclass(frozen=True, slots=True)
 class RefConfig:
     hidden_size: int
     intermediate_size: int
@@ -60,7 +73,8 @@ class RefConfig:
         theta = cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0
         heads = cfg["num_attention_heads"]
         window = cfg.get("sliding_window")
-        if cfg.get("model_type") == "qwen2" and not cfg.get("use_sliding_window", False):
+        implied = _HF_MODEL_TYPES.get(cfg.get("model_type"), _HfModelType())
+        if implied.window_needs_switch and not cfg.get("use_sliding_window", False):
             window = None
         return cls(
             hidden_size=cfg["hidden_size"],
@@ -73,9 +87,9 @@ class RefConfig:
             rms_norm_eps=float(cfg["rms_norm_eps"]),
             rope_theta=float(theta),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=cfg.get("model_type") == "qwen2" or bool(cfg.get("attention_bias", False)),
+            qkv_bias=implied.qkv_bias or bool(cfg.get("attention_bias", False)),
             sliding_window=window,
-            qk_norm=cfg.get("model_type") == "qwen3",
+            qk_norm=implied.qk_norm,
         )
 
 

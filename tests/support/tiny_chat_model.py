@@ -1,7 +1,8 @@
 """A tiny random Llama whose chat template is Qwen3-like: tools rendered into the system turn, Hermes
 ``<tool_call>{…}</tool_call>`` calls, ``<tool_response>`` turns, ``<think>`` reasoning and
 ``enable_thinking``. ``<think>``, ``</think>``, ``<tool_call>`` and ``</tool_call>`` are added, non-special
-tokens, as in Qwen3's tokenizer (so they stay in the decoded text). Built from ``tiny_model.py``'s pieces."""
+tokens, as in Qwen3's tokenizer (so they stay in the decoded text). Written by the one writer
+(``tiny_checkpoint.py``) with ``tiny_model.py``'s Llama."""
 from __future__ import annotations
 
 import json
@@ -10,10 +11,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from safetensors.numpy import save_file
 from tokenizers import AddedToken
 
 from backends.chat_template import render_chat_template
+from tests.support import tiny_checkpoint as tc
 from tests.support import tiny_model as tm
 
 MARKERS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
@@ -59,28 +60,26 @@ QWEN3_LIKE_TEMPLATE = (
 
 def make_tiny_chat_model(out_dir: str | Path, *, seed: int = 3) -> Path:
     """Write the model directory and return its path (same arguments → the same files)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = tm.train_tokenizer(384)
+    tokenizer = tc.train_tokenizer(384)
     tokenizer.add_tokens([AddedToken(m, special=False, normalized=False) for m in MARKERS])
-    (out / "tokenizer.json").write_text(tokenizer.to_str(pretty=True), encoding="utf-8")
-    vocab_size = tokenizer.get_vocab_size()
-    ids = {tok: tokenizer.token_to_id(tok) for tok in tm.SPECIAL_TOKENS}
-    save_file(tm.random_weights(vocab_size, seed=seed, qkv_bias=False, tie=True), str(out / "model.safetensors"),
-              metadata={"format": "pt"})
-    tm._write_json(out / "config.json", {**tm._config("llama", vocab_size, True, ids),
-                                         "max_position_embeddings": MAX_POSITIONS})
-    config = tm._tokenizer_config(ids)
-    config["chat_template"], config["model_max_length"] = QWEN3_LIKE_TEMPLATE, MAX_POSITIONS
-    for marker in MARKERS:
-        config["added_tokens_decoder"][str(tokenizer.token_to_id(marker))] = {
-            "content": marker, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
-            "special": False}
-    tm._write_json(out / "tokenizer_config.json", config)
+
+    def config(ids: dict[str, int]) -> dict:
+        out = tc.tokenizer_config(ids, MAX_POSITIONS)
+        out["chat_template"] = QWEN3_LIKE_TEMPLATE
+        for marker in MARKERS:
+            out["added_tokens_decoder"][str(tokenizer.token_to_id(marker))] = {
+                "content": marker, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
+                "special": False}
+        return out
+
     positions = str(tm.SHAPE["max_position_embeddings"])
-    yaml = tm._predict_yaml(vocab_size, False, True, ids).replace(f": {positions}\n", f": {MAX_POSITIONS}\n")
-    (out / "predict_tiny.yaml").write_text(yaml, encoding="utf-8")
-    return out
+    return tc.write_checkpoint(
+        out_dir, vocab_size=384, tokenizer=tokenizer,
+        weights=lambda vocab: tc.random_weights(vocab, seed, tm.layout("llama", True)),
+        config=lambda vocab, ids: {**tm._config("llama", vocab, True, ids), "max_position_embeddings": MAX_POSITIONS},
+        tokenizer_config=config, yaml_name="predict_tiny.yaml",
+        yaml=lambda vocab, ids: tm._predict_yaml(vocab, False, True, ids).replace(f": {positions}\n",
+                                                                                   f": {MAX_POSITIONS}\n"))
 
 
 def marker_ids(model_dir: str | Path) -> dict[str, int]:

@@ -38,6 +38,7 @@ from backends.mindspore.engine.speculative import Speculator
 from backends.mindspore.modeldir.spec import ModelSpec
 from backends.mindspore.modeldir.tokenizer import Tokenizer
 from backends.mindspore.modeldir.weights import check_weight_dtype, load_weights
+from backends.sampling import RowScanner
 from backends.settings import EngineConfig
 from backends.step_stats import StepStats
 
@@ -187,12 +188,23 @@ def _build_parts(spec: ModelSpec, config: EngineConfig, model_name: str | None,
     intake = Intake(spec=spec, config=config, tokenizer=tokenizer, model_name=model_name, prompt_limit=prompt_limit,
                     max_seq_len=max_seq_len, max_window=runner.shapes.max_window, vision=vision,
                     media_kinds=media_kinds(spec), adapters=lora, vocab_size=vocab_size, eos_ids=eos_ids,
-                    grammars=grammars, speculator=speculator)
+                    grammars=grammars, speculator=speculator, row_scan=row_scanner(runner))
     return EngineParts(spec=spec, config=config, model_name=model_name, device=device, threads=threads,
                        tokenizer=tokenizer, chat_template=chat_template, grammars=grammars, eos_ids=eos_ids,
                        vocab_size=vocab_size, max_seq_len=max_seq_len, prompt_limit=prompt_limit, lora=lora,
                        runner=runner, vision=vision, allocator=allocator, scheduler=scheduler, speculator=speculator,
                        intake=intake)
+
+
+def row_scanner(runner) -> RowScanner | None:
+    """The choosers' one-pass scan of a logits row: the kernel library's (kernels/vocab.py) on the AOT path, whose
+    library is built; none on stock ops (the choosers' NumPy paths)."""
+    if runner.kernels != "aot":
+        return None
+    from backends.mindspore.kernels import kernel_library
+    from backends.mindspore.kernels.vocab import native_scanner
+
+    return native_scanner(kernel_library())
 
 
 def _tokenizer(spec: ModelSpec, loaded: Tokenizer | None) -> Tokenizer:

@@ -16,6 +16,7 @@ from backends.mindspore.families.qwen2_vl.preprocess import MediaError, Patches
 from backends.mindspore.families.qwen2_vl.request import VisionPrompt, build_prompt, truncate_prompt
 from backends.mindspore.engine.sequence import SeqState
 from backends.params import effective_max_new_tokens
+from backends.sampling import RowScanner
 from backends.settings import EngineConfig
 from backends.types import MediaInput, RequestParams
 
@@ -46,6 +47,7 @@ class Intake:
     eos_ids: frozenset[int]
     grammars: GrammarCompiler
     speculator: Speculator
+    row_scan: RowScanner | None = None  # the choosers' one-pass scan of a logits row (engine_parts.row_scanner)
 
     def refuse_kinds(self, media: Sequence[MediaInput]) -> None:
         """InputRejected for a media part this model does not take (before anything is read)."""
@@ -65,7 +67,8 @@ class Intake:
         try:
             seq = SeqState.from_request(handle, ids, params, max_new_tokens=max_new, defaults=self.spec.defaults,
                                         vocab_size=self.vocab_size, eos_ids=self.eos_ids, tokenizer=self.tokenizer,
-                                        grammars=self.grammars, lora=lease, vision=vision, media=items)
+                                        grammars=self.grammars, lora=lease, vision=vision, media=items,
+                                        scan=self.row_scan)
             seq.drafter = self.speculator.drafter(params.speculate)
             return seq
         except BaseException:

@@ -17,7 +17,7 @@ from backends.mindspore.engine.lora_slots import Lease
 from backends.mindspore.engine.step import DecodeRow, PrefillChunk
 from backends.mindspore.modeldir.tokenizer import IncrementalDetokenizer, Tokenizer
 from backends.params import resolve
-from backends.sampling import NextTokenChooser, request_processors
+from backends.sampling import NextTokenChooser, RowScanner, request_processors
 from backends.stopping import StepOutcome, Stopper
 from backends.thinking import thinking_budget
 from backends.types import ModelDefaults, RequestParams, Token
@@ -60,11 +60,12 @@ class SeqState:
     def from_request(cls, handle: RequestHandle, prompt_ids: list[int], params: RequestParams, *,
                      max_new_tokens: int, defaults: ModelDefaults, vocab_size: int, eos_ids: Iterable[int],
                      tokenizer: Tokenizer, grammars: GrammarCompiler | None = None, lora: Lease | None = None,
-                     vision: VisionPrompt | None = None, media: list[Patches] | None = None) -> SeqState:
+                     vision: VisionPrompt | None = None, media: list[Patches] | None = None,
+                     scan: RowScanner | None = None) -> SeqState:
         """The state of a new request: ``params`` resolved against the model's defaults into its chooser
         (logit_bias and the EOS ban of min_tokens/ignore_eos first), its stop rules into its stopper, its
         grammar compiled (``GrammarRejected`` if it does not compile); its adapter ``lora``, and a vision
-        prompt's ``vision`` and ``media``."""
+        prompt's ``vision`` and ``media``; ``scan`` the engine's one-pass scan of a logits row, if it has one."""
         sampling = resolve(params, defaults, vocab_size)
         outside = [tid for tid, _ in params.logit_bias if not 0 <= tid < vocab_size]
         if outside:
@@ -78,7 +79,7 @@ class SeqState:
                 raise ValueError("a grammar needs the engine's GrammarCompiler")
             grammar = grammars.compile(params.grammar)
         return cls(handle=handle, prompt_ids=prompt_ids, max_new_tokens=max_new_tokens,
-                   chooser=NextTokenChooser(sampling, vocab_size, first), grammar=grammar,
+                   chooser=NextTokenChooser(sampling, vocab_size, first, scan), grammar=grammar,
                    stopper=Stopper(max_new_tokens, eos_ids, params.stop),
                    detokenizer=IncrementalDetokenizer(tokenizer, prompt_ids), tokenizer=tokenizer, seed=sampling.seed,
                    want_prefill=params.decoder_input_details, top_logprobs=params.top_logprobs, lora=lora,

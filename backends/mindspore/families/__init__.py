@@ -10,7 +10,7 @@ from backends.mindspore.families.llama import LLAMA
 from backends.mindspore.families.qwen2 import QWEN2
 from backends.mindspore.families.qwen2_vl.entry import QWEN2_VL
 from backends.mindspore.families.qwen3 import QWEN3
-from backends.mindspore.families.qwen3_moe import QWEN3_MOE
+from backends.mindspore.families.qwen3_moe.entry import QWEN3_MOE
 
 __all__ = ["FAMILIES", "Capabilities", "Family", "GgufArch", "HfWrapper", "UnsupportedGguf", "family_of",
            "refuse_adapters"]

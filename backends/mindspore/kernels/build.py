@@ -31,7 +31,7 @@ from pathlib import Path
 log = logging.getLogger("mindserve.engine")
 
 SOURCES = ("matmul.cc", "attention.cc", "fused.cc", "fused_entries.cc", "lora.cc", "qmatmul.cc", "quantize.cc",
-           "moe.cc", "pack.cc")
+           "moe.cc", "pack.cc", "vocab.cc")
 HEADERS = ("entry.h", "fused.h", "pool.h", "lora.h", "qmatmul.h", "qformat.h", "qtile.h", "quantize.h", "vec.h",
            "vec_avx512.h", "vec_avx2.h", "vec_neon.h", "vec_scalar.h", "kv_format.h", "fpenv.h")
 # Every variant: no contraction of a * b + c into an fma (vec.h's contract), no fast-math.

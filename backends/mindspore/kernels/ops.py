@@ -37,7 +37,7 @@ def _same_as_first(_geom, x, *_):
 @dataclass(frozen=True)
 class Op:
     name: str  # the AotOps field
-    entry: str  # the library's C symbol (fused_entries.cc, matmul.cc, moe.cc)
+    entry: str  # the library's C symbol (fused_entries.cc, matmul.cc, moe.cc, vocab.cc)
     call: str  # inputs -> outputs
     does: str
     out_shape: Callable[..., Any] = field(repr=False)  # (Geometry, *input shapes) -> output shape(s)
@@ -91,6 +91,13 @@ OPS: tuple[Op, ...] = (
        "the embedding and rotary rows of every token: three gathers in one op",
        lambda _g, ids, _pos, embed, cos_t, _sin_t: _embed_rope_shapes(ids, embed, cos_t),
        lambda _i, _p, emb, *_: (emb, emb, emb)),
+    Op("embed_rope_packed", "MindserveEmbedRopePacked",
+       "embed_rope_packed(ids, pos i32, head [1, C/32*34, V] (a tied head's packed Q8_0 weight), cos_t, sin_t [P, D]) "
+       "-> (x [N, C], cos [N, D], sin [N, D])",
+       "embed_rope with the embedding rows dequantized from the tied LM head's packed Q8_0 blocks (vocab.cc): no "
+       "float32 embedding table",
+       lambda _g, ids, _pos, head, cos_t, _sin_t: _embed_rope_shapes(ids, [0, head[1] // 34 * 32], cos_t),
+       lambda _i, _p, _h, cos_t, *_: (cos_t, cos_t, cos_t)),
     Op("norm_head", "MindserveNormHead",
        "norm_head(x [N, C], w_norm, eps, last [R] i32, head) -> (logits [R, V], hidden [N, C])",
        "the final norm, the gather of the logit rows and the LM head in one op",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from mindspore import Tensor, nn
 
-from backends.mindspore.network.common import (AotRMSNorm, aot_experts, aot_weight, head_norm_weights, kv_cache_param,
+from backends.mindspore.network.common import (AotRMSNorm, aot_weight, head_norm_weights, kv_cache_param,
                                                lora_factors, param)
 from backends.mindspore.modeldir.spec import ModelSpec
 
@@ -67,34 +67,6 @@ class AotDecoderLayer(nn.Cell):
         return self.aot.decoder_layer(x, self.attn_norm.weight, self.attn_norm.eps_t, self.wqkv, self.bqkv, cos, sin,
                                       self.k_cache, self.v_cache, write_idx, table, pos, token_rows, self.attn_meta,
                                       self.wo, self.ffn_norm.weight, self.w_gate_up, self.w_down)
-
-
-class AotMoeDecoderLayer(AotDecoderLayer):
-    """A layer with routed experts (Qwen3-MoE) in one op (``moe_decoder_layer``): the attention half of
-    ``AotDecoderLayer``, then the router and the experts each token chose (moe.cc). The experts' gate/up and down
-    matrices are stacked [E, ...], each expert's slice one matmul weight (GGUF blocks stay blocks)."""
-
-    def _init_mlp(self, spec: ModelSpec, w: dict[str, np.ndarray], p: str) -> None:
-        moe = spec.moe
-        self.router = aot_weight([w[p + "mlp.gate.weight"]], p + "router")
-        q = p + "mlp.experts.{}."
-        self.w_gate_up = aot_experts([[w[q.format(e) + "gate_proj.weight"], w[q.format(e) + "up_proj.weight"]]
-                                      for e in range(moe.num_experts)], p + "experts_gate_up")
-        self.w_down = aot_experts([[w[q.format(e) + "down_proj.weight"]] for e in range(moe.num_experts)],
-                                  p + "experts_down")
-        self.moe_meta = Tensor(np.array([moe.top_k, int(moe.norm_topk_prob)], np.int32))
-
-    def construct(self, x, cos, sin, pos, write_idx, table, token_rows, lora=None):
-        if self.has_head_norm:
-            return self.aot.moe_decoder_layer(x, self.attn_norm.weight, self.attn_norm.eps_t, self.wqkv, self.bqkv,
-                                              cos, sin, self.k_cache, self.v_cache, write_idx, table, pos, token_rows,
-                                              self.attn_meta, self.wo, self.ffn_norm.weight, self.router,
-                                              self.w_gate_up, self.w_down, self.moe_meta, self.qk_norm,
-                                              self.qk_norm_eps)
-        return self.aot.moe_decoder_layer(x, self.attn_norm.weight, self.attn_norm.eps_t, self.wqkv, self.bqkv, cos,
-                                          sin, self.k_cache, self.v_cache, write_idx, table, pos, token_rows,
-                                          self.attn_meta, self.wo, self.ffn_norm.weight, self.router, self.w_gate_up,
-                                          self.w_down, self.moe_meta)
 
 
 class AotLoraDecoderLayer(AotDecoderLayer):

@@ -1,7 +1,7 @@
-"""The Llama-shaped network (Llama 2/3, Qwen2, Qwen3, Mistral, SmolLM2; with routed experts, Qwen3-MoE) with a
+"""The Llama-shaped network (Llama 2/3, Qwen2, Qwen3, Mistral, SmolLM2) with a
 paged KV cache, in MindSpore GRAPH mode, in two strategies chosen with the runner: ``AotLlama`` on the AOT kernels
-(``PackedRunner``) and ``StockLlama`` on stock ops (``SplitRunner``); ``AotMoeLlama`` / ``StockMoeLlama`` pick the
-expert layers.
+(``PackedRunner``) and ``StockLlama`` on stock ops (``SplitRunner``); Qwen3-MoE's subclass them with its expert
+layers (``families/qwen3_moe/network.py``).
 
 One ``construct`` serves prefill chunks and decode steps: tokens are written into the cache first, then
 attend through it, so the graph depends only on the shapes (batch, tokens, and, for the stock-op path, the
@@ -17,10 +17,11 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, ops
 
-from backends.mindspore.network.aot_layer import AotDecoderLayer, AotLoraDecoderLayer, AotMoeDecoderLayer
-from backends.mindspore.network.common import (DTYPES, AotRMSNorm, RMSNorm, aot_param, aot_weight, param, rope_tables,
+from backends.mindspore.network.aot_layer import AotDecoderLayer, AotLoraDecoderLayer
+from backends.mindspore.network.common import (DTYPES, AotRMSNorm, RMSNorm, aot_weight, param, rope_tables,
                                                stock_weight)
-from backends.mindspore.network.stock_layer import StockDecoderLayer, StockMoeDecoderLayer
+from backends.mindspore.network.embedding import aot_embedding
+from backends.mindspore.network.stock_layer import StockDecoderLayer
 from backends.mindspore.modeldir.spec import ModelSpec
 
 
@@ -50,9 +51,9 @@ class AotLlama(_Llama):
                  max_positions: int, aot, lora: tuple[int, int] | None = None, kv_dtype: str = "float32") -> None:
         super().__init__(lora)
         self.aot = aot
-        self.embed = aot_param(w["model.embed_tokens.weight"], "embed")
         head = w["model.embed_tokens.weight"] if spec.tie_word_embeddings else w["lm_head.weight"]
-        self.head = aot_weight([head], "lm_head")  # a separate copy even when tied
+        self.head = aot_weight([head], "lm_head")
+        self.embedding = aot_embedding(spec, w, self.head, aot)  # rows of the head's own blocks when tied Q8_0
         cos, sin = rope_tables(spec.head_dim, max_positions, spec.rope_theta)
         self.cos, self.sin = param(cos, "rope_cos"), param(sin, "rope_sin")
         slots = num_blocks * block_size
@@ -71,7 +72,7 @@ class AotLlama(_Llama):
         return AotLMHead(self.head, self.aot)
 
     def construct(self, ids, pos, write_idx, table, token_rows, last_rows, lora=None):
-        x, cos, sin = self.aot.embed_rope(ids, pos, self.embed, self.cos, self.sin)  # [N, dim], [N, hd], [N, hd]
+        x, cos, sin = self.embedding(ids, pos, self.cos, self.sin)  # [N, dim], [N, hd], [N, hd]
         for layer in self.layers:
             x = layer(x, cos, sin, pos, write_idx, table, token_rows, lora)
         return self.aot.norm_head(x, self.norm.weight, self.norm.eps_t, last_rows, self.head)
@@ -119,26 +120,6 @@ class StockLlama(_Llama):
         if self.low_precision:
             return ops.cast(logits, ms.float32), ops.cast(hidden, ms.float32)
         return logits, hidden
-
-
-class AotMoeLlama(AotLlama):
-    """``AotLlama`` with routed experts (Qwen3-MoE) in the layers ``spec.moe`` names; no adapter slots (its family
-    declares none: refused before this is built)."""
-
-    @staticmethod
-    def layer(spec: ModelSpec, w: dict, i: int, slots: int, block_size: int, aot, lora, kv_dtype: str) -> nn.Cell:
-        if i in spec.moe.sparse_layers:
-            return AotMoeDecoderLayer(spec, w, i, slots, block_size, aot, kv_dtype)
-        return AotDecoderLayer(spec, w, i, slots, block_size, aot, kv_dtype)
-
-
-class StockMoeLlama(StockLlama):
-    """``StockLlama`` with routed experts in the layers ``spec.moe`` names."""
-
-    @staticmethod
-    def layer(spec: ModelSpec, w: dict, i: int, slots: int, dtype, lora) -> nn.Cell:
-        return (StockMoeDecoderLayer if i in spec.moe.sparse_layers else StockDecoderLayer)(spec, w, i, slots, dtype,
-                                                                                            None)
 
 
 class AotLMHead(nn.Cell):

@@ -7,8 +7,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from backends.mindspore.network.common import (RMSNorm, head_norm_weights, lora_factors, param, stock_experts,
-                                               stock_weight, zeros_param)
+from backends.mindspore.network.common import (RMSNorm, head_norm_weights, lora_factors, param, stock_weight,
+                                              zeros_param)
 from backends.mindspore.modeldir.spec import ModelSpec
 
 
@@ -151,36 +151,3 @@ class StockDecoderLayer(nn.Cell):
         return x + ops.reshape(self._mlp(normed, lora), (b, t, dim))
 
 
-class StockMoeDecoderLayer(StockDecoderLayer):
-    """A layer with routed experts (Qwen3-MoE), in stock ops and exactly: the router's logits and softmax in
-    float32 (as HF routes), the top-k (renormalised when the model says so) spread into a dense [N, E] weight
-    matrix with zeros for the experts a row did not choose, then every expert on every row as one batched matmul
-    and the weighted sum. Correct, not sparse: the AOT path (moe.cc) reads only the chosen experts."""
-
-    def _init_mlp(self, spec: ModelSpec, w: dict[str, np.ndarray], p: str, dtype) -> None:
-        moe = spec.moe
-        self.num_experts, self.top_k, self.norm_topk = moe.num_experts, moe.top_k, moe.norm_topk_prob
-        self.ffn, self.dtype = moe.intermediate_size, dtype
-        self.router = stock_weight([w[p + "mlp.gate.weight"]], p + "router")  # [dim, E] float32
-        q = p + "mlp.experts.{}."
-        self.w_gate_up = stock_experts([[w[q.format(e) + "gate_proj.weight"], w[q.format(e) + "up_proj.weight"]]
-                                        for e in range(moe.num_experts)], p + "experts_gate_up", dtype)
-        self.w_down = stock_experts([[w[q.format(e) + "down_proj.weight"]] for e in range(moe.num_experts)],
-                                    p + "experts_down", dtype)
-        self.expert_ids = Tensor(np.arange(moe.num_experts, dtype=np.int32))
-
-    def _mlp(self, normed, lora):
-        n, dim = normed.shape
-        e = self.num_experts
-        logits = ops.matmul(ops.cast(normed, ms.float32), self.router)  # [N, E]
-        top, idx = ops.topk(ops.softmax(logits, -1), self.top_k)  # [N, k], probabilities in rank order
-        if self.norm_topk:
-            top = top / ops.sum(top, -1, keepdim=True)
-        chosen = ops.cast(ops.equal(ops.expand_dims(idx, 2), self.expert_ids), ms.float32)  # [N, k, E]
-        weight = ops.sum(chosen * ops.expand_dims(top, 2), 1)  # [N, E], 0 where not chosen
-        x = ops.broadcast_to(ops.expand_dims(normed, 0), (e, n, dim))
-        gate_up = self.bmm(x, self.w_gate_up)  # [E, N, 2F]
-        act = ops.silu(gate_up[..., : self.ffn]) * gate_up[..., self.ffn:]
-        down = self.bmm(act, self.w_down)  # [E, N, dim]
-        weight = ops.cast(ops.expand_dims(ops.transpose(weight, (1, 0)), 2), down.dtype)  # [E, N, 1]
-        return ops.sum(down * weight, 0)

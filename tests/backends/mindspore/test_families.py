@@ -9,11 +9,10 @@ import pytest
 from backends.mindspore.families import BY_ARCH, FAMILIES, family_of, refuse_adapters
 from backends.mindspore.modeldir.gguf_archs import GGUF_ARCHS, UnsupportedGguf, gguf_arch
 from backends.settings import EngineConfig, LoraSettings
-from tests.support.make_tiny_gemma3 import make_tiny_gemma3
-from tests.support.make_tiny_qwen2_vl import make_tiny_qwen2_vl
-from tests.support.make_tiny_qwen3_moe import make_tiny_qwen3_moe
+from tests.support.families import BY_NAME, CHECKPOINTS, GOLDEN, TINY
 
 LORA = EngineConfig(lora=LoraSettings(runtime_updates=True))
+NO_LORA = [f.name for f in FAMILIES if not f.capabilities.lora]
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
@@ -55,11 +54,30 @@ def test_the_adapter_rule_follows_the_declared_capability():
 
 
 @pytest.fixture(scope="module")
-def no_lora_dirs(tmp_path_factory) -> dict[str, Path]:
-    """A tiny model of every family that takes no adapter slots (files only)."""
-    root = tmp_path_factory.mktemp("no_lora")
-    return {"gemma3": make_tiny_gemma3(root / "gemma3"), "qwen3_moe": make_tiny_qwen3_moe(root / "qwen3_moe"),
-            "qwen2_vl": make_tiny_qwen2_vl(root / "qwen2_vl")}
+def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
+    """Every family's tiny checkpoint (tests/support/families.py; files only)."""
+    root = tmp_path_factory.mktemp("tiny")
+    return {t.name: t.checkpoint.make(root / t.name) for t in TINY}
+
+
+def test_every_family_has_a_tiny_checkpoint_in_the_tests_table():
+    """tests/support/families.py names each registry entry's checkpoint, and nothing else."""
+    assert set(CHECKPOINTS) == {f.name for f in FAMILIES} and [t.family for t in TINY] == list(FAMILIES)
+    assert {t.name for t in GOLDEN} >= {"qwen3", "qwen3_moe", "gemma3"}
+
+
+@pytest.mark.parametrize("tiny", TINY, ids=str)
+def test_every_tiny_checkpoint_names_its_family_and_its_window(tiny_dirs, tiny):
+    """config.json's architecture resolves to the entry's family; a family that declares sliding-window layers has
+    the window the table states (which the window checks rely on), and only such a family states one."""
+    import json
+
+    config = json.loads((tiny_dirs[tiny.name] / "config.json").read_text())
+    assert family_of(config["architectures"][0]) is tiny.family
+    if tiny.family.capabilities.sliding_window:
+        assert config["sliding_window"] == tiny.checkpoint.sliding_window
+    else:
+        assert tiny.checkpoint.sliding_window is None
 
 
 @pytest.fixture
@@ -75,21 +93,21 @@ def weights_untouchable(monkeypatch):
         monkeypatch.setattr(module, name, opened)
 
 
-@pytest.mark.parametrize("name", ["gemma3", "qwen3_moe", "qwen2_vl"])
-def test_lora_is_refused_in_preflight_before_the_weights(no_lora_dirs, weights_untouchable, name):
+@pytest.mark.parametrize("name", NO_LORA)
+def test_lora_is_refused_in_preflight_before_the_weights(tiny_dirs, weights_untouchable, name):
     from backends.mindspore.planning.preflight import ADAPTERS, PreflightError, check_model
 
-    family = family_of(next(f.archs[0] for f in FAMILIES if f.name == name))
+    family = BY_NAME[name].family
     with pytest.raises(PreflightError) as err:
-        check_model(no_lora_dirs[name], LORA)
+        check_model(tiny_dirs[name], LORA)
     assert err.value.about == ADAPTERS
     assert err.value.detail.startswith(f": LoRA adapters are not supported for {family.described} (")
 
 
-@pytest.mark.parametrize("name", ["gemma3", "qwen3_moe"])
-def test_the_engine_refuses_lora_before_the_weights(no_lora_dirs, weights_untouchable, name):
+@pytest.mark.parametrize("name", NO_LORA)
+def test_the_engine_refuses_lora_before_the_weights(tiny_dirs, weights_untouchable, name):
     """Built without preflight (as bench and tests build it), the engine asks the same rule first."""
     from backends.mindspore.engine.engine_parts import build_parts
 
     with pytest.raises(ValueError, match="LoRA adapters are not supported for"):
-        build_parts(no_lora_dirs[name], LORA)
+        build_parts(tiny_dirs[name], LORA)

@@ -19,9 +19,8 @@ from backends.mindspore.modeldir.gguf_convert import convert_gguf
 from backends.mindspore.modeldir.tokenizer import Tokenizer
 from tests.support.gguf_rows import TINY_TOKENS
 from tests.support.hf_to_gguf import write_gguf
-from tests.support.make_tiny_qwen3 import make_tiny_qwen3
+from tests.support.families import BY_NAME
 from tests.support.paths import GOLDEN_DIR
-from tests.support.tiny_model import make_tiny_model
 
 SAME_FIELDS = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
                "vocab_size", "rms_norm_eps", "rope_theta", "qkv_has_bias", "tie_word_embeddings", "qk_norm",
@@ -30,9 +29,10 @@ SAME_FIELDS = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_d
 
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory) -> dict[str, Path]:
+    """The tiny checkpoints of the families whose GGUF architecture is the family's name (tests/support/families.py),
+    keyed by that name."""
     root = tmp_path_factory.mktemp("gguf_src")
-    return {"qwen3": make_tiny_qwen3(root / "qwen3"), "qwen2": make_tiny_model(root / "qwen2", seed=1, arch="qwen2"),
-            "llama": make_tiny_model(root / "llama", seed=0, arch="llama")}
+    return {arch: BY_NAME[arch].make_for_gguf(root / arch) for arch in ("qwen3", "qwen2", "llama")}
 
 
 @pytest.fixture(scope="module")
@@ -44,15 +44,17 @@ def converted(sources, tmp_path_factory) -> dict[str, Path]:
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen2", "llama"])
 def test_tensors_come_back_as_the_hf_source(sources, converted, arch):
-    """Every tensor, bit for bit: qwen2/qwen3 rows are not permuted (NEOX RoPE), llama's are un-permuted;
-    qwen2 keeps its q/k/v biases, qwen3 its q/k head norms."""
+    """Every tensor, bit for bit: qwen2/qwen3 rows are not permuted (NEOX RoPE), llama's are un-permuted; the q/k/v
+    biases and q/k head norms come back exactly where the family's defaults declare them (qwen2's biases, qwen3's
+    head norms)."""
     want = load_file(str(sources[arch] / "model.safetensors"))
     got = load_file(str(converted[arch] / "model.safetensors"))
     assert set(got) == set(want)
     for name, tensor in want.items():
         np.testing.assert_array_equal(got[name], tensor, err_msg=name)
-    assert ("model.layers.0.self_attn.q_proj.bias" in got) == (arch == "qwen2")
-    assert ("model.layers.0.self_attn.q_norm.weight" in got) == (arch == "qwen3")
+    defaults = BY_NAME[arch].family.defaults
+    assert ("model.layers.0.self_attn.q_proj.bias" in got) == defaults.qkv_bias
+    assert ("model.layers.0.self_attn.q_norm.weight" in got) == defaults.qk_norm
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen2", "llama"])
@@ -60,7 +62,7 @@ def test_the_converted_spec_is_the_sources(sources, converted, arch):
     src, out = load_model(sources[arch]), load_model(converted[arch])
     assert {f: getattr(out, f) for f in SAME_FIELDS} == {f: getattr(src, f) for f in SAME_FIELDS}
     config = json.loads((converted[arch] / "config.json").read_text())
-    hf = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}[arch]
+    hf = BY_NAME[arch].arch
     assert out.arch == hf  # (the tiny Qwen2's own yaml says LlamaForCausalLM with qkv_has_bias)
     assert config["architectures"] == [hf] and config["model_type"] == arch
     (yaml_path,) = converted[arch].glob("*.yaml")

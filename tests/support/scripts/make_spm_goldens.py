@@ -18,7 +18,7 @@ import io
 import json
 
 from tests.support.paths import GOLDEN_DIR
-from tests.support.tiny_model import CORPUS
+from tests.support.tiny_checkpoint import CORPUS
 
 GOLDEN = GOLDEN_DIR / "spm_tiny.json"
 MARKERS = ["<start_of_turn>", "<end_of_turn>"]

@@ -18,7 +18,8 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from backends.mindspore.network.aot_layer import AotDecoderLayer
-from backends.mindspore.network.common import DTYPES, RMSNorm, aot_param, aot_weight, param, rope_tables, stock_weight
+from backends.mindspore.network.common import DTYPES, RMSNorm, aot_weight, param, rope_tables, stock_weight
+from backends.mindspore.network.embedding import aot_embedding
 from backends.mindspore.network.llama import AotLMHead, StockLMHead, _Llama
 from backends.mindspore.network.stock_layer import StockDecoderLayer
 from backends.mindspore.modeldir.spec import ModelSpec
@@ -103,10 +104,10 @@ class AotGemma3(_Llama):
         super().__init__(None)
         w = gemma3_weights(spec, w)
         self.aot = aot
-        self.embed = aot_param(w["model.embed_tokens.weight"], "embed")
-        self.embed_scale = Tensor(np.float32(np.sqrt(spec.hidden_size)), ms.float32)
         head = w["model.embed_tokens.weight"] if spec.tie_word_embeddings else w["lm_head.weight"]
         self.head = aot_weight([head], "lm_head")
+        self.embedding = aot_embedding(spec, w, self.head, aot)  # rows of the head's own blocks when tied Q8_0
+        self.embed_scale = Tensor(np.float32(np.sqrt(spec.hidden_size)), ms.float32)
         (cos_g, sin_g), (cos_l, sin_l) = gemma3_rope(spec, max_positions)
         self.cos, self.sin = param(cos_g, "rope_cos"), param(sin_g, "rope_sin")
         self.cos_local, self.sin_local = param(cos_l, "rope_cos_local"), param(sin_l, "rope_sin_local")
@@ -120,7 +121,7 @@ class AotGemma3(_Llama):
         return AotLMHead(self.head, self.aot)
 
     def construct(self, ids, pos, write_idx, table, token_rows, last_rows, lora=None):
-        x, cos, sin = self.aot.embed_rope(ids, pos, self.embed, self.cos, self.sin)  # [N, dim], [N, hd], [N, hd]
+        x, cos, sin = self.embedding(ids, pos, self.cos, self.sin)  # [N, dim], [N, hd], [N, hd]
         flat = ops.reshape(pos, (-1,))
         rope = ((cos, sin), (ops.gather(self.cos_local, flat, 0), ops.gather(self.sin_local, flat, 0)))
         x = x * self.embed_scale

@@ -10,7 +10,8 @@ from tests.support.paths import REPO
 
 NETWORK_FILES = sorted((REPO / "backends" / "mindspore" / "network").glob("*.py")) + [
     REPO / "backends" / "mindspore" / "families" / "qwen2_vl" / "text.py",
-    REPO / "backends" / "mindspore" / "families" / "gemma3" / "network.py"]
+    REPO / "backends" / "mindspore" / "families" / "gemma3" / "network.py",
+    REPO / "backends" / "mindspore" / "families" / "qwen3_moe" / "network.py"]
 FLAGS = {"lora", "vl", "fused", "fast"}
 
 

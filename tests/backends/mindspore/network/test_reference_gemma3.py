@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tests.support.hf_golden_engine import load_golden
+from tests.support.golden_prompts import load_golden
 from tests.support.make_tiny_gemma3 import make_tiny_gemma3
 from tests.support.reference_gemma3 import Gemma3RefModel
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, replace
-from pathlib import Path
 
-import gguf
 import numpy as np
 import pytest
 import yaml
@@ -21,6 +19,7 @@ from tests.support.reference_numpy import (
     rope_tables,
     unpermute_gguf_rows,
 )
+from tests.support.hf_to_gguf import write_gguf
 from tests.support.tiny_model import make_tiny_model
 
 PROMPT = [5, 60, 7, 200, 33, 101, 250, 3, 77, 140]
@@ -162,43 +161,11 @@ def test_unpermute_inverts_the_gguf_layout_and_maps_interleaved_rope_to_rotate_h
     np.testing.assert_allclose(gg, _permute_like_llamacpp(hf, n_heads), atol=1e-12)
 
 
-def _write_gguf(model_dir: Path, out: Path) -> None:
-    cfg = json.loads((model_dir / "config.json").read_text())
-    arch = cfg["model_type"]
-    ref = RefModel.from_dir(model_dir, dtype=np.float32)
-    writer = gguf.GGUFWriter(str(out), arch)
-    writer.add_block_count(cfg["num_hidden_layers"])
-    writer.add_context_length(cfg["max_position_embeddings"])
-    writer.add_embedding_length(cfg["hidden_size"])
-    writer.add_feed_forward_length(cfg["intermediate_size"])
-    writer.add_head_count(cfg["num_attention_heads"])
-    writer.add_head_count_kv(cfg["num_key_value_heads"])
-    writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    writer.add_rope_freq_base(cfg["rope_theta"])
-    names = {"embed_tokens": "token_embd", "norm": "output_norm", "input_layernorm": "attn_norm",
-             "post_attention_layernorm": "ffn_norm", "q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v",
-             "o_proj": "attn_output", "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
-    for name, w in ref.w.items():
-        if name == "lm_head.weight":
-            if not cfg["tie_word_embeddings"]:
-                writer.add_tensor("output.weight", w)
-            continue
-        parts = name.split(".")
-        stem = f"blk.{parts[2]}.{names[parts[-2]]}" if parts[1] == "layers" else names[parts[1]]
-        heads = {"attn_q": cfg["num_attention_heads"], "attn_k": cfg["num_key_value_heads"]}
-        if arch == "llama" and stem.split(".")[-1] in heads:
-            w = _permute_like_llamacpp(w, heads[stem.split(".")[-1]])
-        writer.add_tensor(f"{stem}.{parts[-1]}", np.ascontiguousarray(w))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-
 @pytest.mark.parametrize("fixture", ["tiny_model_dir", "tiny_qwen2_dir"])
 def test_from_gguf_equals_from_dir(fixture, request, tmp_path):
+    """The checkpoint as llama.cpp lays it out (tests/support/hf_to_gguf.py; Llama's Q/K rows permuted)."""
     model_dir = request.getfixturevalue(fixture)
-    _write_gguf(model_dir, tmp_path / "tiny.gguf")
+    write_gguf(model_dir, tmp_path / "tiny.gguf", json.loads((model_dir / "config.json").read_text())["model_type"])
     direct = RefModel.from_dir(model_dir)
     via_gguf = RefModel.from_gguf(tmp_path / "tiny.gguf", cache_dir=tmp_path / "cache")
     # GGUF stores eps as float32, hence approx; everything else must be equal.

@@ -1,54 +1,40 @@
-"""The checks shared by the engine tests of an architecture against its HF transformers golden
-(tests/golden/<arch>_tiny.json, written by tests/support/scripts/make_<arch>_goldens.py): the golden greedy ids
-through ``Engine.submit`` on both kernel paths, the logprobs of the prompt and of the greedy steps from HF's logits
-within 1e-4, and the three prompts admitted together giving what each gives alone.
-
-A test module declares its ``golden`` and ``engine`` fixtures with :func:`golden_fixture` and
-:func:`engine_fixture` and imports the ``test_*`` functions below, which pytest then collects in that module."""
+"""Every family with an HF transformers golden (tests/support/families.py: GOLDEN) behind the engine, on its tiny
+random checkpoint: the golden greedy ids through ``Engine.submit`` on both kernel paths, the logprobs of the prompt
+and of the greedy steps from HF's logits within 1e-4, and the three prompts admitted together giving what each gives
+alone. A family that declares sliding-window layers has goldens its window decides (the tiny Gemma 3's window of 8
+tokens is shorter than every prompt)."""
 from __future__ import annotations
-
-import json
 
 import numpy as np
 import pytest
 
-from backends.types import RequestParams
-from tests.support.paths import GOLDEN_DIR
+from tests.support.families import GOLDEN
+from tests.support.golden_prompts import NAMES, greedy_params, load_golden
 
-NAMES = ("greeting", "capital", "story")
-
-
-def load_golden(file_name: str) -> dict:
-    return json.loads((GOLDEN_DIR / file_name).read_text(encoding="utf-8"))
+pytestmark = pytest.mark.slow  # every test but the window's compiles the network
 
 
-def golden_fixture(file_name: str):
-    """A module-scoped ``golden`` fixture: the parsed tests/golden/``file_name``."""
-    @pytest.fixture(scope="module", name="golden")
-    def golden() -> dict:
-        return load_golden(file_name)
-    return golden
+@pytest.fixture(scope="module", params=GOLDEN, ids=str)
+def family(request):
+    return request.param
 
 
-def engine_fixture(checkpoint_fixture: str):
-    """A module-scoped ``engine`` fixture, once per kernel path, over the checkpoint directory that the fixture named
-    ``checkpoint_fixture`` gives."""
-    @pytest.fixture(scope="module", name="engine", params=["stock", "aot"])
-    def engine(request):
-        from backends.mindspore.engine.engine import Engine
-        from backends.settings import EngineConfig
-
-        config = EngineConfig(max_seq_len=256, max_input_tokens=200, max_batch_size=4, max_iter_times=64,
-                              block_size=16, prefill_chunk=32, window_buckets=(256,), batch_buckets=(1, 4),
-                              kernels=request.param, threads=2)
-        with Engine(request.getfixturevalue(checkpoint_fixture), config) as engine:
-            yield engine
-    return engine
+@pytest.fixture(scope="module")
+def golden(family) -> dict:
+    return load_golden(family.checkpoint.golden)
 
 
-def greedy_params(golden: dict, **extra) -> RequestParams:
-    """Greedy over the golden length (no golden id is EOS; ignore_eos would ban it and move the logprobs)."""
-    return RequestParams(max_new_tokens=golden["new_tokens"], do_sample=False, **extra)
+@pytest.fixture(scope="module", params=["stock", "aot"])
+def engine(request, family):
+    """The family's tiny checkpoint on a small engine, once per kernel path."""
+    from backends.mindspore.engine.engine import Engine
+    from backends.settings import EngineConfig
+
+    config = EngineConfig(max_seq_len=256, max_input_tokens=200, max_batch_size=4, max_iter_times=64,
+                          block_size=16, prefill_chunk=32, window_buckets=(256,), batch_buckets=(1, 4),
+                          kernels=request.param, threads=2)
+    with Engine(request.getfixturevalue(family.checkpoint.fixture), config) as engine:
+        yield engine
 
 
 def _ids(result) -> list[int]:
@@ -62,7 +48,7 @@ def _log_softmax(logits) -> np.ndarray:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def check_engine_gives_the_golden_greedy_ids(engine, golden, name):
+def test_engine_gives_the_golden_greedy_ids(engine, golden, name):
     want = golden["prompts"][name]
     result = engine.submit(want["chat"], greedy_params(golden)).result(timeout=120)
     assert result.prompt_tokens == len(want["input_ids"])
@@ -70,7 +56,7 @@ def check_engine_gives_the_golden_greedy_ids(engine, golden, name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def check_engine_logprobs_equal_the_golden_logits(engine, golden, name):
+def test_engine_logprobs_equal_the_golden_logits(engine, golden, name):
     """decoder_input_details: each prompt token's logprob at the golden's prompt positions, and each golden step's
     token logprob, from HF's logits (log-softmax in float64) within 1e-4."""
     want = golden["prompts"][name]
@@ -85,7 +71,7 @@ def check_engine_logprobs_equal_the_golden_logits(engine, golden, name):
         assert abs(result.tokens[step].logprob - expected) < 1e-4, (step, result.tokens[step].logprob, expected)
 
 
-def check_prompts_batched_together_give_what_each_gives_alone(engine, golden):
+def test_prompts_batched_together_give_what_each_gives_alone(engine, golden):
     prompts = [golden["prompts"][n] for n in NAMES]
     alone = [engine.submit(p["chat"], greedy_params(golden)).result(timeout=120) for p in prompts]
     engine.allocator.prefix_caching = False  # every prompt computed again
@@ -99,3 +85,14 @@ def check_prompts_batched_together_give_what_each_gives_alone(engine, golden):
         assert _ids(batched) == _ids(one) == want["greedy_ids"]
         np.testing.assert_allclose([t.logprob for t in batched.tokens], [t.logprob for t in one.tokens], rtol=0,
                                    atol=1e-5)
+
+
+@pytest.mark.parametrize("windowed", [t for t in GOLDEN if t.family.capabilities.sliding_window], ids=str)
+def test_the_golden_prompts_exercise_the_window(windowed):
+    """HF's greedy ids without the sliding window differ from the goldens on every prompt, each longer than the
+    window: a network that ignored the window could not give them."""
+    golden = load_golden(windowed.checkpoint.golden)
+    for name in NAMES:
+        p = golden["prompts"][name]
+        assert len(p["input_ids"]) > windowed.checkpoint.sliding_window
+        assert p["greedy_ids_without_window"] != p["greedy_ids"]

@@ -12,7 +12,8 @@ DEFAULTS = LayerDefaults(qk_norm=True)
 QWEN3_MOE = Family(
     name="qwen3_moe", described="a model with routed experts", archs=("Qwen3MoeForCausalLM",),
     read=partial(llama_spec, defaults=DEFAULTS, experts=True), defaults=DEFAULTS,
-    aot="backends.mindspore.network.llama:AotMoeLlama", stock="backends.mindspore.network.llama:StockMoeLlama",
+    aot="backends.mindspore.families.qwen3_moe.network:AotMoeLlama",
+    stock="backends.mindspore.families.qwen3_moe.network:StockMoeLlama",
     capabilities=Capabilities(lora=False, moe=True),
     gguf=GgufArch("qwen3moe", "Qwen3MoeForCausalLM", "qwen3_moe", permuted_qk=False),
     config_keys=("num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
