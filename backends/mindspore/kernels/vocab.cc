@@ -13,7 +13,7 @@
 //       exp_nonpositive (vec.h) is the same on every backend, so every variant gives the same bits.
 //   MindserveEmbedRopePacked(ids [N] i32, pos [N] i32, head [1, C/32 * 34, V] u8, cos_t [P, D], sin_t [P, D])
 //       -> x [N, C], cos [N, D], sin [N, D]: MindserveEmbedRope (fused.cc) with the embedding rows dequantized from
-//       a tied head's packed Q8_0 weight (qmatmul.cc's header: groups of 16 columns, per block 8 quant dwords per
+//       a tied head's packed Q8_0 weight (qformat.h: groups of 16 columns, per block 8 quant dwords per
 //       column stored q + 128, then the fp16 scales), w = d * q as quant.dequantize computes it: the same bits as a
 //       float32 embedding table, without the table (262,144 x 640 floats: 671 MB for Gemma 3).
 #include <algorithm>
@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "entry.h"
+#include "qformat.h"
 #include "kv_format.h"
 #include "pool.h"
 #include "vec.h"
@@ -34,8 +35,8 @@ namespace v = mindserve::vec;
 constexpr int64_t kChunk = 4096;  // values per chunk of a row (part of the log-sum-exp's definition)
 constexpr int64_t kRun = 256;     // values per float partial sum inside a chunk
 constexpr int kMaxBest = 256;     // the most best ids a scan keeps per row
-constexpr int64_t kQ8Bytes = 34;  // packed bytes per column per block of 32 (Q8_0)
-constexpr int64_t kGroup = 16;    // columns per group of a packed weight
+constexpr int64_t kQ8Bytes = mindserve::q::kTraits[mindserve::q::kQ8_0].packed_bytes;  // per column per block of 32
+constexpr int64_t kGroup = mindserve::q::kGroup;  // columns per group of a packed weight
 
 // One chunk's results; its best list lives in the scan's buffers.
 struct Part {
@@ -156,11 +157,8 @@ int mindserve_vocab_scan(const float *logits, int64_t rows, int64_t stride, int6
   return 0;
 }
 
-int MindserveEmbedRopePacked(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                             void *stream, void *extra) {
-  mindserve::FpScope fp;
-  (void)stream;
-  (void)extra;
+static int entry_embed_rope_packed(int nparam, void **params, int *ndims, int64_t **shapes,
+                                   const char **dtypes) {
   if (nparam != 8) return 1;
   if (!mindserve::is_i32(dtypes[0]) || !mindserve::is_i32(dtypes[1]) || std::strcmp(dtypes[2], "uint8") != 0 ||
       !mindserve::all_f32(dtypes + 3, 5))
@@ -203,5 +201,6 @@ int MindserveEmbedRopePacked(int nparam, void **params, int *ndims, int64_t **sh
   }
   return 0;
 }
+MINDSERVE_ENTRY(MindserveEmbedRopePacked, entry_embed_rope_packed)
 
 }  // extern "C"
