@@ -303,4 +303,6 @@ def aot_ops(heads: int, kv_heads: int, head_dim: int, cache_dir: str | os.PathLi
     def custom(entry: str, out_shape, out_dtype):
         return ops.Custom(f"{path}:{entry}", out_shape=out_shape, out_dtype=out_dtype, func_type="aot")
 
-    return build_ops(custom, Geometry(heads, kv_heads, head_dim))
+    constants = kernel_constants(cache_dir, variant)
+    return build_ops(custom, Geometry(heads, kv_heads, head_dim, constants.block["q8_0"],
+                                      constants.packed_bytes["q8_0"]))

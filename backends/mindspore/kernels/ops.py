@@ -15,11 +15,14 @@ from typing import Any, NamedTuple
 
 
 class Geometry(NamedTuple):
-    """The attention shape the operators' output shapes need."""
+    """What the operators' output shapes need: the attention shape, and the library's Q8_0 block size and packed
+    bytes per block (``kernel_constants()``: a packed Q8_0 head [1, C/block * packed, V] gives C)."""
 
     heads: int
     kv_heads: int
     head_dim: int
+    q8_block: int
+    q8_packed: int
 
 
 def _matmul_shape(x, w):
@@ -96,7 +99,8 @@ OPS: tuple[Op, ...] = (
        "-> (x [N, C], cos [N, D], sin [N, D])",
        "embed_rope with the embedding rows dequantized from the tied LM head's packed Q8_0 blocks (vocab.cc): no "
        "float32 embedding table",
-       lambda _g, ids, _pos, head, cos_t, _sin_t: _embed_rope_shapes(ids, [0, _q8_width(head)], cos_t),
+       lambda g, ids, _pos, head, cos_t, _sin_t: _embed_rope_shapes(ids, [0, head[1] // g.q8_packed * g.q8_block],
+                                                                    cos_t),
        lambda _i, _p, _h, cos_t, *_: (cos_t, cos_t, cos_t)),
     Op("norm_head", "MindserveNormHead",
        "norm_head(x [N, C], w_norm, eps, last [R] i32, head) -> (logits [R, V], hidden [N, C])",
@@ -126,14 +130,6 @@ def _embed_rope_shapes(ids, embed, cos_t):
     for d in ids:
         n *= d
     return [n, embed[1]], [n, cos_t[1]], [n, cos_t[1]]
-
-
-def _q8_width(head) -> int:
-    """C of a packed Q8_0 weight [1, C/B * P, V] (B, P: the library's Q8_0 block size and packed bytes)."""
-    from backends.mindspore.kernels import kernel_constants
-
-    c = kernel_constants()
-    return head[1] // c.packed_bytes["q8_0"] * c.block["q8_0"]
 
 
 def manual() -> str:
