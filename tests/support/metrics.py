@@ -16,6 +16,8 @@ def scrape(url: str) -> dict[str, float]:
     out = {}
     for family in text_string_to_metric_families(reply.text):
         for sample in family.samples:
+            if sample.name.endswith("_info"):
+                continue  # a configuration record (vLLM's cache_config_info): its labels are settings, not a measure
             extra = set(sample.labels) - {"model_name"}
             assert "model_name" in sample.labels, sample
             assert len(extra) <= 1 or extra in ({"adapter", "outcome"}, {"kind", "le"}), sample
