@@ -164,13 +164,25 @@ inline I32x16 nib_widen(I32x16 acc, NibAcc n) {
   const __m256i one = _mm256_set1_epi16(1);
   return {_mm256_add_epi32(acc.a, _mm256_madd_epi16(n.a, one)), _mm256_add_epi32(acc.b, _mm256_madd_epi16(n.b, one))};
 }
-// kNibI32: NibAcc is int32 already (no run limit); nib_widen_scaled(acc, n, sc) acc + sc * (the sums), exact for
-// the K-quants' scales.
+// kNibI32: NibAcc is int32 already (no run limit). The K-quants' scales multiply the sums as they widen
+// (kScaledWiden): nib_scale(v, k) is byte k of each lane, sign-extended into both int16 halves, so one vpmaddwd widens
+// the int16 pair sums and multiplies them by the scale, exactly (|sum| <= 32767, |scale| <= 128: the int32 products
+// and their pair sum fit); nib_widen_scaled(acc, n, sc) = acc + sc * (the sums).
 constexpr bool kNibI32 = false;
-inline I32x16 nib_widen_scaled(I32x16 acc, NibAcc n, I32x16 sc) {
-  const __m256i one = _mm256_set1_epi16(1);
-  return {_mm256_add_epi32(acc.a, _mm256_mullo_epi32(_mm256_madd_epi16(n.a, one), sc.a)),
-          _mm256_add_epi32(acc.b, _mm256_mullo_epi32(_mm256_madd_epi16(n.b, one), sc.b))};
+constexpr bool kScaledWiden = true;
+struct NibScale {
+  __m256i a, b;
+};
+inline NibScale nib_scale(I32x16 v, int k) {
+  // vpshufb within each 128-bit lane: dword i's byte k into the high byte of both its int16 halves (the low byte 0),
+  // then an arithmetic shift by 8 sign-extends it.
+  const __m256i base = _mm256_setr_epi8(-128, 0, -128, 0, -128, 4, -128, 4, -128, 8, -128, 8, -128, 12, -128, 12,
+                                        -128, 0, -128, 0, -128, 4, -128, 4, -128, 8, -128, 8, -128, 12, -128, 12);
+  const __m256i idx = _mm256_add_epi16(base, _mm256_set1_epi16(static_cast<int16_t>(k << 8)));
+  return {_mm256_srai_epi16(_mm256_shuffle_epi8(v.a, idx), 8), _mm256_srai_epi16(_mm256_shuffle_epi8(v.b, idx), 8)};
+}
+inline I32x16 nib_widen_scaled(I32x16 acc, NibAcc n, NibScale sc) {
+  return {_mm256_add_epi32(acc.a, _mm256_madd_epi16(n.a, sc.a)), _mm256_add_epi32(acc.b, _mm256_madd_epi16(n.b, sc.b))};
 }
 inline I32x16 isub(I32x16 v, int32_t c) {
   const __m256i b = _mm256_set1_epi32(c);
