@@ -236,6 +236,9 @@ void ktile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t /*grou
   // comes once per super-block (int16 pair products). Else (AVX-512BW) the scales come after widening and the bsum
   // per half.
   constexpr bool SCALED = T.k8 && v::kScaledWiden;
+  // Q6_K where NibAcc holds int16 pairs (AVX2): its halves of 16 one after the other, each through the 4 quant dwords
+  // again (L1), so one set of MR sums is live instead of two (with two, GCC spills them).
+  constexpr bool SPLIT = T.halves && SCALED && !v::kNibI32;
   const int64_t K = qx.K, nb = qx.nb;
   const bool fetch = ahead.bytes == 0;  // one pass over these columns (see kKPrefetch)
   VF facc[MR];
@@ -262,6 +265,27 @@ void ktile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t /*grou
         }
       };
       if constexpr (SCALED) scales();  // else after the sums (fewer registers live across them)
+      if constexpr (SPLIT) {
+        _Pragma("GCC unroll 2") for (int half = 0; half < 2; ++half) {
+          const VI h = half == 0 ? h0 : h1;
+          const v::NibScale sc = half == 0 ? s_lo : s_hi;
+          v::NibAcc acc[MR];
+          _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) acc[r] = v::nib_zero();
+          _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {
+            const VI raw = load_q<FULL>(sb + t * 4 * w, w);
+            const VI u = v::bor(half == 0 ? v::nib_lo(raw) : v::nib_hi(raw), high_bits<2, false>(h, t));
+            _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)
+              acc[r] = v::nib_add(acc[r], u, v::bcast4(xq + r * K + 16 * half + 4 * t));
+            if ((t + 1) % RUN == 0) {
+              _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
+                isum[r][0] = v::nib_widen_scaled(isum[r][0], acc[r], sc);
+                acc[r] = v::nib_zero();
+              }
+            }
+          }
+        }
+        return;
+      }
       VI dlo[MR], dhi[MR];
       v::NibAcc nlo[MR], nhi[MR];
       _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {

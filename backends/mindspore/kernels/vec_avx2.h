@@ -185,8 +185,10 @@ inline NibScale nib_scale(I32x16 v, int k) {
   const __m256i idx = _mm256_add_epi16(base, _mm256_set1_epi16(static_cast<int16_t>(k << 8)));
   return {_mm256_srai_epi16(_mm256_shuffle_epi8(v.a, idx), 8), _mm256_srai_epi16(_mm256_shuffle_epi8(v.b, idx), 8)};
 }
-inline I32x16 nib_widen_scaled(I32x16 acc, NibAcc n, NibScale sc) {
-  return {_mm256_add_epi32(acc.a, _mm256_madd_epi16(n.a, sc.a)), _mm256_add_epi32(acc.b, _mm256_madd_epi16(n.b, sc.b))};
+inline I32x16 nib_widen_scaled(I32x16 acc, NibAcc n, NibScale sc) {  // a chain too (nib_add)
+  I32x16 r{_mm256_add_epi32(acc.a, _mm256_madd_epi16(n.a, sc.a)), _mm256_add_epi32(acc.b, _mm256_madd_epi16(n.b, sc.b))};
+  __asm__("" : "+x"(r.a), "+x"(r.b));
+  return r;
 }
 inline I32x16 isub(I32x16 v, int32_t c) {
   const __m256i b = _mm256_set1_epi32(c);
