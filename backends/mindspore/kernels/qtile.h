@@ -236,9 +236,12 @@ void ktile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t /*grou
   // comes once per super-block (int16 pair products). Else (AVX-512BW) the scales come after widening and the bsum
   // per half.
   constexpr bool SCALED = T.k8 && v::kScaledWiden;
-  // Q6_K where NibAcc holds int16 pairs (AVX2): its halves of 16 one after the other, each through the 4 quant dwords
-  // again (L1), so one set of MR sums is live instead of two (with two, GCC spills them).
-  constexpr bool SPLIT = T.halves && SCALED && !v::kNibI32;
+  // Where the backend says so (v::kTwoPasses: AVX2), the formats with high bits (Q5_0, Q5_1, Q5_K, Q6_K) take a
+  // sub-block in two passes, the low nibbles' weights (Q6_K: its half of 16) then the high ones', each through the 4
+  // quant dwords (the second from L1): one set of MR int16 sums is live instead of two, and they widen once a pass
+  // (Q6_K twice: u <= 63).
+  constexpr bool SPLIT = v::kTwoPasses && HB > 0 && (SCALED || !T.k8);
+  constexpr int RUN_SPLIT = HB == 2 ? 2 : 4;
   const int64_t K = qx.K, nb = qx.nb;
   const bool fetch = ahead.bytes == 0;  // one pass over these columns (see kKPrefetch)
   VF facc[MR];
@@ -267,18 +270,24 @@ void ktile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t /*grou
       if constexpr (SCALED) scales();  // else after the sums (fewer registers live across them)
       if constexpr (SPLIT) {
         _Pragma("GCC unroll 2") for (int half = 0; half < 2; ++half) {
-          const VI h = half == 0 ? h0 : h1;
-          const v::NibScale sc = half == 0 ? s_lo : s_hi;
           v::NibAcc acc[MR];
           _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) acc[r] = v::nib_zero();
           _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {
             const VI raw = load_q<FULL>(sb + t * 4 * w, w);
-            const VI u = v::bor(half == 0 ? v::nib_lo(raw) : v::nib_hi(raw), high_bits<2, false>(h, t));
+            VI u;  // the pass's quants of weights 4t.. (half 0) or 16 + 4t.. (half 1)
+            if constexpr (HB == 2) {
+              u = v::bor(half == 0 ? v::nib_lo(raw) : v::nib_hi(raw), high_bits<2, false>(half == 0 ? h0 : h1, t));
+            } else {
+              u = half == 0 ? v::bor(v::nib_lo(raw), high_bits<1, false>(h0, t))
+                            : v::bor(v::nib_hi(raw), high_bits<1, true>(h0, t));
+            }
             _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)
               acc[r] = v::nib_add(acc[r], u, v::bcast4(xq + r * K + 16 * half + 4 * t));
-            if ((t + 1) % RUN == 0) {
+            if ((t + 1) % RUN_SPLIT == 0) {
               _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
-                isum[r][0] = v::nib_widen_scaled(isum[r][0], acc[r], sc);
+                if constexpr (SCALED)
+                  isum[r][0] = v::nib_widen_scaled(isum[r][0], acc[r], half == 0 || !T.halves ? s_lo : s_hi);
+                else isum[r][0] = v::nib_widen(isum[r][0], acc[r]);
                 acc[r] = v::nib_zero();
               }
             }

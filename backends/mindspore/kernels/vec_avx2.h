@@ -174,6 +174,9 @@ inline I32x16 nib_widen(I32x16 acc, NibAcc n) {
 // and their pair sum fit); nib_widen_scaled(acc, n, sc) = acc + sc * (the sums).
 constexpr bool kNibI32 = false;
 constexpr bool kScaledWiden = true;
+// kTwoPasses: the 5- and 6-bit quants' sub-blocks in two passes (qtile.h ktile): 16 ymm hold no two sets of int16
+// sums of 4 rows.
+constexpr bool kTwoPasses = true;
 struct NibScale {
   __m256i a, b;
 };

@@ -140,6 +140,7 @@ inline I32x16 nib_widen_scaled(I32x16 acc, NibAcc n, I32x16 sc) {
   return {_mm512_add_epi32(acc.v, _mm512_mullo_epi32(_mm512_madd_epi16(n.v, _mm512_set1_epi16(1)), sc.v))};
 }
 #endif
+constexpr bool kTwoPasses = false;  // the 5- and 6-bit quants' sub-blocks in one pass (qtile.h)
 inline I32x16 isub(I32x16 a, int32_t c) { return {_mm512_sub_epi32(a.v, _mm512_set1_epi32(c))}; }
 inline I32x16 iadd(I32x16 a, I32x16 b) { return {_mm512_add_epi32(a.v, b.v)}; }
 // The bit fields of the 5- and 6-bit formats (vec.h): per byte (b << s) & m, (b >> s) & m, a | b; sign-extended

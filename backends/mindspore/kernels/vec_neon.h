@@ -186,6 +186,7 @@ inline I32x16 nib_widen(I32x16 acc, NibAcc n) { return iadd(acc, n); }
 // the K-quants' scales.
 constexpr bool kNibI32 = true;
 constexpr bool kScaledWiden = true;  // the K-quant tiles take the scales as the sums widen
+constexpr bool kTwoPasses = false;  // the 5- and 6-bit quants' sub-blocks in one pass (qtile.h)
 using NibScale = I32x16;
 inline NibScale nib_scale(I32x16 a, int k) { return lane_i8(a, k); }
 inline I32x16 nib_widen_scaled(I32x16 acc, NibAcc n, I32x16 sc) { return iadd(acc, imul(n, sc)); }
