@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         served.stop()
     by_stage: dict[str, dict[str, float]] = {}
     for _, name, s in samples:
-        peak = by_stage.setdefault(name, {"peak_rss_mib": 0.0})
+        peak = by_stage.setdefault(name, {"first_rss_mib": round(s["VmRSS"] / MIB, 1), "peak_rss_mib": 0.0})
         if s["VmRSS"] / MIB > peak["peak_rss_mib"]:
             peak.update(peak_rss_mib=round(s["VmRSS"] / MIB, 1), anon_mib=round(s["RssAnon"] / MIB, 1),
                         file_mib=round(s["RssFile"] / MIB, 1))
