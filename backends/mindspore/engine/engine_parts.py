@@ -14,6 +14,7 @@ import numpy as np
 
 from backends.cpus import ThreadCount, engine_threads
 from backends.grammar import GrammarCompiler
+from backends.heap import give_back
 from backends.limits import PromptLimit, longest_sequence, prompt_token_limit
 from backends.mindspore.engine.adapters import EngineAdapters
 from backends.mindspore.engine.collector import older_objects_frozen
@@ -165,6 +166,7 @@ def _build_parts(spec: ModelSpec, config: EngineConfig, model_name: str | None,
                           kv_dtype=kv_dtype)
     vision = VisionEncoder(vl, weights) if vl is not None else None
     del weights
+    give_back()  # the build's temporaries (packing, dequantizing): else kept in malloc's arenas for good (heap.py)
     draft = _draft_model(draft_spec, tokenizer, shapes, num_blocks, config, kv_dtype, vocab_size=
                          spec.config_vocab_size or spec.vocab_size) if draft_spec is not None else None
     if config.map_kv_cache:  # while the graphs compile; the warm-up waits for them

@@ -131,7 +131,7 @@ class PackedRunner(ModelRunner):
 
     def warmup_plan(self) -> list[tuple]:
         s = self.shapes
-        return [("packed", n, self.packed_rows(n), s.max_window) for n in s.prefill_sizes] + [("head", s.prefill_chunk)]
+        return [("packed", n, self.packed_rows(n), s.max_window) for n in s.prefill_sizes] + [("head", self.head_rows)]
 
     def _warm(self, key: tuple) -> None:
         _, size, rows, window = key  # one more token than the next smaller size selects this one

@@ -97,7 +97,7 @@ class SplitRunner(ModelRunner):
         s = self.shapes
         plan = [("prefill", b, s.prefill_chunk, w) for b in s.prefill_batch_buckets for w in s.window_buckets]
         plan += [("decode", b, w) for b in s.batch_buckets for w in s.window_buckets]
-        return plan + [("head", s.prefill_chunk)]
+        return plan + [("head", self.head_rows)]
 
     def _warm(self, key: tuple) -> None:
         window = key[-1]
