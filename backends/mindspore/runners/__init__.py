@@ -14,7 +14,7 @@ from backends.mindspore.runners.packed import PackedRunner
 from backends.mindspore.runners.split import SplitRunner
 from backends.mindspore.planning.shapes import Shapes
 from backends.mindspore.modeldir.spec import ModelSpec
-from backends.mindspore.engine.step import DecodeRow, PrefillChunk, RowOutput
+from backends.mindspore.runners.step import DecodeRow, PrefillChunk, RowOutput
 
 __all__ = ["KERNELS", "choose_kernels", "stock_expected",
            "DecodeRow", "ModelRunner", "PackedRunner", "PrefillChunk", "RowOutput", "SplitRunner",

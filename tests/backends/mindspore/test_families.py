@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from backends.mindspore.families import BY_ARCH, FAMILIES, family_of, refuse_adapters
-from backends.mindspore.modeldir.gguf_archs import GGUF_ARCHS, UnsupportedGguf, gguf_arch
+from backends.mindspore.sources.gguf_archs import GGUF_ARCHS, UnsupportedGguf, gguf_arch
 from backends.settings import EngineConfig, LoraSettings
 from tests.support.families import BY_NAME, CHECKPOINTS, GOLDEN, TINY
 
@@ -89,13 +89,13 @@ def weights_untouchable(monkeypatch):
     import backends.mindspore.engine.engine_parts as parts
     import backends.mindspore.planning.memory as memory
 
-    for module, name in ((parts, "load_weights"), (parts, "load_vl_weights"), (memory.Footprint, "of")):
+    for module, name in ((parts, "load_weights"), (parts, "_read_weights"), (memory.Footprint, "of")):
         monkeypatch.setattr(module, name, opened)
 
 
 @pytest.mark.parametrize("name", NO_LORA)
 def test_lora_is_refused_in_preflight_before_the_weights(tiny_dirs, weights_untouchable, name):
-    from backends.mindspore.planning.preflight import ADAPTERS, PreflightError, check_model
+    from backends.mindspore.engine.preflight import ADAPTERS, PreflightError, check_model
 
     family = BY_NAME[name].family
     with pytest.raises(PreflightError) as err:
