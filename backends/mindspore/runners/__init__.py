@@ -1,5 +1,6 @@
 """The runners: the interface (base.py) and its two strategies (packed.py, split.py), chosen once at start-up
-by ``build_runner``."""
+by ``build_runner``; the step's plain rows they read (step.py) and the page mapping of the KV cache memory they
+hold (kv_pages.py)."""
 from __future__ import annotations
 
 import logging
