@@ -43,6 +43,17 @@ def test_every_family_names_networks_that_exist(family):
     assert aot is not stock and aot.__name__.startswith("Aot") and stock.__name__.startswith("Stock")
 
 
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+def test_a_family_takes_media_exactly_when_it_names_a_vision_part(family):
+    """Media parts are admitted by the capability and run by the part: either one alone would drop them or refuse
+    them late."""
+    assert bool(family.vision) == family.capabilities.vision
+    if family.vision:
+        part = family.vision_part()
+        assert all(callable(getattr(part, name, None))
+                   for name in ("read_weights", "chat_template", "prompt", "encode_reached", "warmup"))
+
+
 def test_the_adapter_rule_follows_the_declared_capability():
     for family in FAMILIES:
         refuse_adapters(family.archs[0], False)  # never refused without adapters
