@@ -34,7 +34,7 @@ class _Merged(YamlSection):
 
 
 def load_vl_spec(path: Path | str) -> VLSpec:
-    """Read a vision-language model directory (or one yaml inside it) into a ``VLSpec`` (``config.load_model``
+    """Read a vision-language model directory (or one yaml inside it) into a ``VLSpec`` (``families.load_model``
     reads any model directory)."""
     return vl_spec(*read_model_yaml(path))
 
