@@ -19,6 +19,7 @@ import hashlib
 import logging
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -92,6 +93,16 @@ def compiler_found(cxx: str | None = None) -> bool:
     except KernelBuildError:
         return False
     return True
+
+
+def header_constant(header: str, name: str) -> int:
+    """An integer ``constexpr`` of a kernel header, read from the header's text without building anything (for
+    the rules judged before the library exists; the built library exports the same value: ``kernel_constants``)."""
+    text = (resources.files(__package__) / header).read_text(encoding="utf-8")
+    found = re.search(rf"constexpr\s+\w+\s+{name}\s*=\s*(\d+)\s*;", text)
+    if found is None:
+        raise KernelBuildError(f"{header} defines no integer constexpr {name}")
+    return int(found.group(1))
 
 
 def cpu_features(cpuinfo: str | None = None) -> frozenset[str]:

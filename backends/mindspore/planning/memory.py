@@ -255,12 +255,9 @@ def _weights_text(model: Footprint, config: EngineConfig, graph_bytes: int) -> s
 
 
 def _vision_activations(spec: ModelSpec) -> int:
-    """The vision tower's largest call of a vision-language model (``qwen2_vl.config``), 0 for a text model."""
-    if spec.vision is None:
-        return 0
-    from backends.mindspore.families.qwen2_vl.config import activation_bytes
-
-    return activation_bytes(spec.vision)
+    """The vision tower's largest call of a vision-language model (its family's reader estimated it), 0 for a text
+    model."""
+    return spec.vision.tower_bytes if spec.vision is not None else 0
 
 
 def available_memory(proc: Path = Path("/proc"), cgroup_root: Path = Path("/sys/fs/cgroup")) -> Available:

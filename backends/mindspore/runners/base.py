@@ -20,11 +20,11 @@ import mindspore as ms
 
 from backends.mindspore.planning.device import free_network
 from backends.mindspore.families import Family, family_of
-from backends.mindspore.engine.kv_pages import CacheWarmer
+from backends.mindspore.runners.kv_pages import CacheWarmer
 from backends.mindspore.network.common import cache_memory
 from backends.mindspore.modeldir.spec import ModelSpec
 from backends.mindspore.planning.shapes import Shapes
-from backends.mindspore.engine.step import DecodeRow, PrefillChunk, RowOutput, StepBatch
+from backends.mindspore.runners.step import DecodeRow, PrefillChunk, RowOutput, StepBatch
 from backends.settings import EngineConfig
 
 log = logging.getLogger("mindserve.engine")

@@ -9,9 +9,8 @@ import dataclasses
 
 import numpy as np
 
-from backends.mindspore.engine.kv_cache import block_table, token_slots
 from backends.mindspore.runners.base import ModelRunner, write_rows
-from backends.mindspore.engine.step import DecodeRow, PrefillChunk, RowOutput, StepBatch
+from backends.mindspore.runners.step import DecodeRow, PrefillChunk, RowOutput, StepBatch, block_table, token_slots
 from backends.mindspore.planning.shapes import Shapes
 from backends.settings import EngineConfig
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends.mindspore.modeldir.default_model import MODEL_DIR_NAME, ensure_default_model
+from backends.mindspore.sources.default_model import MODEL_DIR_NAME, ensure_default_model
 from tests.support.paths import REPO
 from tests.support.thread_bits import BATCH, NEW_TOKENS
 

@@ -33,8 +33,10 @@ def _mm(lib, x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 def test_the_library_exports_its_constants(lib):
     from backends.mindspore.modeldir.quant import BLOCK_SIZE, FORMATS
+    from backends.mindspore.planning.kernel_path import MAX_AOT_HEAD_DIM
 
     c = kernel_constants()
+    assert c.max_head_dim == MAX_AOT_HEAD_DIM  # the fit rule reads kv_format.h before any build
     assert c.panel == lib.mindserve_matmul_panel_width()
     assert c.formats == tuple(FORMATS) and c.block == {f: BLOCK_SIZE[f] for f in FORMATS}
     assert c.kinds[0] == "matmul" and c.max_segments >= 2 and len(c.segment_magic) == 4
