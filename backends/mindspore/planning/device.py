@@ -7,6 +7,7 @@ import logging
 
 import mindspore as ms
 
+from backends.heap import give_back
 from backends.mindspore.modeldir.spec import ModelSpec
 from backends.mindspore.modeldir.yaml_tree import DEVICE_TARGETS, ConfigError
 
@@ -74,6 +75,7 @@ def free_network(net) -> None:
     for param in net.get_parameters():
         one = ms.Tensor(np.zeros((1,) * len(param.shape), np.float32)).astype(param.dtype)
         param.set_data(one, slice_shape=True)
+    give_back()  # what the network freed, out of malloc's arenas too (heap.py)
 
 
 def _available(target: str) -> bool:
