@@ -23,10 +23,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mindserve.engine")
 
-# A draft position costs a fraction of a plain step (its row of the forward pass, the head's most of it): measured
-# on Gemma 3 270M, 1 + 7 tokens cost 2.3 plain steps and 1 + 1 cost 1.1 (docs/speculative.md), 0.1-0.19 of a step a
-# draft. Drafts pay for themselves while more than that fraction of them is accepted; below it they cost more than
-# they save, so that is where drafting pauses, judged over enough verify steps that one unlucky miss does not.
+# A draft position costs a fraction of a plain step (its row of the forward pass, most of it the head's): on Gemma 3
+# 270M (a quiet box, one row) 1 + 1, 1 + 3, 1 + 7 tokens cost 1.08, 1.32, 1.89 plain steps, 0.08-0.13 of a step a
+# draft (docs/speculative.md). Drafts pay for themselves while more than that share of them is accepted, so drafting
+# pauses a little above the dearest break-even, judged over enough verify steps that a miss between copies does not.
 PAUSE_WINDOW = 8  # verify steps whose acceptance decides a pause
 PAUSE_BELOW = 0.15  # acceptance rate over the window below which drafting pauses (the break-even above)
 FIRST_PAUSE, LONGEST_PAUSE = 16, 512  # generated tokens without drafting; each pause in a row doubles
