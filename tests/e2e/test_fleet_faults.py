@@ -1,10 +1,8 @@
 """Faults under load, through the real SMG (deploy/fleet/fleet.py's gateway, the resilience settings of
 tests/support/gateway_faults.py), with nothing lost: a replica SIGKILLed, a rolling restart, a stalled replica
-(SIGSTOP) ejected and readmitted, a replica announced in SMG's discovery file taking traffic. Each replica runs in
-its own network namespace with the gateway in another (tests/support/netns.py), so requests cross a network stack
-as between machines; where namespaces cannot be made (no root), every process on loopback instead. (Both
-topologies once ran every test: the loopback run added four minutes and caught nothing the namespaces did not;
-tests/e2e/test_gateway_smg.py keeps SMG on loopback covered.)
+(SIGSTOP) ejected and readmitted, a replica announced in SMG's discovery file taking traffic. Each test runs on two
+topologies: every process on loopback, and each replica in its own network namespace with the gateway in
+another (tests/support/netns.py), so requests cross a network stack as between machines.
 
 Two replicas of the default model (small context, few tokens, every decode step slowed by 30 ms so requests are
 in flight when the fault comes), 6 clients sending streamed and plain /v1/completions back to back. Every wait
@@ -92,12 +90,13 @@ def smg_of(fleet, host: str) -> Smg:
     return Smg(fleet.gateway_url, f"http://{host}:{prometheus}")
 
 
-@pytest.fixture(scope="module")
-def topology(tmp_path_factory, default_q4_dir):
-    kind = "loopback" if netns.unavailable() else "netns"
+@pytest.fixture(scope="module", params=["loopback", "netns"])
+def topology(request, tmp_path_factory, default_q4_dir):
+    if request.param == "netns" and (reason := netns.unavailable()):
+        pytest.skip(f"no network namespaces: {reason}")
     fm = fleet_module()
-    log_dir = tmp_path_factory.mktemp(f"fleet-{kind}")
-    hosts = netns.Hosts(["gw", "r0", "r1"]) if kind == "netns" else None
+    log_dir = tmp_path_factory.mktemp(f"fleet-{request.param}")
+    hosts = netns.Hosts(["gw", "r0", "r1"]) if request.param == "netns" else None
     started: list = []
     try:
         cpus = sorted(os.sched_getaffinity(0))
@@ -132,7 +131,7 @@ def topology(tmp_path_factory, default_q4_dir):
         gateway.start()
         started.append(gateway)
         model = requests.get(urls[0] + "/v1/models", timeout=30).json()["data"][0]["id"]
-        yield Topology(kind, replica_fleets, gateway, smg_of(gateway, gw_host), model, make_gateway)
+        yield Topology(request.param, replica_fleets, gateway, smg_of(gateway, gw_host), model, make_gateway)
     finally:
         for fleet in reversed(started):
             fleet.stop()
