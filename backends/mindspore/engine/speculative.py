@@ -23,8 +23,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mindserve.engine")
 
-PAUSE_WINDOW = 4  # verify steps whose acceptance decides a pause
-PAUSE_BELOW = 0.25  # acceptance rate over the window below which drafting pauses
+# A draft position costs a fraction of a plain step (its row of the forward pass, most of it the head's): on Gemma 3
+# 270M (a quiet box, one row) 1 + 1, 1 + 3, 1 + 7 tokens cost 1.08, 1.32, 1.89 plain steps, 0.08-0.13 of a step a
+# draft (docs/speculative.md). Drafts pay for themselves while more than that share of them is accepted, so drafting
+# pauses a little above the dearest break-even, judged over enough verify steps that a miss between copies does not.
+PAUSE_WINDOW = 8  # verify steps whose acceptance decides a pause
+PAUSE_BELOW = 0.15  # acceptance rate over the window below which drafting pauses (the break-even above)
 FIRST_PAUSE, LONGEST_PAUSE = 16, 512  # generated tokens without drafting; each pause in a row doubles
 
 

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from backends.mindspore.engine.speculative import FIRST_PAUSE, PAUSE_WINDOW, Drafter, NgramIndex, Speculator
+from backends.mindspore.engine.speculative import (FIRST_PAUSE, PAUSE_BELOW, PAUSE_WINDOW, Drafter, NgramIndex,
+                                                   Speculator)
 from backends.settings import SpeculationSettings
 
 
@@ -81,6 +82,25 @@ def test_low_acceptance_pauses_drafting_for_a_doubling_number_of_tokens():
     assert d.pause == 4 * FIRST_PAUSE  # a half-accepted draft does not reset it
     d.record(2, 2, d.resume_at)
     assert d.pause == FIRST_PAUSE  # a whole one does
+
+
+@pytest.mark.parametrize("outcomes, pauses", [
+    # (drafted, accepted) of successive verify steps; PAUSE_WINDOW = 8 of them decide, at PAUSE_BELOW = 0.15
+    ([(1, 0)] * 8, True),  # nothing accepted: drafts only cost
+    ([(1, 0)] * 7, False),  # not yet a whole window
+    ([(7, 1)] + [(1, 0)] * 7, True),  # 1 of 14 = 0.07
+    ([(7, 2)] + [(1, 0)] * 7, True),  # 2 of 14 = 0.143: just below
+    ([(6, 3)] + [(2, 0)] * 7, False),  # 3 of 20 = 0.15: at the break-even, not below it
+    ([(7, 3)] + [(1, 0)] * 7, False),  # 3 of 14 = 0.21: above the break-even, it goes on
+    ([(7, 6)] + [(7, 0)] * 7, True),  # 6 of 56 = 0.107
+    ([(7, 7), (7, 0)] * 4, False),  # copying with a miss between: 28 of 56
+])
+def test_drafting_pauses_only_below_the_break_even_acceptance(outcomes, pauses):
+    assert (PAUSE_WINDOW, PAUSE_BELOW) == (8, 0.15)  # the table's figures are for these
+    d = Drafter.of(SpeculationSettings(max_draft=8))
+    for i, (drafted, accepted) in enumerate(outcomes):
+        d.record(drafted, accepted, 10 + i)
+    assert (d.resume_at > 0) is pauses
 
 
 def test_a_fixed_drafter_never_pauses():
