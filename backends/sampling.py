@@ -12,6 +12,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from backends.types import SamplingParams
+from backends.watermark import Watermark
 
 # (logits [V] float64, history ids [N] int64) -> logits [V]. May edit ``logits`` in place:
 # NextTokenChooser hands each chain its own float64 copy.
@@ -33,9 +34,6 @@ class RowScan:
 # one at start-up (the kernel library's, kernels/vocab.py); a chooser without one uses NumPy on whole rows.
 RowScanner = Callable[[np.ndarray, int], "RowScan | None"]
 
-WATERMARK_GAMMA = 0.5  # share of the vocabulary on the green list
-WATERMARK_DELTA = 2.0  # logit bonus of green tokens
-WATERMARK_HASH_KEY = 15485863  # a large prime, as in TGI and the paper's code
 # Nucleus candidate windows, in nats from the best key (see _smallest_mass_prefix).
 _KEY_WINDOWS = (1.0, 2.0, 4.0, 6.0, 9.0, 12.0, 16.0, 24.0, np.inf)
 _CDF_BLOCK = 1024
@@ -141,53 +139,6 @@ class TypicalP:
         keep = _smallest_mass_prefix(distance, probs, self.mass)
         # as HF: every token tied with the last kept one stays too
         return _keep_only(logits, live[distance <= distance[keep].max()])
-
-
-@dataclass(frozen=True, slots=True)
-class Watermark:
-    """Add ``delta`` to the green list drawn from the previous token (TGI's processor)."""
-
-    gamma: float = WATERMARK_GAMMA
-    delta: float = WATERMARK_DELTA
-    hash_key: int = WATERMARK_HASH_KEY
-
-    def __call__(self, logits: np.ndarray, history: np.ndarray) -> np.ndarray:
-        if history.size:
-            logits[green_list(int(history[-1]), logits.size, self.gamma, self.hash_key)] += self.delta
-        return logits
-
-
-def green_list(
-    prev_token: int,
-    vocab_size: int,
-    gamma: float = WATERMARK_GAMMA,
-    hash_key: int = WATERMARK_HASH_KEY,
-) -> np.ndarray:
-    """The green token ids after ``prev_token``: a fixed function of (prev_token, vocab_size)."""
-    rng = np.random.Generator(np.random.PCG64(hash_key * prev_token))
-    return rng.permutation(vocab_size)[: int(vocab_size * gamma)]
-
-
-def watermark_z_score(
-    token_ids: Sequence[int],
-    vocab_size: int,
-    gamma: float = WATERMARK_GAMMA,
-    hash_key: int = WATERMARK_HASH_KEY,
-) -> float:
-    """Detector: z-score of the green-token count; ``token_ids[0]`` is context only.
-
-    ``vocab_size`` must be the width the chooser sampled over (its ``vocab_size``, else
-    the logits width).
-    """
-    ids = [int(t) for t in token_ids]
-    scored = len(ids) - 1
-    if scored < 1:
-        return 0.0
-    hits = sum(
-        bool(np.any(green_list(prev, vocab_size, gamma, hash_key) == tok))
-        for prev, tok in zip(ids, ids[1:])
-    )
-    return (hits - gamma * scored) / math.sqrt(scored * gamma * (1.0 - gamma))
 
 
 @dataclass(frozen=True, slots=True)

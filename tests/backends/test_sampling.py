@@ -12,15 +12,13 @@ from backends.sampling import (
     TopK,
     TopP,
     TypicalP,
-    Watermark,
     _inverse_cdf,
     build_processors,
     choose_batch,
-    green_list,
     vocab_log_softmax,
-    watermark_z_score,
 )
 from backends.types import SamplingParams
+from backends.watermark import Watermark, green_list, watermark_z_score
 
 NEG = -np.inf
 
