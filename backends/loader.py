@@ -8,12 +8,12 @@ import threading
 from pathlib import Path
 
 from backends.base import Backend
-from backends.mindspore.planning.preflight import (ADAPTERS, KV_CACHE, MEMORY, MODEL, SCHEDULE, SPECULATION, ModelCheck,
+from backends.mindspore.engine.preflight import (ADAPTERS, KV_CACHE, MEMORY, MODEL, SCHEDULE, SPECULATION, ModelCheck,
                                                    PreflightError, is_default_model, is_model_dir)
-from backends.mindspore.modeldir.model_cache_index import CachedModel, cached_models, downloads_size, remove_models
-from backends.mindspore.modeldir.model_sources import ModelSource, ModelSourceError, SourceKind, resolve_source
-from backends.mindspore.modeldir.model_store import ModelStore, ModelStoreError
-from backends.mindspore.modeldir.model_store import default_root as default_models_root
+from backends.mindspore.sources.model_cache_index import CachedModel, cached_models, downloads_size, remove_models
+from backends.mindspore.sources.model_sources import ModelSource, ModelSourceError, SourceKind, resolve_source
+from backends.mindspore.sources.model_store import ModelStore, ModelStoreError
+from backends.mindspore.sources.model_store import default_root as default_models_root
 from backends.mindspore.planning.shapes import ShapeError, check_buckets
 from backends.settings import EngineConfig
 
@@ -63,38 +63,38 @@ def check_backend(backend_type: str, model_dir: Path, config: EngineConfig) -> M
     """The backend's start-up checks on ``model_dir`` (no weights loaded); PreflightError naming what is at
     fault."""
     _backend(backend_type)
-    from backends.mindspore.planning.preflight import check_model
+    from backends.mindspore.engine.preflight import check_model
 
     return check_model(model_dir, config)
 
 
 def check_backends(models: list[tuple[str, Path, EngineConfig]], resident: int) -> list[ModelCheck]:
     """``check_backend`` of every model of one server, the memory budget covering the ``resident`` models that
-    may be loaded at once (``backends/mindspore/planning/preflight.py check_models``); PreflightError's ``index`` names
+    may be loaded at once (``backends/mindspore/engine/preflight.py check_models``); PreflightError's ``index`` names
     the model at fault."""
     for backend_type, _, _ in models:
         _backend(backend_type)
-    from backends.mindspore.planning.preflight import check_models
+    from backends.mindspore.engine.preflight import check_models
 
     return check_models([(path, config) for _, path, config in models], resident)
 
 
 def default_model_dtype(path: Path) -> str:
     """The convert-gguf --dtype the default model directory ``path`` holds."""
-    from backends.mindspore.modeldir.default_model import DEFAULT_DIRS
+    from backends.mindspore.sources.default_model import DEFAULT_DIRS
 
     return DEFAULT_DIRS[path.name]
 
 
 def prepare_default_model(path: Path) -> Path:
     """Download and convert the default model into ``path`` (a default model directory) if it is not there."""
-    from backends.mindspore.modeldir.default_model import ensure_default_model
+    from backends.mindspore.sources.default_model import ensure_default_model
 
     return ensure_default_model(path.parent, name=path.name)
 
 
 def convert_gguf(gguf: Path, out: Path, **options) -> Path:
-    """A GGUF file -> a model directory (``backends/mindspore/modeldir/gguf_convert.py``)."""
-    from backends.mindspore.modeldir.gguf_convert import convert_gguf as convert
+    """A GGUF file -> a model directory (``backends/mindspore/sources/gguf_convert.py``)."""
+    from backends.mindspore.sources.gguf_convert import convert_gguf as convert
 
     return convert(gguf, out, **options)

@@ -69,7 +69,7 @@ class BaseDims:
 
     @classmethod
     def of(cls, spec: Any) -> BaseDims:
-        """From a ``backends.mindspore.modeldir.config.ModelSpec`` (or anything with its attribute names)."""
+        """From a ``backends.mindspore.modeldir.spec.ModelSpec`` (or anything with its attribute names)."""
         return cls(spec.num_layers, spec.hidden_size, spec.num_heads * spec.head_dim,
                    spec.num_kv_heads * spec.head_dim, spec.intermediate_size)
 

@@ -241,7 +241,7 @@ def make(shape: Shape, out: Path, wtype: str, *, seed: int = 0, tokenizer_gguf: 
 def _default_tokenizer_gguf() -> Path:
     if TOKENIZER_GGUF.exists():
         return TOKENIZER_GGUF
-    from backends.mindspore.modeldir.default_model import ensure_default_gguf  # only when the anchors copy is absent
+    from backends.mindspore.sources.default_model import ensure_default_gguf  # only when the anchors copy is absent
 
     return ensure_default_gguf(Path(__file__).resolve().parent.parent / ".cache" / "models")  # bench/harness/paths.py
 

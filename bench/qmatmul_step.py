@@ -1,7 +1,8 @@
 """A model step's quantized matmuls, kernel builds side by side: the default model's shapes (SmolLM2-135M: 30 layers of
 Q4_1 q/k/v/o/gate/up/down, the Q8_0 tied head), distinct random weights per layer (96 MB, so nothing stays in
 cache from one step to the next), in model order through ``mindserve_qmatmul_raw``; the builds alternate round by
-round, and each reports its fastest and median step.
+round, and each reports its fastest and median step, and the packed weight bytes read a second at the fastest (the
+formats' speed per byte read, comparable across formats).
 
     python bench/qmatmul_step.py TREE:VARIANT [TREE:VARIANT ...] [--rows 16 | --rows 1,2,4,8,16] [--threads 1]
         [--rounds 7] [--format q4_1] [--shape HIDDEN,FFN --layers 2] [--matrices qkv]
@@ -157,9 +158,12 @@ def time_rows(libs: dict, models: dict, rows: int, threads: int, rounds: int, rn
             steps[spec, fmt].append(ended - started)
             heads[spec, fmt].append(ended - head_started)
     for spec, fmt in runs:
-        print(f"{spec + ' ' + fmt:44s} step min {min(steps[spec, fmt]) * 1e3:7.2f} ms, "
+        fastest = min(steps[spec, fmt])
+        weight_bytes = sum(m[3].nbytes for m in models[fmt])
+        print(f"{spec + ' ' + fmt:44s} step min {fastest * 1e3:7.2f} ms, "
               f"median {statistics.median(steps[spec, fmt]) * 1e3:7.2f}  (last matmul min "
-              f"{min(heads[spec, fmt]) * 1e3:6.2f}, median {statistics.median(heads[spec, fmt]) * 1e3:6.2f})")
+              f"{min(heads[spec, fmt]) * 1e3:6.2f}, median {statistics.median(heads[spec, fmt]) * 1e3:6.2f}); "
+              f"{weight_bytes / fastest / 1e9:5.2f} GB/s of weights at the fastest")
 
 
 if __name__ == "__main__":

@@ -151,7 +151,7 @@ def llama_gguf(args: argparse.Namespace, targets: list[str]) -> Path | None:
     """The Q4_1 GGUF the llama.cpp targets serve, once their builds are found to exist."""
     q4 = args.gguf
     if any(t in ("q4_1", "f32", "llama-server", "llama-server+ngram") for t in targets) and q4 is None:
-        from backends.mindspore.modeldir.default_model import ensure_default_gguf
+        from backends.mindspore.sources.default_model import ensure_default_gguf
 
         q4 = ensure_default_gguf(CACHE_DIR)
     if any(t.startswith("llama-server") for t in targets) and not (args.llama_server_dir / "llama-server").exists():
@@ -183,8 +183,8 @@ def make_server(t: str, args: argparse.Namespace, q4: Path | None) -> Server:
     if t in ("mindserve", "mindserve-nocache"):
         return MindServe(workdir, args.model_dir, args.mindserve_config, t == "mindserve", model_ref=args.model)
     if t in ("mindserve-fp32", "mindserve-q8_0", "mindserve-as-shipped"):
-        from backends.mindspore.modeldir.default_model import MODEL_NAME, ensure_default_gguf
-        from backends.mindspore.modeldir.gguf_convert import convert_gguf
+        from backends.mindspore.sources.default_model import MODEL_NAME, ensure_default_gguf
+        from backends.mindspore.sources.gguf_convert import convert_gguf
 
         dtype = t.removeprefix("mindserve-")
         gguf = args.gguf or ensure_default_gguf(CACHE_DIR)

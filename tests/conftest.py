@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends.mindspore.modeldir.default_model import ensure_default_gguf, ensure_default_model
+from backends.mindspore.sources.default_model import ensure_default_gguf, ensure_default_model
 from tests.support.paths import REPO
 from tests.support.families import TINY, TinyFamily
 
@@ -151,7 +151,7 @@ LORA_STRENGTH = 0.1
 def lora_adapter_dirs(tmp_path_factory, default_model_dir) -> dict[str, Path]:
     """The LORA_ADAPTERS as PEFT directories under one adapter root (the runtime-load root too)."""
     from backends.lora import BaseDims
-    from backends.mindspore.modeldir.config import load_model
+    from backends.mindspore.families import load_model
     from tests.support.lora_adapters import make_adapter
     from tests.support.reference_numpy import RefModel
 

@@ -11,7 +11,7 @@ DEFAULT_MODELS = CACHE_DIR
 
 def default_model_dir(cache: Path = DEFAULT_MODELS, progress: bool = False) -> Path:
     """The default model's fp32 conversion (made from its GGUF the first time, as the tests' is)."""
-    from backends.mindspore.modeldir.default_model import ensure_default_model
+    from backends.mindspore.sources.default_model import ensure_default_model
 
     return ensure_default_model(cache, progress=progress)
 
@@ -29,7 +29,7 @@ def runner(model_dir: Path | None = None, *, num_blocks: int, kernels: str = "ao
            lora: tuple[int, int] | None = None, kv_dtype: str = "float32", **shapes: Any):
     """A bare ``ModelRunner`` (no engine, no scheduler): the model's weights in a runner for ``kernels``, on the
     CPU with ``threads`` threads, its graphs compiled for ``Shapes(**shapes)``."""
-    from backends.mindspore.modeldir.config import load_model
+    from backends.mindspore.families import load_model
     from backends.mindspore.planning.device import set_mode
     from backends.mindspore.runners import build_runner
     from backends.mindspore.planning.shapes import Shapes

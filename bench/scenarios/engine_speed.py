@@ -375,7 +375,7 @@ class Bench:
         """Compile only the graphs this benchmark uses (all window-256 buckets, the B=1 prefill/decode
         graphs at every window, the prompt-logits head): the full default plan needs too much RSS for a
         shared 24 GB box. Calls the runner exactly as ``ModelRunner.warmup`` does (scratch block only)."""
-        from backends.mindspore.engine.step import DecodeRow
+        from backends.mindspore.runners.step import DecodeRow
 
         small = min(self.runner.shapes.window_buckets)
         keep = [k for k in full_plan
@@ -399,7 +399,7 @@ class Bench:
     def _prefill_call(self, chunks: list[tuple[list[int], int, list[int]]]):
         """runner.prefill for (ids, start, blocks) chunks; returns the logits [n, V]."""
         try:
-            from backends.mindspore.engine.step import PrefillChunk
+            from backends.mindspore.runners.step import PrefillChunk
         except ImportError:  # the older one-sequence signature prefill(ids, start, blocks)
             assert len(chunks) == 1
             logits, _ = self.runner.prefill(*chunks[0])
@@ -423,7 +423,7 @@ class Bench:
             (rec.times[0] - rec.submitted) * 1e3, m)
 
     def raw_single(self) -> None:
-        from backends.mindspore.engine.step import DecodeRow
+        from backends.mindspore.runners.step import DecodeRow
 
         self.quiet()
         alloc = self.engine.allocator
@@ -448,7 +448,7 @@ class Bench:
     def graph_only(self, blocks: list[int]) -> None:
         """The bare compiled-graph call (inputs pre-built as Tensors) + the logits copy to host."""
         import mindspore as ms
-        from backends.mindspore.engine.kv_cache import block_table, token_slots
+        from backends.mindspore.runners.step import block_table, token_slots
 
         bs = self.runner.shapes.block_size
         window = self.runner.shapes.window_for(PROMPT_SHORT + NEW_TOKENS)
@@ -469,7 +469,7 @@ class Bench:
 
     def raw_windows(self) -> None:
         """runner.decode B=1 late in long contexts (the stock-op path: the larger attention windows)."""
-        from backends.mindspore.engine.step import DecodeRow
+        from backends.mindspore.runners.step import DecodeRow
 
         for window in LONG_CONTEXTS:
             if window > self.runner.shapes.max_window:
@@ -490,7 +490,7 @@ class Bench:
                 self.engine.allocator.release(blocks)
 
     def raw_batch(self, batch: int) -> None:
-        from backends.mindspore.engine.step import DecodeRow
+        from backends.mindspore.runners.step import DecodeRow
 
         self.quiet()
         alloc = self.engine.allocator
@@ -586,7 +586,7 @@ class Bench:
 
     def profile(self) -> None:
         """Per-op-type time of decode steps at B=1 and B=16 (MindSpore CPU profiler)."""
-        from backends.mindspore.engine.step import DecodeRow
+        from backends.mindspore.runners.step import DecodeRow
         import mindspore
         from mindspore.profiler import ProfilerActivity
 

@@ -54,7 +54,7 @@ def greedy(engine, prompt: str) -> tuple[list[int], list[int]]:
 
 def forced_logits(engine, prompt_ids: list[int], continuation: list[int]) -> np.ndarray:
     """Logits [len(continuation), V]: the prompt's last, then after each continuation token but the last."""
-    from backends.mindspore.engine.step import DecodeRow, PrefillChunk
+    from backends.mindspore.runners.step import DecodeRow, PrefillChunk
 
     runner, alloc = engine.runner, engine.allocator
     blocks = alloc.allocate(len(prompt_ids) + len(continuation))
@@ -83,7 +83,7 @@ def accuracy(eng: dict) -> dict:
 
 
 def speed(eng: dict, rounds: int, steps: int) -> dict:
-    from backends.mindspore.engine.step import DecodeRow
+    from backends.mindspore.runners.step import DecodeRow
 
     seqs = {f: [e.allocator.allocate(c + 1) for c in CONTEXTS] for f, e in eng.items()}
     times = {f: [] for f in FORMATS}

@@ -89,7 +89,7 @@ def llama_greedy(port: int, ids: list[int], n: int,
 
 def mindserve_prefill(runner, ids: list[int], blocks: list[int]) -> np.ndarray:
     """The logits after the prompt ``ids`` (prefilled in the runner's chunks into cache blocks ``blocks``)."""
-    from backends.mindspore.engine.step import PrefillChunk
+    from backends.mindspore.runners.step import PrefillChunk
 
     chunk = runner.shapes.prefill_chunk
     for start in range(0, len(ids), chunk):
@@ -110,7 +110,7 @@ def first_token_gaps(runner, prompts: list[list[int]], theirs) -> np.ndarray:
 
 def mindserve_greedy(runner, ids: list[int], n: int) -> tuple[list[int], list[float]]:
     """(generated ids, per step the top-1 minus top-2 logit)."""
-    from backends.mindspore.engine.step import DecodeRow
+    from backends.mindspore.runners.step import DecodeRow
 
     blocks = list(range(1, 1 + (len(ids) + n + 63) // 64))
     logits = mindserve_prefill(runner, ids, blocks)
@@ -163,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     harness.add_output_arguments(ap)
     args = ap.parse_args(argv)
 
-    from backends.mindspore.modeldir.default_model import MODEL_NAME, ensure_default_gguf
-    from backends.mindspore.modeldir.gguf_convert import convert_gguf
+    from backends.mindspore.sources.default_model import MODEL_NAME, ensure_default_gguf
+    from backends.mindspore.sources.gguf_convert import convert_gguf
     from backends.mindspore.modeldir.tokenizer import Tokenizer
 
     gguf = args.gguf or ensure_default_gguf(CACHE_DIR)

@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     harness.add_output_arguments(ap)
     args = ap.parse_args(argv)
 
-    from backends.mindspore.modeldir.default_model import ensure_default_gguf
+    from backends.mindspore.sources.default_model import ensure_default_gguf
     from backends.mindspore.modeldir.quant import dequantize
     from tests.support import kernel_ref
 

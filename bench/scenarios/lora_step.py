@@ -34,9 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from backends.lora import BaseDims, load_adapter
-    from backends.mindspore.modeldir.config import load_model
+    from backends.mindspore.families import load_model
     from backends.mindspore.engine.lora_slots import LoraSlots
-    from backends.mindspore.engine.step import DecodeRow
+    from backends.mindspore.runners.step import DecodeRow
     from tests.support.lora_adapters import make_adapter
     from tests.support.reference_numpy import RefModel
 

@@ -118,7 +118,7 @@ def summarize(steps: list[dict]) -> dict:
 def forward_sizes(runner, times: int) -> None:
     """Median wall and process-CPU ms of ``runner.run`` for one decode row carrying 0, 1, 3, 7, 15 drafts (at a
     position of 100, on cache blocks no request holds), interleaved round by round; and each ÷ the plain step."""
-    from backends.mindspore.engine.step import DecodeRow, StepBatch
+    from backends.mindspore.runners.step import DecodeRow, StepBatch
 
     ks = (0, 1, 3, 7, 15)
     walls: dict[int, list[float]] = {k: [] for k in ks}

@@ -27,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from backends.mindspore.engine.step import PrefillChunk
+from backends.mindspore.runners.step import PrefillChunk
 from backends.settings import SpeculationSettings
 from backends.types import RequestParams
 from bench import harness

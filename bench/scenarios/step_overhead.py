@@ -40,7 +40,7 @@ def child(tree: Path, steps: int, reps: int, profile_steps: int, model_dir: str 
     import mindspore
     from mindspore.profiler import ProfilerActivity
     from backends.mindspore.kernels import KERNEL_KINDS, kernel_stats
-    from backends.mindspore.engine.step import DecodeRow, PrefillChunk
+    from backends.mindspore.runners.step import DecodeRow, PrefillChunk
 
     model = Path(model_dir) if model_dir else harness.default_model_dir(tree / ".cache" / "models")
     engine = harness.engine(model, warmup=False, progress=False, max_seq_len=2048, max_input_tokens=1536,

@@ -208,7 +208,7 @@ def bench_adapters(root: Path, model_dir: Path) -> dict[str, Path]:
     """Four PEFT adapters of the model (tests/support/lora_adapters.py, fixed seeds, non-zero B, deltas of 0.1
     times each weight's spread), written once under ``root``."""
     from backends.lora import BaseDims
-    from backends.mindspore.modeldir.config import load_model
+    from backends.mindspore.families import load_model
     from tests.support.lora_adapters import make_adapter
     from tests.support.reference_numpy import RefModel
 

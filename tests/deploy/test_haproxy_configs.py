@@ -1,6 +1,6 @@
-"""deploy/haproxy: the affinity variant is haproxy.cfg plus the lines marked "affinity" (its balance line
-replacing leastconn), so the checks, retries and drain tested on haproxy.cfg hold for it too; both files pass
-HAProxy's own check where HAProxy is installed."""
+"""deploy/haproxy: the affinity variant is haproxy.cfg plus the lines marked "affinity" (the prompt key and the
+table that sticks it to a replica), so the balancing, checks, retries and drain tested on haproxy.cfg hold for
+it too; both files pass HAProxy's own check where HAProxy is installed."""
 from __future__ import annotations
 
 import subprocess
@@ -24,9 +24,9 @@ def test_the_affinity_variant_is_the_recipe_plus_its_marked_lines():
     base, variant = settings("haproxy.cfg"), settings("haproxy-affinity.cfg")
     assert not any(marked for _, marked in base)
     unmarked = [setting for setting, marked in variant if not marked]
-    assert unmarked == [setting for setting, _ in base if not setting.lstrip().startswith("balance ")]
+    assert unmarked == [setting for setting, _ in base]
     keywords = [setting.split()[0] for setting, marked in variant if marked]
-    assert keywords == ["http-request"] * 3 + ["balance", "hash-type", "hash-balance-factor"]
+    assert keywords == ["http-request"] * 3 + ["stick-table", "stick"]
 
 
 @pytest.mark.skipif(HAPROXY is None, reason=MISSING)

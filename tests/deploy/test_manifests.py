@@ -196,7 +196,7 @@ USAGE_AT_THE_BUDGET_CHECK = 512 * 2**20
 def test_the_memory_limit_passes_the_servers_own_start_up_budget(cfg, default_model_dir):
     """Under the pod's limit, the server's cache rule (backends/mindspore/planning/memory.py, asked by preflight and the
     engine) must keep every sequence of maxBatchSize, not cap the batch nor stop start-up."""
-    from backends.mindspore.modeldir.config import load_model
+    from backends.mindspore.families import load_model
     from backends.mindspore.planning.kv_dtype import cache_dtype
     from backends.mindspore.planning.memory import Available, Footprint, plan_cache
 

@@ -57,7 +57,7 @@ def test_lora_modules_are_checked_before_start_up(tmp_path, tiny_model_dir):
     """A good adapter passes validate-config; a broken one stops both validate-config and serve, naming the entry,
     before anything is loaded (the reference server would warn and serve without it)."""
     from backends.lora import BaseDims
-    from backends.mindspore.modeldir.config import load_model
+    from backends.mindspore.families import load_model
     from tests.support.lora_adapters import make_adapter
 
     adapter = make_adapter(tmp_path / "sql", BaseDims.of(load_model(tiny_model_dir)), seed=1, rank=4)

@@ -20,7 +20,7 @@ PROMPTS = json.loads((GOLDEN_DIR / "gemma3_tiny.json").read_text(encoding="utf-8
 
 
 def test_gemma3_greedy_ids_agree_with_llama_server(tmp_path):
-    from backends.mindspore.modeldir.gguf_convert import convert_gguf
+    from backends.mindspore.sources.gguf_convert import convert_gguf
     from tests.support.runner import greedy, make_runner
 
     gguf = write_gguf(make_tiny_gemma3(tmp_path / "src", llama_cpp=True), tmp_path / "gemma3.gguf", "gemma3")
@@ -42,7 +42,7 @@ def test_the_sentencepiece_import_tokenizes_as_llama_server(tmp_path, variant):
     import numpy as np
     from safetensors.numpy import load_file, save_file
 
-    from backends.mindspore.modeldir.gguf_convert import convert_gguf
+    from backends.mindspore.sources.gguf_convert import convert_gguf
     from backends.mindspore.modeldir.tokenizer import Tokenizer
     from tests.support.llama_server import llama_tokenize
 

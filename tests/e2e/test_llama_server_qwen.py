@@ -24,7 +24,7 @@ PROMPTS = json.loads((GOLDEN_DIR / "qwen3_tiny.json").read_text(encoding="utf-8"
 def test_greedy_ids_agree_with_llama_server(tiny, tmp_path):
     """The checkpoint in the layout its GGUF can describe, with the llama-server options under which it gives HF's ids
     (tests/support/families.py: the tiny Qwen3-MoE's router needs float32 attention there)."""
-    from backends.mindspore.modeldir.gguf_convert import convert_gguf
+    from backends.mindspore.sources.gguf_convert import convert_gguf
     from tests.support.runner import greedy, make_runner
 
     arch = tiny.family.gguf.name

@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from backends.lora import BaseDims
-from backends.mindspore.modeldir.config import load_model
+from backends.mindspore.families import load_model
 from tests.support.http import error_json, ok_json, post, stream_events
 from tests.support.lora_adapters import make_adapter
 from tests.support.metrics import delta, scrape

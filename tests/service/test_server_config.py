@@ -273,7 +273,7 @@ def test_planes_by_listener(tmp_path, server, listeners):
 def test_the_engine_rules_agree_with_the_engine(tiny_model_dir):
     """``check_engine`` + preflight's window rule refuse exactly what the engine's ``plan_shapes`` refuses
     (preflight asks ``plan_shapes`` itself; ``check_engine`` asks its config-only part)."""
-    from backends.mindspore.modeldir.config import load_model
+    from backends.mindspore.families import load_model
     from backends.mindspore.planning.shapes import check_window_coverage, plan_shapes
 
     spec = load_model(tiny_model_dir)
@@ -346,7 +346,7 @@ def test_validate_config_checks_the_model_directory(tmp_path, tiny_model_dir, br
 
 
 def test_window_coverage_uses_the_models_max_position_embeddings(tmp_path, tiny_model_dir):
-    from backends.mindspore.modeldir.config import load_model
+    from backends.mindspore.families import load_model
 
     max_pos = load_model(tiny_model_dir).max_position_embeddings
     config = cli_config(tiny_model_dir)

@@ -23,7 +23,7 @@ import numpy as np
 import mindspore as ms
 
 from backends.chat_template import render_chat_template
-from backends.mindspore.engine.kv_cache import block_table, token_slots
+from backends.mindspore.runners.step import block_table, token_slots
 from backends.mindspore.planning.device import set_device
 from backends.mindspore.runners.packed import packed_inputs
 from backends.mindspore.families.qwen2_vl.config import VISION_BUCKETS, load_vl_spec, processor_chat_template

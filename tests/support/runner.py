@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from backends.mindspore.modeldir.config import load_model
+from backends.mindspore.families import load_model
 from backends.mindspore.planning.device import set_mode
 from backends.mindspore.runners import DecodeRow, ModelRunner, PrefillChunk, build_runner
 from backends.mindspore.planning.shapes import Shapes

@@ -1,2 +1,3 @@
-"""The engine: its parts built once, the continuous-batching loop (engine.py), the request intake, the scheduler and
-sequences, speculative decoding, adapters, and the paged KV cache with its page mapping."""
+"""The engine: its parts built once (and checked before anything is built: preflight.py), the continuous-batching
+loop (engine.py), the request intake, the scheduler and sequences, speculative decoding, adapters, and the paged KV
+cache's blocks."""

@@ -18,7 +18,7 @@ import numpy as np
 
 from backends.mindspore.families import family_of
 from backends.mindspore.engine.speculative import Drafter
-from backends.mindspore.engine.step import PrefillChunk
+from backends.mindspore.runners.step import PrefillChunk
 from backends.mindspore.modeldir.tokenizer import Tokenizer
 
 if TYPE_CHECKING:

@@ -1,9 +1,9 @@
 """The MindSpore engine: load a model directory, then loop plan -> run -> for each row: sample -> stop -> emit.
 
-A vision-language model (Qwen2-VL / Qwen2.5-VL) takes image and video parts: preprocessed on the submitting
-thread (``qwen2_vl.request``), the vision tower run on the engine thread once per item, at the first step
-whose prompt chunk reaches it (``VisionEncoder.encode_reached``), its rows dropped once the prompt is in the
-cache. A request comes in through ``intake.py``; each row's sample -> detokenize -> stop is ``SeqState.advance``."""
+A vision-language model takes image and video parts through its family's vision part (``families.VisionPart``):
+preprocessed on the submitting thread, the vision tower run on the engine thread once per item, at the first step
+whose prompt chunk reaches it (``encode_reached``), its rows dropped once the prompt is in the cache. A request
+comes in through ``intake.py``; each row's sample -> detokenize -> stop is ``SeqState.advance``."""
 from __future__ import annotations
 
 import itertools
@@ -21,7 +21,7 @@ from backends.errors import EngineOverloaded, EngineUnavailable, GenerationFaile
 from backends.grammar import MaskBatch, MaskWorker
 from backends.mindspore.engine.engine_front import EngineFront
 from backends.mindspore.engine.engine_parts import build_parts
-from backends.mindspore.engine.step import RowOutput
+from backends.mindspore.runners.step import RowOutput
 from backends.mindspore.modeldir.tokenizer import Tokenizer
 from backends.mindspore.engine.sequence import SeqState
 from backends.sampling import vocab_log_softmax

@@ -14,13 +14,14 @@ import numpy as np
 
 from backends.cpus import ThreadCount, engine_threads
 from backends.grammar import GrammarCompiler
+from backends.heap import give_back
 from backends.limits import PromptLimit, longest_sequence, prompt_token_limit
 from backends.mindspore.engine.adapters import EngineAdapters
 from backends.mindspore.engine.collector import older_objects_frozen
-from backends.mindspore.modeldir.config import load_model, torch_dtype
+from backends.mindspore.modeldir.yaml_tree import torch_dtype
 from backends.mindspore.planning.device import mindspore_threads, set_device
 from backends.mindspore.engine.draft_model import KEY as DRAFT_KEY
-from backends.mindspore.families import family_of
+from backends.mindspore.families import VisionPart, family_of, load_model
 from backends.mindspore.engine.draft_model import DraftModel, DraftModelError, check_draft_spec, check_tokenizer
 from backends.mindspore.engine.intake import Intake
 from backends.mindspore.planning.graph_cache import cache_for_this_warm_up, enable_graph_cache, graph_key
@@ -28,9 +29,6 @@ from backends.mindspore.engine.kv_cache import PART_TOKENS, BlockAllocator
 from backends.mindspore.planning.kv_dtype import cache_dtype
 from backends.mindspore.planning.load_clock import LoadClock, phase
 from backends.mindspore.planning.memory import Footprint, available_memory, plan_cache
-from backends.mindspore.families.qwen2_vl.config import VLSpec, processor_chat_template
-from backends.mindspore.families.qwen2_vl.encoder import VisionEncoder
-from backends.mindspore.families.qwen2_vl.weights import load_vl_weights
 from backends.mindspore.runners import ModelRunner, build_runner, choose_kernels
 from backends.mindspore.engine.scheduler import Scheduler
 from backends.mindspore.planning.shapes import plan_shapes
@@ -61,7 +59,7 @@ class EngineParts:
     prompt_limit: PromptLimit
     lora: EngineAdapters
     runner: ModelRunner
-    vision: VisionEncoder | None
+    vision: VisionPart | None  # a vision family's tower
     allocator: BlockAllocator
     scheduler: Scheduler
     speculator: Speculator
@@ -127,7 +125,7 @@ def build_parts(model_dir: Path | str, config: EngineConfig, model_name: str | N
 
 def _build_parts(spec: ModelSpec, config: EngineConfig, model_name: str | None,
                  loaded: Tokenizer | None) -> EngineParts:
-    vl = spec.vision
+    tower = family_of(spec.arch).vision_part()  # a vision family's part (the registry names it)
     lora = EngineAdapters(spec, config.lora)  # read and checked now: their slots count in the budget
     threads = engine_threads(config.threads)
     config = replace(config, threads=threads.count)
@@ -155,16 +153,17 @@ def _build_parts(spec: ModelSpec, config: EngineConfig, model_name: str | None,
     config, num_blocks = cache.apply(config), cache.num_blocks
     tokenizer = _tokenizer(spec, loaded)
     chat_template = tokenizer.chat_template
-    if chat_template is None and vl is not None:
-        chat_template = processor_chat_template(spec.model_dir)
+    if chat_template is None and tower is not None:
+        chat_template = tower.chat_template(spec.model_dir)
     shapes = plan_shapes(config, spec.max_position_embeddings)
     with phase("read weights"):
-        weights = _load_weights(spec, vl)
+        weights = _read_weights(spec, tower)
     check_weight_dtype(weights, spec.yaml_path, spec.weight_dtype)
     runner = build_runner(spec, weights, shapes, num_blocks, config.kernels, device, lora.shape, aot=aot,
                           kv_dtype=kv_dtype)
-    vision = VisionEncoder(vl, weights) if vl is not None else None
+    vision = tower(spec.vision, weights) if tower is not None else None
     del weights
+    give_back()  # the build's temporaries (packing, dequantizing): else kept in malloc's arenas for good (heap.py)
     draft = _draft_model(draft_spec, tokenizer, shapes, num_blocks, config, kv_dtype, vocab_size=
                          spec.config_vocab_size or spec.vocab_size) if draft_spec is not None else None
     if config.map_kv_cache:  # while the graphs compile; the warm-up waits for them
@@ -248,6 +247,6 @@ def _draft_model(spec: ModelSpec, tokenizer: Tokenizer, shapes, num_blocks: int,
     return DraftModel(spec, runner, vocab_size)
 
 
-def _load_weights(spec, vl: VLSpec | None) -> dict[str, np.ndarray]:
-    """The checkpoint's arrays (a vision-language checkpoint checked name by name against both towers)."""
-    return load_vl_weights(vl) if vl is not None else load_weights(spec.checkpoint, spec.checkpoint_format)
+def _read_weights(spec: ModelSpec, tower: type[VisionPart] | None) -> dict[str, np.ndarray]:
+    """The checkpoint's arrays (a vision family's part reads them, checked against both towers)."""
+    return tower.read_weights(spec) if tower is not None else load_weights(spec.checkpoint, spec.checkpoint_format)

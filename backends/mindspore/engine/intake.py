@@ -12,8 +12,6 @@ from backends.base import RequestHandle
 from backends.errors import InputRejected
 from backends.limits import PromptLimit
 from backends.mindspore.engine.adapters import EngineAdapters
-from backends.mindspore.families.qwen2_vl.preprocess import MediaError, Patches
-from backends.mindspore.families.qwen2_vl.request import VisionPrompt, build_prompt, truncate_prompt
 from backends.mindspore.engine.sequence import SeqState
 from backends.params import effective_max_new_tokens
 from backends.sampling import RowScanner
@@ -22,7 +20,7 @@ from backends.types import MediaInput, RequestParams
 
 if TYPE_CHECKING:
     from backends.grammar import GrammarCompiler
-    from backends.mindspore.families.qwen2_vl.encoder import VisionEncoder
+    from backends.mindspore.families import MediaPrompt, VisionPart
     from backends.mindspore.engine.speculative import Speculator
     from backends.mindspore.modeldir.spec import ModelSpec
     from backends.mindspore.modeldir.tokenizer import Tokenizer
@@ -31,7 +29,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True, slots=True)
 class Intake:
     """The engine's request intake, built with the engine's parts (``engine_parts.build_parts``) from the ones it
-    reads; ``vision`` (a ``VisionEncoder``) only for a vision-language model."""
+    reads; ``vision`` (its family's ``VisionPart``) only for a vision-language model."""
 
     spec: ModelSpec
     config: EngineConfig
@@ -40,7 +38,7 @@ class Intake:
     prompt_limit: PromptLimit
     max_seq_len: int
     max_window: int
-    vision: VisionEncoder | None
+    vision: VisionPart | None
     media_kinds: frozenset[str]
     adapters: EngineAdapters
     vocab_size: int
@@ -97,20 +95,9 @@ class Intake:
         return start, end
 
     def vision_prompt(self, text: str, media: Sequence[MediaInput], truncate: int | None
-                      ) -> tuple[VisionPrompt | None, list[Patches]]:
-        """A vision-language model's prompt: the media preprocessed, the vision tokens expanded, then cut to
-        the limits (never through an image); (None, []) for a prompt without media."""
-        vl = self.spec.vision
-        try:
-            prompt, items = build_prompt(text, media, vl, self.tokenizer.encode, self.vision.max_patches)
-            start, end = self.kept(len(prompt.ids), truncate)
-            if (start, end) != (0, len(prompt.ids)):
-                prompt, items = truncate_prompt(prompt, items, start, end, vl)
-        except MediaError as exc:
-            raise InputRejected(str(exc)) from None
-        longest = int(prompt.positions.max(initial=0)) + 1, self.max_seq_len + prompt.delta
-        if max(longest) > self.max_window:
-            raise InputRejected(f"inputs reaches M-RoPE position {max(longest) - 1}, past the model's "
-                                f"{self.max_window} positions")
-        return (prompt, items) if prompt.spans else (None, [])
+                      ) -> tuple[MediaPrompt | None, list]:
+        """A vision-language model's prompt, by its vision part: the media preprocessed, the vision tokens
+        expanded, then cut to the limits (never through an image); (None, []) for a prompt without media."""
+        return self.vision.prompt(text, media, self.tokenizer.encode, lambda n: self.kept(n, truncate),
+                                  self.max_seq_len, self.max_window)
 

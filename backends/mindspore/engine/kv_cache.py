@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-SCRATCH_BLOCK = 0
+from backends.mindspore.runners.step import SCRATCH_BLOCK
 
 
 class CacheFull(RuntimeError):
@@ -191,18 +191,3 @@ class BlockAllocator:
             del self._by_hash[self._hash_of.pop(block)]
         for digest in self._parts_of.pop(block, ()):
             del self._by_part[digest]
-
-
-def token_slots(blocks: list[int], positions: np.ndarray, block_size: int) -> np.ndarray:
-    """Flat cache slot of each position of one sequence."""
-    table = np.asarray(blocks, dtype=np.int32)
-    return table[positions // block_size] * block_size + positions % block_size
-
-
-def block_table(rows: list[list[int]], width: int) -> np.ndarray:
-    """[B, width] table, each row a sequence's blocks padded with the scratch block."""
-    out = np.full((len(rows), width), SCRATCH_BLOCK, dtype=np.int32)
-    for i, blocks in enumerate(rows):
-        n = min(len(blocks), width)
-        out[i, :n] = blocks[:n]
-    return out

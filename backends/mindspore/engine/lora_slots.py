@@ -1,12 +1,6 @@
-"""Adapter slots: the loaded LoRA adapters packed into fixed per-layer arrays the network reads, which slot
-each adapter holds, and who is using it. Weights are never merged: a step's rows each name a slot (-1 = the
-base model) and the matmul adds that slot's low-rank delta (kernels/lora.h).
-
-Per layer there are four groups, one per fused projection of the network: ``qkv`` (q, k, v), ``o``,
-``gate_up`` (gate, up) and ``down``. A group of G projections over input size K and output columns N holds
-``a [S, K, G*R]`` (slot s's shrink factors: projection g's lora_A transposed in columns g*R .. g*R + r) and
-``b [S, R, N]`` (its lora_B transposed, times the module's scale, in projection g's output columns). Ranks
-below R and projections an adapter does not touch stay zero, so they add exact zeros.
+"""Adapter slots: the loaded LoRA adapters packed into fixed per-layer arrays the network reads (their layout:
+``network/lora_groups.py``), which slot each adapter holds, and who is using it. Weights are never merged: a
+step's rows each name a slot (-1 = the base model) and the matmul adds that slot's low-rank delta (kernels/lora.h).
 """
 from __future__ import annotations
 
@@ -21,27 +15,8 @@ import numpy as np
 
 from backends.errors import ParameterRejected
 from backends.lora import AdapterError, BaseDims, LoraAdapter, load_adapter
+from backends.mindspore.network.lora_groups import GROUPS, group_segments, group_shapes
 from backends.settings import LoraSettings
-
-GROUPS: dict[str, tuple[str, ...]] = {
-    "qkv": ("q_proj", "k_proj", "v_proj"),
-    "o": ("o_proj",),
-    "gate_up": ("gate_proj", "up_proj"),
-    "down": ("down_proj",),
-}
-
-
-def group_segments(dims: BaseDims, group: str) -> list[int]:
-    """Output-column boundaries of a group's projections: [0, n_0, n_0 + n_1, ...]."""
-    return [0, *itertools.accumulate(dims.shape(p)[1] for p in GROUPS[group])]
-
-
-def group_shapes(dims: BaseDims, group: str, slots: int, rank: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The shapes of a group's ``a`` and ``b`` arrays."""
-    projections = GROUPS[group]
-    k = dims.shape(projections[0])[0]
-    n = group_segments(dims, group)[-1]
-    return (slots, k, len(projections) * rank), (slots, rank, n)
 
 
 def pack_slot(adapter: LoraAdapter | None, layer: int, group: str, dims: BaseDims, rank: int

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from backends.mindspore.engine.kv_cache import BlockAllocator, block_hashes, part_hashes
+from backends.mindspore.runners.step import PREFILL_FIRST
 from backends.mindspore.engine.lora_slots import adapter_fits
 from backends.mindspore.engine.sequence import SeqState
-from backends.mindspore.engine.step import StepBatch
+from backends.mindspore.runners.step import StepBatch
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +48,6 @@ class StepPlan:
         return StepPlan(tuple(w for w in self.prefill if w[0] not in dropped), self.decode) if dropped else self
 
 
-PREFILL_FIRST = 3  # prefill-only steps in a row while prompts wait (separate prefill and decode calls)
 PRIORITY_PATIENCE = 32  # times a sequence may be overtaken by later, more urgent arrivals before it goes first
 
 

@@ -14,7 +14,7 @@ from backends.base import RequestHandle
 from backends.errors import ParameterRejected
 from backends.grammar import GrammarCompiler, GrammarState
 from backends.mindspore.engine.lora_slots import Lease
-from backends.mindspore.engine.step import DecodeRow, PrefillChunk
+from backends.mindspore.runners.step import DecodeRow, PrefillChunk
 from backends.mindspore.modeldir.tokenizer import IncrementalDetokenizer, Tokenizer
 from backends.params import resolve
 from backends.sampling import NextTokenChooser, RowScanner, request_processors
@@ -23,8 +23,7 @@ from backends.thinking import thinking_budget
 from backends.types import ModelDefaults, RequestParams, Token
 
 if TYPE_CHECKING:
-    from backends.mindspore.families.qwen2_vl.preprocess import Patches
-    from backends.mindspore.families.qwen2_vl.request import VisionPrompt
+    from backends.mindspore.families import MediaPrompt
     from backends.mindspore.engine.speculative import Drafter
 
 
@@ -45,8 +44,8 @@ class SeqState:
     top_logprobs: int = 0  # alternatives reported with each token
     lora: Lease | None = None  # the LoRA adapter this request runs with (None: the base model)
     priority: int = 0  # the scheduler's order (lower: more urgent; RequestParams.priority)
-    vision: VisionPrompt | None = None  # a prompt with media: M-RoPE positions, delta, each item's span
-    media: list[Patches] = field(default_factory=list)  # each span's patches, until the prompt is in
+    vision: MediaPrompt | None = None  # a prompt with media: M-RoPE positions, delta, each item's span
+    media: list = field(default_factory=list)  # each span's patches, until the prompt is in
     media_rows: dict[int, np.ndarray] = field(default_factory=dict)  # span index -> the vision tower's rows
     drafter: Drafter | None = None  # speculative decoding's drafts (None: this sequence decodes plainly)
     blocks: list[int] = field(default_factory=list)
@@ -60,7 +59,7 @@ class SeqState:
     def from_request(cls, handle: RequestHandle, prompt_ids: list[int], params: RequestParams, *,
                      max_new_tokens: int, defaults: ModelDefaults, vocab_size: int, eos_ids: Iterable[int],
                      tokenizer: Tokenizer, grammars: GrammarCompiler | None = None, lora: Lease | None = None,
-                     vision: VisionPrompt | None = None, media: list[Patches] | None = None,
+                     vision: MediaPrompt | None = None, media: list | None = None,
                      scan: RowScanner | None = None) -> SeqState:
         """The state of a new request: ``params`` resolved against the model's defaults into its chooser
         (logit_bias and the EOS ban of min_tokens/ignore_eos first), its stop rules into its stopper, its

@@ -1,20 +1,24 @@
 """What a model family declares, as frozen data (vLLM's model registry and its ``SupportsLoRA``-style interfaces,
 ours as records): the HF architecture names it reads, its config reader, its networks on the two kernel paths, its
-GGUF architecture with the tensor map, and its capabilities. No MindSpore import: the networks are named
-(``"module:Class"``) and imported only when a runner builds one."""
+GGUF architecture with the tensor map, its capabilities, and (a vision family) its vision part with the interface
+the engine asks of it. No MindSpore import: the networks and the vision part are named (``"module:Class"``) and
+imported only when an engine builds them."""
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from backends.mindspore.modeldir.llama_config import LayerDefaults
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from backends.mindspore.modeldir.spec import ModelSpec
     from backends.mindspore.modeldir.yaml_tree import YamlSection
+    from backends.types import MediaInput
 
 # (yaml path, the whole yaml tree, its ``model`` section, model.arch.type) -> the spec
 Reader = Callable[[Path, dict, "YamlSection", str], "ModelSpec"]
@@ -73,11 +77,68 @@ class Family:
     gguf: GgufArch | None = None
     config_keys: tuple[str, ...] = ()  # config.json keys its reader reads beyond the Llama ones (copied into yamls)
     hf_wrapper: HfWrapper | None = None
+    vision: str = ""  # its vision part (``VisionPart``), "module:Class"; a family whose capabilities take media
 
     def network(self, kernels: str) -> type:
         """The network class for ``kernels`` ("aot" | "stock"), imported now (it imports MindSpore)."""
-        module, name = (self.aot if kernels == "aot" else self.stock).split(":")
-        return getattr(importlib.import_module(module), name)
+        return _named(self.aot if kernels == "aot" else self.stock)
+
+    def vision_part(self) -> type[VisionPart] | None:
+        """The class of its vision part, imported now (it imports MindSpore); None for a text family."""
+        return _named(self.vision) if self.vision else None
+
+
+def _named(where: str) -> type:
+    module, name = where.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+class MediaSpan(Protocol):
+    """Where one media item's tokens sit in a prompt, and its digest (mixed into the prefix cache's blocks)."""
+
+    start: int
+    end: int  # exclusive
+    digest: bytes
+
+
+class MediaPrompt(Protocol):
+    """A prompt with media as the engine reads it: its ids, positions ``[axes, L]``, the offset of a position
+    after it from its cache index (``delta``) and each item's span."""
+
+    ids: tuple[int, ...]
+    positions: np.ndarray
+    delta: int
+    spans: tuple[MediaSpan, ...]
+
+
+class VisionPart(Protocol):
+    """What the engine asks of a vision family's part (its vision tower over its own compiled graphs), built once
+    from ``spec.vision`` and the checkpoint's arrays: a request's prompt with its media on the submitting thread,
+    the items each step's prompt chunks reach encoded on the engine thread before the forward pass, its graphs
+    compiled at warm-up."""
+
+    compiled: set
+
+    @staticmethod
+    def read_weights(spec: ModelSpec) -> dict[str, np.ndarray]:
+        """The checkpoint's arrays, the language model's and the tower's, checked by name."""
+
+    @staticmethod
+    def chat_template(model_dir: Path) -> str:
+        """The processor's chat template, for a tokenizer without one."""
+
+    def prompt(self, text: str, media: Sequence[MediaInput], encode: Callable[[str], list[int]],
+               kept: Callable[[int], tuple[int, int]], max_seq_len: int, max_window: int
+               ) -> tuple[MediaPrompt | None, list]:
+        """The prompt and its media items, cut to the tokens ``kept(n)`` keeps of n (never through an item);
+        (None, []) without media; InputRejected for media it cannot take or positions past ``max_window``."""
+
+    def encode_reached(self, prefill: Sequence[tuple[Any, int]], fail: Callable[[Any, BaseException], None]
+                       ) -> list:
+        """Encode the items the planned prompt chunks reach; the sequences that failed (handed to ``fail``)."""
+
+    def warmup(self) -> None:
+        """Compile every graph it will call."""
 
 
 def table(families: tuple[Family, ...]) -> Mapping[str, Family]:

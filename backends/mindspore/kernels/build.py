@@ -19,6 +19,7 @@ import hashlib
 import logging
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -30,10 +31,12 @@ from pathlib import Path
 
 log = logging.getLogger("mindserve.engine")
 
-SOURCES = ("matmul.cc", "attention.cc", "fused.cc", "fused_entries.cc", "lora.cc", "qmatmul.cc", "quantize.cc",
-           "moe.cc", "pack.cc", "vocab.cc")
-HEADERS = ("entry.h", "fused.h", "pool.h", "lora.h", "qmatmul.h", "qformat.h", "qtile.h", "quantize.h", "vec.h",
-           "vec_avx512.h", "vec_avx2.h", "vec_neon.h", "vec_scalar.h", "kv_format.h", "fpenv.h")
+# The slowest to compile first (the build runs them over the CPUs in this order): the quantized tiles, by format.
+SOURCES = ("qtiles_q8_q4.cc", "qtiles_q6k.cc", "qtiles_q5.cc", "attention.cc", "qtiles_q4k.cc", "qtiles_q5k.cc",
+           "matmul.cc", "fused.cc", "qmatmul.cc", "fused_entries.cc", "lora.cc", "quantize.cc", "moe.cc", "pack.cc",
+           "vocab.cc")
+HEADERS = ("entry.h", "fused.h", "pool.h", "lora.h", "qmatmul.h", "qformat.h", "qtable.h", "qtile.h", "quantize.h",
+           "vec.h", "vec_avx512.h", "vec_avx2.h", "vec_neon.h", "vec_scalar.h", "kv_format.h", "fpenv.h")
 # Every variant: no contraction of a * b + c into an fma (vec.h's contract), no fast-math.
 CXXFLAGS = ("-O3", "-std=c++20", "-fPIC", "-shared", "-pthread", "-Wall", "-Wno-maybe-uninitialized",
             "-ffp-contract=off", "-fno-fast-math")
@@ -92,6 +95,16 @@ def compiler_found(cxx: str | None = None) -> bool:
     except KernelBuildError:
         return False
     return True
+
+
+def header_constant(header: str, name: str) -> int:
+    """An integer ``constexpr`` of a kernel header, read from the header's text without building anything (for
+    the rules judged before the library exists; the built library exports the same value: ``kernel_constants``)."""
+    text = (resources.files(__package__) / header).read_text(encoding="utf-8")
+    found = re.search(rf"constexpr\s+\w+\s+{name}\s*=\s*(\d+)\s*;", text)
+    if found is None:
+        raise KernelBuildError(f"{header} defines no integer constexpr {name}")
+    return int(found.group(1))
 
 
 def cpu_features(cpuinfo: str | None = None) -> frozenset[str]:

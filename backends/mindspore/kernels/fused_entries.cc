@@ -64,6 +64,41 @@ float *scratch(int64_t n) {
   return buf.data();
 }
 
+// What the decoder-layer entries check and read of MindSpore's arguments before their stages (indices as both number
+// them: x 0, wqkv 3, cos 5, meta 13 with the KV heads first; `out` and `wgu` are the entry's own): x and the output
+// float32 [N, C], meta int32 [meta_len], cos [N, D]; the stages' widths from the weights' last dimensions.
+struct LayerDims {
+  int64_t N, C, D, width, gu_width, HD;  // HD: the query heads' width, wqkv's columns less the K and V heads'
+};
+
+// 0 with `d` filled (N <= 0: nothing to compute), else 2 (a dtype), 3 (a rank) or 4 (a shape).
+int layer_dims(void **params, int *ndims, int64_t **shapes, const char **dtypes, int out, int wgu, int meta_len,
+               LayerDims &d) {
+  enum { X = 0, WQKV = 3, COS = 5, META = 13 };
+  if (!is_f32(dtypes[X]) || !is_f32(dtypes[out]) || !is_i32(dtypes[META])) return 2;
+  if (ndims[X] != 2 || ndims[out] != 2 || ndims[COS] != 2 || ndims[META] != 1 || shapes[META][0] != meta_len) return 3;
+  d.N = shapes[X][0], d.C = shapes[X][1], d.D = shapes[COS][1];
+  const int64_t KV = static_cast<const int32_t *>(params[META])[0];
+  d.width = shapes[WQKV][ndims[WQKV] - 1], d.gu_width = shapes[wgu][ndims[wgu] - 1];
+  d.HD = d.width - 2 * KV * d.D;
+  if (d.N <= 0) return 0;
+  if (shapes[out][0] != d.N || shapes[out][1] != d.C || d.HD <= 0) return 4;
+  return 0;
+}
+
+// A layer entry's arguments as arguments of the entries it calls: MindSpore's own (`in`) and a scratch buffer [N, w]
+// of the calling thread (`buf`), grown to at least the elements its shape holds (`grow`).
+struct LayerArgs {
+  void **params;
+  int *ndims;
+  int64_t **shapes;
+  const char **dtypes;
+  Arg in(int i) const { return Arg{params[i], ndims[i], shapes[i], dtypes[i]}; }
+};
+
+Arg buf(std::vector<float> &v, int64_t *shape) { return Arg{v.data(), 2, shape, "float32"}; }
+
+void grow(std::vector<float> &v, int64_t n) { v.resize(std::max<size_t>(v.size(), n)); }
 
 }  // namespace
 
@@ -237,39 +272,33 @@ MINDSERVE_ENTRY(MindserveNormAdd, entry_norm_add)
 static int entry_gemma_decoder_layer(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
   enum { X, NA, EPS, WQKV, BIAS, COS, SIN, KC, VC, WR, TAB, POS, ROWS, META, WO, PAN, NF, WGU, WD, PFN, QKN, QEPS, OUT };
   if (nparam != OUT + 1) return 1;
-  if (!is_f32(dtypes[X]) || !is_f32(dtypes[OUT]) || !is_i32(dtypes[META])) return 2;
-  if (ndims[X] != 2 || ndims[OUT] != 2 || ndims[COS] != 2 || ndims[META] != 1 || shapes[META][0] != 5) return 3;
-  const int64_t N = shapes[X][0], C = shapes[X][1], D = shapes[COS][1];
-  const int64_t KV = static_cast<const int32_t *>(params[META])[0];
-  const int64_t width = shapes[WQKV][ndims[WQKV] - 1], gu_width = shapes[WGU][ndims[WGU] - 1];
-  const int64_t HD = width - 2 * KV * D;
-  if (N <= 0) return 0;
-  if (shapes[OUT][0] != N || shapes[OUT][1] != C || HD <= 0) return 4;
+  LayerDims d;
+  if (int rc = layer_dims(params, ndims, shapes, dtypes, OUT, WGU, 5, d)) return rc;
+  if (d.N <= 0) return 0;
   struct Buffers {
     std::vector<float> qkv, attn, o, h, gu, m;
   };
   thread_local Buffers b;
-  for (auto [buf, size] : {std::pair{&b.qkv, N * width}, {&b.attn, N * HD}, {&b.o, N * C}, {&b.h, N * C},
-                           {&b.gu, N * gu_width}, {&b.m, N * C}})
-    buf->resize(std::max<size_t>(buf->size(), size));
-  int64_t s_qkv[2] = {N, width}, s_attn[2] = {N, HD}, s_c[2] = {N, C}, s_gu[2] = {N, gu_width};
-  const char *f32 = "float32";
-  auto in = [&](int i) { return Arg{params[i], ndims[i], shapes[i], dtypes[i]}; };
-  auto buf = [&](std::vector<float> &v, int64_t *shape) { return Arg{v.data(), 2, shape, f32}; };
-  int rc = call(&MindserveNormMatMul, {in(X), in(NA), in(EPS), in(WQKV), buf(b.qkv, s_qkv)});
+  const int64_t N = d.N;
+  grow(b.qkv, N * d.width), grow(b.attn, N * d.HD), grow(b.o, N * d.C), grow(b.h, N * d.C);
+  grow(b.gu, N * d.gu_width), grow(b.m, N * d.C);
+  int64_t s_qkv[2] = {N, d.width}, s_attn[2] = {N, d.HD}, s_c[2] = {N, d.C}, s_gu[2] = {N, d.gu_width};
+  const LayerArgs a{params, ndims, shapes, dtypes};
+  int rc = call(&MindserveNormMatMul, {a.in(X), a.in(NA), a.in(EPS), a.in(WQKV), buf(b.qkv, s_qkv)});
   if (rc != 0) return 100 + rc;
-  rc = call(&MindserveQKVAttention, {buf(b.qkv, s_qkv), in(BIAS), in(COS), in(SIN), in(KC), in(VC), in(WR), in(TAB),
-                                     in(POS), in(ROWS), in(META), in(QKN), in(QEPS), buf(b.attn, s_attn)});
+  rc = call(&MindserveQKVAttention, {buf(b.qkv, s_qkv), a.in(BIAS), a.in(COS), a.in(SIN), a.in(KC), a.in(VC),
+                                     a.in(WR), a.in(TAB), a.in(POS), a.in(ROWS), a.in(META), a.in(QKN), a.in(QEPS),
+                                     buf(b.attn, s_attn)});
   if (rc != 0) return 200 + rc;
-  rc = call(&MindserveMatMul, {buf(b.attn, s_attn), in(WO), buf(b.o, s_c)});
+  rc = call(&MindserveMatMul, {buf(b.attn, s_attn), a.in(WO), buf(b.o, s_c)});
   if (rc != 0) return 300 + rc;
-  rc = call(&MindserveNormAdd, {buf(b.o, s_c), in(PAN), in(EPS), in(X), buf(b.h, s_c)});
+  rc = call(&MindserveNormAdd, {buf(b.o, s_c), a.in(PAN), a.in(EPS), a.in(X), buf(b.h, s_c)});
   if (rc != 0) return 400 + rc;
-  rc = call(&MindserveNormMatMul, {buf(b.h, s_c), in(NF), in(EPS), in(WGU), buf(b.gu, s_gu)});
+  rc = call(&MindserveNormMatMul, {buf(b.h, s_c), a.in(NF), a.in(EPS), a.in(WGU), buf(b.gu, s_gu)});
   if (rc != 0) return 500 + rc;
-  rc = call(&MindserveGeGLUMatMul, {buf(b.gu, s_gu), in(WD), buf(b.m, s_c)});
+  rc = call(&MindserveGeGLUMatMul, {buf(b.gu, s_gu), a.in(WD), buf(b.m, s_c)});
   if (rc != 0) return 600 + rc;
-  rc = call(&MindserveNormAdd, {buf(b.m, s_c), in(PFN), in(EPS), buf(b.h, s_c), in(OUT)});
+  rc = call(&MindserveNormAdd, {buf(b.m, s_c), a.in(PFN), a.in(EPS), buf(b.h, s_c), a.in(OUT)});
   return rc != 0 ? 700 + rc : 0;
 }
 MINDSERVE_ENTRY(MindserveGemmaDecoderLayer, entry_gemma_decoder_layer)
@@ -279,39 +308,31 @@ static int entry_decoder_layer(int nparam, void **params, int *ndims, int64_t **
   if (nparam != WD + 2 && nparam != QEPS + 2) return 1;
   const bool has_norm = nparam == QEPS + 2;  // (qk_norm, qk_eps): QKVAttention's optional head norms
   const int OUT = nparam - 1;
-  if (!is_f32(dtypes[X]) || !is_f32(dtypes[OUT]) || !is_i32(dtypes[META])) return 2;
-  if (ndims[X] != 2 || ndims[OUT] != 2 || ndims[COS] != 2 || ndims[META] != 1 || shapes[META][0] != 3) return 3;
-  const int64_t N = shapes[X][0], C = shapes[X][1], D = shapes[COS][1];
-  const int64_t KV = static_cast<const int32_t *>(params[META])[0];
-  const int64_t width = shapes[WQKV][ndims[WQKV] - 1], gu_width = shapes[WGU][ndims[WGU] - 1];
-  const int64_t HD = width - 2 * KV * D;
-  if (N <= 0) return 0;
-  if (shapes[OUT][0] != N || shapes[OUT][1] != C || HD <= 0) return 4;
+  LayerDims d;
+  if (int rc = layer_dims(params, ndims, shapes, dtypes, OUT, WGU, 3, d)) return rc;
+  if (d.N <= 0) return 0;
   struct Buffers {
     std::vector<float> qkv, attn, h, gu;
   };
   thread_local Buffers b;
-  b.qkv.resize(std::max<size_t>(b.qkv.size(), N * width));
-  b.attn.resize(std::max<size_t>(b.attn.size(), N * HD));
-  b.h.resize(std::max<size_t>(b.h.size(), N * C));
-  b.gu.resize(std::max<size_t>(b.gu.size(), N * gu_width));
-  int64_t s_qkv[2] = {N, width}, s_attn[2] = {N, HD}, s_h[2] = {N, C}, s_gu[2] = {N, gu_width};
-  const char *f32 = "float32";
-  auto in = [&](int i) { return Arg{params[i], ndims[i], shapes[i], dtypes[i]}; };
-  int rc = call(&MindserveNormMatMul, {in(X), in(NA), in(EPS), in(WQKV), Arg{b.qkv.data(), 2, s_qkv, f32}});
+  const int64_t N = d.N;
+  grow(b.qkv, N * d.width), grow(b.attn, N * d.HD), grow(b.h, N * d.C), grow(b.gu, N * d.gu_width);
+  int64_t s_qkv[2] = {N, d.width}, s_attn[2] = {N, d.HD}, s_h[2] = {N, d.C}, s_gu[2] = {N, d.gu_width};
+  const LayerArgs a{params, ndims, shapes, dtypes};
+  int rc = call(&MindserveNormMatMul, {a.in(X), a.in(NA), a.in(EPS), a.in(WQKV), buf(b.qkv, s_qkv)});
   if (rc != 0) return 100 + rc;
-  const Arg attn_out{b.attn.data(), 2, s_attn, f32};
-  rc = has_norm ? call(&MindserveQKVAttention, {Arg{b.qkv.data(), 2, s_qkv, f32}, in(BIAS), in(COS), in(SIN), in(KC),
-                                                in(VC), in(WR), in(TAB), in(POS), in(ROWS), in(META), in(QKN), in(QEPS),
-                                                attn_out})
-                : call(&MindserveQKVAttention, {Arg{b.qkv.data(), 2, s_qkv, f32}, in(BIAS), in(COS), in(SIN), in(KC),
-                                                in(VC), in(WR), in(TAB), in(POS), in(ROWS), in(META), attn_out});
+  rc = has_norm ? call(&MindserveQKVAttention, {buf(b.qkv, s_qkv), a.in(BIAS), a.in(COS), a.in(SIN), a.in(KC),
+                                                a.in(VC), a.in(WR), a.in(TAB), a.in(POS), a.in(ROWS), a.in(META),
+                                                a.in(QKN), a.in(QEPS), buf(b.attn, s_attn)})
+                : call(&MindserveQKVAttention, {buf(b.qkv, s_qkv), a.in(BIAS), a.in(COS), a.in(SIN), a.in(KC),
+                                                a.in(VC), a.in(WR), a.in(TAB), a.in(POS), a.in(ROWS), a.in(META),
+                                                buf(b.attn, s_attn)});
   if (rc != 0) return 200 + rc;
-  rc = call(&MindserveMatMulAdd, {Arg{b.attn.data(), 2, s_attn, f32}, in(WO), in(X), Arg{b.h.data(), 2, s_h, f32}});
+  rc = call(&MindserveMatMulAdd, {buf(b.attn, s_attn), a.in(WO), a.in(X), buf(b.h, s_h)});
   if (rc != 0) return 300 + rc;
-  rc = call(&MindserveNormMatMul, {Arg{b.h.data(), 2, s_h, f32}, in(NF), in(EPS), in(WGU), Arg{b.gu.data(), 2, s_gu, f32}});
+  rc = call(&MindserveNormMatMul, {buf(b.h, s_h), a.in(NF), a.in(EPS), a.in(WGU), buf(b.gu, s_gu)});
   if (rc != 0) return 400 + rc;
-  rc = call(&MindserveSwiGLUMatMulAdd, {Arg{b.gu.data(), 2, s_gu, f32}, in(WD), Arg{b.h.data(), 2, s_h, f32}, in(OUT)});
+  rc = call(&MindserveSwiGLUMatMulAdd, {buf(b.gu, s_gu), a.in(WD), buf(b.h, s_h), a.in(OUT)});
   return rc != 0 ? 500 + rc : 0;
 }
 MINDSERVE_ENTRY(MindserveDecoderLayer, entry_decoder_layer)

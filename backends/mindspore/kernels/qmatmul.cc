@@ -38,6 +38,7 @@
 #include "lora.h"
 #include "pool.h"
 #include "qformat.h"
+#include "qtable.h"
 #include "qtile.h"
 #include "quantize.h"
 #include "vec.h"
@@ -53,47 +54,10 @@ constexpr bool is_k(int f) { return kTraits[f].k8; }
 constexpr int block_size(int f) { return kTraits[f].block; }
 constexpr int packed_bytes(int f) { return kTraits[f].packed_bytes; }
 
-constexpr int kMaxMR = v::kQRows;     // rows per tile of one group of columns
-constexpr int kMaxMR2 = v::kQRows2;   // rows per tile of two groups (0: the backend has no pair tiles)
-constexpr int kMaxKMR2 = v::kKRows2;  // ... of two groups of a K-quant (0: none)
-static_assert(kMaxMR2 <= kMaxMR && kMaxKMR2 <= kMaxMR, "a tile table row holds kMaxMR");
-
-using TileFn = void (*)(const QX &, int64_t, const uint8_t *, int64_t, int, const float *, float *, int64_t, Ahead);
-
-template <int NG, int F, bool FULL, int... MRs>
-constexpr void fill_rows(TileFn *row, std::integer_sequence<int, MRs...>) {
-  ((row[MRs] = &tile<MRs + 1, NG, F, FULL>), ...);
-}
-template <int F, bool FULL, int... MRs>
-constexpr void fill_krows(TileFn *row, std::integer_sequence<int, MRs...>) {
-  ((row[MRs] = &ktile<MRs + 1, F, FULL>), ...);
-}
-template <int F, int... MRs>
-constexpr void fill_kpairs(TileFn *row, std::integer_sequence<int, MRs...>) {
-  ((row[MRs] = &ktile2<MRs + 1, F>), ...);
-}
-template <int F>
-constexpr void fill_format(TileFn (*t)[kMaxMR]) {
-  constexpr const Traits &T = kTraits[F];
-  if constexpr (T.simple()) {
-    fill_rows<1, F, false>(t[0], std::make_integer_sequence<int, kMaxMR>{});
-    fill_rows<1, F, true>(t[1], std::make_integer_sequence<int, kMaxMR>{});
-    fill_rows<2, F, true>(t[2], std::make_integer_sequence<int, kMaxMR2>{});
-  } else {  // one group at a time; the K-quants two where the backend has such tiles
-    fill_krows<F, false>(t[0], std::make_integer_sequence<int, kMaxMR>{});
-    fill_krows<F, true>(t[1], std::make_integer_sequence<int, kMaxMR>{});
-    if constexpr (T.k8 && kMaxKMR2 > 0) fill_kpairs<F>(t[2], std::make_integer_sequence<int, kMaxKMR2>{});
-  }
-}
-template <int... Fs>
-constexpr void fill_formats(TileFn (*fn)[3][kMaxMR], std::integer_sequence<int, Fs...>) {
-  (fill_format<Fs>(fn[Fs]), ...);
-}
-struct Tiles {
-  TileFn fn[kFormats][3][kMaxMR]{};  // [format][0 one partial group, 1 one full group, 2 two full groups][rows - 1]
-  constexpr Tiles() { fill_formats(fn, std::make_integer_sequence<int, kFormats>{}); }
-};
-constexpr Tiles kTiles{};
+// The tiles by format (qtable.h; built in the qtiles_*.cc sources).
+const FormatTiles *const kTiles[kFormats] = {&kQ8Q4Tiles[0], &kQ8Q4Tiles[1], &kQ8Q4Tiles[2], &kQ5Tiles[0],
+                                             &kQ5Tiles[1],   &kQ4KTiles,     &kQ5KTiles,     &kQ6KTiles};
+static_assert(kQ5_1 == 4 && kQ4_K == 5 && kQ5_K == 6 && kQ6_K == 7 && kFormats == 8, "kTiles is in Fmt order");
 
 // The columns [0, N) of one weight (or of one segment, the output's columns [n0, n0 + N): y and res point at column
 // n0 of row 0) in one format; rows of y and res are ldy apart.
@@ -145,7 +109,7 @@ void run_chunk(const void *ctx, int64_t c) {
     row_blocks(j.M, pair ? most2 : kMaxMR, [&](int64_t m, int64_t rows, int64_t pass, int64_t passes) {
       const int64_t ahead = passes > 1 || pair ? next : 0;
       const Ahead a{wg + step * group_bytes + ahead * pass / passes, ahead * (pass + 1) / passes - ahead * pass / passes};
-      const TileFn fn = pair ? kTiles.fn[j.fmt][2][rows - 1] : kTiles.fn[j.fmt][w == kGroup][rows - 1];
+      const TileFn fn = pair ? kTiles[j.fmt]->fn[2][rows - 1] : kTiles[j.fmt]->fn[w == kGroup][rows - 1];
       fn(*j.qx, m, wg, group_bytes, w, res == nullptr ? nullptr : res + m * j.ldy, j.y + m * j.ldy + n0, j.ldy, a);
     });
     g += step;

@@ -4,12 +4,13 @@
 //
 // tile   Q8_0, Q4_0, Q4_1 (whole-byte or 4-bit quants): one or two groups of columns (NG).
 // ktile  Q5_0, Q5_1 and the K-quants (high bits, sub-blocks, integer scales): one group.
-// ktile2 the K-quants two full groups at a time (backends whose NibAcc is int32, v::kKRows2 > 0).
+// ktile2 the K-quants two full groups at a time (backends with v::kKRows2 > 0; they take the scales as the sums widen).
 // Every one computes an output element with the same operations in the same order (qmatmul.cc's header), so which
 // tile ran never changes a bit.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "qformat.h"
 #include "quantize.h"
@@ -85,14 +86,18 @@ MINDSERVE_AI VI high_bits(VI h, int t) {
 }
 
 // The scale dword of sub-block j among a block's scale dwords (scl, groups of w columns), and sub-block j's scale
-// in it (Q6_K: of its half `half`), sign-extended.
+// in it (Q6_K: of its half `half`), sign-extended: as nib_widen_scaled takes it (SCALED), else as int32 lanes.
 template <const Traits &T, bool FULL>
 MINDSERVE_AI VI scale_dword(const uint8_t *scl, int j, int w) {
   return load_q<FULL>(scl + (j / (T.halves ? 2 : 4)) * 4 * w, w);
 }
-template <const Traits &T>
-MINDSERVE_AI VI scale_of(VI dword, int j, int half) {
-  return v::lane_i8(dword, T.halves ? 2 * (j % 2) + half : j % 4);
+template <bool SCALED>
+using ScaleOf = std::conditional_t<SCALED, v::NibScale, VI>;
+template <const Traits &T, bool SCALED>
+MINDSERVE_AI ScaleOf<SCALED> scale_of(VI dword, int j, int half) {
+  const int k = T.halves ? 2 * (j % 2) + half : j % 4;
+  if constexpr (SCALED) return v::nib_scale(dword, k);
+  else return v::lane_i8(dword, k);
 }
 
 // Q6_K's + sum_i (32 sc_i) (-bsum_i) of one super-block, int16 pairs (|32 sc_i| <= 4096): 8 pair products a row and
@@ -226,10 +231,17 @@ void ktile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t /*grou
   const int w = FULL ? kGroup : w_;
   constexpr int SB = T.subblocks, HB = T.high_dwords, DS = 4 + HB, B = T.packed_bytes;
   constexpr int RUN = HB == 0 || v::kNibI32 ? 4 : 2;  // quant dwords summed in int16 before widening (vec.h: NibAcc)
-  // Where NibAcc is int32 (VNNI, NEON, scalar), the K-quants' scales multiply the sums as they widen (Q6_K: once per
-  // half of 16, RUN 4) and Q6_K's -32 bsum term comes once per super-block (int16 pair products). With AVX2's int16
-  // pairs both are slower, so there the scales come after widening and the bsum per half.
-  constexpr bool SCALED = T.k8 && v::kNibI32;
+  // Where the backend says so (v::kScaledWiden: VNNI, AVX2, NEON, scalar), the K-quants' scales multiply the sums as
+  // they widen (Q6_K: per half of 16; AVX2 in the vpmaddwd that widens its int16 pair sums) and Q6_K's -32 bsum term
+  // comes once per super-block (int16 pair products). Else (AVX-512BW) the scales come after widening and the bsum
+  // per half.
+  constexpr bool SCALED = T.k8 && v::kScaledWiden;
+  // Where the backend says so (v::kTwoPasses: AVX2), the formats with high bits (Q5_0, Q5_1, Q5_K, Q6_K) take a
+  // sub-block in two passes, the low nibbles' weights (Q6_K: its half of 16) then the high ones', each through the 4
+  // quant dwords (the second from L1): one set of MR int16 sums is live instead of two, and they widen once a pass
+  // (Q6_K twice: u <= 63).
+  constexpr bool SPLIT = v::kTwoPasses && HB > 0 && (SCALED || !T.k8);
+  constexpr int RUN_SPLIT = HB == 2 ? 2 : 4;
   const int64_t K = qx.K, nb = qx.nb;
   const bool fetch = ahead.bytes == 0;  // one pass over these columns (see kKPrefetch)
   VF facc[MR];
@@ -247,15 +259,42 @@ void ktile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t /*grou
       VI h0 = v::izero(), h1 = v::izero();
       if constexpr (HB >= 1) h0 = load_q<FULL>(sb + 16 * w, w);
       if constexpr (HB == 2) h1 = load_q<FULL>(sb + 20 * w, w);
-      VI s_lo = v::izero(), s_hi = v::izero();  // the sub-block's scales (Q6_K: of its halves)
+      ScaleOf<SCALED> s_lo{}, s_hi{};  // the sub-block's scales (Q6_K: of its halves)
       const auto scales = [&]() __attribute__((always_inline)) {
         if constexpr (T.scale_dwords > 0) {
           const VI sd = scale_dword<T, FULL>(scl, j, w);
-          s_lo = scale_of<T>(sd, j, 0);
-          if constexpr (T.halves) s_hi = scale_of<T>(sd, j, 1);
+          s_lo = scale_of<T, SCALED>(sd, j, 0);
+          if constexpr (T.halves) s_hi = scale_of<T, SCALED>(sd, j, 1);
         }
       };
-      if constexpr (SCALED) scales();  // else after the sums (AVX2: 4 ymm fewer live across them)
+      if constexpr (SCALED) scales();  // else after the sums (fewer registers live across them)
+      if constexpr (SPLIT) {
+        _Pragma("GCC unroll 2") for (int half = 0; half < 2; ++half) {
+          v::NibAcc acc[MR];
+          _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) acc[r] = v::nib_zero();
+          _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {
+            const VI raw = load_q<FULL>(sb + t * 4 * w, w);
+            VI u;  // the pass's quants of weights 4t.. (half 0) or 16 + 4t.. (half 1)
+            if constexpr (HB == 2) {
+              u = v::bor(half == 0 ? v::nib_lo(raw) : v::nib_hi(raw), high_bits<2, false>(half == 0 ? h0 : h1, t));
+            } else {
+              u = half == 0 ? v::bor(v::nib_lo(raw), high_bits<1, false>(h0, t))
+                            : v::bor(v::nib_hi(raw), high_bits<1, true>(h0, t));
+            }
+            _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)
+              acc[r] = v::nib_add(acc[r], u, v::bcast4(xq + r * K + 16 * half + 4 * t));
+            if ((t + 1) % RUN_SPLIT == 0) {
+              _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
+                if constexpr (SCALED)
+                  isum[r][0] = v::nib_widen_scaled(isum[r][0], acc[r], half == 0 || !T.halves ? s_lo : s_hi);
+                else isum[r][0] = v::nib_widen(isum[r][0], acc[r]);
+                acc[r] = v::nib_zero();
+              }
+            }
+          }
+        }
+        return;
+      }
       VI dlo[MR], dhi[MR];
       v::NibAcc nlo[MR], nhi[MR];
       _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {
@@ -334,7 +373,7 @@ void ktile(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t /*grou
 }
 
 // ktile2: the K-quants two full groups at a time, so each broadcast activation dword, each row's bsum pairs and d
-// feed two groups: ktile's operations per output element, in its order (its SCALED form: NibAcc is int32 here).
+// feed two groups: ktile's operations per output element, in its order (its SCALED form).
 // Group n's bytes start at g + n * group_bytes. Q6_K's halves of 16 (their own scales) come one after the other,
 // each through the 4 quant dwords again (L1), so one set of MR x NG accumulators is live instead of two (with two,
 // GCC spills them); the float accumulators live in L1 too, touched once per super-block, their registers going to
@@ -343,7 +382,7 @@ template <int MR, int F>
 void ktile2(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t group_bytes, int /*w*/,
             const float *__restrict res, float *__restrict y, int64_t ldy, Ahead ahead) {
   static constexpr const Traits &T = kTraits[F];
-  static_assert(T.k8 && v::kNibI32, "pair K-quant tiles take the scales as the sums widen");
+  static_assert(T.k8 && v::kScaledWiden, "pair K-quant tiles take the scales as the sums widen");
   constexpr int w = kGroup, NG = 2, HB = T.high_dwords, DS = 4 + HB, B = T.packed_bytes;
   const int64_t K = qx.K, nb = qx.nb;
   alignas(64) float facc[MR][NG][kGroup];
@@ -359,9 +398,10 @@ void ktile2(const QX &qx, int64_t m0, const uint8_t *__restrict g, int64_t group
       const uint8_t *sb = blk + j * DS * 4 * w;
       const int8_t *xq = qx.q.data() + m0 * K + b * 256 + 32 * j;
       _Pragma("GCC unroll 2") for (int half = 0; half < (T.halves ? 2 : 1); ++half) {
-        VI sc[NG], hb[NG];  // the half's scales (Q4_K, Q5_K: the sub-block's) and Q5_K's / Q6_K's high bits
+        v::NibScale sc[NG];  // the half's scales (Q4_K, Q5_K: the sub-block's)
+        VI hb[NG];           // Q5_K's / Q6_K's high bits
         _Pragma("GCC unroll 2") for (int n = 0; n < NG; ++n) {
-          sc[n] = scale_of<T>(scale_dword<T, true>(scl + n * group_bytes, j, w), j, half);
+          sc[n] = scale_of<T, true>(scale_dword<T, true>(scl + n * group_bytes, j, w), j, half);
           hb[n] = v::izero();
           if constexpr (HB >= 1) hb[n] = load_q<true>(sb + n * group_bytes + (16 + 4 * half) * w, w);
         }

@@ -23,6 +23,8 @@
 //   (b >> s) & m for masks that keep only bits of the same byte (the backends shift wider lanes), bor is a | b,
 //   lane_i8(v, k) byte k of each int32 lane sign-extended, imul the low 32 bits of int32 lane products, iset1 a
 //   broadcast. NibAcc also holds the 5-bit (u <= 31: 4 dot_nib sums) and 6-bit (u <= 63: 2 sums) quants.
+//   nib_widen_scaled(acc, n, nib_scale(v, k)) widens NibAcc's sums times byte k of each lane of v (signed), exact
+//   for the K-quants' scales; kScaledWiden says whether the K-quant tiles use it (else they scale widened sums).
 // * load_f16, load_bf16 and load_i8 (16 halves, bfloat16s or int8 to float32) are exact, so every backend agrees.
 //   store_f16 (16 float32 to binary16: round to nearest even, a NaN stays a quiet NaN) gives
 //   kv_format.h's f32_to_f16 bits on every backend (F16C / AVX-512 vcvtps2ph, AArch64 fcvtn, or that function).

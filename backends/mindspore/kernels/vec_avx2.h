@@ -157,20 +157,41 @@ struct NibAcc {
   __m256i a, b;
 };
 inline NibAcc nib_zero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+// The empty asm keeps each sum a chain: GCC would otherwise reassociate a tile's unrolled int16 additions into a tree
+// at its end, every product live until then (spilled: 16 ymm hold no 4 rows of them).
 inline NibAcc nib_add(NibAcc acc, I32x16 u, I32x16 x) {
-  return {_mm256_add_epi16(acc.a, _mm256_maddubs_epi16(u.a, x.a)), _mm256_add_epi16(acc.b, _mm256_maddubs_epi16(u.b, x.b))};
+  NibAcc r{_mm256_add_epi16(acc.a, _mm256_maddubs_epi16(u.a, x.a)), _mm256_add_epi16(acc.b, _mm256_maddubs_epi16(u.b, x.b))};
+  __asm__("" : "+x"(r.a), "+x"(r.b));
+  return r;
 }
 inline I32x16 nib_widen(I32x16 acc, NibAcc n) {
   const __m256i one = _mm256_set1_epi16(1);
   return {_mm256_add_epi32(acc.a, _mm256_madd_epi16(n.a, one)), _mm256_add_epi32(acc.b, _mm256_madd_epi16(n.b, one))};
 }
-// kNibI32: NibAcc is int32 already (no run limit); nib_widen_scaled(acc, n, sc) acc + sc * (the sums), exact for
-// the K-quants' scales.
+// kNibI32: NibAcc is int32 already (no run limit). The K-quants' scales multiply the sums as they widen
+// (kScaledWiden): nib_scale(v, k) is byte k of each lane, sign-extended into both int16 halves, so one vpmaddwd widens
+// the int16 pair sums and multiplies them by the scale, exactly (|sum| <= 32767, |scale| <= 128: the int32 products
+// and their pair sum fit); nib_widen_scaled(acc, n, sc) = acc + sc * (the sums).
 constexpr bool kNibI32 = false;
-inline I32x16 nib_widen_scaled(I32x16 acc, NibAcc n, I32x16 sc) {
-  const __m256i one = _mm256_set1_epi16(1);
-  return {_mm256_add_epi32(acc.a, _mm256_mullo_epi32(_mm256_madd_epi16(n.a, one), sc.a)),
-          _mm256_add_epi32(acc.b, _mm256_mullo_epi32(_mm256_madd_epi16(n.b, one), sc.b))};
+constexpr bool kScaledWiden = true;
+// kTwoPasses: the 5- and 6-bit quants' sub-blocks in two passes (qtile.h ktile): 16 ymm hold no two sets of int16
+// sums of 4 rows.
+constexpr bool kTwoPasses = true;
+struct NibScale {
+  __m256i a, b;
+};
+inline NibScale nib_scale(I32x16 v, int k) {
+  // vpshufb within each 128-bit lane: dword i's byte k into the high byte of both its int16 halves (the low byte 0),
+  // then an arithmetic shift by 8 sign-extends it.
+  const __m256i base = _mm256_setr_epi8(-128, 0, -128, 0, -128, 4, -128, 4, -128, 8, -128, 8, -128, 12, -128, 12,
+                                        -128, 0, -128, 0, -128, 4, -128, 4, -128, 8, -128, 8, -128, 12, -128, 12);
+  const __m256i idx = _mm256_add_epi16(base, _mm256_set1_epi16(static_cast<int16_t>(k << 8)));
+  return {_mm256_srai_epi16(_mm256_shuffle_epi8(v.a, idx), 8), _mm256_srai_epi16(_mm256_shuffle_epi8(v.b, idx), 8)};
+}
+inline I32x16 nib_widen_scaled(I32x16 acc, NibAcc n, NibScale sc) {  // a chain too (nib_add)
+  I32x16 r{_mm256_add_epi32(acc.a, _mm256_madd_epi16(n.a, sc.a)), _mm256_add_epi32(acc.b, _mm256_madd_epi16(n.b, sc.b))};
+  __asm__("" : "+x"(r.a), "+x"(r.b));
+  return r;
 }
 inline I32x16 isub(I32x16 v, int32_t c) {
   const __m256i b = _mm256_set1_epi32(c);

@@ -117,6 +117,8 @@ inline I32x16 nib_widen(I32x16 acc, NibAcc n) { return {_mm512_add_epi32(acc.v, 
 // kNibI32: NibAcc is int32 already (no run limit); nib_widen_scaled(acc, n, sc) acc + sc * (the sums), exact for
 // the K-quants' scales.
 constexpr bool kNibI32 = true;
+constexpr bool kScaledWiden = true;  // the K-quant tiles take the scales as the sums widen (nib_scale: lane_i8)
+using NibScale = I32x16;
 inline I32x16 nib_widen_scaled(I32x16 acc, NibAcc n, I32x16 sc) {
   return {_mm512_add_epi32(acc.v, _mm512_mullo_epi32(n.v, sc.v))};
 }
@@ -132,10 +134,13 @@ inline I32x16 nib_widen(I32x16 acc, NibAcc n) {
 // kNibI32: NibAcc is int32 already (no run limit); nib_widen_scaled(acc, n, sc) acc + sc * (the sums), exact for
 // the K-quants' scales.
 constexpr bool kNibI32 = false;
+constexpr bool kScaledWiden = false;  // the K-quant tiles scale the widened sums (measured faster here)
+using NibScale = I32x16;
 inline I32x16 nib_widen_scaled(I32x16 acc, NibAcc n, I32x16 sc) {
   return {_mm512_add_epi32(acc.v, _mm512_mullo_epi32(_mm512_madd_epi16(n.v, _mm512_set1_epi16(1)), sc.v))};
 }
 #endif
+constexpr bool kTwoPasses = false;  // the 5- and 6-bit quants' sub-blocks in one pass (qtile.h)
 inline I32x16 isub(I32x16 a, int32_t c) { return {_mm512_sub_epi32(a.v, _mm512_set1_epi32(c))}; }
 inline I32x16 iadd(I32x16 a, I32x16 b) { return {_mm512_add_epi32(a.v, b.v)}; }
 // The bit fields of the 5- and 6-bit formats (vec.h): per byte (b << s) & m, (b >> s) & m, a | b; sign-extended
@@ -151,6 +156,7 @@ inline I32x16 lane_i8(I32x16 a, int k) {
   return {_mm512_srai_epi32(_mm512_sll_epi32(a.v, _mm_cvtsi32_si128(24 - 8 * k)), 24)};
 }
 inline I32x16 imul(I32x16 a, I32x16 b) { return {_mm512_mullo_epi32(a.v, b.v)}; }
+inline NibScale nib_scale(I32x16 a, int k) { return lane_i8(a, k); }
 inline I32x16 iset1(int32_t c) { return {_mm512_set1_epi32(c)}; }
 // The K-quants' min and bsum terms as int16 pair products (vec.h): pairs_u8 (k 0 or 1) the bytes k and k + 2 of each
 // lane zero-extended into its low and high int16, pairs_i8x32 the same sign-extended times 32; dot_i16 acc + lo(a) *

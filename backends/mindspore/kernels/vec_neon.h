@@ -185,6 +185,10 @@ inline I32x16 nib_widen(I32x16 acc, NibAcc n) { return iadd(acc, n); }
 // kNibI32: NibAcc is int32 already (no run limit); nib_widen_scaled(acc, n, sc) acc + sc * (the sums), exact for
 // the K-quants' scales.
 constexpr bool kNibI32 = true;
+constexpr bool kScaledWiden = true;  // the K-quant tiles take the scales as the sums widen
+constexpr bool kTwoPasses = false;  // the 5- and 6-bit quants' sub-blocks in one pass (qtile.h)
+using NibScale = I32x16;
+inline NibScale nib_scale(I32x16 a, int k) { return lane_i8(a, k); }
 inline I32x16 nib_widen_scaled(I32x16 acc, NibAcc n, I32x16 sc) { return iadd(acc, imul(n, sc)); }
 inline I32x16 cvt_round(F32x16 a) { MINDSERVE_EACH(vcvtnq_s32_f32(a.v[i])); }
 #undef MINDSERVE_EACH

@@ -1,2 +1,3 @@
-"""Reading a model directory: the yaml tree and the families' readers' shared parts, the spec, the weights and
-tokenizer files, GGUF and HF-directory conversion, the model cache and packages."""
+"""A model directory's vocabulary: the yaml tree, the spec, the Llama-shaped reader the families share, the weights
+and their quantized blocks, the tokenizer. The registry (``families/``) reads a directory with them; ``sources/``
+makes one."""

@@ -29,6 +29,13 @@ QUANT_KEY = "mindserve.quantization"  # safetensors metadata of a quantized conv
 FORMATS = tuple(BLOCK_BYTES)
 
 
+def embedding_in_head(tied: bool, fmt: str | None) -> bool:
+    """Whether the AOT networks read the embedding's rows from the packed LM head (``network/embedding.py``, the
+    kernel dequantizes Q8_0 rows as it gathers them) rather than from a float32 table: a tied Q8_0 embedding. The
+    memory budget asks it too (``planning/memory.py``: no float32 table is held then)."""
+    return tied and fmt == "q8_0"
+
+
 class QuantError(ValueError):
     pass
 

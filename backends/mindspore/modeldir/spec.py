@@ -139,3 +139,6 @@ class VLSpec:
     image_token_id: int
     video_token_id: int
     vision_start_token_id: int
+    # float32 bytes the vision tower's largest call holds at once, for the memory budget (the family's reader
+    # estimates it: families/qwen2_vl/config.py activation_bytes)
+    tower_bytes: int = 0

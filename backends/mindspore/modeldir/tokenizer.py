@@ -13,6 +13,8 @@ from typing import Any
 
 import tokenizers
 
+from backends.heap import give_back
+
 log = logging.getLogger("mindserve.model")
 
 _REPLACEMENT = "\ufffd"  # what a decoder yields for an incomplete UTF-8 byte sequence
@@ -73,6 +75,8 @@ class Tokenizer:
             backend = tokenizers.Tokenizer.from_file(str(path))
         except Exception as exc:  # the Rust side raises plain Exception
             raise TokenizerLoadError(f"cannot load tokenizer {path}: {exc}") from exc
+        finally:
+            give_back()  # the parse's freed memory (Gemma 3's tokenizer.json: 290 MiB), heap.py
         config = _read_json(model_dir / "tokenizer_config.json")
         if not config.get("chat_template") and (model_dir / "chat_template.jinja").is_file():
             config["chat_template"] = (model_dir / "chat_template.jinja").read_text()

@@ -3,6 +3,7 @@
 keys every family has (checkpoint, context, sampling defaults, EOS ids)."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -172,3 +173,13 @@ def read_model_yaml(path: Path | str) -> tuple[Path, dict, YamlSection, str]:
     model = YamlSection(yaml_path, "model", tree.get("model"))
     arch = YamlSection(yaml_path, "model.arch", model.get("arch", dict)).get("type", str)
     return yaml_path, tree, model, arch
+
+
+@functools.cache
+def torch_dtype(model_dir: Path) -> str | None:
+    """config.json's ``torch_dtype`` (what /info reports as the model dtype), None if absent."""
+    try:
+        value = json.loads((model_dir / "config.json").read_text(encoding="utf-8")).get("torch_dtype")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None

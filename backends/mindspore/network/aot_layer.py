@@ -76,7 +76,7 @@ class AotLoraDecoderLayer(AotDecoderLayer):
                  slots: int, rank: int, kv_dtype: str = "float32") -> None:
         super().__init__(spec, w, i, num_slots, block_size, aot, kv_dtype)
         from backends.lora import BaseDims
-        from backends.mindspore.engine.lora_slots import GROUPS, group_segments
+        from backends.mindspore.network.lora_groups import GROUPS, group_segments
 
         p, dims = f"model.layers.{i}.", BaseDims.of(spec)
         for group in GROUPS:

@@ -204,7 +204,7 @@ def lora_factors(spec, p: str, group: str, slots: int, rank: int, dtype=ms.float
     """One group's adapter slots (lora_slots.py): a [S, K, G*R] and b [S, R, N], zeros until an adapter is
     loaded."""
     from backends.lora import BaseDims
-    from backends.mindspore.engine.lora_slots import group_shapes
+    from backends.mindspore.network.lora_groups import group_shapes
 
     a_shape, b_shape = group_shapes(BaseDims.of(spec), group, slots, rank)
     return (param(np.zeros(a_shape, np.float32), p + f"lora_{group}_a", dtype),

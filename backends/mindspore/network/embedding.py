@@ -7,7 +7,7 @@ from __future__ import annotations
 from mindspore import Parameter, nn
 
 from backends.mindspore.network.common import aot_param
-from backends.mindspore.modeldir.quant import QuantWeight
+from backends.mindspore.modeldir.quant import QuantWeight, embedding_in_head
 
 
 class TableEmbedding(nn.Cell):
@@ -36,6 +36,6 @@ class PackedEmbedding(nn.Cell):
 def aot_embedding(spec, w: dict, head: Parameter, aot) -> nn.Cell:
     """The lookup of ``w``'s embedding: from ``head`` (the packed LM head) if the two are one Q8_0 matrix."""
     table = w["model.embed_tokens.weight"]
-    if spec.tie_word_embeddings and isinstance(table, QuantWeight) and table.fmt == "q8_0":
+    if isinstance(table, QuantWeight) and embedding_in_head(spec.tie_word_embeddings, table.fmt):
         return PackedEmbedding(head, aot)
     return TableEmbedding(aot_param(table, "embed"), aot)

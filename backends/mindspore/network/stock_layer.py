@@ -34,7 +34,7 @@ class SlotDelta(nn.Cell):
     def __init__(self, spec: ModelSpec, p: str, group: str, slots: int, rank: int, dtype) -> None:
         super().__init__()
         from backends.lora import BaseDims
-        from backends.mindspore.engine.lora_slots import group_segments
+        from backends.mindspore.network.lora_groups import group_segments
 
         self.a, self.b = lora_factors(spec, p, group, slots, rank, dtype)
         segs = group_segments(BaseDims.of(spec), group)

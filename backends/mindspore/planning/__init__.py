@@ -1,3 +1,2 @@
 """Planning resources before and while loading: the memory budget, the compiled shapes, the KV cache format, the
-kernel path, the device and threads, the graph cache, the load clock, and preflight (the checks that read no
-weights)."""
+kernel path, the device and threads, the graph cache, the load clock."""

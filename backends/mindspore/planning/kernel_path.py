@@ -2,10 +2,10 @@
 (the runners build the path; preflight's memory check only needs to know which one it will be)."""
 from __future__ import annotations
 
-from backends.mindspore.kernels.build import compiler_found
+from backends.mindspore.kernels.build import compiler_found, header_constant
 from backends.mindspore.modeldir.spec import ModelSpec
 
-MAX_AOT_HEAD_DIM = 512  # attention.cc kMaxHeadDim
+MAX_AOT_HEAD_DIM = header_constant("kv_format.h", "kMaxHeadDim")  # the attention kernels' stack buffers
 KERNELS = ("auto", "aot", "stock")
 
 

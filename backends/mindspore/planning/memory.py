@@ -53,7 +53,8 @@ class Footprint:
         smaller compute dtype: the budget errs safe)."""
         kv = 2 * spec.num_layers * spec.num_kv_heads * row_bytes(kv_dtype, spec.head_dim)
         if not stock:
-            return cls(weights_bytes(spec.checkpoint) + extra_bytes, kv, _vision_activations(spec), kv_dtype=kv_dtype)
+            return cls(weights_bytes(spec.checkpoint, tied=spec.tie_word_embeddings) + extra_bytes, kv,
+                       _vision_activations(spec), kv_dtype=kv_dtype)
         held = weights_bytes(spec.checkpoint, dequantized=True) + extra_bytes
         if spec.tie_word_embeddings:
             held += embedding_bytes(spec.checkpoint)
@@ -254,12 +255,9 @@ def _weights_text(model: Footprint, config: EngineConfig, graph_bytes: int) -> s
 
 
 def _vision_activations(spec: ModelSpec) -> int:
-    """The vision tower's largest call of a vision-language model (``qwen2_vl.config``), 0 for a text model."""
-    if spec.vision is None:
-        return 0
-    from backends.mindspore.families.qwen2_vl.config import activation_bytes
-
-    return activation_bytes(spec.vision)
+    """The vision tower's largest call of a vision-language model (its family's reader estimated it), 0 for a text
+    model."""
+    return spec.vision.tower_bytes if spec.vision is not None else 0
 
 
 def available_memory(proc: Path = Path("/proc"), cgroup_root: Path = Path("/sys/fs/cgroup")) -> Available:
@@ -272,14 +270,16 @@ def available_memory(proc: Path = Path("/proc"), cgroup_root: Path = Path("/sys/
     return available
 
 
-def weights_bytes(checkpoint: Path, dequantized: bool = False, as_read: bool = False) -> int:
+def weights_bytes(checkpoint: Path, dequantized: bool = False, as_read: bool = False, tied: bool = False) -> int:
     """Bytes of the weights once loaded (float32, or GGUF blocks as they are; ``dequantized``: every quantized
     tensor as float32, as the stock-op path holds it; ``as_read``: the arrays the loader returns, blocks without
-    the embedding's lookup table): from the safetensors headers (a file, or every ``*.safetensors`` of a
-    directory), else the file size. Reads no tensor data."""
+    the embedding's lookup table; ``tied``: the model ties its head to the embedding, whose rows the AOT networks
+    then read from the packed head when ``quant.embedding_in_head`` says so, holding no table): from the
+    safetensors headers (a file, or every ``*.safetensors`` of a directory), else the file size. Reads no tensor
+    data."""
     files = sorted(checkpoint.glob("*.safetensors")) if checkpoint.is_dir() else [checkpoint]
-    return sum(_safetensors_bytes(f, dequantized, as_read) if f.suffix == ".safetensors" else f.stat().st_size
-               for f in files)
+    return sum(_safetensors_bytes(f, dequantized, as_read, tied=tied) if f.suffix == ".safetensors"
+               else f.stat().st_size for f in files)
 
 
 def embedding_bytes(checkpoint: Path) -> int:
@@ -291,7 +291,8 @@ def embedding_bytes(checkpoint: Path) -> int:
 EMBEDDING = "model.embed_tokens.weight"
 
 
-def _safetensors_bytes(path: Path, dequantized: bool = False, as_read: bool = False, only: str | None = None) -> int:
+def _safetensors_bytes(path: Path, dequantized: bool = False, as_read: bool = False, only: str | None = None,
+                       tied: bool = False) -> int:
     """Bytes of every tensor a safetensors file holds once loaded (its header: u64 length, then JSON): float32
     for the float tensors; the GGUF blocks of a quantized conversion (its metadata key mindserve.quantization)
     as they are (the kernels' packed copy is the same size), plus a float32 lookup table for a quantized
@@ -303,14 +304,15 @@ def _safetensors_bytes(path: Path, dequantized: bool = False, as_read: bool = Fa
         from backends.mindspore.modeldir.quant import QUANT_KEY
 
         quantized = json.loads((header.get("__metadata__") or {}).get(QUANT_KEY) or "{}")
-        return sum(_tensor_bytes(name, t, quantized.get(name), dequantized, as_read) for name, t in header.items()
+        return sum(_tensor_bytes(name, t, quantized.get(name), dequantized, as_read, tied) for name, t in header.items()
                    if name != "__metadata__" and only in (None, name))
     except (ValueError, struct.error, KeyError, TypeError, AttributeError):
         return 0 if only else path.stat().st_size
 
 
-def _tensor_bytes(name: str, tensor: dict, fmt: str | None, dequantized: bool = False, as_read: bool = False) -> int:
-    from backends.mindspore.modeldir.quant import cols_of
+def _tensor_bytes(name: str, tensor: dict, fmt: str | None, dequantized: bool = False, as_read: bool = False,
+                  tied: bool = False) -> int:
+    from backends.mindspore.modeldir.quant import cols_of, embedding_in_head
 
     count = math.prod(tensor["shape"])
     if fmt is None or tensor.get("dtype") != "U8":
@@ -319,7 +321,8 @@ def _tensor_bytes(name: str, tensor: dict, fmt: str | None, dequantized: bool = 
     floats = rows * cols_of(fmt, row_bytes) * 4
     if dequantized:
         return floats
-    return count + (floats if name == EMBEDDING and not as_read else 0)
+    table = name == EMBEDDING and not as_read and not embedding_in_head(tied, fmt)
+    return count + (floats if table else 0)
 
 
 def _meminfo(path: Path) -> dict[str, int]:

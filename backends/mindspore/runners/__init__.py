@@ -1,5 +1,6 @@
 """The runners: the interface (base.py) and its two strategies (packed.py, split.py), chosen once at start-up
-by ``build_runner``."""
+by ``build_runner``; the step's plain rows they read (step.py) and the page mapping of the KV cache memory they
+hold (kv_pages.py)."""
 from __future__ import annotations
 
 import logging
@@ -14,7 +15,7 @@ from backends.mindspore.runners.packed import PackedRunner
 from backends.mindspore.runners.split import SplitRunner
 from backends.mindspore.planning.shapes import Shapes
 from backends.mindspore.modeldir.spec import ModelSpec
-from backends.mindspore.engine.step import DecodeRow, PrefillChunk, RowOutput
+from backends.mindspore.runners.step import DecodeRow, PrefillChunk, RowOutput
 
 __all__ = ["KERNELS", "choose_kernels", "stock_expected",
            "DecodeRow", "ModelRunner", "PackedRunner", "PrefillChunk", "RowOutput", "SplitRunner",

@@ -9,9 +9,8 @@ import dataclasses
 
 import numpy as np
 
-from backends.mindspore.engine.kv_cache import block_table, token_slots
 from backends.mindspore.runners.base import ModelRunner, write_rows
-from backends.mindspore.engine.step import DecodeRow, PrefillChunk, RowOutput, StepBatch
+from backends.mindspore.runners.step import DecodeRow, PrefillChunk, RowOutput, StepBatch, block_table, token_slots
 from backends.mindspore.planning.shapes import Shapes
 from backends.settings import EngineConfig
 
@@ -131,7 +130,7 @@ class PackedRunner(ModelRunner):
 
     def warmup_plan(self) -> list[tuple]:
         s = self.shapes
-        return [("packed", n, self.packed_rows(n), s.max_window) for n in s.prefill_sizes] + [("head", s.prefill_chunk)]
+        return [("packed", n, self.packed_rows(n), s.max_window) for n in s.prefill_sizes] + [("head", self.head_rows)]
 
     def _warm(self, key: tuple) -> None:
         _, size, rows, window = key  # one more token than the next smaller size selects this one

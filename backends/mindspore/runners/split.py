@@ -8,10 +8,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from backends.mindspore.engine.kv_cache import block_table, token_slots
 from backends.mindspore.runners.base import ModelRunner, write_rows
-from backends.mindspore.engine.scheduler import PREFILL_FIRST
-from backends.mindspore.engine.step import DecodeRow, PrefillChunk, RowOutput, StepBatch
+from backends.mindspore.runners.step import (PREFILL_FIRST, DecodeRow, PrefillChunk, RowOutput, StepBatch, block_table,
+                                            token_slots)
 from backends.settings import EngineConfig
 
 _NEG = np.float32(-1e9)
@@ -97,7 +96,7 @@ class SplitRunner(ModelRunner):
         s = self.shapes
         plan = [("prefill", b, s.prefill_chunk, w) for b in s.prefill_batch_buckets for w in s.window_buckets]
         plan += [("decode", b, w) for b in s.batch_buckets for w in s.window_buckets]
-        return plan + [("head", s.prefill_chunk)]
+        return plan + [("head", self.head_rows)]
 
     def _warm(self, key: tuple) -> None:
         window = key[-1]

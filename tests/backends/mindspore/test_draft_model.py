@@ -102,7 +102,7 @@ def test_no_graph_compiles_after_warmup(engine):
 def test_the_budget_counts_the_draft_model(tiny_model_dir):
     """On a budget that binds, a draft model of the target's own size halves the cache blocks at least (each block
     holds both models' K/V) and its weights count."""
-    from backends.mindspore.modeldir.config import load_model
+    from backends.mindspore.families import load_model
 
     spec = load_model(tiny_model_dir)
     alone = Footprint.of(spec, kv_dtype="float16")
@@ -114,7 +114,7 @@ def test_the_budget_counts_the_draft_model(tiny_model_dir):
 
 
 def test_a_draft_model_of_another_tokenizer_stops_start_up(tiny_model_dir, tmp_path):
-    from backends.mindspore.planning.preflight import SPECULATION, PreflightError, check_model
+    from backends.mindspore.engine.preflight import SPECULATION, PreflightError, check_model
 
     other = make_tiny_model(tmp_path / "other_vocab", seed=2, vocab=320)
     config = replace(CONFIG, speculation=replace(DRAFTING, draft_model=other))
@@ -161,7 +161,7 @@ def test_lora_rows_with_a_draft_model_keep_their_adapters_output(tiny_model_dir,
     """The draft model has no adapter: it drafts the base model's guess for an adapter row, and the verify row
     runs with the adapter, so the output is the adapter's plain run (alone and beside a base row)."""
     from backends.lora import BaseDims
-    from backends.mindspore.modeldir.config import load_model
+    from backends.mindspore.families import load_model
     from backends.settings import LoraModuleConfig, LoraSettings
     from tests.support.lora_adapters import make_adapter
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from backends.errors import InputRejected
-from backends.mindspore.modeldir.config import ConfigError
+from backends.mindspore.modeldir.yaml_tree import ConfigError
 from backends.mindspore.engine.engine import Engine
 from backends.settings import EngineConfig
 from backends.types import FinishReason, GenerationResult, RequestParams, TokenEvent

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from backends.mindspore.families import BY_ARCH, FAMILIES, family_of, refuse_adapters
-from backends.mindspore.modeldir.gguf_archs import GGUF_ARCHS, UnsupportedGguf, gguf_arch
+from backends.mindspore.sources.gguf_archs import GGUF_ARCHS, UnsupportedGguf, gguf_arch
 from backends.settings import EngineConfig, LoraSettings
 from tests.support.families import BY_NAME, CHECKPOINTS, GOLDEN, TINY
 
@@ -41,6 +41,17 @@ def test_no_architecture_is_claimed_twice():
 def test_every_family_names_networks_that_exist(family):
     aot, stock = family.network("aot"), family.network("stock")
     assert aot is not stock and aot.__name__.startswith("Aot") and stock.__name__.startswith("Stock")
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+def test_a_family_takes_media_exactly_when_it_names_a_vision_part(family):
+    """Media parts are admitted by the capability and run by the part: either one alone would drop them or refuse
+    them late."""
+    assert bool(family.vision) == family.capabilities.vision
+    if family.vision:
+        part = family.vision_part()
+        assert all(callable(getattr(part, name, None))
+                   for name in ("read_weights", "chat_template", "prompt", "encode_reached", "warmup"))
 
 
 def test_the_adapter_rule_follows_the_declared_capability():
@@ -89,13 +100,13 @@ def weights_untouchable(monkeypatch):
     import backends.mindspore.engine.engine_parts as parts
     import backends.mindspore.planning.memory as memory
 
-    for module, name in ((parts, "load_weights"), (parts, "load_vl_weights"), (memory.Footprint, "of")):
+    for module, name in ((parts, "load_weights"), (parts, "_read_weights"), (memory.Footprint, "of")):
         monkeypatch.setattr(module, name, opened)
 
 
 @pytest.mark.parametrize("name", NO_LORA)
 def test_lora_is_refused_in_preflight_before_the_weights(tiny_dirs, weights_untouchable, name):
-    from backends.mindspore.planning.preflight import ADAPTERS, PreflightError, check_model
+    from backends.mindspore.engine.preflight import ADAPTERS, PreflightError, check_model
 
     family = BY_NAME[name].family
     with pytest.raises(PreflightError) as err:

@@ -48,7 +48,7 @@ BLOCKS = list(range(1, 17))  # block 0 is the runner's scratch block (padding ro
 
 def _runner(model_dir):
     """The AOT runner, float32 KV cache, 64-token prefill chunks and a 1024-token window: the long prompt fits."""
-    from backends.mindspore.modeldir.config import load_model
+    from backends.mindspore.families import load_model
     from backends.mindspore.planning.device import set_mode
     from backends.mindspore.runners import build_runner
     from backends.mindspore.planning.shapes import Shapes
@@ -80,7 +80,7 @@ def fp32_runner(gemma3_270m_fp32_dir):
 
 
 def test_the_prompts_span_short_to_past_the_sliding_window(prompt_ids, gemma3_270m_fp32_dir):
-    from backends.mindspore.modeldir.config import load_model
+    from backends.mindspore.families import load_model
 
     window = load_model(gemma3_270m_fp32_dir).gemma3.sliding_window
     lengths = sorted(len(ids) for ids in prompt_ids.values())

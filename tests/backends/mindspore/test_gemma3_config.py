@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from backends.mindspore.modeldir.config import load_model
+from backends.mindspore.families import load_model
 from backends.mindspore.modeldir.yaml_tree import ConfigError
 from tests.support.make_tiny_gemma3 import make_tiny_gemma3
 

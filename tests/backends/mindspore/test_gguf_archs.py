@@ -13,9 +13,9 @@ import pytest
 import yaml
 from safetensors.numpy import load_file
 
-from backends.mindspore.modeldir.config import load_model
-from backends.mindspore.modeldir.gguf_archs import UnsupportedGguf
-from backends.mindspore.modeldir.gguf_convert import convert_gguf
+from backends.mindspore.families import load_model
+from backends.mindspore.sources.gguf_archs import UnsupportedGguf
+from backends.mindspore.sources.gguf_convert import convert_gguf
 from backends.mindspore.modeldir.tokenizer import Tokenizer
 from tests.support.gguf_rows import TINY_TOKENS
 from tests.support.hf_to_gguf import write_gguf

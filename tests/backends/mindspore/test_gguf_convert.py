@@ -14,8 +14,8 @@ import yaml
 from gguf.quants import dequantize
 from safetensors import safe_open
 
-from backends.mindspore.modeldir.default_model import MODEL_NAME, ensure_default_model
-from backends.mindspore.modeldir.gguf_convert import convert_gguf
+from backends.mindspore.sources.default_model import MODEL_NAME, ensure_default_model
+from backends.mindspore.sources.gguf_convert import convert_gguf
 from backends.mindspore.modeldir.tokenizer import Tokenizer
 from tests.support.gguf_rows import TINY_TOKENS, hf_to_gguf_rows
 

@@ -14,8 +14,10 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 from safetensors import safe_open
 
-from backends.mindspore.modeldir.config import ConfigError, load_model
-from backends.mindspore.modeldir.gguf_convert import convert_gguf, is_complete_conversion
+from backends.mindspore.modeldir.yaml_tree import ConfigError
+
+from backends.mindspore.families import load_model
+from backends.mindspore.sources.gguf_convert import convert_gguf, is_complete_conversion
 from backends.mindspore.modeldir.quant import QuantWeight
 from backends.mindspore.modeldir.weights import check_weight_dtype, load_weights
 from tests.support.gguf_rows import TINY_TOKENS, hf_to_gguf_rows
@@ -126,7 +128,7 @@ _HF = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "se
 
 
 def test_as_shipped_keeps_k_quant_and_q5_blocks_and_q8_0_requantizes_them(tmp_path):
-    from backends.mindspore.modeldir.gguf_convert import unpermute_qk_rows
+    from backends.mindspore.sources.gguf_convert import unpermute_qk_rows
 
     blocks = _write_k(tmp_path / "k.gguf")
     out = convert_gguf(tmp_path / "k.gguf", tmp_path / "m", progress=False, dtype="as-shipped")
@@ -221,7 +223,7 @@ def test_a_bad_weight_dtype_in_the_yaml_is_named(tmp_path):
 
 @pytest.mark.parametrize("name", ["SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct-q8_0", "SmolLM2-135M-Instruct-Q4_1"])
 def test_each_default_directory_is_left_for_serve_to_prepare(tmp_path, name):
-    from backends.mindspore.modeldir.default_model import DEFAULT_DIRS
+    from backends.mindspore.sources.default_model import DEFAULT_DIRS
     from service.config import load_server_config
     from service.preflight import check_model
     from tests.support.cli import server_config
@@ -233,7 +235,7 @@ def test_each_default_directory_is_left_for_serve_to_prepare(tmp_path, name):
 
 
 def test_the_shipped_config_serves_the_default_gguf_as_shipped():
-    from backends.mindspore.modeldir.default_model import DEFAULT_DIRS
+    from backends.mindspore.sources.default_model import DEFAULT_DIRS
     from service.config import load_server_config
     from tests.support.paths import REPO
 
@@ -242,7 +244,7 @@ def test_the_shipped_config_serves_the_default_gguf_as_shipped():
 
 
 def test_an_unknown_default_directory_name_is_refused(tmp_path):
-    from backends.mindspore.modeldir.default_model import ensure_default_model
+    from backends.mindspore.sources.default_model import ensure_default_model
 
     with pytest.raises(ValueError, match="'SmolLM2-135M-Instruct-q4_k' is not a default model directory"):
         ensure_default_model(tmp_path, name="SmolLM2-135M-Instruct-q4_k")

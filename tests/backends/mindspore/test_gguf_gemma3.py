@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from backends.mindspore.modeldir.config import load_model
-from backends.mindspore.modeldir.gguf_convert import convert_gguf
+from backends.mindspore.families import load_model
+from backends.mindspore.sources.gguf_convert import convert_gguf
 from tests.support.hf_to_gguf import write_gguf
 from tests.support.make_tiny_gemma3 import make_tiny_gemma3
 from tests.support.paths import GOLDEN_DIR

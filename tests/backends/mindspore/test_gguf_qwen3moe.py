@@ -15,8 +15,8 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file
 
-from backends.mindspore.modeldir.config import load_model
-from backends.mindspore.modeldir.gguf_convert import convert_gguf
+from backends.mindspore.families import load_model
+from backends.mindspore.sources.gguf_convert import convert_gguf
 from tests.support import act_quant_ref
 from tests.support.hf_to_gguf import write_gguf
 from tests.support.make_tiny_qwen3_moe import make_tiny_qwen3_moe

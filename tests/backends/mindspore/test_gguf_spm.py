@@ -1,4 +1,4 @@
-"""The GGUF SentencePiece tokenizer import (backends/mindspore/modeldir/gguf_spm.py) against the `sentencepiece`
+"""The GGUF SentencePiece tokenizer import (backends/mindspore/sources/gguf_spm.py) against the `sentencepiece`
 library's
 own ids and decoded text (tests/golden/spm_tiny.json, tests/support/scripts/make_spm_goldens.py): a tiny BPE model
 with byte fallback, without and with the dummy space prefix; and convert-gguf's refusal of a tokenizer model it does
@@ -10,7 +10,7 @@ from functools import cache
 
 import pytest
 
-from backends.mindspore.modeldir.gguf_tokenizer import build_tokenizer
+from backends.mindspore.sources.gguf_tokenizer import build_tokenizer
 from tests.support.paths import GOLDEN_DIR
 
 

@@ -57,7 +57,7 @@ def test_the_same_budget_holds_more_blocks_in_a_smaller_format(kv_dtype, sequenc
 
 def test_the_preflight_refuses_a_format_the_stock_path_does_not_store(tiny_model_dir):
     """validate-config and serve ask the same rule before anything is loaded; the server names the key."""
-    from backends.mindspore.planning.preflight import KV_CACHE, PreflightError, check_model
+    from backends.mindspore.engine.preflight import KV_CACHE, PreflightError, check_model
 
     with pytest.raises(PreflightError) as exc:
         check_model(tiny_model_dir, EngineConfig(kernels="stock", kv_cache_dtype="q8_0"))

@@ -13,7 +13,7 @@ import pytest
 
 from backends.errors import ParameterRejected
 from backends.lora import BaseDims
-from backends.mindspore.modeldir.config import load_model
+from backends.mindspore.families import load_model
 from backends.mindspore.runners import PrefillChunk
 from backends.types import RequestParams
 from tests.conftest import LORA_ADAPTERS

@@ -13,7 +13,8 @@ import pytest
 from backends.errors import ParameterRejected
 from backends.lora import BaseDims, LoraAdapter, LoraModule
 from backends.mindspore.engine.kv_cache import BlockAllocator
-from backends.mindspore.engine.lora_slots import GROUPS, LoraSlots, adapter_fits, group_segments, pack_slot
+from backends.mindspore.engine.lora_slots import LoraSlots, adapter_fits, pack_slot
+from backends.mindspore.network.lora_groups import GROUPS, group_segments
 from backends.mindspore.engine.scheduler import Scheduler
 from backends.mindspore.engine.sequence import SeqState
 

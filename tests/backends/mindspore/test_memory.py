@@ -287,7 +287,7 @@ def test_the_stock_footprint_counts_the_float32_weights_the_tied_head_and_the_ch
     assert MEASURED_BIG_LOAD_GIB * GIB <= stock.load_peak + RUNTIME_RESERVE < LOAD_COPIES * BIG_FLOAT32
     aot = Footprint.of(spec)
     assert aot.graphs is None and aot.load_peak == LOAD_COPIES * aot.weights_bytes
-    assert aot.weights_bytes == blocks + BIG_EMBEDDING  # the blocks and the embedding's float32 lookup table
+    assert aot.weights_bytes == blocks  # the tied Q8_0 embedding's rows come from the packed head: no float32 table
 
 
 def test_the_stock_graph_estimate_covers_what_was_measured_at_1_7b():
@@ -315,3 +315,23 @@ def test_the_aot_path_keeps_the_prefill_batch():
     plan = plan_cache(SERVED, Footprint(weights_bytes=int(1.71e9) * 4, bytes_per_token=2 * 24 * 32 * 64 * 4),
                       Available(40 * GIB, "MemAvailable"), 8192)
     assert not plan.prefill_capped and not plan.capped and plan.apply(SERVED).max_prefill_batch == 8
+
+
+@pytest.mark.parametrize("fmt, table", [("q8_0", False), ("q4_1", True)])
+def test_a_tied_q8_0_embedding_holds_no_float32_table(tmp_path, fmt, table):
+    """The AOT networks read a tied Q8_0 embedding's rows from the packed head (network/embedding.py): its blocks
+    are counted once, with no float32 table (Gemma 3 270M: 0.85 GiB counted before, its 235 MiB now); another
+    format still has its table."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    from backends.mindspore.modeldir.quant import BLOCK_BYTES, QUANT_KEY
+
+    row = 2 * BLOCK_BYTES[fmt]  # 64 columns
+    tensors = {"model.embed_tokens.weight": np.zeros((10, row), np.uint8), "bias": np.zeros(5, np.float32)}
+    save_file(tensors, str(tmp_path / "model.safetensors"),
+              metadata={QUANT_KEY: json.dumps({"model.embed_tokens.weight": fmt})})
+    blocks = 10 * row + 5 * 4
+    assert weights_bytes(tmp_path, tied=True) == blocks + (10 * 64 * 4 if table else 0)
+    assert weights_bytes(tmp_path) == blocks + 10 * 64 * 4  # untied: the embedding is a table, the head its own

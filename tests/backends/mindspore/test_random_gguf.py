@@ -15,7 +15,7 @@ import pytest
 from gguf.quants import dequantize
 from safetensors import safe_open
 
-from backends.mindspore.modeldir.gguf_convert import convert_gguf
+from backends.mindspore.sources.gguf_convert import convert_gguf
 
 REPO = Path(__file__).resolve().parents[3]
 

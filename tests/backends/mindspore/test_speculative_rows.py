@@ -37,7 +37,7 @@ ADAPTERS = {"a": 21, "b": 22}  # name -> seed (strength 0.4: the greedy text cha
 @pytest.fixture(scope="module")
 def adapter_dirs(tiny_model_dir, tmp_path_factory):
     from backends.lora import BaseDims
-    from backends.mindspore.modeldir.config import load_model
+    from backends.mindspore.families import load_model
     from tests.support.lora_adapters import make_adapter
 
     root, dims = tmp_path_factory.mktemp("tiny_lora"), BaseDims.of(load_model(tiny_model_dir))

@@ -13,7 +13,7 @@ import pytest
 from backends.grammar import GrammarCompiler
 from backends.mindspore.engine import engine_parts
 from backends.mindspore.engine.collector import older_objects_frozen
-from backends.mindspore.planning.preflight import check_model
+from backends.mindspore.engine.preflight import check_model
 from backends.mindspore.modeldir.tokenizer import Tokenizer
 from backends.settings import EngineConfig
 from backends.types import Grammar

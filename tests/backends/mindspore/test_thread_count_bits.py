@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends.mindspore.modeldir.default_model import MODEL_DIR_NAME, ensure_default_model
+from backends.mindspore.sources.default_model import MODEL_DIR_NAME, ensure_default_model
 from tests.support.paths import REPO
 from tests.support.thread_bits import BATCH, NEW_TOKENS
 
@@ -33,10 +33,12 @@ def _run(model_dir: Path, threads: int, out: Path, kernels: str) -> dict[str, np
 
 
 @pytest.mark.parametrize("dtype, kernels, counts", [("Q4_1", "aot", (1, 2, 3)), ("fp32", "aot", (1, 3)),
-                                                    ("fp32", "stock", (1, 3))])
+                                                    ("fp32", "stock", (1, 2))])
 def test_ids_and_logits_are_the_same_bits_at_every_thread_count(tmp_path, default_model_dir, dtype, kernels, counts):
     """The served default (the Q4_1 GGUF as shipped: the quantized matmuls) at 1, 2 and 3 threads; the float32
-    conversion (the float32 matmuls) at 1 and 3, and on the stock MindSpore ops (their CPU threads only)."""
+    conversion (the float32 matmuls) at 1 and 3, and on the stock MindSpore ops (their CPU threads only) at 1 and 2
+    (MindSpore's own ops at 3 threads on 2 cores spin for most of two minutes; our kernels' uneven split is the
+    aot runs' 3)."""
     model_dir = default_model_dir if dtype == "fp32" else ensure_default_model(
         default_model_dir.parent, progress=False, name=f"{MODEL_DIR_NAME}-{dtype}")
     runs = {n: _run(model_dir, n, tmp_path / f"{n}.npz", kernels) for n in counts}

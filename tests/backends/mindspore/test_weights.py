@@ -14,7 +14,7 @@ import pytest
 import yaml
 from safetensors.numpy import save_file
 
-from backends.mindspore.modeldir.config import load_model
+from backends.mindspore.families import load_model
 from backends.mindspore.modeldir.weights import (WeightsError, hf_to_mindformers, load_ckpt, load_safetensors,
                                                  load_weights, mindformers_to_hf, save_ckpt)
 from tests.support.paths import REPO

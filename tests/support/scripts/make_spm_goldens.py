@@ -1,4 +1,4 @@
-"""Goldens for the GGUF SentencePiece tokenizer import (backends/mindspore/modeldir/gguf_spm.py), from the reference
+"""Goldens for the GGUF SentencePiece tokenizer import (backends/mindspore/sources/gguf_spm.py), from the reference
 implementation: the `sentencepiece` library trains a tiny BPE model with byte fallback on tests/support/tiny_model.py's
 corpus (Gemma's settings: identity normalisation keeping every space, digits split, two user-defined turn markers;
 once without and once with the dummy space prefix) and encodes and decodes a few texts. Run once in a separate

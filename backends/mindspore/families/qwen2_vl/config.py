@@ -10,6 +10,7 @@ and the dotted key.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ class _Merged(YamlSection):
 
 
 def load_vl_spec(path: Path | str) -> VLSpec:
-    """Read a vision-language model directory (or one yaml inside it) into a ``VLSpec`` (``config.load_model``
+    """Read a vision-language model directory (or one yaml inside it) into a ``VLSpec`` (``families.load_model``
     reads any model directory)."""
     return vl_spec(*read_model_yaml(path))
 
@@ -57,13 +58,14 @@ def vl_spec(yaml_path: Path, tree: dict, model: YamlSection, arch: str) -> VLSpe
     vision = _vision_spec(yaml_path, vc, family, text.hidden_size)
     proc = YamlSection(yaml_path, "processor", tree.get("processor") or {})
     pre = read_json_object(yaml_path.parent / "preprocessor_config.json")
-    return VLSpec(
+    vl = VLSpec(
         family=family, text=text, vision=vision,
         processor=_processor_spec(yaml_path, proc, pre, vision),
         mrope_section=tuple(section),
         image_token_id=mc.get("image_token_id", int), video_token_id=mc.get("video_token_id", int),
         vision_start_token_id=mc.get("vision_start_token_id", int),
     )
+    return replace(vl, tower_bytes=activation_bytes(vl))
 
 
 def _text_fallback(hf: dict) -> dict:

@@ -1,5 +1,6 @@
-"""The vision tower as the engine runs it: one image or video's patches -> its language-model rows, on a fixed
-set of compiled graphs (compiled at warm-up, none after).
+"""The vision tower as the engine runs it (the family's vision part, ``families.VisionPart``): one image or
+video's patches -> its language-model rows, on a fixed set of compiled graphs (compiled at warm-up, none after);
+and a request's prompt with its media (``request.py``).
 
 One graph per patch bucket (``VISION_BUCKETS`` up to the one holding the largest image ``max_pixels``
 allows). Qwen2.5-VL's window blocks take a window layout whose shape is fixed per bucket: ``bucket / merge^2``
@@ -11,15 +12,21 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 import mindspore as ms
 
-from backends.mindspore.families.qwen2_vl.config import VLSpec, vision_buckets
+from backends.mindspore.families.qwen2_vl.config import VLSpec, processor_chat_template, vision_buckets
 from backends.mindspore.families.qwen2_vl.positions import (WindowLayout, frame_ids, segment_mask, vision_cos_sin,
                                                             window_ids, window_layout)
 from backends.mindspore.families.qwen2_vl.preprocess import Patches
+from backends.mindspore.families.qwen2_vl.request import VisionPrompt, served_prompt
 from backends.mindspore.families.qwen2_vl.vision import VisionTower
+from backends.mindspore.families.qwen2_vl.weights import load_vl_weights
+from backends.mindspore.modeldir.spec import ModelSpec
+from backends.types import MediaInput
 
 log = logging.getLogger("mindserve.engine")
 
@@ -34,9 +41,25 @@ class VisionEncoder:
         self.tower.set_train(False)
         self.compiled: set[tuple] = set()
 
+    @staticmethod
+    def read_weights(spec: ModelSpec) -> dict[str, np.ndarray]:
+        """The checkpoint's arrays, checked name by name against both towers (``weights.load_vl_weights``)."""
+        return load_vl_weights(spec.vision)
+
+    @staticmethod
+    def chat_template(model_dir: Path) -> str:
+        """The released checkpoints' processor template (``config.processor_chat_template``)."""
+        return processor_chat_template(model_dir)
+
     @property
     def max_patches(self) -> int:
         return self.buckets[-1]
+
+    def prompt(self, text: str, media: Sequence[MediaInput], encode: Callable[[str], list[int]],
+               kept: Callable[[int], tuple[int, int]], max_seq_len: int, max_window: int
+               ) -> tuple[VisionPrompt | None, list[Patches]]:
+        """A request's prompt with its media, within the largest bucket (``request.served_prompt``)."""
+        return served_prompt(text, media, self.spec, encode, self.max_patches, kept, max_seq_len, max_window)
 
     def bucket_for(self, patches: int) -> int | None:
         return next((b for b in self.buckets if b >= patches), None)

@@ -22,4 +22,5 @@ QWEN2_VL = Family(
     aot="backends.mindspore.families.qwen2_vl.text:AotQwen2VLText",
     stock="backends.mindspore.families.qwen2_vl.text:StockQwen2VLText",
     capabilities=Capabilities(lora=False, vision=True, stock_low_precision=False),
+    vision="backends.mindspore.families.qwen2_vl.encoder:VisionEncoder",
 )

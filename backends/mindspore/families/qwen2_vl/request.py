@@ -22,6 +22,7 @@ from backends.mindspore.families.qwen2_vl.positions import rope_index
 from backends.mindspore.families.qwen2_vl.preprocess import (MediaError, Patches, expand_media_tokens, preprocess_image,
                                                              preprocess_video)
 from backends.mindspore.families.qwen2_vl.video import read_video
+from backends.errors import InputRejected
 from backends.types import MediaInput
 
 PAD_TOKENS = {"image": "<|image_pad|>", "video": "<|video_pad|>"}
@@ -133,3 +134,24 @@ def truncate_prompt(prompt: VisionPrompt, items: Sequence[Patches], start: int, 
                                   spec.vision.tokens_per_second, timed_video=spec.family == "qwen2_5_vl")
     spans = tuple(MediaSpan(s.kind, s.start - start, s.end - start, s.digest) for s in prompt.spans)
     return VisionPrompt(ids, positions.astype(np.int32), delta, spans), list(items)
+
+
+def served_prompt(text: str, media: Sequence[MediaInput], spec: VLSpec, encode: Callable[[str], list[int]],
+                  max_patches: int, kept: Callable[[int], tuple[int, int]], max_seq_len: int, max_window: int
+                  ) -> tuple[VisionPrompt | None, list[Patches]]:
+    """A request's prompt: the media preprocessed, the vision tokens expanded, then cut to the tokens ``kept(n)``
+    keeps of n (the engine's limits; never through an image); (None, []) for a prompt without media.
+    InputRejected for media the preprocessing cannot take, or M-RoPE positions past ``max_window`` (a sequence
+    grows to ``max_seq_len`` tokens)."""
+    try:
+        prompt, items = build_prompt(text, media, spec, encode, max_patches)
+        start, end = kept(len(prompt.ids))
+        if (start, end) != (0, len(prompt.ids)):
+            prompt, items = truncate_prompt(prompt, items, start, end, spec)
+    except MediaError as exc:
+        raise InputRejected(str(exc)) from None
+    longest = int(prompt.positions.max(initial=0)) + 1, max_seq_len + prompt.delta
+    if max(longest) > max_window:
+        raise InputRejected(f"inputs reaches M-RoPE position {max(longest) - 1}, past the model's "
+                            f"{max_window} positions")
+    return (prompt, items) if prompt.spans else (None, [])

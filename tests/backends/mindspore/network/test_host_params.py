@@ -86,7 +86,7 @@ def _resident_mib() -> float:
 
 
 def test_populate_maps_every_page_of_an_untouched_array_in_one_call():
-    from backends.mindspore.engine.kv_pages import populate
+    from backends.mindspore.runners.kv_pages import populate
 
     memory = np.zeros(96 << 20, np.uint8)  # calloc'd: no page is mapped until written
     before = _resident_mib()
@@ -115,7 +115,7 @@ def test_the_runners_cache_views_are_the_caches_memory(tiny_model_dir):
 
 
 def test_the_cache_warmer_maps_every_block_of_every_cache():
-    from backends.mindspore.engine.kv_pages import CacheWarmer, populate
+    from backends.mindspore.runners.kv_pages import CacheWarmer, populate
 
     if not populate(np.zeros(4096, np.uint8)):
         pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux 5.14+)")
@@ -142,7 +142,7 @@ def test_the_warm_up_waits_for_the_first_blocks_and_the_rest_map_at_idle_priorit
     import threading
     import time
 
-    from backends.mindspore.engine import kv_pages as common
+    from backends.mindspore.runners import kv_pages as common
 
     if not common.populate(np.zeros(4096, np.uint8)):
         pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux 5.14+)")

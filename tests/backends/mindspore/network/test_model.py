@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from backends.mindspore.modeldir.config import load_model
+from backends.mindspore.families import load_model
 from backends.mindspore.planning.device import set_mode
 from backends.mindspore.runners import DecodeRow, PrefillChunk
 from backends.mindspore.modeldir.weights import load_weights

@@ -21,7 +21,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 from safetensors.numpy import load_file
 
-from backends.mindspore.modeldir.gguf_convert import convert_gguf
+from backends.mindspore.sources.gguf_convert import convert_gguf
 from backends.mindspore.runners import DecodeRow, PrefillChunk
 from tests.support import act_quant_ref
 from tests.support.reference_numpy import RefConfig, RefModel
@@ -209,7 +209,7 @@ def _small_engine(path):
 
 
 def test_the_engine_reports_the_format_and_checks_the_yaml_against_the_file(tiny_model_dir, tmp_path):
-    from backends.mindspore.modeldir.config import ConfigError
+    from backends.mindspore.modeldir.yaml_tree import ConfigError
 
     path = quantized_copy(tiny_model_dir, tmp_path / "q", "q4_1")
     with _small_engine(path) as engine:
@@ -237,7 +237,7 @@ class LoraActQuantRef(ActQuantRef):
 def test_lora_adapters_on_quantized_weights(tiny_model_dir, tmp_path_factory):
     """Adapters on a q8_0 base: each row's logits against the reference (quantized base product, float delta)."""
     from backends.lora import BaseDims, load_adapter
-    from backends.mindspore.modeldir.config import load_model
+    from backends.mindspore.families import load_model
     from backends.mindspore.engine.lora_slots import LoraSlots
     from backends.mindspore.planning.device import set_mode
     from backends.mindspore.runners import build_runner

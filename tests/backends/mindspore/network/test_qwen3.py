@@ -12,7 +12,7 @@ from functools import cache
 import numpy as np
 import pytest
 
-from backends.mindspore.modeldir.config import load_model
+from backends.mindspore.families import load_model
 from tests.support.make_tiny_qwen3 import SHAPE, make_tiny_qwen3
 from tests.support.paths import GOLDEN_DIR
 from tests.support.reference_numpy import RefModel

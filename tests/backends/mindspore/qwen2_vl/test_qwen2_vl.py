@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from backends.mindspore.modeldir.config import ConfigError
+from backends.mindspore.modeldir.yaml_tree import ConfigError
 from backends.mindspore.families.qwen2_vl.config import load_vl_spec
 from backends.mindspore.families.qwen2_vl.positions import frame_ids, rope_index, segment_mask, window_ids
 from backends.mindspore.families.qwen2_vl.preprocess import (MediaError, Patches, expand_media_tokens, preprocess_image,

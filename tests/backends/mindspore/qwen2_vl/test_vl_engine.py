@@ -99,7 +99,7 @@ def test_media_inputs_lay_out_rows_positions_and_deltas():
 def test_vision_buckets_and_the_memory_budget(model_dirs):
     """The released yamls compile buckets up to their largest image exactly (5120 patches, no 8192); a
     vision-language model's footprint has the tower's activations, a text model's none."""
-    from backends.mindspore.modeldir.config import load_model
+    from backends.mindspore.families import load_model
     from backends.mindspore.planning.memory import Footprint, _vision_activations
     from backends.mindspore.families.qwen2_vl.config import activation_bytes, load_vl_spec, vision_buckets
     from tests.support.paths import REPO

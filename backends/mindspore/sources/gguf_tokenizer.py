@@ -19,7 +19,7 @@ def build_tokenizer(meta: dict[str, Any]) -> Tokenizer:
     (``llama``)."""
     kind = meta.get("tokenizer.ggml.model")
     if kind == "llama":  # SentencePiece (Gemma, Llama 2): gguf_spm.py
-        from backends.mindspore.modeldir.gguf_spm import spm_tokenizer
+        from backends.mindspore.sources.gguf_spm import spm_tokenizer
 
         return spm_tokenizer(meta)
     if kind != "gpt2":

@@ -9,8 +9,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from backends.mindspore.modeldir.default_model import DEFAULT_DIRS, WHEEL_PROJECT
-from backends.mindspore.modeldir.model_store import HF_FORMAT, ModelStore
+from backends.mindspore.sources.default_model import DEFAULT_DIRS, WHEEL_PROJECT
+from backends.mindspore.sources.model_store import HF_FORMAT, ModelStore
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,8 +8,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from backends.mindspore.modeldir.hf_model_dir import is_hf_dir
-from backends.mindspore.modeldir.model_packages import is_project_name
+from backends.mindspore.sources.hf_model_dir import is_hf_dir
+from backends.mindspore.sources.model_packages import is_project_name
 
 PACKAGE_PREFIX = "pypi:"
 GGUF_MAGIC = b"GGUF"

@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from backends.mindspore.engine.adapters import ConfiguredAdapterError, EngineAdapters
-from backends.mindspore.modeldir.config import load_model
-from backends.mindspore.modeldir.default_model import DEFAULT_DIRS
+from backends.mindspore.families import load_model
+from backends.mindspore.sources.default_model import DEFAULT_DIRS
 from backends.mindspore.planning.kernel_path import stock_expected
 from backends.mindspore.planning.kv_dtype import KEY as KV_KEY, cache_dtype
 from backends.mindspore.planning.memory import (GIB, Available, CachePlan, Footprint, MemoryBudgetError,
                                                 available_memory, plan_cache)
-from backends.mindspore.modeldir.model_sources import is_model_dir, is_model_source
+from backends.mindspore.sources.model_sources import is_model_dir, is_model_source
 from backends.mindspore.planning.shapes import ShapeError, plan_shapes
 from backends.mindspore.modeldir.yaml_tree import ConfigError
 from backends.settings import EngineConfig

@@ -33,8 +33,8 @@ from safetensors.numpy import save_file
 from tqdm import tqdm
 
 from backends.mindspore.families import family_of
-from backends.mindspore.modeldir.gguf_tokenizer import build_tokenizer, special_ids, tokenizer_config
-from backends.mindspore.modeldir.gguf_archs import GGUF_ARCHS, arch_of_model_type, gguf_arch, head_dim
+from backends.mindspore.sources.gguf_tokenizer import build_tokenizer, special_ids, tokenizer_config
+from backends.mindspore.sources.gguf_archs import GGUF_ARCHS, arch_of_model_type, gguf_arch, head_dim
 from backends.mindspore.modeldir.quant import QUANT_KEY, layers_format
 
 log = logging.getLogger("mindserve.model")
