@@ -12,7 +12,6 @@ from backends.mindspore.modeldir.spec import ModelSpec
 from backends.mindspore.modeldir.yaml_tree import DEVICE_TARGETS, ConfigError
 
 
-GRAPH_MEMORY = "O1"  # MindSpore's memory reuse inside a compiled graph (its default, O0, reuses nothing)
 _threads_set: list[int] = []  # MindSpore's CPU threads as first set in this process (0: left at its default)
 log = logging.getLogger("mindserve.engine")
 
@@ -21,8 +20,6 @@ def set_mode(mode: int, device_target: str, threads: int | None) -> int:
     """Global MindSpore context: GRAPH_MODE (0) or PYNATIVE_MODE (1); CPU threads (settable once per process:
     a later engine asking another count is told so). Returns MindSpore's thread count in effect (0: unknown)."""
     ms.set_context(mode=ms.GRAPH_MODE if mode == 0 else ms.PYNATIVE_MODE)
-    if mode == 0:  # intermediates share memory by lifetime; measured, the 9 packed graphs of Gemma 3 270M hold
-        ms.set_context(memory_optimize_level=GRAPH_MEMORY)  # 47 MiB at O1, 83 at O0 (MindSpore 2.9 CPU)
     if not _threads_set:
         try:
             ms.set_device(device_target)
