@@ -17,13 +17,13 @@ import struct
 import subprocess
 import tempfile
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from backends.mindspore.kernels.build import SOURCES, default_cache_dir, read_sources
+from backends.mindspore.kernels.build import (SOURCES, KernelBuildError, compile_units, default_cache_dir,
+                                              read_sources)
 from tests.support.kernel_entries import Case, dtype_name
 
 DRIVER_SOURCE = Path(__file__).with_name("kernel_driver.cc")
@@ -71,20 +71,11 @@ def build_driver(cxx: str, library_flags: Sequence[str], cache_dir: Path | None 
         with tempfile.TemporaryDirectory(prefix=".src-", dir=cache) as src:
             for name, data in files.items():
                 Path(src, name).write_bytes(data)
-            units = (*SOURCES, DRIVER_SOURCE.name)  # the slowest first, as build.py orders them
-
-            def run(cmd: list[str]) -> subprocess.CompletedProcess:
-                return subprocess.run(cmd, capture_output=True, text=True, cwd=src)
-
-            with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:  # one compiler run a CPU
-                procs = list(pool.map(run, ([found, *flags, "-c", f, "-o", f"{f}.o"] for f in units)))
-            failed = [p for p in procs if p.returncode != 0]
-            if not failed:
-                link = run([found, *flags, "-o", os.path.abspath(tmp), *(f"{f}.o" for f in units)])
-                failed = [link] if link.returncode != 0 else []
-        if failed:
-            raise DriverError(f"building the kernel driver failed ({cxx} {' '.join(flags)}):\n"
-                              + "\n".join(p.stderr.strip() for p in failed))
+            try:  # the library's sources, the slowest first, then the driver: compiled side by side, linked
+                compile_units(found, flags, src, os.path.abspath(tmp), "the kernel driver",
+                              units=(*SOURCES, DRIVER_SOURCE.name))
+            except KernelBuildError as exc:
+                raise DriverError(f"building the kernel driver failed ({' '.join(flags)}): {exc}") from exc
         os.chmod(tmp, 0o755)
         os.replace(tmp, target)  # atomic, as build.py does
     finally:

@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
@@ -198,7 +199,7 @@ def build_kernel(cache_dir: str | os.PathLike | None = None, cxx: str | None = N
         with tempfile.TemporaryDirectory(prefix=".src-", dir=cache) as src:
             for name, data in files.items():
                 Path(src, name).write_bytes(data)
-            _compile(cxx, flags, src, os.path.abspath(tmp), chosen.name)
+            compile_units(cxx, flags, src, os.path.abspath(tmp), chosen.name)
         os.chmod(tmp, 0o755)
         os.replace(tmp, target)  # atomic: readers see either no file or the complete library
         log.info("compiled the AOT kernels in %.0fs: %s", time.perf_counter() - started, target.name)
@@ -208,20 +209,25 @@ def build_kernel(cache_dir: str | os.PathLike | None = None, cxx: str | None = N
     return target
 
 
-def _compile(cxx: str, flags: tuple[str, ...], src: str, out: str, name: str) -> None:
-    """Each source to an object file, as many at once as there are CPUs (the 2-core build takes about half the
-    time of one compiler run over all of them), then the link into ``out``."""
+def compile_units(cxx: str, flags: Sequence[str], src: str, out: str, name: str,
+                  units: Sequence[str] | None = None) -> None:
+    """Each of ``units`` (in ``src``) to an object file, as many at once as there are CPUs (the 2-core build takes
+    about half the time of one compiler run over all of them), then the link into ``out`` with the same flags.
+    ``units`` defaults to SOURCES. Raises KernelBuildError with the compiler's messages, naming ``name``, on any
+    failure."""
+    units = SOURCES if units is None else units
+
     def run(cmd: list[str]) -> subprocess.CompletedProcess:
         return subprocess.run(cmd, capture_output=True, text=True, cwd=src)
 
     with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
-        procs = list(pool.map(run, ([cxx, *flags, "-c", f, "-o", f"{f}.o"] for f in SOURCES)))
+        procs = list(pool.map(run, ([cxx, *flags, "-c", f, "-o", f"{f}.o"] for f in units)))
     failed = [p for p in procs if p.returncode != 0]
     if not failed:
-        link = run([cxx, *flags, "-o", out, *(f"{f}.o" for f in SOURCES)])
+        link = run([cxx, *flags, "-o", out, *(f"{f}.o" for f in units)])
         failed = [link] if link.returncode != 0 else []
     if failed:
-        raise KernelBuildError(f"compiling {', '.join(SOURCES)} for {name} failed ({cxx}):\n"
+        raise KernelBuildError(f"compiling {', '.join(units)} for {name} failed ({cxx}):\n"
                                + "\n".join(p.stderr.strip() for p in failed))
 
 
