@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "lora-step": ("bench.scenarios.lora_step", "LoRA adapters' cost per decode step"),
     "speculative-speed": ("bench.scenarios.speculative_speed", "prompt-lookup speculation through the engine"),
     "spec-steps": ("bench.scenarios.spec_steps", "a speculative step's parts on the served engine, arms alternated"),
+    "single-stream": ("bench.scenarios.single_stream", "one stream: bandwidth limit, the step itemised"),
     "structured": ("bench.scenarios.structured_bench", "constrained (grammar) against free generation"),
     "soak": ("bench.scenarios.soak", "64 clients for 10 minutes; the slow-client flood"),
     "capped-start": ("bench.scenarios.capped_start", "one server start under a hard memory cap"),

@@ -21,6 +21,7 @@ import mindspore as ms
 from backends.mindspore.planning.device import free_network
 from backends.mindspore.families import Family, family_of
 from backends.mindspore.runners.kv_pages import CacheWarmer
+from backends.mindspore.runners.launch import Launcher
 from backends.mindspore.network.common import cache_memory
 from backends.mindspore.modeldir.spec import ModelSpec
 from backends.mindspore.planning.shapes import Shapes
@@ -68,6 +69,8 @@ class ModelRunner(ABC):
                                   shapes.block_size)
         # maps the caches' pages once started (engine_parts: EngineConfig.map_kv_cache); warmup() waits for it
         self.head = self.net.lm_head()
+        # the graph calls, each signature's compiled graph found once (launch.py)
+        self.launch_net, self.launch_head = Launcher(self.net), Launcher(self.head)
         self.compiled: set[tuple] = set()
         # {"variant", "isa"} of the AOT kernels' build (the library aot_ops() loaded last), None on stock ops
         self.kernel_variant: dict[str, str] | None = None
@@ -182,7 +185,7 @@ class ModelRunner(ABC):
         args = self.net.arguments(self.graph_inputs(ids, pos, slots, table, last_rows, token_rows), lora_rows, chunks,
                                   places)
         started = time.perf_counter()
-        logits, hidden = self.net(*(None if a is None else ms.Tensor(a) for a in args))
+        logits, hidden = self.launch_net(*args)
         out = logits.asnumpy(), hidden.asnumpy()
         self._compiled(key, started)
         return out
@@ -236,7 +239,7 @@ class ModelRunner(ABC):
             padded = np.zeros((rows, hidden.shape[1]), np.float32)
             padded[: len(part)] = part
             started = time.perf_counter()
-            out.append(self.head(ms.Tensor(padded)).asnumpy()[: len(part)])
+            out.append(self.launch_head(padded).asnumpy()[: len(part)])
             self._compiled(("head", rows), started)
         return np.concatenate(out) if len(out) != 1 else out[0]
 
