@@ -109,12 +109,12 @@ def instrument(engine, parts: Parts) -> None:
 
 
 def stream(engine, prompt: str, tokens: int, parts: Parts) -> dict:
-    """One greedy request of ``tokens`` new tokens (EOS ignored), its engine steps driven here: per decode step,
+    """One greedy request of up to ``tokens`` new tokens, its engine steps driven here: per decode step,
     ms of each part and of the kernels by kind."""
     from backends.mindspore.kernels import KERNEL_KINDS, kernel_stats
     from backends.types import RequestParams
 
-    handle = engine.submit(prompt, RequestParams(max_new_tokens=tokens, do_sample=False, ignore_eos=True))
+    handle = engine.submit(prompt, RequestParams(max_new_tokens=tokens, do_sample=False))  # as serve sends it
     decode: dict[str, list[float]] = defaultdict(list)
     prefill_ms: list[float] = []
     while True:

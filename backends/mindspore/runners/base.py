@@ -178,15 +178,16 @@ class ModelRunner(ABC):
         return outs
 
     def _call(self, key: tuple, ids, pos, slots, table, last_rows, token_rows=None, lora_rows=None, chunks=(),
-              places=()):
+              places=(), hidden: bool = True):
         """One graph call: the strategy's inputs (``graph_inputs``), completed by the network itself
         (``arguments``: each token's adapter slot ``lora_rows``, -1 padding; a vision-language network's media
-        rows of ``chunks``, chunk i's tokens from (row, column) ``places[i]``)."""
+        rows of ``chunks``, chunk i's tokens from (row, column) ``places[i]``). (logits, hidden rows; None
+        without ``hidden``: a decode step's are never read)."""
         args = self.net.arguments(self.graph_inputs(ids, pos, slots, table, last_rows, token_rows), lora_rows, chunks,
                                   places)
         started = time.perf_counter()
-        logits, hidden = self.launch_net(*args)
-        out = logits.asnumpy(), hidden.asnumpy()
+        logits, rows = self.launch_net(*args)
+        out = logits.asnumpy(), rows.asnumpy() if hidden else None
         self._compiled(key, started)
         return out
 

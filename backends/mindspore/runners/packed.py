@@ -84,9 +84,11 @@ class PackedRunner(ModelRunner):
         """Sequences (logit rows) a packed graph of ``size`` tokens serves."""
         return min(size, self.shapes.batch_buckets[-1])
 
-    def _prefill(self, chunks: list[PrefillChunk]) -> tuple[np.ndarray | list[np.ndarray], list[np.ndarray]]:
+    def _prefill(self, chunks: list[PrefillChunk], hidden: bool = True
+                 ) -> tuple[np.ndarray | list[np.ndarray], list[np.ndarray | None]]:
         """The chunks packed into one row (their total must fit the largest packed size): their logits [n, V]
-        (a list when a chunk wants more than its last token's: its entry [logit_tokens, V]) and hidden rows."""
+        (a list when a chunk wants more than its last token's: its entry [logit_tokens, V]) and hidden rows (None
+        each without ``hidden``)."""
         n, total = len(chunks), sum(len(c.ids) for c in chunks)
         wanted = sum(c.logit_tokens for c in chunks)
         assert 0 < total <= self.shapes.prefill_sizes[-1], "more tokens than the largest packed graph"
@@ -118,15 +120,17 @@ class PackedRunner(ModelRunner):
             first += c.logit_tokens
         window = self.shapes.max_window
         table = block_table(tables, window // self.shapes.block_size)
-        logits, hidden = self._call(("packed", size, rows, window), ids, pos, slots, table, last_rows, token_rows,
-                                    lora_rows, chunks, [(0, o) for o in offsets])
+        logits, states = self._call(("packed", size, rows, window), ids, pos, slots, table, last_rows, token_rows,
+                                    lora_rows, chunks, [(0, o) for o in offsets], hidden)
         rows_out = logits[:n] if wanted == n else [logits[f] if c.logit_tokens == 1 else logits[f:f + c.logit_tokens]
                                                    for f, c in zip(firsts, chunks)]
-        return rows_out, [hidden[o: o + len(c.ids)] for o, c in zip(offsets, chunks)]
+        if states is None:
+            return rows_out, [None] * n
+        return rows_out, [states[o: o + len(c.ids)] for o, c in zip(offsets, chunks)]
 
     def _decode(self, rows: list[DecodeRow]) -> np.ndarray | list[np.ndarray]:
         """Decode rows alone: logits [n, V] (a list with [1 + k, V] entries when a row carries drafts)."""
-        return self._prefill([r.chunk() for r in rows])[0]
+        return self._prefill([r.chunk() for r in rows], hidden=False)[0]
 
     def warmup_plan(self) -> list[tuple]:
         s = self.shapes

@@ -89,7 +89,7 @@ class SplitRunner(ModelRunner):
         table = block_table([r.blocks for r in rows] + [[]] * (batch - n), window // self.shapes.block_size)
         chunks = [PrefillChunk([r.token], r.position, r.blocks, delta=r.delta) for r in rows]  # for media_inputs
         logits, _ = self._call(("decode", batch, window), ids, pos, slots, table, np.arange(batch, dtype=np.int32),
-                               lora_rows=lora_rows, chunks=chunks, places=[(i, 0) for i in range(n)])
+                               lora_rows=lora_rows, chunks=chunks, places=[(i, 0) for i in range(n)], hidden=False)
         return logits[:n]
 
     def warmup_plan(self) -> list[tuple]:
