@@ -241,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     bandwidth = run_bandwidth_child(5)
     engine = served_engine()
     runner = engine.runner
+    weights = weight_bytes(runner)  # before close: a closed engine's parameters are given back
     ks = [kernel_stream(runner, 5) for _ in range(args.rounds)]
     parts = Parts()
     instrument(engine, parts)
@@ -256,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         parts.undo()
         engine.close()
-    res = {"weights": weight_bytes(runner), "bandwidth": {k: bandwidth[k] for k in ("one", "two")},
+    res = {"weights": weights, "bandwidth": {k: bandwidth[k] for k in ("one", "two")},
            "kernel_stream_ms": {k: statistics.median(r[k] for r in ks) for k in ks[0]},
            "num_layers": runner.spec.num_layers, "decode_ms": {k: statistics.median(v) for k, v in samples.items()},
            "steps": len(samples["step"]), "requests": args.requests, "rounds": args.rounds,
