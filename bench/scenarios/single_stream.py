@@ -94,6 +94,9 @@ def instrument(engine, parts: Parts) -> None:
     runner = engine.runner
     parts.wrap(engine.scheduler, "plan", "plan")
     parts.wrap(engine.speculator, "propose", "propose")
+    parts.wrap(engine, "_admit", "admit")
+    parts.wrap(engine, "_drop_cancelled", "cancelled")
+    parts.wrap(engine.masks, "start", "masks")
     parts.wrap(runner, "run", "runner.run")
     parts.wrap(runner, "_call", "graph call")
     parts.wrap(runner, "graph_inputs", "graph inputs")
@@ -222,10 +225,12 @@ def summarize(res: dict) -> list[str]:
              ("plan (scheduler)", dec.get("plan", 0.0)), ("drafts (speculator.propose)", dec.get("propose", 0.0)),
              ("sample (chooser)", dec.get("sample", 0.0)), ("detokenize", dec.get("detokenize", 0.0)),
              ("stop", dec.get("stop", 0.0)), ("emit (token event)", dec.get("emit", 0.0)),
+             ("admit, cancelled, grammar masks", sum(dec.get(k, 0.0) for k in ("admit", "cancelled", "masks"))),
              ("row, rest (advance glue, Token)", dec.get("row", 0.0) - sum(dec.get(k, 0.0) for k in
                                                                             ("sample", "detokenize", "stop", "emit"))),
-             ("step, rest (loop glue, stats)", step - dec.get("runner.run", 0.0) - dec.get("plan", 0.0)
-              - dec.get("propose", 0.0) - dec.get("row", 0.0))]
+             ("step, rest (loop glue, stats, these wrappers)", step - dec.get("runner.run", 0.0) - dec.get("plan", 0.0)
+              - dec.get("propose", 0.0) - dec.get("row", 0.0)
+              - sum(dec.get(k, 0.0) for k in ("admit", "cancelled", "masks")))]
     lines += [f"  {name:66s} {ms:7.3f} ms" for name, ms in rows]
     return lines
 
