@@ -31,5 +31,7 @@ class Launcher:
             return _convert_python_data(_cell_graph_executor._graph_executor(
                 tuple(t for t in tensors if t is not None), phase))
         out = self.cell(*tensors)
-        self._phases[signature] = self.cell.phase_cache[self.cell.phase]
+        phase = self.cell.phase_cache.get(self.cell.phase)  # what this call compiled or found; none in PyNative
+        if phase is not None:
+            self._phases[signature] = phase
         return out
