@@ -39,6 +39,7 @@ _KEY_WINDOWS = (1.0, 2.0, 4.0, 6.0, 9.0, 12.0, 16.0, 24.0, np.inf)
 _CDF_BLOCK = 1024
 _NUCLEUS_BEST = (64, 256)  # the best lists a nucleus is looked for in, in turn (kernels/vocab.py MAX_BEST: 256)
 _SPARSE_BEST = 256  # the most best ids a sparse greedy choice asks the scan for
+_SPARSE_SHORT = 8  # its first try: the best untouched it needs + this many (a long list costs the scan time)
 
 
 def log_sum_exp(logits: np.ndarray) -> float:
@@ -351,14 +352,18 @@ class NextTokenChooser:
         scan's best list holds it, the draw and the logprobs run on the nucleus in id order, as ``_choose_best_k``.
         None when the best list does not reach p (a flat row: the whole row is needed)."""
         p = self.processors[0].p
-        for k in _NUCLEUS_BEST:
+        for k, wider in zip(_NUCLEUS_BEST, (*_NUCLEUS_BEST[1:], 0)):
             scan = self.scan(row, k)
             if scan is None or not math.isfinite(scan.lse):
                 return None
-            cdf = np.cumsum(np.exp(scan.best_vals - scan.lse))
+            probs = np.exp(scan.best_vals - scan.lse)
+            cdf = np.cumsum(probs)
             n = 1 + int(np.searchsorted(cdf, p, side="left"))
             if n <= scan.best_ids.size:
                 break
+            # the next list's extra tokens weigh at most this list's last each: go on only if they could reach p
+            if scan.best_ids.size < k or cdf[-1] + (wider - k) * probs[-1] < p:
+                return None
         else:
             return None
         order = np.argsort(scan.best_ids[:n], kind="stable")
@@ -376,17 +381,20 @@ class NextTokenChooser:
         history = np.asarray(history_ids, dtype=np.int64)
         ids = np.unique(np.concatenate([p.touched(history) for p in self.processors]))
         ids = ids[(ids >= 0) & (ids < row.size)]
-        want = ids.size + max(top, 1)
-        if want > _SPARSE_BEST or want > row.size:
-            return None
-        scan = self.scan(row, want)
-        if scan is None or not math.isfinite(scan.lse):
-            return None
+        need = max(top, 1)  # the best untouched tokens wanted: a short best list holds them unless the touched crowd it
+        for want in (need + _SPARSE_SHORT, ids.size + need):
+            if want > _SPARSE_BEST or want > row.size:
+                return None
+            scan = self.scan(row, want)
+            if scan is None or not math.isfinite(scan.lse):
+                return None
+            rest = ~np.isin(scan.best_ids, ids)
+            if rest.sum() >= need:
+                break
         raw = row[ids].astype(np.float64)
         removed = float(np.exp(raw - scan.lse).sum())
         if removed > 0.5:
             return None
-        rest = ~np.isin(scan.best_ids, ids)
         rest_ids, rest_vals = scan.best_ids[rest], scan.best_vals[rest]  # best first
         vals = raw.copy()
         for process in self.processors:
