@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from backends.limits import longest_sequence
 from backends.mindspore.planning.kv_dtype import row_bytes
 from backends.mindspore.planning.shapes import Shapes, plan_shapes
+from backends.mindspore.planning.windows import window_blocks
 from backends.settings import EngineConfig
 
 if TYPE_CHECKING:
@@ -41,6 +42,8 @@ class Footprint:
     graphs: StockGraphs | None = None  # the stock-op path's per-graph activations (None: the AOT path's are small)
     load_bytes: int = 0  # the peak while the network is built; 0: LOAD_COPIES x weights_bytes
     kv_dtype: str = "float32"  # the cache's format (kv_dtype.py), for the log line
+    window: int = 0  # the sliding window of the layers in the window pool (engine/window_pool.py); 0: none
+    window_bytes_per_token: int = 0  # their K and V of one token (not in bytes_per_token)
 
     @classmethod
     def of(cls, spec: ModelSpec, extra_bytes: int = 0, stock: bool = False, kv_dtype: str = "float32") -> Footprint:
@@ -51,10 +54,14 @@ class Footprint:
         (measured at SmolLM2-1.7B's shape, Q4_1: 8.8 GiB peak, not twice the 6.7 GiB of float32 weights).
         ``kv_dtype``: the cache's format (``kv_dtype.cache_dtype``; off CPU the stock path's cache may be in a
         smaller compute dtype: the budget errs safe)."""
-        kv = 2 * spec.num_layers * spec.num_kv_heads * row_bytes(kv_dtype, spec.head_dim)
-        if not stock:
-            return cls(weights_bytes(spec.checkpoint, tied=spec.tie_word_embeddings) + extra_bytes, kv,
-                       _vision_activations(spec), kv_dtype=kv_dtype)
+        layer = 2 * spec.num_kv_heads * row_bytes(kv_dtype, spec.head_dim)
+        kv = spec.num_layers * layer
+        if not stock:  # the AOT path keeps a sliding-window layer's K/V in the window pool
+            sliding = getattr(spec, "gemma3", None)
+            local = sum(sliding.sliding_layers) if sliding is not None else 0
+            return cls(weights_bytes(spec.checkpoint, tied=spec.tie_word_embeddings) + extra_bytes, kv - local * layer,
+                       _vision_activations(spec), kv_dtype=kv_dtype, window=sliding.sliding_window if local else 0,
+                       window_bytes_per_token=local * layer)
         held = weights_bytes(spec.checkpoint, dequantized=True) + extra_bytes
         if spec.tie_word_embeddings:
             held += embedding_bytes(spec.checkpoint)
@@ -65,7 +72,8 @@ class Footprint:
         """This model's footprint with a draft model's (speculative decoding) beside it: both weights, and a
         cache block holds both models' K/V (the draft cache has as many blocks)."""
         return replace(self, weights_bytes=self.weights_bytes + draft.weights_bytes,
-                       bytes_per_token=self.bytes_per_token + draft.bytes_per_token,
+                       # the draft's sliding-window layers (if any) keep full length: no window pool of their own
+                       bytes_per_token=self.bytes_per_token + draft.bytes_per_token + draft.window_bytes_per_token,
                        load_bytes=self.load_bytes and self.load_bytes + draft.load_peak)
 
     @property
@@ -133,6 +141,7 @@ class CachePlan:
     kv_dtype: str = "float32"  # the cache's format (kvCacheDtype)
     max_prefill_batch: int | None = None  # set when the stock-op graphs' activations capped maxPrefillBatchSize
     asked_prefill_batch: int | None = None
+    window_blocks: int = 0  # the window pool's blocks, including its scratch block (0: no window pool)
 
     @property
     def capped(self) -> bool:
@@ -162,7 +171,8 @@ class CachePlan:
         if self.prefill_capped:
             chosen += (f"; maxPrefillBatchSize capped from {self.asked_prefill_batch} to {self.max_prefill_batch} "
                        "(the stock-op graphs' activations)")
-        return (f"KV cache: {self.num_blocks} blocks, {_gib(self.cache_bytes)} ({self.kv_dtype}); {chosen}; "
+        pool = f" + {self.window_blocks} sliding-window blocks" if self.window_blocks else ""
+        return (f"KV cache: {self.num_blocks} blocks{pool}, {_gib(self.cache_bytes)} ({self.kv_dtype}); {chosen}; "
                 f"budget {self.budget}")
 
 
@@ -175,10 +185,13 @@ def plan_cache(config: EngineConfig, model: Footprint, available: Available,
     A set ``num_blocks`` (Python API) is taken as it is. Raises MemoryBudgetError naming the keys when not even
     one sequence fits."""
     if config.num_blocks:
-        block_bytes = config.block_size * model.bytes_per_token
         asked = config.max_batch_size
-        return CachePlan(config.num_blocks, asked, asked, config.num_blocks * block_bytes, "num_blocks (set)",
-                         kv_dtype=model.kv_dtype)
+        per_window = _window_blocks(config, model, max_positions)
+        pool = min(config.num_blocks, 1 + asked * per_window) if per_window else 0
+        full = model.bytes_per_token + (0 if pool else model.window_bytes_per_token)
+        cache = config.block_size * (config.num_blocks * full + pool * model.window_bytes_per_token)
+        return CachePlan(config.num_blocks, asked, asked, cache, "num_blocks (set)", kv_dtype=model.kv_dtype,
+                         window_blocks=pool)
     if model.graphs is None:
         return _plan(config, model, available, max_positions, 0)
     prefill = config.max_prefill_batch
@@ -199,11 +212,24 @@ def plan_cache(config: EngineConfig, model: Footprint, available: Available,
         return replace(plan, max_prefill_batch=prefill, asked_prefill_batch=config.max_prefill_batch)
 
 
+def _window_blocks(config: EngineConfig, model: Footprint, max_positions: int | None) -> int:
+    """Window-pool blocks a sequence reserves (0: no pool: no sliding-window layers, or a window that covers the
+    longest sequence)."""
+    if not model.window:
+        return 0
+    return window_blocks(model.window, config, longest_sequence(config, max_positions))
+
+
 def _plan(config: EngineConfig, model: Footprint, available: Available, max_positions: int | None,
           graph_bytes: int) -> CachePlan:
-    block_bytes = config.block_size * model.bytes_per_token
+    per_window = _window_blocks(config, model, max_positions)
+    # a full-length block, and as many window blocks as a sequence reserves for each of its full-length blocks
+    window_bytes = model.window_bytes_per_token if per_window else 0
     longest = longest_sequence(config, max_positions)
     per_sequence = -(-longest // config.block_size)
+    block_bytes = config.block_size * (model.bytes_per_token + (0 if per_window else model.window_bytes_per_token))
+    sequence_bytes = per_sequence * block_bytes + per_window * config.block_size * window_bytes
+    scratch_bytes = block_bytes + (config.block_size * window_bytes if per_window else 0)
     asked = config.max_batch_size
     # The checkpoint as read is held beside the network only while it is built; the graphs' activations come after.
     held = max(model.load_peak, model.weights_bytes + graph_bytes)
@@ -219,7 +245,7 @@ def _plan(config: EngineConfig, model: Footprint, available: Available, max_posi
         budget_text = (f"npuMemSize -1: {_gib(available.bytes)} available ({available.source}) - {weights} - "
                        f"runtime reserve {_gib(RUNTIME_RESERVE)}{vision} - margin {MARGIN:.0%} = "
                        f"{_gib(max(budget, 0))}")
-    sequences = max(budget // block_bytes - 1, 0) // per_sequence
+    sequences = max(budget - scratch_bytes, 0) // sequence_bytes
     if sequences < 1 and config.cache_gb <= 0 and fixed + margin >= available.bytes:
         raise MemoryBudgetError(
             f"the model does not fit before any KV cache: {budget_text}"
@@ -228,13 +254,13 @@ def _plan(config: EngineConfig, model: Footprint, available: Available, max_posi
     if sequences < 1:
         raise MemoryBudgetError(
             f"the KV cache does not hold one sequence: {_sequence(config, longest)} in blocks of cacheBlockSize "
-            f"{config.block_size} needs {per_sequence} blocks + 1 scratch = {_gib((per_sequence + 1) * block_bytes)}, "
+            f"{config.block_size} needs {per_sequence} blocks + 1 scratch = {_gib(sequence_bytes + scratch_bytes)}, "
             f"and the budget is {budget_text}; lower maxSeqLen"
             + (", maxPrefillBatchSize or the windowBuckets" if graph_bytes else "")
             + ", or raise npuMemSize" + ("" if config.cache_gb > 0 else " (set it in GB) or free memory"))
     batch = min(asked, sequences)
-    plan = CachePlan(batch * per_sequence + 1, batch, asked, (batch * per_sequence + 1) * block_bytes, budget_text,
-                     kv_dtype=model.kv_dtype)
+    plan = CachePlan(batch * per_sequence + 1, batch, asked, batch * sequence_bytes + scratch_bytes, budget_text,
+                     kv_dtype=model.kv_dtype, window_blocks=batch * per_window + 1 if per_window else 0)
     if config.cache_gb > 0 and plan.cache_bytes + fixed > available.bytes:
         raise MemoryBudgetError(
             f"npuMemSize {config.cache_gb:g} GB: the cache of {plan.num_blocks} blocks ({_gib(plan.cache_bytes)}, "
