@@ -215,3 +215,41 @@ def test_prefix_hits_past_the_window_give_the_full_caches_bits(both):
     got, want = _run(pooled, longer, details=False), _run(full, longer, details=False)
     assert [g[:3] for g in got] == [w[:3] for w in want]
     assert all(g[3] > 16 for g in got)  # the hits reach past the 8-token window
+
+
+# --- Gemma 3 270M, the real weights as served (Q4_K_M, float16 KV cache, 128-token blocks, a 512-token window) ---
+
+_PARA = ("The river town woke slowly. Fishermen pulled their boats onto the gravel, the baker opened his shutters, and "
+         "children ran along the towpath toward the old stone bridge, where a heron stood motionless in the shallows. ")
+REAL_PROMPTS = [_PARA * 18 + "The heron", _PARA * 9 + "Then", "The capital of France is"]  # 795, ~400, 6 tokens
+
+
+@pytest.mark.slow
+def test_gemma3_270m_with_the_pool_gives_the_full_caches_bits(gemma3_270m_q4_dir):
+    """Three prompts together, the longest past the window, 64 greedy steps each (the longest reaches 859
+    positions: its first blocks slide out of the local layers' window and are taken again): ids, logprobs and
+    prompt logprobs equal to the bit with and without the window pool."""
+    from backends.mindspore.engine.engine import Engine
+    from backends.mindspore.planning import memory
+    from backends.settings import EngineConfig
+    from backends.types import RequestParams
+
+    config = EngineConfig(max_seq_len=1024, max_input_tokens=960, max_batch_size=4, max_iter_times=64,
+                          block_size=128, kernels="aot", threads=2, kv_cache_dtype="float16")
+    params = RequestParams(max_new_tokens=64, do_sample=False, ignore_eos=True, decoder_input_details=True)
+    runs = []
+    for pool in (True, False):
+        with pytest.MonkeyPatch.context() as m:
+            if not pool:
+                m.setattr(memory, "window_blocks", lambda *a: 0)
+            engine = Engine(gemma3_270m_q4_dir, config).start()
+        with engine:
+            assert (engine.runner.window_blocks > 0) == pool
+            handles = [engine.submit(p, params) for p in REAL_PROMPTS]
+            runs.append([h.result(timeout=600) for h in handles])
+    for got, want in zip(*runs):
+        assert got.prompt_tokens == want.prompt_tokens
+        assert [t.id for t in got.tokens] == [t.id for t in want.tokens]
+        assert [t.logprob for t in got.tokens] == [t.logprob for t in want.tokens]
+        assert [t.logprob for t in got.prefill] == [t.logprob for t in want.prefill]
+    assert runs[0][0].prompt_tokens > 700
