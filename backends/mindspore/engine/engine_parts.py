@@ -87,6 +87,7 @@ class EngineParts:
                 draft.warmup(progress)
             if self.vision is not None:
                 self.vision.warmup()
+        give_back()  # what the compiles freed (heap.py)
 
     def info(self, steps: StepStats) -> dict:
         """What ``/info`` reports of the running engine (``steps``: its step timings)."""
