@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from backends.limits import longest_sequence
+from backends.mindspore.planning.available import Available, available_memory  # noqa: F401 (this module's API)
 from backends.mindspore.planning.kv_dtype import row_bytes
 from backends.mindspore.planning.shapes import Shapes, plan_shapes
 from backends.mindspore.planning.windows import window_blocks
@@ -24,7 +25,6 @@ GIB = 1 << 30
 LOAD_COPIES = 2  # the weights are in memory twice while the network is built (NumPy arrays, then Parameters)
 RUNTIME_RESERVE = 2 * GIB  # the MindSpore runtime and the compiled graphs (about 1 GB for configs/server.yaml)
 MARGIN = 0.2  # of the available memory, left to everything else on the machine (npuMemSize -1)
-NO_LIMIT = 1 << 60  # cgroup limits at or above this mean "no limit"
 
 
 class MemoryBudgetError(ValueError):
@@ -121,12 +121,6 @@ class StockGraphs:
         prefill = sum(self.graph_bytes(b, shapes.prefill_chunk, w)
                       for b in shapes.prefill_batch_buckets for w in shapes.window_buckets)
         return prefill + sum(self.graph_bytes(b, 1, w) for b in shapes.batch_buckets for w in shapes.window_buckets)
-
-
-@dataclass(frozen=True, slots=True)
-class Available:
-    bytes: int
-    source: str  # "MemAvailable", or "the cgroup limit" when that is tighter
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,16 +280,6 @@ def _vision_activations(spec: ModelSpec) -> int:
     return spec.vision.tower_bytes if spec.vision is not None else 0
 
 
-def available_memory(proc: Path = Path("/proc"), cgroup_root: Path = Path("/sys/fs/cgroup")) -> Available:
-    """Memory this process may still take: MemAvailable, or the cgroup's headroom (limit - usage not
-    counting reclaimable file pages) when a limit is set and tighter."""
-    available = Available(_meminfo(proc / "meminfo").get("MemAvailable", 0), "MemAvailable")
-    headroom = _cgroup_headroom(proc / "self" / "cgroup", cgroup_root)
-    if headroom is not None and headroom < available.bytes:
-        return Available(max(headroom, 0), "the cgroup memory limit")
-    return available
-
-
 def weights_bytes(checkpoint: Path, dequantized: bool = False, as_read: bool = False, tied: bool = False) -> int:
     """Bytes of the weights once loaded (float32, or GGUF blocks as they are; ``dequantized``: every quantized
     tensor as float32, as the stock-op path holds it; ``as_read``: the arrays the loader returns, blocks without
@@ -349,51 +333,6 @@ def _tensor_bytes(name: str, tensor: dict, fmt: str | None, dequantized: bool = 
         return floats
     table = name == EMBEDDING and not as_read and not embedding_in_head(tied, fmt)
     return count + (floats if table else 0)
-
-
-def _meminfo(path: Path) -> dict[str, int]:
-    """/proc/meminfo in bytes."""
-    out = {}
-    for line in path.read_text().splitlines():
-        key, _, value = line.partition(":")
-        parts = value.split()
-        if parts and parts[0].isdigit():
-            out[key] = int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
-    return out
-
-
-def _cgroup_headroom(self_cgroup: Path, root: Path) -> int | None:
-    """limit - (usage - inactive file pages) of this process's memory cgroup (v2, else v1); None: no limit."""
-    try:
-        lines = self_cgroup.read_text().splitlines()
-    except OSError:
-        return None
-    paths = {ctrl: path.lstrip("/") for _, ctrl, path in (line.split(":", 2) for line in lines if line.count(":") >= 2)}
-    candidates = []
-    if "" in paths:  # v2: "0::/path"
-        candidates += [(root / paths[""], "memory.max", "memory.current", "inactive_file"),
-                       (root, "memory.max", "memory.current", "inactive_file")]
-    v1 = next((p for ctrl, p in paths.items() if "memory" in ctrl.split(",")), None)
-    if v1 is not None:
-        candidates += [(root / "memory" / v1, "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"),
-                       (root / "memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")]
-    for where, limit_file, usage_file, inactive_key in candidates:
-        try:
-            limit_text = (where / limit_file).read_text().strip()
-            usage = int((where / usage_file).read_text().strip())
-        except (OSError, ValueError):
-            continue
-        if limit_text == "max" or int(limit_text) >= NO_LIMIT:
-            return None
-        return int(limit_text) - usage + _stat(where / "memory.stat").get(inactive_key, 0)
-    return None
-
-
-def _stat(path: Path) -> dict[str, int]:
-    try:
-        return {k: int(v) for k, v in (line.split() for line in path.read_text().splitlines() if line.count(" ") == 1)}
-    except (OSError, ValueError):
-        return {}
 
 
 def _sequence(config: EngineConfig, longest: int) -> str:
