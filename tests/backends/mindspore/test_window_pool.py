@@ -117,7 +117,7 @@ def test_a_prefix_hit_is_cut_to_the_window_the_pool_still_holds():
 def test_the_scheduler_admits_by_the_window_pool_too():
     from backends.mindspore.engine.scheduler import Scheduler
 
-    from tests.backends.mindspore.test_scheduler import seq
+    from tests.support.sequences import seq
 
     pool = _pool(9, window=8, block=4, row=4)
     sched = Scheduler(BlockAllocator(64, 4), max_batch=8, max_waiting=8, chunk=4, prefill_tokens=8,
