@@ -37,6 +37,9 @@ RowScanner = Callable[[np.ndarray, int], "RowScan | None"]
 # Nucleus candidate windows, in nats from the best key (see _smallest_mass_prefix).
 _KEY_WINDOWS = (1.0, 2.0, 4.0, 6.0, 9.0, 12.0, 16.0, 24.0, np.inf)
 _CDF_BLOCK = 1024
+_NUCLEUS_BEST = (64, 256)  # the best lists a nucleus is looked for in, in turn (kernels/vocab.py MAX_BEST: 256)
+_SPARSE_BEST = 256  # the most best ids a sparse greedy choice asks the scan for
+_SPARSE_SHORT = 8  # its first try: the best untouched it needs + this many (a long list costs the scan time)
 
 
 def log_sum_exp(logits: np.ndarray) -> float:
@@ -67,15 +70,26 @@ class RepetitionPenalty:
     def __call__(self, logits: np.ndarray, history: np.ndarray) -> np.ndarray:
         if history.size:
             ids = np.unique(history)
-            seen = logits[ids]
-            positive = seen > 0
-            finfo = np.finfo(logits.dtype)
-            with np.errstate(over="ignore", divide="ignore"):
-                lowered = np.maximum(seen[~positive] * np.float64(self.penalty), finfo.min)  # float32: 1e-323 is 0
-                seen[positive] = np.minimum(seen[positive] / np.float64(self.penalty), finfo.max)
-            seen[~positive] = lowered
-            logits[ids] = seen
+            logits[ids] = self.penalised(logits[ids])
         return logits
+
+    def penalised(self, seen: np.ndarray) -> np.ndarray:
+        """``seen`` (a fresh array of the history's logits) with the penalty applied, in place."""
+        positive = seen > 0
+        finfo = np.finfo(seen.dtype)
+        with np.errstate(over="ignore", divide="ignore"):
+            lowered = np.maximum(seen[~positive] * np.float64(self.penalty), finfo.min)  # float32: 1e-323 is 0
+            seen[positive] = np.minimum(seen[positive] / np.float64(self.penalty), finfo.max)
+        seen[~positive] = lowered
+        return seen
+
+    def touched(self, history: np.ndarray) -> np.ndarray:
+        return history
+
+    def on_touched(self, vals: np.ndarray, ids: np.ndarray, size: int, history: np.ndarray, rest_finite: bool) -> None:
+        if history.size:
+            at = _positions(ids, np.unique(history))
+            vals[at] = self.penalised(vals[at])
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +167,13 @@ class LogitBias:
         np.add.at(logits, self.ids[live], self.biases[live])
         return logits
 
+    def touched(self, history: np.ndarray) -> np.ndarray:
+        return self.ids
+
+    def on_touched(self, vals: np.ndarray, ids: np.ndarray, size: int, history: np.ndarray, rest_finite: bool) -> None:
+        live = self.ids < size
+        np.add.at(vals, _positions(ids, self.ids[live]), self.biases[live])
+
 
 @dataclass(frozen=True, slots=True)
 class SuppressEos:
@@ -171,6 +192,30 @@ class SuppressEos:
         if not np.isfinite(logits).any():  # EOS was the only choice left
             logits[eos] = kept
         return logits
+
+    def touched(self, history: np.ndarray) -> np.ndarray:
+        return self.eos_ids
+
+    def on_touched(self, vals: np.ndarray, ids: np.ndarray, size: int, history: np.ndarray, rest_finite: bool) -> None:
+        if history.size >= self.until:
+            return
+        at = _positions(ids, self.eos_ids[self.eos_ids < size])
+        kept = vals[at].copy()
+        vals[at] = -np.inf
+        if not rest_finite and not np.isfinite(vals).any():  # EOS was the only choice left
+            vals[at] = kept
+
+
+# The processors that change only a few tokens of a row (``touched(history)`` says which); ``on_touched`` applies the
+# same float64 operations to those tokens' values alone (``ids`` ascending, holding every token it touches; ``size``
+# the row's; ``rest_finite``: whether any other token of the row is finite), so a greedy chooser with only these
+# takes the rest of the row from one scan (NextTokenChooser._choose_greedy_sparse).
+SPARSE = (RepetitionPenalty, LogitBias, SuppressEos)
+
+
+def _positions(ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """Where each of ``wanted`` (all present) sits in ascending ``ids``."""
+    return np.searchsorted(ids, wanted)
 
 
 def request_processors(logit_bias: Sequence[tuple[int, float]], eos_ids: Sequence[int],
@@ -224,6 +269,12 @@ class NextTokenChooser:
         warpers = all(isinstance(p, (Temperature, TopK, TopP, TypicalP)) for p in self.processors)
         top_k = [p.k for p in self.processors if isinstance(p, TopK)]
         self.best_k = top_k[0] + 1 if params.do_sample and warpers and len(top_k) == 1 else 0
+        # Nucleus sampling alone (top_p, nothing else): decided by the row's best tokens until their mass reaches p,
+        # which the scan's best list and log-sum-exp give (_choose_nucleus).
+        self.nucleus = params.do_sample and [type(p) for p in self.processors] == [TopP]
+        # Greedy with only processors that change a few tokens (a penalty, a logit bias, the EOS ban).
+        self.sparse = not params.do_sample and bool(self.processors) and \
+            all(isinstance(p, SPARSE) for p in self.processors)
 
     def choose(self, logits: np.ndarray, history_ids: Sequence[int] | np.ndarray,
                allowed: np.ndarray | None = None) -> tuple[int, float]:
@@ -241,7 +292,7 @@ class NextTokenChooser:
         """``choose``, plus the ``top`` most likely (id, logprob) under the same distribution, best first
         (ties by id; fewer if fewer tokens are possible)."""
         if allowed is None and self.scan is not None:
-            chosen = self._choose_scanned(np.asarray(logits)[: self.vocab_size], top)
+            chosen = self._choose_scanned(np.asarray(logits)[: self.vocab_size], history_ids, top)
             if chosen is not None:
                 return chosen
         if allowed is None and not self.processors and not self.params.do_sample and top <= 0:
@@ -256,10 +307,11 @@ class NextTokenChooser:
         norm = log_sum_exp(scores)
         return token, float(scores[token] - norm), _top(scores, norm, top)
 
-    def _choose_scanned(self, row: np.ndarray, top: int) -> tuple[int, float, tuple] | None:
+    def _choose_scanned(self, row: np.ndarray, history, top: int) -> tuple[int, float, tuple] | None:
         """``choose_with_top`` from one ``scan`` of the row, without a copy or a sort of it: a greedy chooser with
-        nothing to apply, or a top-k sampling chain (``best_k``); None where the scan cannot say (the general path
-        then runs, with the same result)."""
+        nothing to apply or only a few tokens' edits (``sparse``), a top-k sampling chain (``best_k``), nucleus
+        sampling alone (``nucleus``); None where the scan cannot say (the general path then runs, with the same
+        result)."""
         if not self.processors and not self.params.do_sample:
             scan = self.scan(row, max(top, 0))
             if scan is None:
@@ -267,7 +319,11 @@ class NextTokenChooser:
             alternatives = tuple((int(i), float(v - scan.lse)) for i, v in zip(scan.best_ids, scan.best_vals)
                                  if v > -np.inf)
             return scan.argmax, float(row[scan.argmax]) - scan.lse, alternatives
-        return self._choose_best_k(row, top) if self.best_k else None
+        if self.best_k:
+            return self._choose_best_k(row, top)
+        if self.nucleus:
+            return self._choose_nucleus(row, top)
+        return self._choose_greedy_sparse(row, history, top) if self.sparse else None
 
     def _choose_best_k(self, row: np.ndarray, top: int) -> tuple[int, float, tuple] | None:
         """The sampling chain on the row's best k + 1 only, in id order (the order the whole row has), so every
@@ -289,6 +345,69 @@ class NextTokenChooser:
         norm = log_sum_exp(scores)
         alternatives = tuple((int(ids[i]), lp) for i, lp in _top(scores, norm, top))
         return int(ids[token]), float(scores[token] - norm), alternatives
+
+    def _choose_nucleus(self, row: np.ndarray, top: int) -> tuple[int, float, tuple] | None:
+        """TopP alone from the row's best tokens: the nucleus is the shortest prefix of the row's order (value
+        descending, ids ascending) whose mass (each exp(value - log-sum-exp)) reaches p, as TopP cuts it; when the
+        scan's best list holds it, the draw and the logprobs run on the nucleus in id order, as ``_choose_best_k``.
+        None when the best list does not reach p (a flat row: the whole row is needed)."""
+        p = self.processors[0].p
+        for k, wider in zip(_NUCLEUS_BEST, (*_NUCLEUS_BEST[1:], 0)):
+            scan = self.scan(row, k)
+            if scan is None or not math.isfinite(scan.lse):
+                return None
+            probs = np.exp(scan.best_vals - scan.lse)
+            cdf = np.cumsum(probs)
+            n = 1 + int(np.searchsorted(cdf, p, side="left"))
+            if n <= scan.best_ids.size:
+                break
+            # the next list's extra tokens weigh at most this list's last each: go on only if they could reach p
+            if scan.best_ids.size < k or cdf[-1] + (wider - k) * probs[-1] < p:
+                return None
+        else:
+            return None
+        order = np.argsort(scan.best_ids[:n], kind="stable")
+        ids, scores = scan.best_ids[:n][order], scan.best_vals[:n][order]
+        token = _sample(scores, self.rng)
+        norm = log_sum_exp(scores)
+        alternatives = tuple((int(ids[i]), lp) for i, lp in _top(scores, norm, top))
+        return int(ids[token]), float(scores[token] - norm), alternatives
+
+    def _choose_greedy_sparse(self, row: np.ndarray, history_ids, top: int) -> tuple[int, float, tuple] | None:
+        """Greedy with only ``SPARSE`` processors: their tokens' values edited alone (``on_touched``), the rest of
+        the row from one scan: its best untouched tokens, and the log-sum-exp with the touched tokens' mass taken
+        out and their edited mass put in. None (the whole row) when the touched tokens are too many for the scan's
+        best list, or held more than half the row's mass (the difference would lose digits)."""
+        history = np.asarray(history_ids, dtype=np.int64)
+        ids = np.unique(np.concatenate([p.touched(history) for p in self.processors]))
+        ids = ids[(ids >= 0) & (ids < row.size)]
+        need = max(top, 1)  # the best untouched tokens wanted: a short best list holds them unless the touched crowd it
+        for want in (need + _SPARSE_SHORT, ids.size + need):
+            if want > _SPARSE_BEST or want > row.size:
+                return None
+            scan = self.scan(row, want)
+            if scan is None or not math.isfinite(scan.lse):
+                return None
+            rest = ~np.isin(scan.best_ids, ids)
+            if rest.sum() >= need:
+                break
+        raw = row[ids].astype(np.float64)
+        removed = float(np.exp(raw - scan.lse).sum())
+        if removed > 0.5:
+            return None
+        rest_ids, rest_vals = scan.best_ids[rest], scan.best_vals[rest]  # best first
+        vals = raw.copy()
+        for process in self.processors:
+            process.on_touched(vals, ids, row.size, history, bool(rest_vals[0] > -np.inf))
+        with np.errstate(divide="ignore"):
+            norm = scan.lse + math.log1p(float(np.exp(vals - scan.lse).sum()) - removed)
+        cand_ids = np.concatenate([rest_ids[: max(top, 1)], ids])
+        cand_vals = np.concatenate([rest_vals[: max(top, 1)], vals])
+        order = np.lexsort((cand_ids, -cand_vals))
+        token = int(cand_ids[order[0]])
+        alternatives = tuple((int(cand_ids[i]), float(cand_vals[i] - norm)) for i in order[:max(top, 0)]
+                             if cand_vals[i] > -np.inf)
+        return token, float(cand_vals[order[0]] - norm), alternatives
 
 
 def _plain_greedy(logits: np.ndarray) -> tuple[int, float, tuple]:
