@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from backends.sampling import LogitBias, NextTokenChooser, RowScan, SuppressEos
+from backends.logit_processors import LogitBias, SuppressEos
+from backends.sampling import NextTokenChooser, RowScan
 from backends.types import SamplingParams
 
 

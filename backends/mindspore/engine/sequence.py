@@ -17,7 +17,8 @@ from backends.mindspore.engine.lora_slots import Lease
 from backends.mindspore.runners.step import DecodeRow, PrefillChunk
 from backends.mindspore.modeldir.tokenizer import IncrementalDetokenizer, Tokenizer
 from backends.params import resolve
-from backends.sampling import NextTokenChooser, RowScanner, request_processors
+from backends.logit_processors import request_processors
+from backends.sampling import NextTokenChooser, RowScanner
 from backends.stopping import StepOutcome, Stopper
 from backends.thinking import thinking_budget
 from backends.types import ModelDefaults, RequestParams, Token
