@@ -109,6 +109,26 @@ def until(predicate: Any, seconds: float, poll: float = 0.005) -> bool:
     return bool(predicate())
 
 
+def free_port_run(n: int) -> int:
+    """The first of ``n`` consecutive ports free on 127.0.0.1 right now (the fleet launcher's ``--base-port``
+    gives the replicas ports in a row: the ones after a free port are checked too, not assumed)."""
+    for _ in range(100):
+        sockets = [socket.socket()]
+        try:
+            sockets[0].bind(("127.0.0.1", 0))
+            base = sockets[0].getsockname()[1]
+            for port in range(base + 1, base + n):
+                sockets.append(socket.socket())
+                sockets[-1].bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports found on 127.0.0.1")
+
+
 def free_ports(n: int) -> list[int]:
     """``n`` distinct ports free on 127.0.0.1 right now (for a server process told its ports up front)."""
     sockets = [socket.socket() for _ in range(n)]
