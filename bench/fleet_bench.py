@@ -234,7 +234,8 @@ def run_one(name: str, args, fleet_mod, log_dir: Path, prefixes: list[str] | Non
     serve_args = ["--ctx-size", str(args.ctx_size), "--max-batch-size", str(args.max_batch_size)]
     fleet = fleet_mod.Fleet(2, ports=ports[:2], gateway=kind == "smg", gateway_port=ports[2],
                             prometheus_port=ports[3], policy=variant if kind == "smg" else "round_robin",
-                            serve_args=serve_args, log_dir=log_dir, ready_timeout=600)
+                            serve_args=serve_args, log_dir=log_dir, ready_timeout=600,
+                            gateway_args=args.gateway_arg if kind == "smg" else ())
     log(f"{name}: starting 2 replicas{' and SMG' if kind == 'smg' else ''}")
     fleet.start()
     proxy = None
@@ -354,6 +355,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS))
     p.add_argument("--repeat", type=int, default=1, help="run the list this many times, alternating")
     p.add_argument("--seed", type=int, default=39)
+    p.add_argument("--gateway-arg", action="append", default=[], metavar="ARG",
+                   help="one more argument for `smg launch` (repeat: --gateway-arg=--worker-wedge-secs "
+                        "--gateway-arg=30)")
     p.add_argument("--json", type=Path, help="write the record here")
     args = p.parse_args(argv)
     fleet_mod = fleet_module()
