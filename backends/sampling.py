@@ -1,7 +1,6 @@
-"""Next-token choice: a chain of small logits processors plus a per-request seeded RNG.
-
-Processors follow HF/TGI semantics (repetition penalty, temperature, top-k, top-p,
-typical-p, Kirchenbauer et al. green-list watermark). All maths is float64 NumPy.
+"""Next-token choice: a request's chain of logits processors (backends/logit_processors.py) plus its own seeded RNG;
+for greedy, top-k and nucleus requests, a choice from one scan of the row (``RowScan``) where it gives the same
+bits. All maths is float64 NumPy.
 """
 from __future__ import annotations
 
@@ -11,12 +10,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from backends.logit_processors import (SPARSE, Processor, Temperature, TopK, TopP, TypicalP, build_processors,
+                                       log_softmax, log_sum_exp)
 from backends.types import SamplingParams
-from backends.watermark import Watermark
-
-# (logits [V] float64, history ids [N] int64) -> logits [V]. May edit ``logits`` in place:
-# NextTokenChooser hands each chain its own float64 copy.
-Processor = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,19 +30,10 @@ class RowScan:
 # one at start-up (the kernel library's, kernels/vocab.py); a chooser without one uses NumPy on whole rows.
 RowScanner = Callable[[np.ndarray, int], "RowScan | None"]
 
-# Nucleus candidate windows, in nats from the best key (see _smallest_mass_prefix).
-_KEY_WINDOWS = (1.0, 2.0, 4.0, 6.0, 9.0, 12.0, 16.0, 24.0, np.inf)
 _CDF_BLOCK = 1024
-
-
-def log_sum_exp(logits: np.ndarray) -> float:
-    top = float(logits.max())
-    shifted = logits - top
-    return top + math.log(np.exp(shifted, out=shifted).sum())
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    return logits - log_sum_exp(logits)
+_NUCLEUS_BEST = (64, 256)  # the best lists a nucleus is looked for in, in turn (kernels/vocab.py MAX_BEST: 256)
+_SPARSE_BEST = 256  # the most best ids a sparse greedy choice asks the scan for
+_SPARSE_SHORT = 8  # its first try: the best untouched it needs + this many (a long list costs the scan time)
 
 
 def vocab_log_softmax(logits: np.ndarray, vocab_size: int | None) -> np.ndarray:
@@ -54,155 +41,6 @@ def vocab_log_softmax(logits: np.ndarray, vocab_size: int | None) -> np.ndarray:
     chooser samples from (``NextTokenChooser.vocab_size``): padded embedding rows carry no mass."""
     rows = np.asarray(logits)[:, :vocab_size].astype(np.float64)
     return np.stack([log_softmax(row) for row in rows]) if len(rows) else rows
-
-
-@dataclass(frozen=True, slots=True)
-class RepetitionPenalty:
-    """Tokens already in the history: logit > 0 is divided by ``penalty``, else multiplied. A result past the
-    dtype's range stays at its most negative (or, for a tiny penalty, most positive) finite value: the token is
-    as unlikely (likely) as a logit can say, and the row still has a distribution."""
-
-    penalty: float
-
-    def __call__(self, logits: np.ndarray, history: np.ndarray) -> np.ndarray:
-        if history.size:
-            ids = np.unique(history)
-            seen = logits[ids]
-            positive = seen > 0
-            finfo = np.finfo(logits.dtype)
-            with np.errstate(over="ignore", divide="ignore"):
-                lowered = np.maximum(seen[~positive] * np.float64(self.penalty), finfo.min)  # float32: 1e-323 is 0
-                seen[positive] = np.minimum(seen[positive] / np.float64(self.penalty), finfo.max)
-            seen[~positive] = lowered
-            logits[ids] = seen
-        return logits
-
-
-@dataclass(frozen=True, slots=True)
-class Temperature:
-    """Logits divided by ``temperature``; a quotient past the dtype's range stays at its largest finite value
-    (after a tiny repetition penalty, a logit may already be near it)."""
-
-    temperature: float
-
-    def __call__(self, logits: np.ndarray, history: np.ndarray) -> np.ndarray:
-        finite = np.isfinite(logits)
-        with np.errstate(over="ignore"):
-            logits /= self.temperature
-        overflowed = finite & ~np.isfinite(logits)
-        if overflowed.any():
-            finfo = np.finfo(logits.dtype)
-            logits[overflowed] = np.where(logits[overflowed] > 0, finfo.max, finfo.min)
-        return logits
-
-
-@dataclass(frozen=True, slots=True)
-class TopK:
-    """Keep the k highest logits (and any tied with the k-th, as HF does)."""
-
-    k: int
-
-    def __call__(self, logits: np.ndarray, history: np.ndarray) -> np.ndarray:
-        cut = logits.size - self.k
-        if cut <= 0:
-            return logits
-        kth = np.partition(logits, cut)[cut]
-        logits[logits < kth] = -np.inf
-        return logits
-
-
-@dataclass(frozen=True, slots=True)
-class TopP:
-    """Nucleus: the most likely tokens until their mass reaches ``p`` (at least one)."""
-
-    p: float
-
-    def __call__(self, logits: np.ndarray, history: np.ndarray) -> np.ndarray:
-        live = np.flatnonzero(logits > -np.inf)
-        scores = logits[live]
-        probs = np.exp(log_softmax(scores))
-        return _keep_only(logits, live[_smallest_mass_prefix(-scores, probs, self.p)])
-
-
-@dataclass(frozen=True, slots=True)
-class TypicalP:
-    """Typical decoding (Meister et al.): tokens whose surprisal is closest to the entropy."""
-
-    mass: float
-
-    def __call__(self, logits: np.ndarray, history: np.ndarray) -> np.ndarray:
-        live = np.flatnonzero(logits > -np.inf)
-        logp = log_softmax(logits[live])
-        probs = np.exp(logp)
-        entropy = -np.dot(probs, logp)
-        distance = np.abs(-logp - entropy)  # |surprisal - expected surprisal|
-        keep = _smallest_mass_prefix(distance, probs, self.mass)
-        # as HF: every token tied with the last kept one stays too
-        return _keep_only(logits, live[distance <= distance[keep].max()])
-
-
-@dataclass(frozen=True, slots=True)
-class LogitBias:
-    """OpenAI's logit_bias: add each bias to its token's logit (+100 all but forces it, -100 bans it)."""
-
-    ids: np.ndarray  # [K] int64
-    biases: np.ndarray  # [K] float64
-
-    def __call__(self, logits: np.ndarray, history: np.ndarray) -> np.ndarray:
-        live = self.ids < logits.size
-        np.add.at(logits, self.ids[live], self.biases[live])
-        return logits
-
-
-@dataclass(frozen=True, slots=True)
-class SuppressEos:
-    """No EOS while the sequence is shorter than ``until`` tokens (prompt included): min_tokens and
-    ignore_eos. EOS stays when nothing else is possible (a finished grammar allows only EOS)."""
-
-    eos_ids: np.ndarray  # [E] int64
-    until: int
-
-    def __call__(self, logits: np.ndarray, history: np.ndarray) -> np.ndarray:
-        if history.size >= self.until:
-            return logits
-        eos = self.eos_ids[self.eos_ids < logits.size]
-        kept = logits[eos].copy()
-        logits[eos] = -np.inf
-        if not np.isfinite(logits).any():  # EOS was the only choice left
-            logits[eos] = kept
-        return logits
-
-
-def request_processors(logit_bias: Sequence[tuple[int, float]], eos_ids: Sequence[int],
-                       eos_banned_until: int) -> list[Processor]:
-    """The per-request processors that come before the sampling chain (neutral values add none)."""
-    chain: list[Processor] = []
-    if logit_bias:
-        chain.append(LogitBias(np.array([i for i, _ in logit_bias], dtype=np.int64),
-                               np.array([b for _, b in logit_bias], dtype=np.float64)))
-    if eos_banned_until > 0 and eos_ids:
-        chain.append(SuppressEos(np.array(sorted(eos_ids), dtype=np.int64), eos_banned_until))
-    return chain
-
-
-def build_processors(params: SamplingParams) -> list[Processor]:
-    """The chain for one request; neutral values add nothing. Greedy skips the warpers."""
-    chain: list[Processor] = []
-    if params.watermark:
-        chain.append(Watermark())
-    if params.repetition_penalty != 1.0:
-        chain.append(RepetitionPenalty(params.repetition_penalty))
-    if not params.do_sample:
-        return chain
-    if params.temperature != 1.0:
-        chain.append(Temperature(params.temperature))
-    if params.top_k is not None:
-        chain.append(TopK(params.top_k))
-    if params.top_p < 1.0:
-        chain.append(TopP(params.top_p))
-    if params.typical_p < 1.0:
-        chain.append(TypicalP(params.typical_p))
-    return chain
 
 
 class NextTokenChooser:
@@ -224,6 +62,12 @@ class NextTokenChooser:
         warpers = all(isinstance(p, (Temperature, TopK, TopP, TypicalP)) for p in self.processors)
         top_k = [p.k for p in self.processors if isinstance(p, TopK)]
         self.best_k = top_k[0] + 1 if params.do_sample and warpers and len(top_k) == 1 else 0
+        # Nucleus sampling alone (top_p, nothing else): decided by the row's best tokens until their mass reaches p,
+        # which the scan's best list and log-sum-exp give (_choose_nucleus).
+        self.nucleus = params.do_sample and [type(p) for p in self.processors] == [TopP]
+        # Greedy with only processors that change a few tokens (a penalty, a logit bias, the EOS ban).
+        self.sparse = not params.do_sample and bool(self.processors) and \
+            all(isinstance(p, SPARSE) for p in self.processors)
 
     def choose(self, logits: np.ndarray, history_ids: Sequence[int] | np.ndarray,
                allowed: np.ndarray | None = None) -> tuple[int, float]:
@@ -241,7 +85,7 @@ class NextTokenChooser:
         """``choose``, plus the ``top`` most likely (id, logprob) under the same distribution, best first
         (ties by id; fewer if fewer tokens are possible)."""
         if allowed is None and self.scan is not None:
-            chosen = self._choose_scanned(np.asarray(logits)[: self.vocab_size], top)
+            chosen = self._choose_scanned(np.asarray(logits)[: self.vocab_size], history_ids, top)
             if chosen is not None:
                 return chosen
         if allowed is None and not self.processors and not self.params.do_sample and top <= 0:
@@ -256,10 +100,11 @@ class NextTokenChooser:
         norm = log_sum_exp(scores)
         return token, float(scores[token] - norm), _top(scores, norm, top)
 
-    def _choose_scanned(self, row: np.ndarray, top: int) -> tuple[int, float, tuple] | None:
+    def _choose_scanned(self, row: np.ndarray, history, top: int) -> tuple[int, float, tuple] | None:
         """``choose_with_top`` from one ``scan`` of the row, without a copy or a sort of it: a greedy chooser with
-        nothing to apply, or a top-k sampling chain (``best_k``); None where the scan cannot say (the general path
-        then runs, with the same result)."""
+        nothing to apply or only a few tokens' edits (``sparse``), a top-k sampling chain (``best_k``), nucleus
+        sampling alone (``nucleus``); None where the scan cannot say (the general path then runs, with the same
+        result)."""
         if not self.processors and not self.params.do_sample:
             scan = self.scan(row, max(top, 0))
             if scan is None:
@@ -267,7 +112,11 @@ class NextTokenChooser:
             alternatives = tuple((int(i), float(v - scan.lse)) for i, v in zip(scan.best_ids, scan.best_vals)
                                  if v > -np.inf)
             return scan.argmax, float(row[scan.argmax]) - scan.lse, alternatives
-        return self._choose_best_k(row, top) if self.best_k else None
+        if self.best_k:
+            return self._choose_best_k(row, top)
+        if self.nucleus:
+            return self._choose_nucleus(row, top)
+        return self._choose_greedy_sparse(row, history, top) if self.sparse else None
 
     def _choose_best_k(self, row: np.ndarray, top: int) -> tuple[int, float, tuple] | None:
         """The sampling chain on the row's best k + 1 only, in id order (the order the whole row has), so every
@@ -289,6 +138,69 @@ class NextTokenChooser:
         norm = log_sum_exp(scores)
         alternatives = tuple((int(ids[i]), lp) for i, lp in _top(scores, norm, top))
         return int(ids[token]), float(scores[token] - norm), alternatives
+
+    def _choose_nucleus(self, row: np.ndarray, top: int) -> tuple[int, float, tuple] | None:
+        """TopP alone from the row's best tokens: the nucleus is the shortest prefix of the row's order (value
+        descending, ids ascending) whose mass (each exp(value - log-sum-exp)) reaches p, as TopP cuts it; when the
+        scan's best list holds it, the draw and the logprobs run on the nucleus in id order, as ``_choose_best_k``.
+        None when the best list does not reach p (a flat row: the whole row is needed)."""
+        p = self.processors[0].p
+        for k, wider in zip(_NUCLEUS_BEST, (*_NUCLEUS_BEST[1:], 0)):
+            scan = self.scan(row, k)
+            if scan is None or not math.isfinite(scan.lse):
+                return None
+            probs = np.exp(scan.best_vals - scan.lse)
+            cdf = np.cumsum(probs)
+            n = 1 + int(np.searchsorted(cdf, p, side="left"))
+            if n <= scan.best_ids.size:
+                break
+            # the next list's extra tokens weigh at most this list's last each: go on only if they could reach p
+            if scan.best_ids.size < k or cdf[-1] + (wider - k) * probs[-1] < p:
+                return None
+        else:
+            return None
+        order = np.argsort(scan.best_ids[:n], kind="stable")
+        ids, scores = scan.best_ids[:n][order], scan.best_vals[:n][order]
+        token = _sample(scores, self.rng)
+        norm = log_sum_exp(scores)
+        alternatives = tuple((int(ids[i]), lp) for i, lp in _top(scores, norm, top))
+        return int(ids[token]), float(scores[token] - norm), alternatives
+
+    def _choose_greedy_sparse(self, row: np.ndarray, history_ids, top: int) -> tuple[int, float, tuple] | None:
+        """Greedy with only ``SPARSE`` processors: their tokens' values edited alone (``on_touched``), the rest of
+        the row from one scan: its best untouched tokens, and the log-sum-exp with the touched tokens' mass taken
+        out and their edited mass put in. None (the whole row) when the touched tokens are too many for the scan's
+        best list, or held more than half the row's mass (the difference would lose digits)."""
+        history = np.asarray(history_ids, dtype=np.int64)
+        ids = np.unique(np.concatenate([p.touched(history) for p in self.processors]))
+        ids = ids[(ids >= 0) & (ids < row.size)]
+        need = max(top, 1)  # the best untouched tokens wanted: a short best list holds them unless the touched crowd it
+        for want in (need + _SPARSE_SHORT, ids.size + need):
+            if want > _SPARSE_BEST or want > row.size:
+                return None
+            scan = self.scan(row, want)
+            if scan is None or not math.isfinite(scan.lse):
+                return None
+            rest = ~np.isin(scan.best_ids, ids)
+            if rest.sum() >= need:
+                break
+        raw = row[ids].astype(np.float64)
+        removed = float(np.exp(raw - scan.lse).sum())
+        if removed > 0.5:
+            return None
+        rest_ids, rest_vals = scan.best_ids[rest], scan.best_vals[rest]  # best first
+        vals = raw.copy()
+        for process in self.processors:
+            process.on_touched(vals, ids, row.size, history, bool(rest_vals[0] > -np.inf))
+        with np.errstate(divide="ignore"):
+            norm = scan.lse + math.log1p(float(np.exp(vals - scan.lse).sum()) - removed)
+        cand_ids = np.concatenate([rest_ids[: max(top, 1)], ids])
+        cand_vals = np.concatenate([rest_vals[: max(top, 1)], vals])
+        order = np.lexsort((cand_ids, -cand_vals))
+        token = int(cand_ids[order[0]])
+        alternatives = tuple((int(cand_ids[i]), float(cand_vals[i] - norm)) for i in order[:max(top, 0)]
+                             if cand_vals[i] > -np.inf)
+        return token, float(cand_vals[order[0]] - norm), alternatives
 
 
 def _plain_greedy(logits: np.ndarray) -> tuple[int, float, tuple]:
@@ -353,26 +265,3 @@ def _inverse_cdf(probs: np.ndarray, u: float) -> int:
     if index == inner.size:  # rounding pushed the draw past the block's own sum
         index = int(np.flatnonzero(inner)[-1])
     return int(starts[block]) + index
-
-
-def _smallest_mass_prefix(key: np.ndarray, probs: np.ndarray, mass: float) -> np.ndarray:
-    """Positions in ascending ``key`` order (ties by position), kept while the mass
-    before them is < ``mass``; at least one.
-
-    Only keys within a window of the best are sorted, widened until the window holds
-    ``mass``: every token outside it sorts after every token inside.
-    """
-    best = key.min()
-    for width in _KEY_WINDOWS:
-        cand = np.flatnonzero(key <= best + width)
-        if probs[cand].sum() >= mass:
-            break
-    cand = cand[np.argsort(key[cand], kind="stable")]
-    cdf = np.cumsum(probs[cand])
-    return cand[: 1 + int(np.searchsorted(cdf, mass, side="left"))]
-
-
-def _keep_only(logits: np.ndarray, keep: np.ndarray) -> np.ndarray:
-    out = np.full_like(logits, -np.inf)
-    out[keep] = logits[keep]
-    return out

@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "llama-agreement": ("bench.scenarios.llama_agreement", "greedy ids and margins against llama-server"),
     "llama-float-order": ("bench.scenarios.llama_float_order", "llama.cpp's quantized dot products against ours"),
     "vocab-step": ("bench.scenarios.vocab_step", "a large vocabulary's head, sampler and embedding, part by part"),
+    "vocab-split": ("bench.scenarios.vocab_split", "a large-vocabulary decode step on the engine, part by part"),
     "qmatmul-step": ("bench.qmatmul_step", "the quantized matmul per kernel variant, M=1..16"),
     "make-random-gguf": ("bench.make_random_gguf", "(a tool) a random-weight GGUF of a real model's shape"),
     "make-f32-gguf": ("bench.make_f32_gguf", "(a tool) the all-F32 GGUF serve gives llama.cpp"),

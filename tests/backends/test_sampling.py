@@ -5,18 +5,8 @@ import warnings
 import numpy as np
 import pytest
 
-from backends.sampling import (
-    NextTokenChooser,
-    RepetitionPenalty,
-    Temperature,
-    TopK,
-    TopP,
-    TypicalP,
-    _inverse_cdf,
-    build_processors,
-    choose_batch,
-    vocab_log_softmax,
-)
+from backends.logit_processors import RepetitionPenalty, Temperature, TopK, TopP, TypicalP, build_processors
+from backends.sampling import NextTokenChooser, _inverse_cdf, choose_batch, vocab_log_softmax
 from backends.types import SamplingParams
 from backends.watermark import Watermark, green_list, watermark_z_score
 

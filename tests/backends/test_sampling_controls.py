@@ -3,7 +3,8 @@ min_tokens / ignore_eos (backends/sampling.py)."""
 import numpy as np
 import pytest
 
-from backends.sampling import LogitBias, NextTokenChooser, SuppressEos, request_processors
+from backends.logit_processors import LogitBias, SuppressEos, request_processors
+from backends.sampling import NextTokenChooser
 from backends.types import SamplingParams
 
 GREEDY = SamplingParams(do_sample=False, temperature=1.0, top_k=None, top_p=1.0, typical_p=1.0,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from backends.logit_processors import LogitBias, SuppressEos
 from backends.sampling import NextTokenChooser, RowScan
 from backends.types import SamplingParams
 
@@ -22,9 +23,11 @@ class CountingScan:
 
     def __init__(self) -> None:
         self.calls = 0
+        self.wide: list[bool] = []
 
     def __call__(self, row: np.ndarray, k: int) -> RowScan:
         self.calls += 1
+        self.wide.append(k > 64)
         wide = row.astype(np.float64)
         top = wide.max()
         lse = top + np.log(np.exp(wide - top).sum()) if np.isfinite(top) else top
@@ -80,3 +83,76 @@ def test_a_tie_at_the_kth_value_a_mask_or_a_penalty_takes_the_whole_row():
     greedy = NextTokenChooser(params(do_sample=False), scan=scan)
     assert greedy.choose(row, [0], allowed=np.array([0, 1, 1, 1, 1, 1], bool))[0] == 2
     assert scan.calls == 30
+
+
+@pytest.mark.parametrize("p", [0.3, 0.9, 0.99])
+def test_nucleus_alone_scanned_draws_the_same_tokens(p):
+    scan = CountingScan()
+    plain = NextTokenChooser(params(seed=5, top_p=p))
+    scanned = NextTokenChooser(params(seed=5, top_p=p), scan=scan)
+    assert scanned.nucleus
+    rows = [row * 3 for row in _rows(np.random.default_rng(2))]  # peaked enough that a best list holds the nucleus
+    for row in rows:
+        want, got = plain.choose_with_top(row, [0], top=4), scanned.choose_with_top(row, [0], top=4)
+        assert got[0] == want[0]
+        assert got[1] == pytest.approx(want[1], abs=1e-9)
+        if row is not rows[-1]:  # (on the tied row the whole row's top list may hold any of the tied tokens)
+            assert [i for i, _ in got[2]] == [i for i, _ in want[2]]
+        np.testing.assert_allclose([lp for _, lp in got[2]], [lp for _, lp in want[2]], atol=1e-9)
+    assert scan.calls == len(rows) + sum(scan.wide)  # one scan a row (a flat one: the best 64, then 256)
+
+
+def test_a_flat_row_takes_the_whole_row_for_the_nucleus():
+    row = np.zeros(3000, np.float32)  # 256 of 3000 equal tokens hold 8.5% of the mass
+    scan = CountingScan()
+    plain = NextTokenChooser(params(seed=3, top_p=0.5))
+    scanned = NextTokenChooser(params(seed=3, top_p=0.5), scan=scan)
+    assert [scanned.choose(row, [0]) for _ in range(5)] == [plain.choose(row, [0]) for _ in range(5)]
+    assert scan.calls == 5  # the best 64, whose last bounds the next 192 below p: then the whole row
+    assert not NextTokenChooser(params(top_p=0.5, temperature=0.7), scan=scan).nucleus
+
+
+SPARSE_CASES = {
+    "penalty": (dict(repetition_penalty=1.3), ()),
+    "penalty below 1": (dict(repetition_penalty=0.7), ()),
+    "logit bias": (dict(), (LogitBias(np.array([5, 17, 5]), np.array([3.0, -100.0, 1.5])),)),
+    "EOS banned": (dict(), (SuppressEos(np.array([0, 2]), 10_000),)),
+    "all three": (dict(repetition_penalty=1.2), (LogitBias(np.array([9]), np.array([100.0])),
+                                                 SuppressEos(np.array([0]), 10_000))),
+}
+
+
+@pytest.mark.parametrize("name", SPARSE_CASES)
+@pytest.mark.parametrize("top", [0, 3])
+def test_greedy_with_a_few_tokens_edited_is_chosen_from_the_scan(name, top):
+    overrides, first = SPARSE_CASES[name]
+    scan = CountingScan()
+    plain = NextTokenChooser(params(do_sample=False, **overrides), vocab_size=2990, first=first)
+    scanned = NextTokenChooser(params(do_sample=False, **overrides), vocab_size=2990, first=first, scan=scan)
+    assert scanned.sparse
+    rng = np.random.default_rng(len(name) + top)
+    rows = _rows(rng)
+    for row in rows:
+        history = rng.integers(0, 2990, 30)
+        history[:3] = np.argsort(-row[:2990])[:3]  # the best tokens are in the history: the penalty moves them
+        want, got = plain.choose_with_top(row, history, top=top), scanned.choose_with_top(row, history, top=top)
+        assert got[0] == want[0]
+        assert got[1] == pytest.approx(want[1], abs=1e-9)
+        if row is not rows[-1]:  # (on the tied row the whole row's top list may hold any of the tied tokens)
+            assert [i for i, _ in got[2]] == [i for i, _ in want[2]]
+        np.testing.assert_allclose([lp for _, lp in got[2]], [lp for _, lp in want[2]], atol=1e-9)
+        assert scanned._choose_scanned(row[:2990], history, top) is not None  # from the scan, not the whole row
+
+
+def test_sparse_greedy_takes_the_whole_row_when_the_edited_tokens_held_most_mass():
+    row = np.full(100, -5.0, np.float32)
+    row[7] = 20.0  # nearly all the mass, banned: the rest's log-sum-exp would be a difference of near-equals
+    ban = (SuppressEos(np.array([7]), 10_000),)
+    scan = CountingScan()
+    plain = NextTokenChooser(params(do_sample=False), first=ban)
+    scanned = NextTokenChooser(params(do_sample=False), first=ban, scan=scan)
+    assert scanned.choose(row, [1]) == plain.choose(row, [1])
+    only_eos = np.full(100, -np.inf, np.float32)
+    only_eos[7] = 1.0  # EOS is the only choice: the ban steps back
+    assert scanned.choose(only_eos, [1]) == plain.choose(only_eos, [1]) == (7, 0.0)
+    assert scan.calls == 2  # scanned, then the whole row each time

@@ -26,6 +26,7 @@ from backends.mindspore.engine.draft_model import DraftModel, DraftModelError, c
 from backends.mindspore.engine.intake import Intake
 from backends.mindspore.planning.graph_cache import cache_for_this_warm_up, enable_graph_cache, graph_key
 from backends.mindspore.engine.kv_cache import PART_TOKENS, BlockAllocator
+from backends.mindspore.engine.window_pool import WindowPool
 from backends.mindspore.planning.kv_dtype import cache_dtype
 from backends.mindspore.planning.load_clock import LoadClock, phase
 from backends.mindspore.planning.memory import Footprint, available_memory, plan_cache
@@ -86,6 +87,7 @@ class EngineParts:
                 draft.warmup(progress)
             if self.vision is not None:
                 self.vision.warmup()
+        give_back()  # what the compiles freed (heap.py)
 
     def info(self, steps: StepStats) -> dict:
         """What ``/info`` reports of the running engine (``steps``: its step timings)."""
@@ -159,8 +161,9 @@ def _build_parts(spec: ModelSpec, config: EngineConfig, model_name: str | None,
     with phase("read weights"):
         weights = _read_weights(spec, tower)
     check_weight_dtype(weights, spec.yaml_path, spec.weight_dtype)
+    window_blocks = cache.window_blocks if aot is not None else 0  # the sliding-window layers' pool
     runner = build_runner(spec, weights, shapes, num_blocks, config.kernels, device, lora.shape, aot=aot,
-                          kv_dtype=kv_dtype)
+                          kv_dtype=kv_dtype, window_blocks=window_blocks)
     vision = tower(spec.vision, weights) if tower is not None else None
     del weights
     give_back()  # the build's temporaries (packing, dequantizing): else kept in malloc's arenas for good (heap.py)
@@ -171,12 +174,15 @@ def _build_parts(spec: ModelSpec, config: EngineConfig, model_name: str | None,
             warmer.start()
     lora.attach(runner.write_lora)
     allocator = BlockAllocator(num_blocks, runner.shapes.block_size, config.prefix_caching, PART_TOKENS)
+    row_tokens = max(runner.shapes.prefill_chunk, runner.shapes.batch_buckets[-1])  # the most a row computes a step
+    window_pool = WindowPool(BlockAllocator(window_blocks, runner.shapes.block_size, config.prefix_caching),
+                             spec.gemma3.sliding_window, row_tokens) if window_blocks else None
     scheduler = Scheduler(allocator, config.max_batch_size, config.max_waiting,
                           prefill_rows=runner.shapes.prefill_batch_buckets[-1],
                           prefill_tokens=runner.prefill_budget(config), chunk=runner.shapes.prefill_chunk,
                           step_tokens=runner.step_tokens(),
                           prefill_first=runner.prefill_first, max_loras=config.lora.max_loras,
-                          copy_rows=runner.copy_cache_rows)
+                          copy_rows=runner.copy_cache_rows, window_pool=window_pool, row_tokens=row_tokens)
     eos_ids = frozenset(spec.eos_token_ids) | frozenset(tokenizer.eos_token_ids)
     vocab_size = spec.config_vocab_size or spec.vocab_size
     grammars = GrammarCompiler(tokenizer.to_json, vocab_size, eos_ids)

@@ -113,6 +113,10 @@ class BlockAllocator:
             out.append(block)
         return out
 
+    def find(self, digest: bytes) -> int | None:
+        """The cached block of one full-block hash, or None (always None without prefix caching)."""
+        return self._by_hash.get(digest) if self.prefix_caching else None
+
     def match_part(self, hashes: Sequence[bytes]) -> tuple[int, int] | None:
         """(block, rows): the cached block whose first ``rows`` tokens are the most of ``hashes`` (``part_hashes``
         of one block, from the first part on), or None."""

@@ -11,6 +11,7 @@ from backends.mindspore.engine.kv_cache import BlockAllocator, block_hashes, par
 from backends.mindspore.runners.step import PREFILL_FIRST
 from backends.mindspore.engine.lora_slots import adapter_fits
 from backends.mindspore.engine.sequence import SeqState
+from backends.mindspore.engine.window_pool import WindowPool
 from backends.mindspore.runners.step import StepBatch
 
 
@@ -82,15 +83,22 @@ class Scheduler:
     most that many): a waiting request whose adapter would exceed it is passed over by the ones behind it
     that fit, but only ``patience`` times; after that nothing else is admitted until it fits, so it cannot
     starve.
+
+    With a ``window_pool`` (a model with sliding-window layers, window_pool.py), a sequence is admitted only while
+    that pool can reserve its blocks too; before each step, each sequence in it gives back the window blocks no
+    query reads any more and takes those the step writes. A prefix hit is then shortened to what the window
+    pool still holds, and blocks are not lent part by part (their window rows would have to be copied too).
     """
 
     def __init__(self, allocator: BlockAllocator, max_batch: int, max_waiting: int, *,
                  prefill_rows: int = 1, prefill_tokens: int = 64, chunk: int = 64, step_tokens: int = 0,
                  prefill_first: int = PREFILL_FIRST, max_loras: int = 0, patience: int = 16,
                  priority_patience: int = PRIORITY_PATIENCE,
-                 copy_rows: Callable[[int, int, int], None] | None = None) -> None:
+                 copy_rows: Callable[[int, int, int], None] | None = None,
+                 window_pool: WindowPool | None = None, row_tokens: int = 0) -> None:
         self.allocator, self.max_batch, self.max_waiting = allocator, max_batch, max_waiting
-        self.copy_rows = copy_rows if allocator.part_size else None
+        self.window_pool, self.row_tokens = window_pool, row_tokens  # row_tokens: the most a row computes a step
+        self.copy_rows = copy_rows if allocator.part_size and window_pool is None else None
         self.max_loras, self.patience = max_loras, patience
         self._passed: dict[SeqState, int] = {}  # waiting sequences held back by max_loras -> times overtaken
         self.priority_patience = priority_patience
@@ -150,6 +158,12 @@ class Scheduler:
                 self._hashes[seq] = self._hashes_of(seq)
             hashes, parts = self._hashes[seq]
             cached = self._cached(seq, hashes)
+            shared: list[int] = []
+            if self.window_pool is not None:
+                n, shared = self.window_pool.match(hashes, len(cached))
+                cached = cached[:n]
+                if not self.window_pool.can_admit(seq.capacity):
+                    break
             lent = self._lent(seq, parts, len(cached))
             source = lent[0] if lent else None
             # Holding an idle source while it is copied would leave too few blocks: the sequence adopts it.
@@ -165,6 +179,8 @@ class Scheduler:
                 active.add(seq.adapter)
             # Reserve the whole (prompt + max_new_tokens) up front: no preemption needed mid-generation.
             seq.blocks = self.allocator.allocate(seq.capacity, cached, source, adopt)
+            if self.window_pool is not None:
+                self.window_pool.admit(seq, seq.capacity, len(cached), shared)
             seq.prefilled = len(cached) * self.allocator.block_size
             if lent:
                 if not adopt:
@@ -209,6 +225,8 @@ class Scheduler:
         size = self.allocator.block_size
         for digest, block in zip(full[:seq.prefilled // size], seq.blocks):
             self.allocator.register(block, digest)
+        if self.window_pool is not None:
+            self.window_pool.register(seq, full[:seq.prefilled // size])
         for i, (digests, block) in enumerate(zip(parts, seq.blocks)):
             written = (seq.prefilled - i * size) // self.allocator.part_size
             for digest in digests[:max(written, 0)]:
@@ -228,11 +246,23 @@ class Scheduler:
             budget -= n
         for seq, _ in work:
             self._went_first(seq, list(itertools.islice(self.prefilling, len(work), None)))
+        self._advance_windows(work)
         if work and self.running and self._prefill_streak < self.prefill_first:
             self._prefill_streak += 1
             return StepPlan(tuple(work), ())
         self._prefill_streak = 0
         return StepPlan(tuple(work), tuple(self.running))
+
+    def _advance_windows(self, work: list[tuple[SeqState, int]]) -> None:
+        """The window pool's blocks of this step's sequences: each prompt chunk's, and each running sequence's
+        for its next ``row_tokens`` positions (its token and any drafts)."""
+        if self.window_pool is None:
+            return
+        for seq, n in work:
+            self.window_pool.advance(seq, seq.prefilled, seq.prefilled + n)
+        for seq in self.running:
+            start = seq.length - 1
+            self.window_pool.advance(seq, start, min(start + max(self.row_tokens, 1), seq.capacity))
 
     def prefill_done(self, seq: SeqState) -> None:
         self._register(seq)
@@ -249,6 +279,8 @@ class Scheduler:
         self._arrival.pop(seq, None)
         self._overtaken.pop(seq, None)
         self.allocator.release(seq.blocks)
+        if self.window_pool is not None:
+            self.window_pool.finish(seq)
         seq.close()
 
     def by_priority(self) -> dict[int, dict[str, int]]:

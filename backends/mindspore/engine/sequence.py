@@ -17,7 +17,8 @@ from backends.mindspore.engine.lora_slots import Lease
 from backends.mindspore.runners.step import DecodeRow, PrefillChunk
 from backends.mindspore.modeldir.tokenizer import IncrementalDetokenizer, Tokenizer
 from backends.params import resolve
-from backends.sampling import NextTokenChooser, RowScanner, request_processors
+from backends.logit_processors import request_processors
+from backends.sampling import NextTokenChooser, RowScanner
 from backends.stopping import StepOutcome, Stopper
 from backends.thinking import thinking_budget
 from backends.types import ModelDefaults, RequestParams, Token
@@ -49,6 +50,7 @@ class SeqState:
     media_rows: dict[int, np.ndarray] = field(default_factory=dict)  # span index -> the vision tower's rows
     drafter: Drafter | None = None  # speculative decoding's drafts (None: this sequence decodes plainly)
     blocks: list[int] = field(default_factory=list)
+    local_blocks: list[int] = field(default_factory=list)  # the sliding-window layers' (window_pool.py), if any
     prefilled: int = 0  # prompt tokens already in the cache
     cached: int = 0  # of which found in the prefix cache at admission (GenerationResult.cached_tokens)
     generated: list[int] = field(default_factory=list)
@@ -97,7 +99,8 @@ class SeqState:
 
     def decode_row(self, drafts: tuple[int, ...] = ()) -> DecodeRow:
         """This step's decode row: the last token, at its position, and the ``drafts`` to verify after it."""
-        return DecodeRow(self.generated[-1], self.length - 1, self.blocks, self.lora_slot, self.delta, drafts)
+        return DecodeRow(self.generated[-1], self.length - 1, self.blocks, self.lora_slot, self.delta, drafts,
+                         self.local_blocks)
 
     def prompt_chunk(self, n: int) -> PrefillChunk:
         """The next ``n`` prompt tokens from ``prefilled`` on (a prompt that shares cached prefix blocks starts
@@ -105,7 +108,8 @@ class SeqState:
         reach (encoded by then) and their M-RoPE positions."""
         start, end = self.prefilled, self.prefilled + n
         return PrefillChunk(self.prompt_ids[start:end], start, self.blocks, self.lora_slot,
-                            self.chunk_media(start, end), self.chunk_positions(start, end), self.delta)
+                            self.chunk_media(start, end), self.chunk_positions(start, end), self.delta,
+                            local_blocks=self.local_blocks)
 
     def close(self) -> None:
         """The request is over (finished, failed or refused): let go of what it holds outside the cache."""

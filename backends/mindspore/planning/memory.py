@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from backends.limits import longest_sequence
+from backends.mindspore.planning.available import Available, available_memory  # noqa: F401 (this module's API)
 from backends.mindspore.planning.kv_dtype import row_bytes
 from backends.mindspore.planning.shapes import Shapes, plan_shapes
+from backends.mindspore.planning.windows import window_blocks
 from backends.settings import EngineConfig
 
 if TYPE_CHECKING:
@@ -23,7 +25,6 @@ GIB = 1 << 30
 LOAD_COPIES = 2  # the weights are in memory twice while the network is built (NumPy arrays, then Parameters)
 RUNTIME_RESERVE = 2 * GIB  # the MindSpore runtime and the compiled graphs (about 1 GB for configs/server.yaml)
 MARGIN = 0.2  # of the available memory, left to everything else on the machine (npuMemSize -1)
-NO_LIMIT = 1 << 60  # cgroup limits at or above this mean "no limit"
 
 
 class MemoryBudgetError(ValueError):
@@ -41,6 +42,8 @@ class Footprint:
     graphs: StockGraphs | None = None  # the stock-op path's per-graph activations (None: the AOT path's are small)
     load_bytes: int = 0  # the peak while the network is built; 0: LOAD_COPIES x weights_bytes
     kv_dtype: str = "float32"  # the cache's format (kv_dtype.py), for the log line
+    window: int = 0  # the sliding window of the layers in the window pool (engine/window_pool.py); 0: none
+    window_bytes_per_token: int = 0  # their K and V of one token (not in bytes_per_token)
 
     @classmethod
     def of(cls, spec: ModelSpec, extra_bytes: int = 0, stock: bool = False, kv_dtype: str = "float32") -> Footprint:
@@ -51,10 +54,14 @@ class Footprint:
         (measured at SmolLM2-1.7B's shape, Q4_1: 8.8 GiB peak, not twice the 6.7 GiB of float32 weights).
         ``kv_dtype``: the cache's format (``kv_dtype.cache_dtype``; off CPU the stock path's cache may be in a
         smaller compute dtype: the budget errs safe)."""
-        kv = 2 * spec.num_layers * spec.num_kv_heads * row_bytes(kv_dtype, spec.head_dim)
-        if not stock:
-            return cls(weights_bytes(spec.checkpoint, tied=spec.tie_word_embeddings) + extra_bytes, kv,
-                       _vision_activations(spec), kv_dtype=kv_dtype)
+        layer = 2 * spec.num_kv_heads * row_bytes(kv_dtype, spec.head_dim)
+        kv = spec.num_layers * layer
+        if not stock:  # the AOT path keeps a sliding-window layer's K/V in the window pool
+            sliding = getattr(spec, "gemma3", None)
+            local = sum(sliding.sliding_layers) if sliding is not None else 0
+            return cls(weights_bytes(spec.checkpoint, tied=spec.tie_word_embeddings) + extra_bytes, kv - local * layer,
+                       _vision_activations(spec), kv_dtype=kv_dtype, window=sliding.sliding_window if local else 0,
+                       window_bytes_per_token=local * layer)
         held = weights_bytes(spec.checkpoint, dequantized=True) + extra_bytes
         if spec.tie_word_embeddings:
             held += embedding_bytes(spec.checkpoint)
@@ -65,7 +72,8 @@ class Footprint:
         """This model's footprint with a draft model's (speculative decoding) beside it: both weights, and a
         cache block holds both models' K/V (the draft cache has as many blocks)."""
         return replace(self, weights_bytes=self.weights_bytes + draft.weights_bytes,
-                       bytes_per_token=self.bytes_per_token + draft.bytes_per_token,
+                       # the draft's sliding-window layers (if any) keep full length: no window pool of their own
+                       bytes_per_token=self.bytes_per_token + draft.bytes_per_token + draft.window_bytes_per_token,
                        load_bytes=self.load_bytes and self.load_bytes + draft.load_peak)
 
     @property
@@ -116,12 +124,6 @@ class StockGraphs:
 
 
 @dataclass(frozen=True, slots=True)
-class Available:
-    bytes: int
-    source: str  # "MemAvailable", or "the cgroup limit" when that is tighter
-
-
-@dataclass(frozen=True, slots=True)
 class CachePlan:
     """The cache chosen: its blocks, the batch they hold, and why."""
 
@@ -133,6 +135,7 @@ class CachePlan:
     kv_dtype: str = "float32"  # the cache's format (kvCacheDtype)
     max_prefill_batch: int | None = None  # set when the stock-op graphs' activations capped maxPrefillBatchSize
     asked_prefill_batch: int | None = None
+    window_blocks: int = 0  # the window pool's blocks, including its scratch block (0: no window pool)
 
     @property
     def capped(self) -> bool:
@@ -162,7 +165,8 @@ class CachePlan:
         if self.prefill_capped:
             chosen += (f"; maxPrefillBatchSize capped from {self.asked_prefill_batch} to {self.max_prefill_batch} "
                        "(the stock-op graphs' activations)")
-        return (f"KV cache: {self.num_blocks} blocks, {_gib(self.cache_bytes)} ({self.kv_dtype}); {chosen}; "
+        pool = f" + {self.window_blocks} sliding-window blocks" if self.window_blocks else ""
+        return (f"KV cache: {self.num_blocks} blocks{pool}, {_gib(self.cache_bytes)} ({self.kv_dtype}); {chosen}; "
                 f"budget {self.budget}")
 
 
@@ -175,10 +179,13 @@ def plan_cache(config: EngineConfig, model: Footprint, available: Available,
     A set ``num_blocks`` (Python API) is taken as it is. Raises MemoryBudgetError naming the keys when not even
     one sequence fits."""
     if config.num_blocks:
-        block_bytes = config.block_size * model.bytes_per_token
         asked = config.max_batch_size
-        return CachePlan(config.num_blocks, asked, asked, config.num_blocks * block_bytes, "num_blocks (set)",
-                         kv_dtype=model.kv_dtype)
+        per_window = _window_blocks(config, model, max_positions)
+        pool = min(config.num_blocks, 1 + asked * per_window) if per_window else 0
+        full = model.bytes_per_token + (0 if pool else model.window_bytes_per_token)
+        cache = config.block_size * (config.num_blocks * full + pool * model.window_bytes_per_token)
+        return CachePlan(config.num_blocks, asked, asked, cache, "num_blocks (set)", kv_dtype=model.kv_dtype,
+                         window_blocks=pool)
     if model.graphs is None:
         return _plan(config, model, available, max_positions, 0)
     prefill = config.max_prefill_batch
@@ -199,11 +206,24 @@ def plan_cache(config: EngineConfig, model: Footprint, available: Available,
         return replace(plan, max_prefill_batch=prefill, asked_prefill_batch=config.max_prefill_batch)
 
 
+def _window_blocks(config: EngineConfig, model: Footprint, max_positions: int | None) -> int:
+    """Window-pool blocks a sequence reserves (0: no pool: no sliding-window layers, or a window that covers the
+    longest sequence)."""
+    if not model.window:
+        return 0
+    return window_blocks(model.window, config, longest_sequence(config, max_positions))
+
+
 def _plan(config: EngineConfig, model: Footprint, available: Available, max_positions: int | None,
           graph_bytes: int) -> CachePlan:
-    block_bytes = config.block_size * model.bytes_per_token
+    per_window = _window_blocks(config, model, max_positions)
+    # a full-length block, and as many window blocks as a sequence reserves for each of its full-length blocks
+    window_bytes = model.window_bytes_per_token if per_window else 0
     longest = longest_sequence(config, max_positions)
     per_sequence = -(-longest // config.block_size)
+    block_bytes = config.block_size * (model.bytes_per_token + (0 if per_window else model.window_bytes_per_token))
+    sequence_bytes = per_sequence * block_bytes + per_window * config.block_size * window_bytes
+    scratch_bytes = block_bytes + (config.block_size * window_bytes if per_window else 0)
     asked = config.max_batch_size
     # The checkpoint as read is held beside the network only while it is built; the graphs' activations come after.
     held = max(model.load_peak, model.weights_bytes + graph_bytes)
@@ -219,7 +239,7 @@ def _plan(config: EngineConfig, model: Footprint, available: Available, max_posi
         budget_text = (f"npuMemSize -1: {_gib(available.bytes)} available ({available.source}) - {weights} - "
                        f"runtime reserve {_gib(RUNTIME_RESERVE)}{vision} - margin {MARGIN:.0%} = "
                        f"{_gib(max(budget, 0))}")
-    sequences = max(budget // block_bytes - 1, 0) // per_sequence
+    sequences = max(budget - scratch_bytes, 0) // sequence_bytes
     if sequences < 1 and config.cache_gb <= 0 and fixed + margin >= available.bytes:
         raise MemoryBudgetError(
             f"the model does not fit before any KV cache: {budget_text}"
@@ -228,13 +248,13 @@ def _plan(config: EngineConfig, model: Footprint, available: Available, max_posi
     if sequences < 1:
         raise MemoryBudgetError(
             f"the KV cache does not hold one sequence: {_sequence(config, longest)} in blocks of cacheBlockSize "
-            f"{config.block_size} needs {per_sequence} blocks + 1 scratch = {_gib((per_sequence + 1) * block_bytes)}, "
+            f"{config.block_size} needs {per_sequence} blocks + 1 scratch = {_gib(sequence_bytes + scratch_bytes)}, "
             f"and the budget is {budget_text}; lower maxSeqLen"
             + (", maxPrefillBatchSize or the windowBuckets" if graph_bytes else "")
             + ", or raise npuMemSize" + ("" if config.cache_gb > 0 else " (set it in GB) or free memory"))
     batch = min(asked, sequences)
-    plan = CachePlan(batch * per_sequence + 1, batch, asked, (batch * per_sequence + 1) * block_bytes, budget_text,
-                     kv_dtype=model.kv_dtype)
+    plan = CachePlan(batch * per_sequence + 1, batch, asked, batch * sequence_bytes + scratch_bytes, budget_text,
+                     kv_dtype=model.kv_dtype, window_blocks=batch * per_window + 1 if per_window else 0)
     if config.cache_gb > 0 and plan.cache_bytes + fixed > available.bytes:
         raise MemoryBudgetError(
             f"npuMemSize {config.cache_gb:g} GB: the cache of {plan.num_blocks} blocks ({_gib(plan.cache_bytes)}, "
@@ -258,16 +278,6 @@ def _vision_activations(spec: ModelSpec) -> int:
     """The vision tower's largest call of a vision-language model (its family's reader estimated it), 0 for a text
     model."""
     return spec.vision.tower_bytes if spec.vision is not None else 0
-
-
-def available_memory(proc: Path = Path("/proc"), cgroup_root: Path = Path("/sys/fs/cgroup")) -> Available:
-    """Memory this process may still take: MemAvailable, or the cgroup's headroom (limit - usage not
-    counting reclaimable file pages) when a limit is set and tighter."""
-    available = Available(_meminfo(proc / "meminfo").get("MemAvailable", 0), "MemAvailable")
-    headroom = _cgroup_headroom(proc / "self" / "cgroup", cgroup_root)
-    if headroom is not None and headroom < available.bytes:
-        return Available(max(headroom, 0), "the cgroup memory limit")
-    return available
 
 
 def weights_bytes(checkpoint: Path, dequantized: bool = False, as_read: bool = False, tied: bool = False) -> int:
@@ -323,51 +333,6 @@ def _tensor_bytes(name: str, tensor: dict, fmt: str | None, dequantized: bool = 
         return floats
     table = name == EMBEDDING and not as_read and not embedding_in_head(tied, fmt)
     return count + (floats if table else 0)
-
-
-def _meminfo(path: Path) -> dict[str, int]:
-    """/proc/meminfo in bytes."""
-    out = {}
-    for line in path.read_text().splitlines():
-        key, _, value = line.partition(":")
-        parts = value.split()
-        if parts and parts[0].isdigit():
-            out[key] = int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
-    return out
-
-
-def _cgroup_headroom(self_cgroup: Path, root: Path) -> int | None:
-    """limit - (usage - inactive file pages) of this process's memory cgroup (v2, else v1); None: no limit."""
-    try:
-        lines = self_cgroup.read_text().splitlines()
-    except OSError:
-        return None
-    paths = {ctrl: path.lstrip("/") for _, ctrl, path in (line.split(":", 2) for line in lines if line.count(":") >= 2)}
-    candidates = []
-    if "" in paths:  # v2: "0::/path"
-        candidates += [(root / paths[""], "memory.max", "memory.current", "inactive_file"),
-                       (root, "memory.max", "memory.current", "inactive_file")]
-    v1 = next((p for ctrl, p in paths.items() if "memory" in ctrl.split(",")), None)
-    if v1 is not None:
-        candidates += [(root / "memory" / v1, "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"),
-                       (root / "memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")]
-    for where, limit_file, usage_file, inactive_key in candidates:
-        try:
-            limit_text = (where / limit_file).read_text().strip()
-            usage = int((where / usage_file).read_text().strip())
-        except (OSError, ValueError):
-            continue
-        if limit_text == "max" or int(limit_text) >= NO_LIMIT:
-            return None
-        return int(limit_text) - usage + _stat(where / "memory.stat").get(inactive_key, 0)
-    return None
-
-
-def _stat(path: Path) -> dict[str, int]:
-    try:
-        return {k: int(v) for k, v in (line.split() for line in path.read_text().splitlines() if line.count(" ") == 1)}
-    except (OSError, ValueError):
-        return {}
 
 
 def _sequence(config: EngineConfig, longest: int) -> str:

@@ -65,11 +65,13 @@ def choose_kernels(spec: ModelSpec, kernels: str = "stock", device: str = "CPU",
 
 def build_runner(spec: ModelSpec, weights: dict[str, np.ndarray], shapes: Shapes, num_blocks: int,
                  kernels: str = "stock", device: str = "CPU", lora: tuple[int, int] | None = None,
-                 kernel_isa: str = "auto", aot=False, kv_dtype: str = "float32") -> ModelRunner:
+                 kernel_isa: str = "auto", aot=False, kv_dtype: str = "float32",
+                 window_blocks: int = 0) -> ModelRunner:
     """The runner for ``kernels`` (auto|aot|stock) on ``device``: on CPU the AOT kernels where asked and they
     build (float32, the KV cache in ``kv_dtype``: ``kv_dtype.cache_dtype``); elsewhere the stock ops in the yaml's
     compute_dtype where the family's stock path computes in it (else float32). ``aot``: the operators
-    ``choose_kernels`` already chose (None: stock ops)."""
+    ``choose_kernels`` already chose (None: stock ops); ``window_blocks``: the sliding-window layers' pool (the
+    AOT path only: engine/window_pool.py)."""
     if aot is False:
         aot = choose_kernels(spec, kernels, device, kernel_isa)
     kv_dtype = cache_dtype(kv_dtype, stock=aot is None)
@@ -78,7 +80,8 @@ def build_runner(spec: ModelSpec, weights: dict[str, np.ndarray], shapes: Shapes
         runner: ModelRunner = SplitRunner(spec, weights, shapes, num_blocks, dtype=spec.compute_dtype if low
                                           else "float32", lora=lora)
     else:
-        runner = PackedRunner(spec, weights, shapes, num_blocks, aot, lora=lora, kv_dtype=kv_dtype)
+        runner = PackedRunner(spec, weights, shapes, num_blocks, aot, lora=lora, kv_dtype=kv_dtype,
+                              window_blocks=window_blocks)
     variant = f" [variant {runner.kernel_variant['variant']}, {runner.kernel_variant['isa']} vectors]" \
         if runner.kernel_variant else ""
     log.info("kernels: %s%s on %s, %s, KV cache %s", runner.description, variant, device, runner.dtype,

@@ -49,8 +49,10 @@ class ModelRunner(ABC):
 
     def __init__(self, spec: ModelSpec, weights: dict[str, np.ndarray], shapes: Shapes, num_blocks: int,
                  aot=None, dtype: str = "float32", lora: tuple[int, int] | None = None,
-                 kv_dtype: str = "float32") -> None:
+                 kv_dtype: str = "float32", window_blocks: int = 0) -> None:
         self.spec = spec
+        # the sliding-window layers' own pool of blocks (engine/window_pool.py; 0: they keep full length)
+        self.window_blocks = window_blocks
         self.shapes = shapes = self.compiled_shapes(shapes)
         self.dtype = dtype
         self.kv_dtype = kv_dtype  # the KV cache's format (kv_dtype.py): the stock-op path's is its dtype
@@ -64,8 +66,9 @@ class ModelRunner(ABC):
         self.net.set_train(False)
         self._lora_host: dict[tuple[int, str, str], np.ndarray] = {}  # host copies of the slot arrays
         self._caches = cache_memory(self.net)  # each KV cache and a view of its memory
-        self.warmer = CacheWarmer([memory for _, memory in self._caches if memory is not None], self.num_slots,
-                                  shapes.block_size)
+        memories = [memory for _, memory in self._caches if memory is not None]
+        self.warmer = CacheWarmer(memories, self.num_slots, shapes.block_size,
+                                  slots=[m.shape[0] // spec.num_kv_heads for m in memories])
         # maps the caches' pages once started (engine_parts: EngineConfig.map_kv_cache); warmup() waits for it
         self.head = self.net.lm_head()
         self.compiled: set[tuple] = set()
@@ -80,7 +83,8 @@ class ModelRunner(ABC):
         # shapes, the cache size, dtype, adapter slots, a vision model's spec, the kernel library (its file
         # name hashes its build) and the cache's format.
         self.graph_parts = [type(self).__name__, repr(shapes), str(self.num_slots), dtype, repr(lora),
-                            repr(spec.vision), library, kv_dtype]
+                            repr(spec.vision), library, kv_dtype,
+                            *([f"window pool {window_blocks}"] if window_blocks else [])]
 
     # --- what a strategy defines ---
 
@@ -206,7 +210,9 @@ class ModelRunner(ABC):
         """Copy the first ``rows`` K/V rows of cache block ``source`` into block ``block``, every layer and kv
         head (the prefix cache's partial blocks, scheduler.py), through views of the caches' own memory
         (network/common.py's ``cache_memory``); where this MindSpore hands out a copy instead, the copy is
-        written back whole (correct, slow)."""
+        written back whole (correct, slow). Not with a window pool (its caches are of another size; the
+        scheduler lends no parts then)."""
+        assert not self.window_blocks, "rows are not copied between blocks with a window pool"
         for param, memory in self._caches:
             host = param.asnumpy() if memory is None else memory
             self._spans(host, block, rows)[...] = self._spans(host, source, rows)

@@ -31,8 +31,11 @@ class CacheWarmer:
     WAIT_BYTES = 4 << 30  # what the warm-up waits for: 3-8 s a GiB on these VMs
 
     def __init__(self, memories: list[np.ndarray], num_slots: int, block_size: int, blocks_at_once: int = 8,
-                 threads: int = 2, wait_bytes: int = WAIT_BYTES) -> None:
+                 threads: int = 2, wait_bytes: int = WAIT_BYTES, slots: list[int] | None = None) -> None:
+        """``slots``: each memory's own slot count where they differ (a window pool's caches are smaller); its
+        slots are mapped in proportion, alongside the others'."""
         self.num_slots, self.step = num_slots, blocks_at_once * block_size
+        slots = slots or [num_slots] * len(memories)
         self.total = sum(m.nbytes for m in memories)
         # the first slots (whole steps of blocks) the warm-up waits for: every slot when the caches fit wait_bytes
         fits = int(num_slots * wait_bytes / self.total) if self.total > wait_bytes else num_slots
@@ -41,7 +44,8 @@ class CacheWarmer:
         self.stopped = threading.Event()
         self.started = False
         self._first = [threading.Event() for _ in range(threads)]  # set once a thread has mapped its wait_slots
-        self._threads = [threading.Thread(target=self._map, args=(i, memories[i::threads]), daemon=True,
+        self._threads = [threading.Thread(target=self._map, args=(i, list(zip(memories, slots))[i::threads]),
+                                          daemon=True,
                                           name=f"mindserve-cache-warmer-{i}") for i in range(threads)]
 
     def start(self) -> None:
@@ -57,7 +61,7 @@ class CacheWarmer:
                 thread.join(max(deadline - time.monotonic(), 0.0))
         return not any(thread.is_alive() for thread in self._threads)
 
-    def _map(self, i: int, memories: list[np.ndarray]) -> None:
+    def _map(self, i: int, memories: list[tuple[np.ndarray, int]]) -> None:
         try:
             for first in range(0, self.wait_slots, self.step):
                 if not self._populate(i, memories, first, min(first + self.step, self.wait_slots)):
@@ -69,13 +73,15 @@ class CacheWarmer:
         finally:
             self._first[i].set()
 
-    def _populate(self, i: int, memories: list[np.ndarray], start: int, stop: int) -> bool:
-        """Slots [start, stop) of every kv head of ``memories``; False once stopped or refused by the kernel."""
-        for memory in memories:
-            for head in memory.reshape(-1, self.num_slots, memory.shape[-1]):
+    def _populate(self, i: int, memories: list[tuple[np.ndarray, int]], start: int, stop: int) -> bool:
+        """Slots [start, stop) of every kv head of ``memories`` (of a smaller cache: that share of its slots);
+        False once stopped or refused by the kernel."""
+        for memory, slots in memories:
+            lo, hi = start * slots // self.num_slots, stop * slots // self.num_slots
+            for head in memory.reshape(-1, slots, memory.shape[-1]):
                 if self.stopped.is_set():
                     return False
-                span = head[start:stop]
+                span = head[lo:hi]
                 if not populate(span):
                     return False  # the kernel has no MADV_POPULATE_WRITE: the pages fault in as written
                 self.mapped[i] += span.nbytes

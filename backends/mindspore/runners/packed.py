@@ -19,12 +19,18 @@ PACKED_STEP, PACKED_STEPS = 16, 8  # packed token counts compiled every 16 token
 
 
 def packed_inputs(ids: np.ndarray, pos: np.ndarray, slots: np.ndarray, table: np.ndarray, last_rows: np.ndarray,
-                  kv_heads: int, num_slots: int, token_rows: np.ndarray | None = None) -> tuple:
+                  kv_heads: int, num_slots: int, token_rows: np.ndarray | None = None,
+                  window: tuple[np.ndarray, np.ndarray, int] | None = None) -> tuple:
     """ids/pos [1, T], slots [T], the block table [R, NB], each token's table row (``token_rows`` [T];
-    default: token (b, t) -> row b) and last_rows [R] -> the network's inputs."""
+    default: token (b, t) -> row b) and last_rows [R] -> the network's inputs; with a window pool, ``window`` =
+    (its slots [T], its table [R, NB], its slot count) adds its write rows and table."""
     if token_rows is None:
         token_rows = np.repeat(np.arange(ids.shape[0], dtype=np.int32), ids.shape[1])
-    return ids, pos, write_rows(slots, kv_heads, num_slots), table, token_rows.astype(np.int32), last_rows
+    base = ids, pos, write_rows(slots, kv_heads, num_slots), table, token_rows.astype(np.int32), last_rows
+    if window is None:
+        return base
+    window_slots, window_table, window_num_slots = window
+    return (*base, write_rows(window_slots, kv_heads, window_num_slots), window_table)
 
 
 class PackedRunner(ModelRunner):
@@ -34,8 +40,11 @@ class PackedRunner(ModelRunner):
 
     def network(self, family, spec, weights, num_blocks, aot, dtype, lora):
         s = self.shapes
+        pool = {"window_blocks": self.window_blocks} if self.window_blocks else {}
         return family.network("aot")(spec, weights, num_blocks, s.block_size, s.max_window, aot, lora=lora,
-                                     kv_dtype=self.kv_dtype)
+                                     kv_dtype=self.kv_dtype, **pool)
+
+    _window: tuple[np.ndarray, np.ndarray, int] | None = None  # the window pool's inputs of the call being made
 
     def compiled_shapes(self, shapes: Shapes) -> Shapes:
         """One window (the largest); graphs per packed token count: the decode batch buckets, the prompt chunk,
@@ -100,6 +109,8 @@ class PackedRunner(ModelRunner):
         lora_rows = np.full(size, -1, np.int32)  # each token's adapter slot; padding: none
         last_rows = np.zeros(rows, np.int32)
         tables: list[list[int]] = [[]] * rows  # table row of chunk i: its first logit row
+        window_slots = np.zeros(size, np.int32) if self.window_blocks else None  # the window pool's
+        window_tables: list[list[int]] = [[]] * rows
         offsets, firsts = [], []
         at = first = 0
         for c in chunks:
@@ -112,12 +123,19 @@ class PackedRunner(ModelRunner):
             lora_rows[at:at + t] = c.lora
             last_rows[first:first + c.logit_tokens] = np.arange(at + t - c.logit_tokens, at + t)
             tables[first] = c.blocks
+            if window_slots is not None:  # a chunk without window blocks (the warm-up's) has the scratch block's
+                local = c.local_blocks if c.local_blocks is not None else [0] * len(c.blocks)
+                window_slots[at:at + t] = token_slots(local, pos[0, at:at + t], self.shapes.block_size)
+                window_tables[first] = local
             offsets.append(at)
             firsts.append(first)
             at += t
             first += c.logit_tokens
         window = self.shapes.max_window
         table = block_table(tables, window // self.shapes.block_size)
+        self._window = None if window_slots is None else (
+            window_slots, block_table(window_tables, window // self.shapes.block_size),
+            self.window_blocks * self.shapes.block_size)
         logits, hidden = self._call(("packed", size, rows, window), ids, pos, slots, table, last_rows, token_rows,
                                     lora_rows, chunks, [(0, o) for o in offsets])
         rows_out = logits[:n] if wanted == n else [logits[f] if c.logit_tokens == 1 else logits[f:f + c.logit_tokens]
@@ -144,4 +162,5 @@ class PackedRunner(ModelRunner):
         self.prefill([PrefillChunk([0] * t, window - t, blocks) for t in lengths])
 
     def graph_inputs(self, ids, pos, slots, table, last_rows, token_rows=None) -> tuple:
-        return packed_inputs(ids, pos, slots, table, last_rows, self.spec.num_kv_heads, self.num_slots, token_rows)
+        return packed_inputs(ids, pos, slots, table, last_rows, self.spec.num_kv_heads, self.num_slots, token_rows,
+                             self._window)

@@ -22,6 +22,7 @@ class PrefillChunk:
     mpos: np.ndarray | None = None  # M-RoPE positions [3, t]; None: cache index + delta on all three
     delta: int = 0
     logit_tokens: int = 1  # the last tokens whose logits are wanted (a decode row's verified drafts: 1 + k)
+    local_blocks: list[int] | None = None  # the sliding-window layers' blocks (engine/window_pool.py); None: none
 
 
 @dataclass(slots=True)
@@ -32,11 +33,12 @@ class DecodeRow:
     lora: int = -1  # adapter slot (-1: the base model)
     delta: int = 0  # M-RoPE: the token's position is its cache index + delta
     drafts: tuple[int, ...] = ()  # speculative tokens after ``token``, verified in the same forward pass
+    local_blocks: list[int] | None = None  # the sliding-window layers' blocks (engine/window_pool.py); None: none
 
     def chunk(self) -> PrefillChunk:
         """The row as a chunk of 1 + len(drafts) tokens from its position, with the logits of every one."""
         return PrefillChunk([self.token, *self.drafts], self.position, self.blocks, self.lora, delta=self.delta,
-                            logit_tokens=1 + len(self.drafts))
+                            logit_tokens=1 + len(self.drafts), local_blocks=self.local_blocks)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,14 +9,7 @@ from backends.mindspore.engine.kv_cache import BlockAllocator
 from backends.mindspore.engine.scheduler import Scheduler
 from backends.mindspore.engine.sequence import SeqState
 
-
-class _Handle:
-    cancelled = False
-
-
-def seq(prompt: int, new: int = 8) -> SeqState:
-    return SeqState(handle=_Handle(), prompt_ids=list(range(prompt)), max_new_tokens=new, chooser=None,
-                    stopper=None, detokenizer=None, seed=1)
+from tests.support.sequences import seq
 
 
 def run_prefill(sched: Scheduler, plan) -> None:

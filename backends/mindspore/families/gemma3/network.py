@@ -7,9 +7,10 @@ by (1 + weight) (``gemma3_weights`` adds the 1 once, in float32 as HF does); fou
 the MLP's outputs are normalised before their residual adds); q/k head norms; GeGLU (gelu_pytorch_tanh); scores
 scaled by query_pre_attn_scalar^-1/2; sliding-window layers (a query reads only the last ``sliding_window``
 positions, itself included) with their own rope base, global layers with rope_theta and a linear scaling factor.
-Every layer keeps a full-length KV cache (the window is applied when reading it), so prefix caching and batching
-work unchanged; the memory a window could save is not saved. No adapter slots (LoRA): the family declares none
-(``families/gemma3.py``), so they are refused before this is built.
+On the AOT path with a window pool (``engine/window_pool.py``: ``window_blocks``), the sliding-window layers keep
+their K/V in caches of that many blocks, written and read through the pool's own table (two more inputs); without
+one (and on stock ops) every layer keeps a full-length cache, the window applied when reading it. No adapter
+slots (LoRA): the family declares none (``families/gemma3.py``), so they are refused before this is built.
 """
 from __future__ import annotations
 
@@ -75,19 +76,22 @@ def attention_meta(spec: ModelSpec, block_size: int, local: bool) -> np.ndarray:
 
 class AotGemma3Layer(AotDecoderLayer):
     """``AotDecoderLayer``'s weights and cache plus the two post-norms; one ``gemma_decoder_layer`` op. ``rope`` is
-    0 (global tables) or 1 (local)."""
+    0 (global tables) or 1 (local); a ``pooled`` layer writes and reads through the window pool's rows and table."""
 
     def __init__(self, spec: ModelSpec, w: dict, i: int, num_slots: int, block_size: int, aot,
-                 kv_dtype: str = "float32") -> None:
+                 kv_dtype: str = "float32", pooled: bool = False) -> None:
         super().__init__(spec, w, i, num_slots, block_size, aot, kv_dtype)
         p, local = f"model.layers.{i}.", spec.gemma3.sliding_layers[i]
+        self.pooled = pooled  # its cache is the window pool's (num_slots of it)
         self.attn_meta = Tensor(attention_meta(spec, block_size, local))
         self.post_attn_norm = param(w[p + "gemma.post_attention_norm"], p + "post_attn_norm")
         self.post_ffn_norm = param(w[p + "gemma.post_ffn_norm"], p + "post_ffn_norm")
         self.rope = int(local)
 
-    def construct(self, x, rope, pos, write_idx, table, token_rows, lora=None):
+    def construct(self, x, rope, pos, write_idx, table, token_rows, window_write=None, window_table=None):
         cos, sin = rope[self.rope]
+        if self.pooled:  # a sliding-window layer whose cache is the window pool's: its rows, its table
+            write_idx, table = window_write, window_table
         return self.aot.gemma_decoder_layer(x, self.attn_norm.weight, self.attn_norm.eps_t, self.wqkv, self.bqkv, cos,
                                             sin, self.k_cache, self.v_cache, write_idx, table, pos, token_rows,
                                             self.attn_meta, self.wo, self.post_attn_norm, self.ffn_norm.weight,
@@ -100,10 +104,12 @@ class AotGemma3(_Llama):
     rotary rows gathered, the scaled rows through one op a layer, then the final norm and the tied head."""
 
     def __init__(self, spec: ModelSpec, w: dict, num_blocks: int, block_size: int, max_positions: int, aot,
-                 lora: tuple[int, int] | None = None, kv_dtype: str = "float32") -> None:
+                 lora: tuple[int, int] | None = None, kv_dtype: str = "float32", window_blocks: int = 0) -> None:
         super().__init__(None)
         w = gemma3_weights(spec, w)
         self.aot = aot
+        # per layer: whether it reads the window pool (its inputs after last_rows) instead of the full-length one
+        pooled = [bool(window_blocks) and local for local in spec.gemma3.sliding_layers]
         head = w["model.embed_tokens.weight"] if spec.tie_word_embeddings else w["lm_head.weight"]
         self.head = aot_weight([head], "lm_head")
         self.embedding = aot_embedding(spec, w, self.head, aot)  # rows of the head's own blocks when tied Q8_0
@@ -112,7 +118,8 @@ class AotGemma3(_Llama):
         self.cos, self.sin = param(cos_g, "rope_cos"), param(sin_g, "rope_sin")
         self.cos_local, self.sin_local = param(cos_l, "rope_cos_local"), param(sin_l, "rope_sin_local")
         slots = num_blocks * block_size
-        self.layers = nn.CellList([AotGemma3Layer(spec, w, i, slots, block_size, aot, kv_dtype)
+        self.layers = nn.CellList([AotGemma3Layer(spec, w, i, window_blocks * block_size if pooled[i] else slots,
+                                                  block_size, aot, kv_dtype, pooled[i])
                                    for i in range(spec.num_layers)])
         self.norm_w = param(w["model.norm.weight"], "norm")
         self.eps_t = Tensor(np.array([spec.rms_norm_eps], np.float32))
@@ -120,13 +127,13 @@ class AotGemma3(_Llama):
     def lm_head(self) -> nn.Cell:
         return AotLMHead(self.head, self.aot)
 
-    def construct(self, ids, pos, write_idx, table, token_rows, last_rows, lora=None):
+    def construct(self, ids, pos, write_idx, table, token_rows, last_rows, window_write=None, window_table=None):
         x, cos, sin = self.embedding(ids, pos, self.cos, self.sin)  # [N, dim], [N, hd], [N, hd]
         flat = ops.reshape(pos, (-1,))
         rope = ((cos, sin), (ops.gather(self.cos_local, flat, 0), ops.gather(self.sin_local, flat, 0)))
         x = x * self.embed_scale
         for layer in self.layers:
-            x = layer(x, rope, pos, write_idx, table, token_rows)
+            x = layer(x, rope, pos, write_idx, table, token_rows, window_write, window_table)
         return self.aot.norm_head(x, self.norm_w, self.eps_t, last_rows, self.head)
 
 

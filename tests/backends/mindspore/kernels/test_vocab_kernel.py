@@ -125,11 +125,13 @@ def test_a_chooser_on_the_native_scan_chooses_as_numpy(kernel_cache):
     scan = native_scanner(variant_lib(kernel_cache, NATIVE))
     rng = np.random.default_rng(8)
     rows = [(rng.standard_normal(262_144) * 3).astype(np.float32) for _ in range(6)]
-    for sample in (dict(do_sample=False), dict(do_sample=True, top_k=40, temperature=0.8, seed=3)):
+    for sample in (dict(do_sample=False), dict(do_sample=True, top_k=40, temperature=0.8, seed=3),
+                   dict(do_sample=True, top_p=0.6, seed=3), dict(do_sample=False, repetition_penalty=1.3)):
         p = SamplingParams(**{**dict(do_sample=True, temperature=1.0, top_k=None, top_p=1.0, typical_p=1.0,
                                      repetition_penalty=1.0, watermark=False, seed=42), **sample})
         plain, native = NextTokenChooser(p, 262_000), NextTokenChooser(p, 262_000, scan=scan)
         for row in rows:
-            want, got = plain.choose_with_top(row, [0], top=4), native.choose_with_top(row, [0], top=4)
+            history = np.argsort(-row)[:3]  # the penalty moves the best tokens
+            want, got = plain.choose_with_top(row, history, top=4), native.choose_with_top(row, history, top=4)
             assert got[0] == want[0] and got[1] == pytest.approx(want[1], abs=1e-5)
             assert [i for i, _ in got[2]] == [i for i, _ in want[2]]
