@@ -38,6 +38,18 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Under pytest-xdist (the README's ``-n 2``), a test marked ``alone`` runs while the other worker waits
+    (tests/support/alone.py)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ or not item.config.option.basetemp:
+        return (yield)
+    from tests.support.alone import turn
+
+    with turn(Path(item.config.option.basetemp).parent, item.get_closest_marker("alone") is not None):
+        return (yield)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):

@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from tests.support.fleet import FLEET_PY, smg_binary
-from tests.support.http import free_ports
+from tests.support.http import free_port_run, free_ports
 from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.slow,
@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.slow,
 
 
 def test_the_launcher_starts_prints_and_stops_the_fleet(tmp_path, default_q4_dir):
-    gateway, base = free_ports(2)
+    (gateway,), base = free_ports(1), free_port_run(2)  # the replicas: base, base + 1
     cmd = [sys.executable, str(FLEET_PY), "-n", "2", "--policy", "round_robin", "--json", "--base-port", str(base),
            "--gateway-port", str(gateway), "--prometheus-port", str(free_ports(1)[0]), "--log-dir", str(tmp_path),
            "--ready-timeout", "300", "--", str(default_q4_dir), "--ctx-size", "256"]

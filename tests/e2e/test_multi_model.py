@@ -133,6 +133,7 @@ def _available_gib() -> float:
     raise AssertionError("no MemAvailable")
 
 
+@pytest.mark.alone  # the memory free now sizes the config: another test's model loading meanwhile would move it
 def test_a_config_that_cannot_hold_every_model_fails_naming_the_keys(tmp_path, default_q4_dir, default_q8_dir):
     """Each model's cache alone fits the memory free now, both at once do not: refused before loading anything,
     naming the second model's npuMemSize and maxLoadedModels; one model at a time fits."""

