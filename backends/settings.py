@@ -109,5 +109,8 @@ class EngineConfig:
     # map the KV cache's pages before the warm-up ends (network/common.py CacheWarmer): the server config's
     # mapKvCache (true by default there). An engine of the Python API lets them fault in as written unless asked
     map_kv_cache: bool = False
+    # Gemma 3's sliding-window layers in their own smaller block pool (engine/window_pool.py): -65 MiB peak RSS
+    # at c16 on Gemma 3 270M, but c16 throughput 232-239 -> 195-202 tok/s (docs/performance.md), so off.
+    window_pool: bool = False
     lora: LoraSettings = field(default_factory=LoraSettings)
     speculation: SpeculationSettings = field(default_factory=SpeculationSettings)

@@ -207,9 +207,9 @@ def plan_cache(config: EngineConfig, model: Footprint, available: Available,
 
 
 def _window_blocks(config: EngineConfig, model: Footprint, max_positions: int | None) -> int:
-    """Window-pool blocks a sequence reserves (0: no pool: no sliding-window layers, or a window that covers the
-    longest sequence)."""
-    if not model.window:
+    """Window-pool blocks a sequence reserves (0: no pool: not asked for (``window_pool``), no sliding-window
+    layers, or a window that covers the longest sequence)."""
+    if not model.window or not config.window_pool:
         return 0
     return window_blocks(model.window, config, longest_sequence(config, max_positions))
 

@@ -142,19 +142,14 @@ PROMPTS = [
 ]
 
 
-def _engine(model_dir, pool: bool, monkeypatch):
+def _engine(model_dir, pool: bool):
     from backends.mindspore.engine.engine import Engine
-    from backends.mindspore.planning import memory
     from backends.settings import EngineConfig
 
-    with monkeypatch.context() as m:
-        if not pool:
-            m.setattr(memory, "window_blocks", lambda *a: 0)
-        config = EngineConfig(max_seq_len=256, max_input_tokens=176, max_batch_size=4, max_iter_times=96,
-                              block_size=16, prefill_chunk=32, window_buckets=(256,), batch_buckets=(1, 4),
-                              kernels="aot", threads=2, prefix_caching=True)
-        engine = Engine(model_dir, config).start()
-    return engine
+    config = EngineConfig(max_seq_len=256, max_input_tokens=176, max_batch_size=4, max_iter_times=96,
+                          block_size=16, prefill_chunk=32, window_buckets=(256,), batch_buckets=(1, 4),
+                          kernels="aot", threads=2, prefix_caching=True, window_pool=pool)
+    return Engine(model_dir, config).start()
 
 
 def _run(engine, prompts, details: bool = True) -> list[tuple]:
@@ -172,8 +167,7 @@ def _run(engine, prompts, details: bool = True) -> list[tuple]:
 
 @pytest.fixture(scope="module")
 def both(tiny_gemma3_dir):
-    monkeypatch = pytest.MonkeyPatch()
-    pooled, full = _engine(tiny_gemma3_dir, True, monkeypatch), _engine(tiny_gemma3_dir, False, monkeypatch)
+    pooled, full = _engine(tiny_gemma3_dir, True), _engine(tiny_gemma3_dir, False)
     yield pooled, full
     pooled.close()
     full.close()
@@ -229,8 +223,9 @@ def test_gemma3_270m_with_the_pool_gives_the_full_caches_bits(gemma3_270m_q4_dir
     """Three prompts together, the longest past the window, 64 greedy steps each (the longest reaches 859
     positions: its first blocks slide out of the local layers' window and are taken again): ids, logprobs and
     prompt logprobs equal to the bit with and without the window pool."""
+    from dataclasses import replace
+
     from backends.mindspore.engine.engine import Engine
-    from backends.mindspore.planning import memory
     from backends.settings import EngineConfig
     from backends.types import RequestParams
 
@@ -239,10 +234,7 @@ def test_gemma3_270m_with_the_pool_gives_the_full_caches_bits(gemma3_270m_q4_dir
     params = RequestParams(max_new_tokens=64, do_sample=False, ignore_eos=True, decoder_input_details=True)
     runs = []
     for pool in (True, False):
-        with pytest.MonkeyPatch.context() as m:
-            if not pool:
-                m.setattr(memory, "window_blocks", lambda *a: 0)
-            engine = Engine(gemma3_270m_q4_dir, config).start()
+        engine = Engine(gemma3_270m_q4_dir, replace(config, window_pool=pool)).start()
         with engine:
             assert (engine.runner.window_blocks > 0) == pool
             handles = [engine.submit(p, params) for p in REAL_PROMPTS]
