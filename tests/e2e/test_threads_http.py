@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -27,9 +28,12 @@ def _serve(tmp_path, model_dir, threads_key: int | None, args: tuple[str, ...] =
         config["BackendConfig"]["ModelDeployConfig"]["threads"] = threads_key
     path = tmp_path / "server.yaml"
     path.write_text(yaml.safe_dump(config))
-    proc = subprocess.Popen([*CLI, "serve", "--config", str(path), *args], cwd=REPO, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+    # pinned by a small exec wrapper, not preexec_fn: a fork of a process with threads (a pytest-xdist worker)
+    # may deadlock in preexec_fn before the exec
+    pin = [sys.executable, "-c", "import os, sys; os.sched_setaffinity(0, eval(sys.argv[1])); "
+           "os.execv(sys.argv[2], sys.argv[2:])", repr(cpus)] if cpus else []
+    proc = subprocess.Popen([*pin, *CLI, "serve", "--config", str(path), *args], cwd=REPO, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     log: list[str] = []
     threading.Thread(target=lambda: log.extend(iter(proc.stderr.readline, "")), daemon=True).start()
     try:

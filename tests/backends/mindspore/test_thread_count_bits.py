@@ -32,8 +32,11 @@ def _run(model_dir: Path, threads: int, out: Path, kernels: str) -> dict[str, np
         return dict(data)
 
 
-@pytest.mark.parametrize("dtype, kernels, counts", [("Q4_1", "aot", (1, 2, 3)), ("fp32", "aot", (1, 3)),
-                                                    ("fp32", "stock", (1, 2))])
+@pytest.mark.parametrize("dtype, kernels, counts", [
+    ("Q4_1", "aot", (1, 2, 3)), ("fp32", "aot", (1, 3)),
+    # MindSpore's own CPU ops at 2 threads matched 1 thread in every serial run, but not beside another busy
+    # pytest-xdist worker (logits 2.5e-5 apart): this case runs alone (the alone mark, tests/support/alone.py)
+    pytest.param("fp32", "stock", (1, 2), marks=pytest.mark.alone)])
 def test_ids_and_logits_are_the_same_bits_at_every_thread_count(tmp_path, default_model_dir, dtype, kernels, counts):
     """The served default (the Q4_1 GGUF as shipped: the quantized matmuls) at 1, 2 and 3 threads; the float32
     conversion (the float32 matmuls) at 1 and 3, and on the stock MindSpore ops (their CPU threads only) at 1 and 2

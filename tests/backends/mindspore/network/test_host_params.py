@@ -3,6 +3,8 @@ through a view of MindSpore's own memory (the packed GGUF weights and the dequan
 (the KV caches) zeros in their dtype, and a cache written by a kernel between two graph calls is read back."""
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 import pytest
 
@@ -80,6 +82,13 @@ def test_kv_caches_are_zeros_in_their_dtype(dtype):
     np.testing.assert_array_equal(got.asnumpy(), np.zeros((2, width), np.float32))
 
 
+def _untouched(shape, dtype=np.uint8) -> np.ndarray:
+    """Zeros in fresh anonymous pages, none mapped yet: np.zeros may take memory the process already touched (a
+    long-lived test process's heap, whose mmap threshold has grown), and then no page is left to map."""
+    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    return np.frombuffer(mmap.mmap(-1, size), dtype).reshape(shape)
+
+
 def _resident_mib() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096 / 2**20
@@ -88,7 +97,7 @@ def _resident_mib() -> float:
 def test_populate_maps_every_page_of_an_untouched_array_in_one_call():
     from backends.mindspore.runners.kv_pages import populate
 
-    memory = np.zeros(96 << 20, np.uint8)  # calloc'd: no page is mapped until written
+    memory = _untouched(96 << 20)  # no page is mapped until written
     before = _resident_mib()
     if not populate(memory[1:]):  # an unaligned start is rounded in to the next page
         pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux 5.14+)")
@@ -120,7 +129,7 @@ def test_the_cache_warmer_maps_every_block_of_every_cache():
     if not populate(np.zeros(4096, np.uint8)):
         pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux 5.14+)")
     slots, size = 8 * 256, 256  # 8 blocks of 256 slots, 3 kv heads, rows of 16 KiB: 96 MiB a cache
-    caches = [np.zeros((3 * slots, 16384), np.uint8) for _ in range(2)]
+    caches = [_untouched((3 * slots, 16384)) for _ in range(2)]
     before = _resident_mib()
     warmer = CacheWarmer(caches, slots, size, blocks_at_once=3)
     warmer.start()
