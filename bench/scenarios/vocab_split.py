@@ -49,48 +49,30 @@ class SplitClock:
         choose = NextTokenChooser.choose_with_top
         clock = self
 
+        def timed(fn, part):  # fn, its seconds added to this step's ``part``
+            def call_timed(*a, **k):
+                t = time.perf_counter()
+                out = fn(*a, **k)
+                clock.cur[part] += time.perf_counter() - t
+                return out
+            return call_timed
+
         class TimedNet:  # the network, its call timed (every other attribute its own)
+            __call__ = staticmethod(timed(net, "graph"))
+
             def __getattr__(self, name):
                 return getattr(net, name)
-
-            def __call__(self, *a):
-                t = time.perf_counter()
-                out = net(*a)
-                clock.cur["graph"] += time.perf_counter() - t
-                return out
-
-        def timed_call(*a, **k):
-            t = time.perf_counter()
-            out = call(*a, **k)
-            clock.cur["call"] += time.perf_counter() - t
-            return out
 
         def counted_run(batch):
             clock.cur["rows"], clock.cur["prefill"] = len(batch.decode), len(batch.prefill)
             return run(batch)
 
-        def timed_advance(*a, **k):
-            t = time.perf_counter()
-            advance(*a, **k)
-            clock.cur["advance"] += time.perf_counter() - t
-
-        def timed_choose(chooser, *a, **k):
-            t = time.perf_counter()
-            out = choose(chooser, *a, **k)
-            clock.cur["sampler"] += time.perf_counter() - t
-            return out
-
-        def timed_scan(*a, **k):
-            t = time.perf_counter()
-            out = scan(*a, **k)
-            clock.cur["scan"] += time.perf_counter() - t
-            return out
-
-        runner.launch_net, runner._call = TimedNet(), timed_call
-        runner.run, engine._advance = counted_run, timed_advance
-        NextTokenChooser.choose_with_top = timed_choose
+        runner.launch_net, runner._call = TimedNet(), timed(call, "call")
+        runner.run, engine._advance = counted_run, timed(advance, "advance")
+        NextTokenChooser.choose_with_top = timed(choose, "sampler")
         if scan is not None:
-            object.__setattr__(intake, "row_scan", timed_scan)  # frozen: a bench's wrapper, nothing else changes
+            # frozen: a bench's wrapper, nothing else changes
+            object.__setattr__(intake, "row_scan", timed(scan, "scan"))
 
     def run(self, prompts: list[str], params) -> list[list[int]]:
         eng = self.engine
