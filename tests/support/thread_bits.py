@@ -47,7 +47,9 @@ def run(model_dir: Path, threads: int, kernels: str) -> dict[str, np.ndarray]:
         out["kernel_threads"] = np.array(_kernel_threads() if engine.runner.kernels == "aot" else 0)
         alone = engine.submit(LONG, greedy)
         runs = [("long", alone, alone.result(timeout=600))]
-        handles = [engine.submit(p, greedy) for p in BATCH]
+        # queued from the engine thread between two steps, so one step admits all four whatever the machine's
+        # load (submitted from here, the loop could start the first before the others arrive: other row counts)
+        handles = engine._between_steps(lambda: [engine.submit(p, greedy) for p in BATCH]).result(timeout=60)
         runs += [(f"batch{i}", h, h.result(timeout=600)) for i, h in enumerate(handles)]
         for name, handle, result in runs:
             out[f"{name}_ids"] = np.array([t.id for t in result.tokens], dtype=np.int64)
