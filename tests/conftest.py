@@ -38,9 +38,18 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` (the README's command): a worker per CPU this run may use (backends/cpus.py: the affinity mask,
+    physical cores, the cgroup's CPU quota), at most 2: two workers on one usable CPU would share it, with every
+    engine and server they start sized for it alone."""
+    from backends.cpus import engine_threads
+
+    return max(1, min(2, engine_threads(None).count))
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Under pytest-xdist (the README's ``-n 2``), a test marked ``alone`` runs while the other worker waits
+    """Under pytest-xdist (the README's ``-n auto``), a test marked ``alone`` runs while the other worker waits
     (tests/support/alone.py)."""
     if "PYTEST_XDIST_WORKER" not in os.environ or not item.config.option.basetemp:
         return (yield)

@@ -35,7 +35,10 @@ def _run(model_dir: Path, threads: int, out: Path, kernels: str) -> dict[str, np
 @pytest.mark.parametrize("dtype, kernels, counts", [
     ("Q4_1", "aot", (1, 2, 3)), ("fp32", "aot", (1, 3)),
     # MindSpore's own CPU ops at 2 threads matched 1 thread in every serial run, but not beside another busy
-    # pytest-xdist worker (logits 2.5e-5 apart): this case runs alone (the alone mark, tests/support/alone.py)
+    # pytest-xdist worker (logits 2.5e-5 apart), nor once in CI: their matmuls' bits depend on the batch's rows, and
+    # the batch of four was then submitted from the test's thread, so a busy box could start one before the others
+    # arrived. The four are now queued from the engine thread (thread_bits.py); the case still runs alone (the
+    # alone mark, tests/support/alone.py).
     pytest.param("fp32", "stock", (1, 2), marks=pytest.mark.alone)])
 def test_ids_and_logits_are_the_same_bits_at_every_thread_count(tmp_path, default_model_dir, dtype, kernels, counts):
     """The served default (the Q4_1 GGUF as shipped: the quantized matmuls) at 1, 2 and 3 threads; the float32
