@@ -8,8 +8,9 @@ from dataclasses import dataclass
 import numpy as np
 
 # uint16 stands for MindSpore's bfloat16 (NumPy has none; only the KV caches use it: tests/support/kv_ref.py)
-_DTYPES = {np.dtype(np.float32): b"float32", np.dtype(np.int32): b"int32", np.dtype(np.uint8): b"uint8",
-           np.dtype(np.float64): b"float64", np.dtype(np.float16): b"float16", np.dtype(np.uint16): b"bfloat16"}
+_DTYPES = {np.dtype(np.float32): b"float32", np.dtype(np.int32): b"int32", np.dtype(np.int64): b"int64",
+           np.dtype(np.uint8): b"uint8", np.dtype(np.float64): b"float64", np.dtype(np.float16): b"float16",
+           np.dtype(np.uint16): b"bfloat16"}
 
 
 def dtype_name(a: np.ndarray) -> bytes:

@@ -38,7 +38,7 @@ log = logging.getLogger("mindserve.engine")
 # The slowest to compile first (the build runs them over the CPUs in this order): the quantized tiles, by format.
 SOURCES = ("qtiles_q8_q4.cc", "qtiles_q6k.cc", "qtiles_q5.cc", "attention.cc", "qtiles_q4k.cc", "qtiles_q5k.cc",
            "matmul.cc", "fused.cc", "qmatmul.cc", "fused_entries.cc", "lora.cc", "quantize.cc", "moe.cc", "pack.cc",
-           "vocab.cc")
+           "vocab.cc", "stack.cc")
 HEADERS = ("entry.h", "fused.h", "pool.h", "lora.h", "qmatmul.h", "qformat.h", "qtable.h", "qtile.h", "quantize.h",
            "vec.h", "vec_avx512.h", "vec_avx2.h", "vec_neon.h", "vec_scalar.h", "kv_format.h", "fpenv.h")
 # Every variant: no contraction of a * b + c into an fma (vec.h's contract), no fast-math.

@@ -104,6 +104,7 @@ MINDSERVE_DECLARE(MindserveMoEDecoderLayer);
 MINDSERVE_DECLARE(MindservePackQWeight);  // pack.cc
 MINDSERVE_DECLARE(MindserveDequantize);
 MINDSERVE_DECLARE(MindserveEmbedRopePacked);  // vocab.cc
+MINDSERVE_DECLARE(MindserveDecoderStack);  // stack.cc
 
 // Paged attention on plain pointers (attention.cc), for the entries that end in it.
 extern "C" int mindserve_attention_raw(const float *q, const float *k, const float *v, const int32_t *table,

@@ -88,6 +88,14 @@ OPS: tuple[Op, ...] = (
        "a whole decoder layer without adapters in one op: norm_matmul, qkv_attention, matmul_add, norm_matmul, "
        "swiglu_matmul_add in order on scratch buffers, the same bits as those five ops",
        _same_as_first),
+    Op("decoder_stack", "MindserveDecoderStack",
+       "decoder_stack(x [N, C], write, table, pos, rows, smeta [3] i32 = (L, P, kind), layout [L*P, 6] i64, ropes "
+       "(cos, sin, ...) [N, D]) -> [N, C]",
+       "L decoder layers of one kind (0 decoder_layer, 1 gemma_decoder_layer, 2 moe_decoder_layer) as one op of few "
+       "inputs: each layer's entry called in order on its P inputs, which the layout rows give as (address, ndim, "
+       "dims, dtype) of the network's own Parameters or a rope input (the step's write/table/pos/rows shared), the "
+       "rows passing through scratch buffers; the same bits as one op a layer (stack.cc)",
+       _same_as_first),
     Op("embed_rope", "MindserveEmbedRope",
        "embed_rope(ids, pos (N elements, any shape) i32, embed [V, C], cos_t, sin_t [P, D]) -> (x [N, C], cos [N, D], "
        "sin [N, D])",

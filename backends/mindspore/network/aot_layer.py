@@ -54,6 +54,18 @@ class AotDecoderLayer(nn.Cell):
             self.qk_norm = param(norms, p + "qk_norm")
             self.qk_norm_eps = param(np.array([spec.rms_norm_eps]), p + "qk_norm_eps")
 
+    # decoder_stack's kind for this class's op (kernels/stack.cc): 0 decoder_layer; None: not stackable
+    stack_kind: int | None = 0
+
+    def stack_inputs(self, cos, sin) -> tuple:
+        """This layer's group of ``decoder_stack`` inputs: its op's inputs but x and the step's write, table, pos
+        and rows, in the op's order."""
+        group = (self.attn_norm.weight, self.attn_norm.eps_t, self.wqkv, self.bqkv, cos, sin, self.k_cache,
+                 self.v_cache, self.attn_meta, self.wo, self.ffn_norm.weight, self.w_gate_up, self.w_down)
+        if self.has_head_norm:
+            return group + (self.qk_norm, self.qk_norm_eps)
+        return group
+
     def _init_mlp(self, spec: ModelSpec, w: dict[str, np.ndarray], p: str) -> None:
         self.w_gate_up = aot_weight([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]], p + "w_gate_up")
         self.w_down = aot_weight([w[p + "mlp.down_proj.weight"]], p + "w_down")
@@ -71,6 +83,8 @@ class AotDecoderLayer(nn.Cell):
 
 class AotLoraDecoderLayer(AotDecoderLayer):
     """``AotDecoderLayer`` with adapter slots: ``lora`` [N] is each token's slot (-1: none, an exact zero)."""
+
+    stack_kind = None  # five ops a layer, each row's adapter applied
 
     def __init__(self, spec: ModelSpec, w: dict[str, np.ndarray], i: int, num_slots: int, block_size: int, aot,
                  slots: int, rank: int, kv_dtype: str = "float32") -> None:

@@ -21,6 +21,7 @@ from backends.mindspore.network.aot_layer import AotDecoderLayer, AotLoraDecoder
 from backends.mindspore.network.common import (DTYPES, AotRMSNorm, RMSNorm, aot_weight, param, rope_tables,
                                                stock_weight)
 from backends.mindspore.network.embedding import aot_embedding
+from backends.mindspore.network.stack import LayerStack, layer_stack
 from backends.mindspore.network.stock_layer import StockDecoderLayer
 from backends.mindspore.modeldir.spec import ModelSpec
 
@@ -33,6 +34,12 @@ class _Llama(nn.Cell):
         super().__init__()
         self.adapter_slots = lora  # (slots, rank) in every layer, or None
 
+    def use_stack(self, stack: LayerStack | None) -> None:
+        """The decoder layers as one op (``stack``: network/stack.py), or one op a layer (None)."""
+        self.stack_meta = None if stack is None else stack.meta
+        self.stack_layout = None if stack is None else stack.layout
+        self._stack_keep = () if stack is None else stack.keep
+
     def arguments(self, base: tuple, lora, chunks=(), places=()) -> tuple:
         """The graph's inputs: the runner's (``base``), then, with adapter slots, ``lora``."""
         if self.adapter_slots is None:
@@ -44,8 +51,9 @@ class AotLlama(_Llama):
     """Attention inputs: table [R, NB] int32, the block table (padded with the scratch block 0), and
     token_rows [B*T] int32, each token's table row (so one row of T tokens can pack several prompts). Rows
     flat [B*T, ...] all the way through (ids/pos keep their [B, T] shape; the kernels read them as B*T
-    elements); one op in (embedding and rotary rows), one per layer, one out (final norm, logit rows, LM
-    head). Float32, the KV cache in ``kv_dtype`` (kv_dtype.py)."""
+    elements); one op in (embedding and rotary rows), the decoder layers (one op for all of them, ``decoder_stack``,
+    where ``stack_meta`` allows; else one a layer), one out (final norm, logit rows, LM head). Float32, the KV cache
+    in ``kv_dtype`` (kv_dtype.py)."""
 
     def __init__(self, spec: ModelSpec, w: dict[str, np.ndarray], num_blocks: int, block_size: int,
                  max_positions: int, aot, lora: tuple[int, int] | None = None, kv_dtype: str = "float32") -> None:
@@ -60,6 +68,7 @@ class AotLlama(_Llama):
         self.layers = nn.CellList([self.layer(spec, w, i, slots, block_size, aot, lora, kv_dtype)
                                    for i in range(spec.num_layers)])
         self.norm = AotRMSNorm(w["model.norm.weight"], spec.rms_norm_eps, "norm", aot)
+        self.use_stack(layer_stack(self.layers))
 
     @staticmethod
     def layer(spec: ModelSpec, w: dict, i: int, slots: int, block_size: int, aot, lora, kv_dtype: str) -> nn.Cell:
@@ -73,8 +82,12 @@ class AotLlama(_Llama):
 
     def construct(self, ids, pos, write_idx, table, token_rows, last_rows, lora=None):
         x, cos, sin = self.embedding(ids, pos, self.cos, self.sin)  # [N, dim], [N, hd], [N, hd]
-        for layer in self.layers:
-            x = layer(x, cos, sin, pos, write_idx, table, token_rows, lora)
+        if self.stack_meta is not None:
+            x = self.aot.decoder_stack(x, write_idx, table, pos, token_rows, self.stack_meta, self.stack_layout, cos,
+                                       sin)
+        else:
+            for layer in self.layers:
+                x = layer(x, cos, sin, pos, write_idx, table, token_rows, lora)
         return self.aot.norm_head(x, self.norm.weight, self.norm.eps_t, last_rows, self.head)
 
 

@@ -87,7 +87,8 @@ class ModelRunner(ABC):
         # name hashes its build) and the cache's format.
         self.graph_parts = [type(self).__name__, repr(shapes), str(self.num_slots), dtype, repr(lora),
                             repr(spec.vision), library, kv_dtype,
-                            *([f"window pool {window_blocks}"] if window_blocks else [])]
+                            *([f"window pool {window_blocks}"] if window_blocks else []),
+                            *(["layers stacked"] if getattr(self.net, "stack_layout", None) is not None else [])]
 
     # --- what a strategy defines ---
 

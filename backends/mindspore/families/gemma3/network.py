@@ -22,6 +22,7 @@ from backends.mindspore.network.aot_layer import AotDecoderLayer
 from backends.mindspore.network.common import DTYPES, RMSNorm, aot_weight, param, rope_tables, stock_weight
 from backends.mindspore.network.embedding import aot_embedding
 from backends.mindspore.network.llama import AotLMHead, StockLMHead, _Llama
+from backends.mindspore.network.stack import Rope, layer_stack
 from backends.mindspore.network.stock_layer import StockDecoderLayer
 from backends.mindspore.modeldir.spec import ModelSpec
 
@@ -88,6 +89,14 @@ class AotGemma3Layer(AotDecoderLayer):
         self.post_ffn_norm = param(w[p + "gemma.post_ffn_norm"], p + "post_ffn_norm")
         self.rope = int(local)
 
+    stack_kind = 1  # decoder_stack's gemma_decoder_layer (a pooled layer's write and table are its own: not stacked)
+
+    def stack_inputs(self, cos, sin) -> tuple:
+        """``AotDecoderLayer.stack_inputs`` of this layer's op; ``cos``/``sin`` the rows of its rope."""
+        return (self.attn_norm.weight, self.attn_norm.eps_t, self.wqkv, self.bqkv, cos, sin, self.k_cache,
+                self.v_cache, self.attn_meta, self.wo, self.post_attn_norm, self.ffn_norm.weight, self.w_gate_up,
+                self.w_down, self.post_ffn_norm, self.qk_norm, self.qk_norm_eps)
+
     def construct(self, x, rope, pos, write_idx, table, token_rows, window_write=None, window_table=None):
         cos, sin = rope[self.rope]
         if self.pooled:  # a sliding-window layer whose cache is the window pool's: its rows, its table
@@ -123,6 +132,9 @@ class AotGemma3(_Llama):
                                    for i in range(spec.num_layers)])
         self.norm_w = param(w["model.norm.weight"], "norm")
         self.eps_t = Tensor(np.array([spec.rms_norm_eps], np.float32))
+        # a pooled layer's write rows and table are the pool's: one op a layer then
+        ropes = lambda layer: (Rope(2 * layer.rope), Rope(2 * layer.rope + 1))  # noqa: E731 (its global or local pair)
+        self.use_stack(None if any(pooled) else layer_stack(self.layers, ropes))
 
     def lm_head(self) -> nn.Cell:
         return AotLMHead(self.head, self.aot)
@@ -132,8 +144,12 @@ class AotGemma3(_Llama):
         flat = ops.reshape(pos, (-1,))
         rope = ((cos, sin), (ops.gather(self.cos_local, flat, 0), ops.gather(self.sin_local, flat, 0)))
         x = x * self.embed_scale
-        for layer in self.layers:
-            x = layer(x, rope, pos, write_idx, table, token_rows, window_write, window_table)
+        if self.stack_meta is not None:
+            x = self.aot.decoder_stack(x, write_idx, table, pos, token_rows, self.stack_meta, self.stack_layout,
+                                       *rope[0], *rope[1])
+        else:
+            for layer in self.layers:
+                x = layer(x, rope, pos, write_idx, table, token_rows, window_write, window_table)
         return self.aot.norm_head(x, self.norm_w, self.eps_t, last_rows, self.head)
 
 

@@ -29,6 +29,16 @@ class AotMoeDecoderLayer(AotDecoderLayer):
                                   p + "experts_down")
         self.moe_meta = Tensor(np.array([moe.top_k, int(moe.norm_topk_prob)], np.int32))
 
+    stack_kind = 2  # decoder_stack's moe_decoder_layer
+
+    def stack_inputs(self, cos, sin) -> tuple:
+        group = (self.attn_norm.weight, self.attn_norm.eps_t, self.wqkv, self.bqkv, cos, sin, self.k_cache,
+                 self.v_cache, self.attn_meta, self.wo, self.ffn_norm.weight, self.router, self.w_gate_up,
+                 self.w_down, self.moe_meta)
+        if self.has_head_norm:
+            return group + (self.qk_norm, self.qk_norm_eps)
+        return group
+
     def construct(self, x, cos, sin, pos, write_idx, table, token_rows, lora=None):
         if self.has_head_norm:
             return self.aot.moe_decoder_layer(x, self.attn_norm.weight, self.attn_norm.eps_t, self.wqkv, self.bqkv,
