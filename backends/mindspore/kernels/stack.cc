@@ -1,6 +1,6 @@
 // mindserve kernels: a model's decoder layers as one op of few inputs. MindSpore's own time around an op grows with its
-// inputs (measured: 30 layer ops of 18 inputs, or one op of 400, both cost 1.5-2.5 ms a step at one row), so the
-// layers' weights, norms, metadata and caches are not inputs: the layout table gives their addresses, shapes and
+// inputs (measured: one op of ~400 inputs was no faster than 30 of 18; docs/performance.md "One op for the layers"),
+// so the layers' weights, norms, metadata and caches are not inputs: the layout table gives their addresses, shapes and
 // dtypes (the network's Parameters' own memory, the memory the one-op-a-layer graph reads and writes), and each
 // layer's own entry (MindserveDecoderLayer, MindserveGemmaDecoderLayer or MindserveMoEDecoderLayer) is called in
 // order with them, as MindSpore would call it, the hidden rows passing between layers through two scratch buffers.
