@@ -192,8 +192,7 @@ class NextTokenChooser:
         vals = raw.copy()
         for process in self.processors:
             process.on_touched(vals, ids, row.size, history, bool(rest_vals[0] > -np.inf))
-        with np.errstate(divide="ignore"):
-            norm = scan.lse + math.log1p(float(np.exp(vals - scan.lse).sum()) - removed)
+        norm = _with_edited(scan.lse + math.log1p(-removed), vals)
         cand_ids = np.concatenate([rest_ids[: max(top, 1)], ids])
         cand_vals = np.concatenate([rest_vals[: max(top, 1)], vals])
         order = np.lexsort((cand_ids, -cand_vals))
@@ -265,3 +264,12 @@ def _inverse_cdf(probs: np.ndarray, u: float) -> int:
     if index == inner.size:  # rounding pushed the draw past the block's own sum
         index = int(np.flatnonzero(inner)[-1])
     return int(starts[block]) + index
+
+
+def _with_edited(kept: float, vals: np.ndarray) -> float:
+    """log(exp(kept) + sum(exp(vals))): the untouched tokens' log-mass and the touched tokens' edited values, each
+    log-sum-exp taken from its own maximum (a tiny repetition penalty multiplies a value far past exp's range)."""
+    peak = float(vals.max()) if vals.size else -math.inf
+    if peak == -math.inf:
+        return kept
+    return float(np.logaddexp(kept, peak + math.log(float(np.exp(vals - peak).sum()))))

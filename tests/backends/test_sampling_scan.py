@@ -115,6 +115,8 @@ def test_a_flat_row_takes_the_whole_row_for_the_nucleus():
 SPARSE_CASES = {
     "penalty": (dict(repetition_penalty=1.3), ()),
     "penalty below 1": (dict(repetition_penalty=0.7), ()),
+    # seen tokens' logits divided by 1e-3: far past exp's range from the row's log-sum-exp (was an overflow, -inf)
+    "tiny penalty": (dict(repetition_penalty=1e-3), ()),
     "logit bias": (dict(), (LogitBias(np.array([5, 17, 5]), np.array([3.0, -100.0, 1.5])),)),
     "EOS banned": (dict(), (SuppressEos(np.array([0, 2]), 10_000),)),
     "all three": (dict(repetition_penalty=1.2), (LogitBias(np.array([9]), np.array([100.0])),
