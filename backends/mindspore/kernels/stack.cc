@@ -55,8 +55,6 @@ int entry_decoder_stack(int nparam, void **params, int *ndims, int64_t **shapes,
                                                                       : &MindserveMoEDecoderLayer;
   thread_local std::vector<float> ping, pong;
   for (std::vector<float> *v : {&ping, &pong}) v->resize(std::max<size_t>(v->size(), N * C));
-  thread_local std::vector<int64_t> dims;  // the layout rows' dims, as int64_t* the entries take
-  dims.assign(size_t(L) * P * 3, 0);
   int64_t s_x[2] = {N, C};
   static char f32[] = "float32";
   void *p[kMaxArgs];
@@ -74,10 +72,9 @@ int entry_decoder_stack(int nparam, void **params, int *ndims, int64_t **shapes,
         const int64_t *row = layout + r * kLayoutCols;
         if (row[0] == 0) {
           src = ROPES + int(-1 - row[1]);
-        } else {
-          int64_t *d = dims.data() + r * 3;
-          std::copy(row + 2, row + 5, d);
-          p[i] = reinterpret_cast<void *>(row[0]), nd[i] = int(row[1]), sh[i] = d, dt[i] = kDtypes[row[5]];
+        } else {  // the row's own dims (the entries read shapes, never write them)
+          p[i] = reinterpret_cast<void *>(row[0]), nd[i] = int(row[1]), sh[i] = const_cast<int64_t *>(row + 2);
+          dt[i] = kDtypes[row[5]];
         }
       }
       if (src >= 0) p[i] = params[src], nd[i] = ndims[src], sh[i] = shapes[src], dt[i] = dtypes[src];

@@ -21,7 +21,6 @@ from backends.mindspore.network.common import memory_view
 
 STACK_LAYERS = os.environ.get("MINDSERVE_STACK_LAYERS", "1") != "0"
 _DTYPE_CODES = {ms.float32: 0, ms.int32: 1, ms.uint8: 2, ms.float16: 3, ms.bfloat16: 4}  # stack.cc's kDtypes
-_COLUMNS = 6
 
 
 @dataclass(frozen=True)
